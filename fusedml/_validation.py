@@ -1,0 +1,238 @@
+"""Input validation and conversion shared by every operator and estimator.
+
+Nothing here modifies its inputs: conversions copy when they must and return views otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _is_scipy_sparse(a) -> bool:
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover - scipy is a dependency
+        return False
+    return sp.issparse(a)
+
+
+def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=False) -> torch.Tensor:
+    """Convert ``a`` (torch tensor, numpy array, scalar or sequence) to a dense torch tensor.
+
+    Parameters
+    ----------
+    a : array-like
+        The input; never modified (numpy inputs are wrapped without a copy where possible).
+    name : str
+        The argument's name, used in error messages.
+    dtype : torch.dtype, optional
+        Cast to this dtype (a copy only when it differs).
+    device : torch.device, optional
+        Move to this device.
+    ndim : int or tuple of int, optional
+        Allowed numbers of dimensions.
+    allow_int : bool
+        Accept integer and bool dtypes (otherwise only floating point).
+
+    Returns
+    -------
+    torch.Tensor
+    """
+    if isinstance(a, torch.Tensor):
+        if a.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense tensor here, got layout {a.layout}")
+        t = a
+    elif _is_scipy_sparse(a):
+        raise TypeError(f"{name} must be dense, got a scipy.sparse matrix")
+    else:
+        arr = np.asarray(a)
+        if arr.dtype == object:
+            raise TypeError(f"{name} has dtype object; expected numbers")
+        if arr.dtype.kind in "US":
+            raise TypeError(f"{name} holds strings; expected numbers")
+        if arr.dtype.byteorder not in ("=", "|") and arr.dtype.byteorder != np.dtype("=f8").byteorder:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
+            arr = arr.copy()
+        t = torch.from_numpy(arr) if arr.ndim else torch.tensor(arr)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.ndim not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimension(s), got shape {tuple(t.shape)}")
+    if not allow_int and not t.is_floating_point():
+        if dtype is None:
+            raise TypeError(f"{name} must have a floating dtype {FLOAT_DTYPES}, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if device is not None and t.device != torch.device(device):
+        t = t.to(device)
+    return t
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` if the floating tensor ``t`` holds NaN or infinity."""
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        n_nan = int(torch.isnan(t).sum())
+        n_inf = int(torch.isinf(t).sum())
+        raise ValueError(f"{name} contains {n_nan} NaN and {n_inf} infinite value(s)")
+
+
+@dataclass(frozen=True)
+class CSRMatrix:
+    """A CSR matrix held as three torch tensors (the layout every fusedml kernel reads).
+
+    Attributes
+    ----------
+    crow : torch.Tensor
+        ``[N + 1]`` row pointers, int32 or int64.
+    col : torch.Tensor
+        ``[nnz]`` column indices, same dtype as ``crow``, sorted and unique within each row.
+    val : torch.Tensor
+        ``[nnz]`` values, float32/float64/bfloat16/float16.
+    shape : tuple of int
+        ``(N, D)``.
+    """
+
+    crow: torch.Tensor
+    col: torch.Tensor
+    val: torch.Tensor
+    shape: tuple
+
+    @property
+    def device(self) -> torch.device:
+        return self.val.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.val.dtype
+
+    @property
+    def nnz(self) -> int:
+        return int(self.val.numel())
+
+    def to(self, device=None, dtype=None) -> "CSRMatrix":
+        """Return a copy on ``device`` and/or with values of ``dtype``."""
+        val = self.val
+        if dtype is not None:
+            val = val.to(dtype)
+        return CSRMatrix(self.crow.to(device) if device is not None else self.crow,
+                         self.col.to(device) if device is not None else self.col,
+                         val.to(device) if device is not None else val, self.shape)
+
+    def row_lengths(self) -> torch.Tensor:
+        """``[N]`` number of stored entries per row."""
+        return self.crow[1:] - self.crow[:-1]
+
+    def to_dense(self) -> torch.Tensor:
+        """Densify (for tests and references only)."""
+        return torch.sparse_csr_tensor(self.crow.long(), self.col.long(), self.val, self.shape).to_dense()
+
+    def to_scipy(self):
+        """Return a ``scipy.sparse.csr_matrix`` on the host (values copied to float64 if half)."""
+        import scipy.sparse as sp
+
+        val = self.val.cpu()
+        if val.dtype in (torch.bfloat16, torch.float16):
+            val = val.float()
+        return sp.csr_matrix((val.numpy(), self.col.cpu().numpy(), self.crow.cpu().numpy()), shape=self.shape)
+
+    def to_torch(self) -> torch.Tensor:
+        """Return a ``torch.sparse_csr_tensor`` sharing this matrix's memory."""
+        return torch.sparse_csr_tensor(self.crow, self.col, self.val, self.shape)
+
+
+def _check_csr_structure(crow, col, shape, name):
+    n, d = shape
+    if crow.ndim != 1 or crow.numel() != n + 1:
+        raise ValueError(f"{name}: row pointer array must have N + 1 = {n + 1} entries, got {crow.numel()}")
+    if int(crow[0]) != 0 or int(crow[-1]) != col.numel():
+        raise ValueError(f"{name}: row pointers must start at 0 and end at nnz={col.numel()}")
+    lengths = crow[1:] - crow[:-1]
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise ValueError(f"{name}: row pointers must be non-decreasing")
+    if col.numel():
+        lo, hi = int(col.min()), int(col.max())
+        if lo < 0 or hi >= d:
+            raise ValueError(f"{name}: column indices must lie in [0, {d}), got range [{lo}, {hi}]")
+        # Within a row, columns strictly increase: the kernels' pre-aggregation relies on it.
+        step = col[1:] - col[:-1]
+        row_start = torch.zeros(col.numel(), dtype=torch.bool, device=col.device)
+        starts = crow[:-1][lengths > 0].long()
+        row_start[starts] = True
+        bad = (step <= 0) & ~row_start[1:]
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name}: CSR column indices must be sorted and unique within each row "
+                "(call .sort_indices() / .sum_duplicates() on a scipy matrix first)"
+            )
+
+
+def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
+    """Convert a scipy.sparse CSR matrix or a torch sparse CSR tensor to :class:`CSRMatrix`.
+
+    Other sparse formats (COO, CSC, BSR, ...) are rejected with a clear message rather than
+    converted implicitly: a conversion would copy the whole matrix behind the caller's back.
+    """
+    if isinstance(X, CSRMatrix):
+        return X
+    if isinstance(X, torch.Tensor):
+        if X.layout != torch.sparse_csr:
+            raise TypeError(f"{name}: unsupported sparse layout {X.layout}; convert with X.to_sparse_csr()")
+        if X.ndim != 2 or X.dense_dim() != 0:
+            raise ValueError(f"{name}: only 2-D CSR tensors with scalar values are supported")
+        crow, col, val = X.crow_indices(), X.col_indices(), X.values()
+        shape = tuple(int(s) for s in X.shape)
+    elif _is_scipy_sparse(X):
+        fmt = X.format
+        if fmt != "csr":
+            raise TypeError(f"{name}: unsupported sparse format {fmt!r}; only CSR is supported (use X.tocsr())")
+        if X.dtype.kind not in "f":
+            raise TypeError(f"{name}: sparse values must be floating point, got {X.dtype}")
+        idx_dtype = np.int64 if X.indptr.dtype == np.int64 or X.indices.dtype == np.int64 else np.int32
+        crow = torch.from_numpy(np.ascontiguousarray(X.indptr, dtype=idx_dtype))
+        col = torch.from_numpy(np.ascontiguousarray(X.indices, dtype=idx_dtype))
+        data = X.data if X.data.flags.writeable else X.data.copy()
+        val = torch.from_numpy(np.ascontiguousarray(data))
+        shape = tuple(int(s) for s in X.shape)
+    else:
+        raise TypeError(f"{name}: expected a CSR matrix, got {type(X).__name__}")
+    if crow.dtype not in INDEX_DTYPES or col.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name}: CSR indices must be int32 or int64, got {crow.dtype}/{col.dtype}")
+    if col.dtype != crow.dtype:
+        col = col.to(torch.int64)
+        crow = crow.to(torch.int64)
+    if val.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: CSR values must be one of {FLOAT_DTYPES}, got {val.dtype}")
+    if check_structure:
+        _check_csr_structure(crow, col, shape, name)
+    return CSRMatrix(crow.contiguous(), col.contiguous(), val.contiguous(), shape)
+
+
+def is_sparse(X) -> bool:
+    """True for the sparse inputs fusedml accepts or must reject (scipy sparse, torch sparse, CSRMatrix)."""
+    return isinstance(X, CSRMatrix) or _is_scipy_sparse(X) or (
+        isinstance(X, torch.Tensor) and X.layout != torch.strided
+    )
+
+
+def as_matrix(X, name: str = "X", *, check_structure: bool = True):
+    """Convert a design matrix to a dense ``[N, D]`` torch tensor or a :class:`CSRMatrix`.
+
+    Dense inputs keep their strides (the kernels take strides; callers decide whether to copy).
+    Empty matrices (N == 0 or D == 0) are rejected: no operator has a meaningful result on them.
+    """
+    if is_sparse(X):
+        M = as_csr(X, name, check_structure=check_structure)
+    else:
+        M = to_tensor(X, name, ndim=2)
+        if M.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be one of {FLOAT_DTYPES}, got {M.dtype}")
+    n, d = M.shape
+    if n == 0 or d == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(M.shape)}")
+    return M
