@@ -1,0 +1,150 @@
+"""The mmchain pattern ``w = alpha * X^T (v ⊙ (X y)) + beta * z`` and ``matvec`` (``X y``).
+
+One public function per operator; :func:`fusedml.resolve_backend` picks the implementation:
+
+* ``"fused"`` -- Triton kernels reading X once (dense: :mod:`.dense`; CSR: :mod:`.csr`);
+* ``"ops"``   -- the operator-level torch baseline (:mod:`.ops`);
+* ``"cpu"``   -- the cache-blocked one-pass host path (:mod:`.cpu`);
+* ``"auto"``  -- fused on CUDA, cpu otherwise.
+
+:mod:`.reference` holds the float64 literal formula used by the tests. See README.md beside this
+file for the math and the kernel design.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import resolve_backend
+from ._checks import Problem, prepare_matvec, prepare_mmchain
+from .reference import matvec_reference, mmchain_reference
+
+__all__ = ["mmchain", "matvec", "mmchain_reference", "matvec_reference"]
+
+
+def _csr_module():
+    try:
+        from . import csr
+    except ImportError as e:  # the CSR kernels live in their own module
+        raise NotImplementedError(
+            f"the fused CSR kernels (fusedml/mmchain/csr.py) are not available: {e}; "
+            "use backend='ops' or backend='cpu'"
+        ) from e
+    return csr
+
+
+def _run_mmchain(P: Problem, backend: str, *, key, deterministic, config) -> torch.Tensor:
+    if backend == "ops":
+        from .ops import mmchain_ops
+
+        return mmchain_ops(P, key=key, config=config)
+    if backend == "cpu":
+        from .cpu import mmchain_cpu
+
+        return mmchain_cpu(P)
+    if P.is_csr:
+        csr = _csr_module()
+        return csr.csr_mmchain_fused(
+            P.X, P.y, P.v, P.z, P.alpha, P.beta, intercept=P.intercept, v_op=P.v_op,
+            deterministic=deterministic, config=config,
+        )
+    from .dense import dense_mmchain_fused
+
+    return dense_mmchain_fused(P, deterministic=deterministic, config=config)
+
+
+def mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, v_op="mul",
+            backend="auto", deterministic=False, check_finite=False, config=None) -> torch.Tensor:
+    """``w = alpha * X^T (v ⊙ (X y)) + beta * z`` with one read of X (fused backend).
+
+    Parameters
+    ----------
+    X : array-like [N, D] or sparse CSR
+        Dense torch tensor (any strides) or numpy array; or CSR as a scipy ``csr_matrix``, a torch
+        sparse CSR tensor or a :class:`fusedml.CSRMatrix`. Storage float32/float64/bfloat16/
+        float16. An object with a ``_fusedml_mmchain`` method (e.g. a streamed Dask matrix) is
+        delegated to.
+    y : array-like [D] or [D, m] (m <= 16), or None
+        None skips ``X y``: then ``w = alpha * X^T v + beta * z`` and ``v`` is required.
+    v : array-like [N] or [N, m], optional
+        Row weights; None means ones. ``[N]`` with a matrix y broadcasts over the columns.
+    z : array-like [D] or [D, m], optional
+        Added as ``beta * z``.
+    alpha, beta : float
+    intercept : bool
+        Treat X as ``[X, 1]`` (an implicit trailing column of ones, never materialised): y, z and
+        the result then have ``D + 1`` rows.
+    v_op : {"mul", "softmax"}
+        ``"mul"``: ``p = v ⊙ t``. ``"softmax"`` (matrix y only, multinomial Hessian):
+        ``p_nj = v_nj (t_nj - sum_l v_nl t_nl)``.
+    backend : {"auto", "fused", "ops", "cpu"}
+    deterministic : bool
+        Fused backend: bitwise identical results on every run (no float atomics; per-program
+        partials reduced in a fixed order).
+    check_finite : bool
+        Raise ``ValueError`` naming the argument if X, y, v or z hold NaN or infinity.
+    config : dict, optional
+        Expert overrides: dense fused launch parameters (keys of
+        :class:`fusedml.mmchain.launch.DenseConfig`), ``{"ops_transpose": "cached" |
+        "on_the_fly"}`` for the CSR ops baseline.
+
+    Returns
+    -------
+    torch.Tensor
+        New tensor ``[D(+1)]`` or ``[D(+1), m]`` on X's device, float32 (float64 for float64 X).
+        numpy inputs give CPU torch tensors.
+
+    Examples
+    --------
+    >>> import torch, fusedml
+    >>> X = torch.randn(100, 8); y = torch.randn(8); v = torch.rand(100)
+    >>> w = fusedml.mmchain(X, y, v, backend="cpu")
+    >>> torch.allclose(w, X.T @ (v * (X @ y)), rtol=1e-4, atol=1e-4)
+    True
+    """
+    if hasattr(X, "_fusedml_mmchain") and not isinstance(X, torch.Tensor):
+        return X._fusedml_mmchain(y, v, z, alpha, beta, intercept=intercept, v_op=v_op, backend=backend,
+                                  deterministic=deterministic, check_finite=check_finite, config=config)
+    P = prepare_mmchain(X, y, v, z, alpha, beta, intercept=intercept, v_op=v_op, check_finite=check_finite)
+    be = resolve_backend(backend, P.device)
+    w = _run_mmchain(P, be, key=X, deterministic=bool(deterministic), config=config)
+    return P.finish(w)
+
+
+def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tensor:
+    """``t = X y`` (``[X, 1] y`` with intercept), reading X once.
+
+    Parameters
+    ----------
+    X : array-like [N, D] or sparse CSR
+        As for :func:`mmchain`; objects with ``_fusedml_matvec`` are delegated to.
+    y : array-like [D(+1)] or [D(+1), m] (m <= 16)
+    intercept : bool
+        Treat X as ``[X, 1]``.
+    backend : {"auto", "fused", "ops", "cpu"}
+    config : dict, optional
+        Dense fused launch overrides (see :func:`mmchain`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N]`` or ``[N, m]`` on X's device, float32 (float64 for float64 X).
+    """
+    if hasattr(X, "_fusedml_matvec") and not isinstance(X, torch.Tensor):
+        return X._fusedml_matvec(y, intercept=intercept, backend=backend)
+    P = prepare_matvec(X, y, intercept=intercept)
+    be = resolve_backend(backend, P.device)
+    if be == "ops":
+        from .ops import matvec_ops
+
+        t = matvec_ops(P)
+    elif be == "cpu":
+        from .cpu import matvec_cpu
+
+        t = matvec_cpu(P)
+    elif P.is_csr:
+        t = _csr_module().csr_matvec_fused(P.X, P.y, intercept=P.intercept)
+    else:
+        from .dense import dense_matvec_fused
+
+        t = dense_matvec_fused(P, config=config)
+    return P.finish(t)

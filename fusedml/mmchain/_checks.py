@@ -1,0 +1,209 @@
+"""Argument validation for :func:`fusedml.mmchain` and :func:`fusedml.matvec`.
+
+Everything is checked here, before any kernel runs, so that a bad argument raises a
+``ValueError`` / ``TypeError`` naming the argument instead of crashing deep in a kernel.
+The result is a :class:`Problem`: the operands converted to torch on X's device, y/v/z cast to
+the accumulation dtype and reshaped to 2-D, plus the shape bookkeeping to restore 1-D results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._validation import CSRMatrix, as_matrix
+from .._validation import check_finite as _check_finite
+
+MAX_M = 16
+V_OPS = ("mul", "softmax")
+
+
+@dataclass
+class Problem:
+    """A validated mmchain/matvec problem.
+
+    Attributes
+    ----------
+    X : torch.Tensor or CSRMatrix
+        ``[N, D]`` dense (any strides, never copied here) or CSR.
+    N, D : int
+        Shape of X (without the intercept column).
+    Dx : int
+        ``D + 1`` with ``intercept`` else ``D``: rows of y, z and w.
+    m : int
+        Number of right-hand sides (columns of y / v / z).
+    y : torch.Tensor or None
+        ``[Dx, m]`` in the accumulation dtype, or None (the ``X^T v`` instance).
+    v : torch.Tensor or None
+        ``[N, 1]`` (broadcast over columns) or ``[N, m]``, accumulation dtype, or None (ones).
+    z : torch.Tensor or None
+        ``[Dx, m]`` accumulation dtype, or None.
+    vector : bool
+        True when the result is 1-D (y 1-D, or y None and v 1-D).
+    acc_dtype : torch.dtype
+        float64 for float64 X, float32 otherwise.
+    """
+
+    X: object
+    N: int
+    D: int
+    Dx: int
+    m: int
+    y: torch.Tensor | None
+    v: torch.Tensor | None
+    z: torch.Tensor | None
+    alpha: float
+    beta: float
+    intercept: bool
+    v_op: str
+    vector: bool
+    acc_dtype: torch.dtype
+    from_numpy: bool
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+    @property
+    def is_csr(self) -> bool:
+        return isinstance(self.X, CSRMatrix)
+
+    def finish(self, w: torch.Tensor) -> torch.Tensor:
+        """Reshape a ``[Dx, m]`` / ``[N, m]`` result to the caller's 1-D / 2-D convention."""
+        return w[:, 0] if self.vector else w
+
+
+def acc_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 for float64 storage, float32 for fp32/bf16/fp16."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _operand(a, name: str, device: torch.device, acc: torch.dtype, ndim) -> torch.Tensor:
+    """Convert y/v/z: floating dtype only, same device as X (numpy is moved), cast to acc."""
+    if isinstance(a, torch.Tensor):
+        if a.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense tensor, got layout {a.layout}")
+        if a.device != device:
+            raise ValueError(f"{name} is on {a.device} but X is on {device}; move it first")
+        t = a
+    else:
+        arr = np.asarray(a) if not np.isscalar(a) else np.asarray([a])
+        if arr.dtype == object or arr.dtype.kind in "USV":
+            raise TypeError(f"{name} must hold floating-point numbers, got numpy dtype {arr.dtype}")
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype (float32/float64/bfloat16/float16), got {t.dtype}")
+    if t.ndim not in ndim:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndim))} dimension(s), got shape {tuple(t.shape)}")
+    return t.to(acc)  # a copy only when the dtype differs; the caller never writes into it
+
+
+def _scalar(a, name: str) -> float:
+    if isinstance(a, torch.Tensor):
+        if a.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(a.shape)}")
+        a = a.item()
+    try:
+        f = float(a)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real scalar, got {type(a).__name__}") from None
+    if not np.isfinite(f):
+        raise ValueError(f"{name} must be finite, got {f}")
+    return f
+
+
+def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite) -> Problem:
+    """Validate and normalise the arguments of :func:`fusedml.mmchain`.
+
+    Returns
+    -------
+    Problem
+        See the class docstring. Raises ``ValueError``/``TypeError`` naming the bad argument.
+    """
+    from_numpy = isinstance(X, np.ndarray)
+    Xm = as_matrix(X, "X")
+    N, D = (int(s) for s in Xm.shape)
+    dev = Xm.device
+    acc = acc_dtype_for(Xm.dtype)
+    intercept = bool(intercept)
+    Dx = D + int(intercept)
+    if v_op not in V_OPS:
+        raise ValueError(f"v_op must be one of {V_OPS}, got {v_op!r}")
+    alpha = _scalar(alpha, "alpha")
+    beta = _scalar(beta, "beta")
+    rows_what = f"D + 1 = {Dx} (intercept=True)" if intercept else f"D = {D}"
+
+    if y is not None:
+        yt = _operand(y, "y", dev, acc, (1, 2))
+        if yt.shape[0] != Dx:
+            raise ValueError(f"y must have {rows_what} rows to match X of shape {(N, D)}, got shape {tuple(yt.shape)}")
+        vector = yt.ndim == 1
+        yt = yt.reshape(Dx, -1)
+        m = yt.shape[1]
+        if m == 0:
+            raise ValueError("y has 0 columns")
+    else:
+        yt = None
+        if v is None:
+            raise ValueError("v is required when y is None (w = alpha * X^T v + beta * z)")
+        vector = None
+        m = None
+    if m is not None and m > MAX_M:
+        raise ValueError(f"y has m = {m} columns; at most {MAX_M} are supported")
+
+    if v is not None:
+        vt = _operand(v, "v", dev, acc, (1, 2))
+        if vt.shape[0] != N:
+            raise ValueError(f"v must have N = {N} rows to match X of shape {(N, D)}, got shape {tuple(vt.shape)}")
+        if yt is None:
+            vector = vt.ndim == 1
+            vt = vt.reshape(N, -1)
+            m = vt.shape[1]
+            if m == 0:
+                raise ValueError("v has 0 columns")
+            if m > MAX_M:
+                raise ValueError(f"v has m = {m} columns; at most {MAX_M} are supported")
+        elif vt.ndim == 1:
+            vt = vt.reshape(N, 1)
+        else:
+            if vector:
+                raise ValueError(f"v must be 1-D [N] = [{N}] when y is 1-D, got shape {tuple(vt.shape)}")
+            if vt.shape[1] != m:
+                raise ValueError(f"v must have shape [N] or [N, m] = [{N}, {m}], got {tuple(vt.shape)}")
+    else:
+        vt = None
+
+    if v_op == "softmax":
+        if yt is None or vector:
+            raise ValueError("v_op='softmax' needs a matrix y of shape [D, m] (the multinomial Hessian product)")
+        if vt is None:
+            raise ValueError("v_op='softmax' needs v (the class probabilities, [N, m])")
+
+    if z is not None:
+        zt = _operand(z, "z", dev, acc, (1, 2))
+        want = (Dx,) if vector else (Dx, m)
+        if tuple(zt.shape) != want and not (not vector and m == 1 and tuple(zt.shape) == (Dx,)):
+            raise ValueError(f"z must have shape {list(want)} (the shape of the result), got {tuple(zt.shape)}")
+        zt = zt.reshape(Dx, m)
+    else:
+        zt = None
+
+    if check_finite:
+        if isinstance(Xm, CSRMatrix):
+            _check_finite(Xm.val, "X")
+        else:
+            _check_finite(Xm, "X")
+        for t, name in ((yt, "y"), (vt, "v"), (zt, "z")):
+            if t is not None:
+                _check_finite(t, name)
+    return Problem(Xm, N, D, Dx, m, yt, vt, zt, alpha, beta, intercept, v_op, bool(vector), acc, from_numpy)
+
+
+def prepare_matvec(X, y, *, intercept) -> Problem:
+    """Validate the arguments of :func:`fusedml.matvec` (``X @ y``, y ``[D(+1)]`` or ``[D(+1), m]``)."""
+    if y is None:
+        raise ValueError("y is required for matvec")
+    return prepare_mmchain(X, y, None, None, 1.0, 0.0, intercept=intercept, v_op="mul", check_finite=False)
