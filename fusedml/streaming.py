@@ -1,0 +1,797 @@
+"""Streaming the fused operators over a row-chunked Dask array, on one device.
+
+:class:`StreamedMatrix` wraps a ``dask.array`` whose chunks are dense (numpy) or scipy CSR row
+blocks and implements the duck-typed hooks that :func:`fusedml.mmchain`, :func:`fusedml.matvec`,
+:func:`fusedml.gmm_estep` and :func:`fusedml.gmm_score` delegate to. Every call runs the fused
+kernel on each row block with the block's row slice of the N-vectors and reduces the partial
+results (``w``, GMM statistics) on the compute device, so an iterative solver written for
+in-memory data runs unchanged on out-of-core data.
+
+Memory plan (``max_gpu_bytes``)::
+
+    all of X fits        -> every chunk resident on the device (sent once)
+    otherwise            -> chunks in order resident while they fit in
+                            max_gpu_bytes - n_buffers * block capacity,
+                            the rest streamed every call through n_buffers device slots
+
+Streamed chunks come from pinned host memory (``host_cache``: materialised from Dask once) or
+are re-read from the Dask graph on every call (out-of-core, e.g. a memory-mapped ``.npy``), by a
+reader thread one chunk ahead of the device. Large chunks are cut into row blocks of at most
+``block_bytes`` so a transfer never waits on a whole chunk.
+
+The CUDA pipeline (double buffering when ``n_buffers=2``)::
+
+    copy stream:    H2D(b0) H2D(b1) [wait done(b0)] H2D(b2) [wait done(b1)] H2D(b3) ...
+    compute stream: resident chunks ... [wait h2d(b0)] K(b0) [wait h2d(b1)] K(b1) ...
+
+Block ``i`` uses slot ``i % n_buffers``; its copy waits on the event recorded after the kernel
+that last read the slot, its kernel waits on the event recorded after its copy. The compute
+stream is the caller's current stream, so the caller's vectors need no extra synchronisation.
+A streamed call costs at least ``streamed bytes / H2D bandwidth``; with the copies overlapped,
+the kernels (a few % of that time) hide under the transfers.
+
+On a host without CUDA (``device="cpu"``) the same engine runs without pinned memory or streams;
+the tests cover the plan, the block cutting, the re-reads and the reductions this way.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
+
+__all__ = ["StreamedMatrix", "is_dask_array"]
+
+_NP_FLOATS = (np.float16, np.float32, np.float64)
+_TORCH_FROM_NP = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                  np.dtype(np.float64): torch.float64}
+# A column-chunked array is merged into one column block only when the merged chunk stays small.
+_MAX_MERGED_CHUNK_BYTES = 1 << 30
+
+
+def is_dask_array(X) -> bool:
+    """Return True when ``X`` is a ``dask.array.Array`` (without importing dask otherwise).
+
+    Parameters
+    ----------
+    X : object
+
+    Returns
+    -------
+    bool
+    """
+    if "dask.array" not in sys.modules:
+        return False
+    import dask.array as da
+
+    return isinstance(X, da.Array)
+
+
+def _is_sparse_meta(meta) -> bool:
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover
+        return False
+    return sp.issparse(meta)
+
+
+@dataclass
+class _HostBlock:
+    """One row block on the host: dense ``val`` [n, D], or CSR ``crow`` [n+1] (rebased to 0),
+    ``col`` [nnz], ``val`` [nnz]."""
+
+    rows: int
+    parts: dict  # name -> torch tensor (contiguous; pinned when staged for CUDA)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.parts.values())
+
+
+@dataclass
+class _Chunk:
+    index: int          # position in the Dask chunk list
+    row0: int           # first global row
+    rows: int
+    nbytes: int         # bytes of the chunk in its storage format (-1: not known yet)
+    resident: bool = False
+    device_matrix: object = None     # resident: tensor [rows, D] or CSRMatrix on the device
+    host_blocks: list = None         # host cache: list of _HostBlock (pinned on CUDA)
+    checked: bool = False            # finiteness verified
+
+
+@dataclass
+class StreamStats:
+    """Counters of the last streamed call (read by the benchmark).
+
+    Attributes
+    ----------
+    calls : int
+        Calls since creation.
+    blocks : int
+        Blocks processed in the last call (resident chunks count one each).
+    h2d_bytes : int
+        Bytes copied host to device in the last call.
+    reread_chunks : int
+        Chunks re-read from the Dask graph in the last call.
+    seconds : float
+        Wall time of the last call (host side, device synchronised only when ``sync_timing``).
+    """
+
+    calls: int = 0
+    blocks: int = 0
+    h2d_bytes: int = 0
+    reread_chunks: int = 0
+    seconds: float = 0.0
+
+
+class StreamedMatrix:
+    """A row-chunked Dask array streamed through the fused operators on one device.
+
+    Parameters
+    ----------
+    dask_array : dask.array.Array
+        ``[N, D]`` with dense (numpy float16/32/64) or scipy CSR chunks, chunked by rows. An
+        array chunked along columns is merged into one column block when the merged chunks stay
+        below 1 GiB; otherwise a ValueError asks for a row chunking. Unknown chunk sizes (NaN)
+        are computed once (one pass over the data).
+    device : str or torch.device, optional
+        The compute device; default CUDA when available, else the CPU.
+    max_gpu_bytes : int, optional
+        Device memory the engine may use for X (resident chunks plus the streaming slots).
+        None: everything resident (on CUDA capped at 80 % of the free memory).
+    host_cache : bool or "auto"
+        True: chunks that are not resident are materialised once into (pinned) host memory;
+        False: they are re-read from the Dask graph on every call (out-of-core); "auto": cache
+        when the streamed bytes take less than half of the available host memory.
+    n_buffers : int
+        Device slots for streamed blocks (2 = double buffering).
+    block_bytes : int
+        Largest row block moved in one copy; larger chunks are cut into blocks.
+    dtype : torch.dtype, optional
+        Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'.
+    scheduler : str, optional
+        Dask scheduler used to materialise chunks (None: dask's default / the active client).
+    check_finite : bool
+        Reject NaN/inf in X (each chunk checked once, on its first read).
+
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(N, D)``.
+    dtype : torch.dtype
+        Storage dtype.
+    device : torch.device
+        Compute device; results of every hook live there.
+    is_sparse : bool
+        True for CSR chunks.
+    stats : StreamStats
+        Counters of the last call.
+
+    Examples
+    --------
+    >>> import dask.array as da, fusedml
+    >>> X = da.random.default_rng(0).normal(size=(10_000, 8), chunks=(2_500, 8)).astype("f4")
+    >>> S = fusedml.streaming.StreamedMatrix(X, device="cpu", max_gpu_bytes=80_000)
+    >>> w = fusedml.mmchain(S, torch.ones(8))          # X^T (X 1), two chunks streamed
+    """
+
+    def __init__(self, dask_array, *, device=None, max_gpu_bytes=None, host_cache="auto",
+                 n_buffers=2, block_bytes=64 << 20, dtype=None, scheduler=None,
+                 check_finite=True):
+        if not is_dask_array(dask_array):
+            raise TypeError(f"StreamedMatrix needs a dask.array.Array, got {type(dask_array).__name__}")
+        X = dask_array
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D [N, D], got shape {X.shape}")
+        if host_cache not in (True, False, "auto"):
+            raise ValueError(f"host_cache must be True, False or 'auto', got {host_cache!r}")
+        if int(n_buffers) < 1:
+            raise ValueError(f"n_buffers must be >= 1, got {n_buffers}")
+        if int(block_bytes) < 1:
+            raise ValueError(f"block_bytes must be positive, got {block_bytes}")
+        if max_gpu_bytes is not None and int(max_gpu_bytes) < 0:
+            raise ValueError(f"max_gpu_bytes must be >= 0, got {max_gpu_bytes}")
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
+        self.is_sparse = _is_sparse_meta(X._meta)
+        np_dtype = np.dtype(X.dtype)
+        if np_dtype not in _TORCH_FROM_NP:
+            raise TypeError(f"X must hold float16/float32/float64 values, got dtype {np_dtype}")
+        self.dtype = dtype if dtype is not None else _TORCH_FROM_NP[np_dtype]
+        if self.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"dtype must be a floating torch dtype, got {self.dtype}")
+        if any(math.isnan(c) for c in X.chunks[0]) or any(math.isnan(c) for c in X.chunks[1]):
+            X = X.compute_chunk_sizes()
+        n, d = (int(s) for s in X.shape)
+        if n == 0 or d == 0:
+            raise ValueError(f"X is empty: shape {(n, d)}")
+        if len(X.chunks[1]) > 1:
+            merged = max(X.chunks[0]) * d * np_dtype.itemsize
+            if merged > _MAX_MERGED_CHUNK_BYTES and not self.is_sparse:
+                raise ValueError(
+                    f"X is chunked along columns ({len(X.chunks[1])} column blocks) and merging them "
+                    f"would make {merged / 2**20:.0f} MiB chunks; rechunk it by rows only, e.g. "
+                    f"X.rechunk({{0: rows, 1: -1}}) with fewer rows per chunk")
+            X = X.rechunk({1: -1})
+        self._dask = X
+        self.shape = (n, d)
+        self.ndim = 2
+        self.scheduler = scheduler
+        self.check_finite = bool(check_finite)
+        self.n_buffers = int(n_buffers)
+        self.block_bytes = int(block_bytes)
+        self.stats = StreamStats()
+        self._delayed = list(X.to_delayed().ravel())
+        self._idx_bytes = 4  # streamed CSR blocks carry int32 indices (rebased row pointers)
+        self._val_bytes = torch.empty((), dtype=self.dtype).element_size()
+        self._pin = self.device.type == "cuda"
+        self._lock = threading.Lock()
+
+        # Chunk table and sizes in the storage format.
+        chunks, row0 = [], 0
+        for i, r in enumerate(X.chunks[0]):
+            nbytes = int(r) * d * self._val_bytes if not self.is_sparse else -1
+            chunks.append(_Chunk(i, row0, int(r), nbytes))
+            row0 += int(r)
+        self._chunks = chunks
+        if self.is_sparse:
+            nnz = self._chunk_nnz()
+            for c, z in zip(chunks, nnz):
+                c.nbytes = z * (self._val_bytes + self._idx_bytes) + (c.rows + 1) * self._idx_bytes
+        self.nbytes = sum(c.nbytes for c in chunks)
+        self._plan(max_gpu_bytes, host_cache)
+        self._slots = None
+        self._staging = None
+        self._reader = None
+
+    # ------------------------------------------------------------------ set-up
+    def _compute(self, *delayeds):
+        import dask
+
+        return dask.compute(*delayeds, scheduler=self.scheduler)
+
+    def _chunk_nnz(self):
+        """Stored entries per chunk (one read of the data; needed to plan sparse memory)."""
+        counts = self._dask.map_blocks(
+            lambda b: np.array([[b.nnz]], dtype=np.int64), dtype=np.int64, chunks=(1, 1),
+            meta=np.empty((0, 0), dtype=np.int64))
+        return [int(z) for z in np.asarray(counts.compute(scheduler=self.scheduler)).ravel()]
+
+    def _plan(self, max_gpu_bytes, host_cache):
+        total = self.nbytes
+        if max_gpu_bytes is None:
+            budget = total
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = min(total, int(0.8 * free))
+        else:
+            budget = int(max_gpu_bytes)
+        self.max_gpu_bytes = budget
+        if total <= budget:
+            reserve, room = 0, budget
+        else:
+            # Slots for streamed blocks come out of the budget first.
+            cap = min(self.block_bytes, max(c.nbytes for c in self._chunks))
+            reserve = self.n_buffers * cap
+            if reserve > budget:
+                raise ValueError(
+                    f"max_gpu_bytes={budget} cannot hold {self.n_buffers} streaming buffers of "
+                    f"{cap} bytes; raise max_gpu_bytes or lower block_bytes")
+            room = budget - reserve
+        used = 0
+        for c in self._chunks:
+            if used + c.nbytes <= room:
+                c.resident = True
+                used += c.nbytes
+            else:
+                break  # resident chunks form a prefix: a simple, predictable plan
+        self.resident_bytes = used
+        self.streamed_bytes = total - used
+        streamed = [c for c in self._chunks if not c.resident]
+        if host_cache == "auto":
+            try:
+                import psutil
+
+                avail = psutil.virtual_memory().available
+            except ImportError:  # pragma: no cover
+                avail = 0
+            host_cache = self.streamed_bytes < avail // 2
+        self.host_cache = bool(host_cache) and bool(streamed)
+        # Materialise resident and cached chunks once, a few at a time (bounded host memory).
+        todo = [c for c in self._chunks if c.resident or self.host_cache]
+        batch, batch_bytes = [], 0
+        for c in todo:
+            batch.append(c)
+            batch_bytes += max(c.nbytes, 0)
+            if batch_bytes >= (256 << 20):
+                self._materialise(batch)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._materialise(batch)
+
+    def _materialise(self, batch):
+        arrays = self._compute(*[self._delayed[c.index] for c in batch])
+        for c, a in zip(batch, arrays):
+            if c.resident:
+                c.device_matrix = self._upload_whole(c, a)
+            else:
+                c.host_blocks = self._to_host_blocks(c, a, pin=self._pin)
+
+    # ------------------------------------------------------------------ conversion
+    def _check_chunk(self, c, a):
+        if a.shape != (c.rows, self.shape[1]):
+            raise ValueError(f"chunk {c.index} of X has shape {a.shape}, expected {(c.rows, self.shape[1])}")
+        if self.check_finite and not c.checked:
+            data = a.data if self.is_sparse else a
+            if not np.isfinite(data).all():
+                raise ValueError(f"X contains NaN or infinite values (chunk {c.index}, rows "
+                                 f"{c.row0}..{c.row0 + c.rows - 1})")
+            c.checked = True
+
+    def _block_cuts(self, c, a):
+        """Row cuts of a chunk into blocks of at most ``block_bytes`` (deterministic)."""
+        n = c.rows
+        if not self.is_sparse:
+            per = max(1, self.block_bytes // (self.shape[1] * self._val_bytes))
+            return list(range(0, n, per)) + [n]
+        indptr = np.asarray(a.indptr, dtype=np.int64)
+        row_bytes = np.diff(indptr) * (self._val_bytes + self._idx_bytes) + self._idx_bytes
+        cum = np.concatenate([[0], np.cumsum(row_bytes)])
+        cuts, start = [0], 0
+        while start < n:
+            stop = int(np.searchsorted(cum, cum[start] + self.block_bytes, side="right")) - 1
+            stop = max(stop, start + 1)  # a single row larger than a block still moves alone
+            cuts.append(min(stop, n))
+            start = cuts[-1]
+        return cuts
+
+    def _to_host_blocks(self, c, a, *, pin):
+        """Convert one materialised chunk to host row blocks (torch, storage dtype)."""
+        if self.is_sparse:
+            if not _is_sparse_meta(a):
+                raise TypeError(f"chunk {c.index} of X is {type(a).__name__}, expected scipy CSR")
+            M = as_csr(a, f"X chunk {c.index}")  # rejects COO/CSC/..., unsorted indices
+            a_ = a
+        else:
+            if _is_sparse_meta(a):
+                raise TypeError(f"chunk {c.index} of X is sparse but X's meta is dense")
+            a_ = np.asarray(a)
+        self._check_chunk(c, a_)
+        cuts = self._block_cuts(c, a_)
+        blocks = []
+        if self.is_sparse:
+            crow = M.crow.to(torch.int64)
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                s, e = int(crow[lo]), int(crow[hi])
+                parts = {"crow": (crow[lo:hi + 1] - s).to(torch.int32),
+                         "col": M.col[s:e].to(torch.int32),
+                         "val": M.val[s:e].to(self.dtype)}
+                blocks.append(_HostBlock(hi - lo, self._stage(parts, pin)))
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(a_)) if a_.flags.writeable else torch.from_numpy(
+                np.array(a_, order="C"))
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                blocks.append(_HostBlock(hi - lo, self._stage({"val": t[lo:hi].to(self.dtype)}, pin)))
+        return blocks
+
+    @staticmethod
+    def _stage(parts, pin):
+        if not pin:
+            return {k: v.contiguous() for k, v in parts.items()}
+        out = {}
+        for k, v in parts.items():
+            p = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+            p.copy_(v)
+            out[k] = p
+        return out
+
+    def _matrix(self, parts, rows):
+        """A device/host block as the operand the kernels take (fresh tensor objects)."""
+        if self.is_sparse:
+            return CSRMatrix(parts["crow"], parts["col"], parts["val"], (rows, self.shape[1]))
+        return parts["val"].view(rows, self.shape[1])
+
+    def _upload_whole(self, c, a):
+        """A resident chunk as one device matrix (one kernel launch per call)."""
+        if self.is_sparse:
+            if not _is_sparse_meta(a):
+                raise TypeError(f"chunk {c.index} of X is {type(a).__name__}, expected scipy CSR")
+            M = as_csr(a, f"X chunk {c.index}")
+            self._check_chunk(c, a)
+            idx = torch.int32 if M.nnz < 2**31 and self.shape[1] < 2**31 else torch.int64
+            return CSRMatrix(M.crow.to(device=self.device, dtype=idx), M.col.to(device=self.device, dtype=idx),
+                             M.val.to(device=self.device, dtype=self.dtype), (c.rows, self.shape[1]))
+        if _is_sparse_meta(a):
+            raise TypeError(f"chunk {c.index} of X is sparse but X's meta is dense")
+        a = np.asarray(a)
+        self._check_chunk(c, a)
+        t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))
+        return t.to(device=self.device, dtype=self.dtype, copy=True).contiguous()
+
+    # ------------------------------------------------------------------ the pipeline
+    def _read_chunk(self, c):
+        """Re-read one chunk from the Dask graph (reader thread): host blocks, unpinned."""
+        (a,) = self._compute(self._delayed[c.index])
+        return self._to_host_blocks(c, a, pin=False)
+
+    def _ensure_slots(self, block):
+        """Device slots (and pinned staging for re-read blocks) sized to the block capacity."""
+        if self._slots is None:
+            self._slots, self._staging = [], []
+            self._copy_stream = torch.cuda.Stream(device=self.device)
+            self._h2d_done = [torch.cuda.Event() for _ in range(self.n_buffers)]
+            self._compute_done = [torch.cuda.Event() for _ in range(self.n_buffers)]
+            for _ in range(self.n_buffers):
+                self._slots.append({})
+                self._staging.append({})
+        for j in range(self.n_buffers):
+            for k, v in block.parts.items():
+                need = v.numel()
+                cur = self._slots[j].get(k)
+                if cur is None or cur.numel() < need or cur.dtype != v.dtype:
+                    # Grow: wait until the slot's last user is done before dropping it.
+                    self._compute_done[j].synchronize()
+                    cap = max(need, self._capacity(k, v.dtype))
+                    self._slots[j][k] = torch.empty(cap, dtype=v.dtype, device=self.device)
+
+    def _capacity(self, name, dtype):
+        esz = torch.empty((), dtype=dtype).element_size()
+        if not self.is_sparse:
+            return min(self.block_bytes, max(c.nbytes for c in self._chunks)) // esz
+        if name == "crow":
+            return 1
+        return self.block_bytes // (self._val_bytes + self._idx_bytes)
+
+    def _blocks(self):
+        """Yield (operand on the device, global row0, row1) for every block, in a fixed order.
+
+        Resident chunks first (their kernels overlap the first copies), then the streamed ones.
+        """
+        st = self.stats
+        st.calls += 1
+        st.blocks = st.h2d_bytes = st.reread_chunks = 0
+        for c in self._chunks:
+            if c.resident:
+                st.blocks += 1
+                yield c.device_matrix, c.row0, c.row0 + c.rows
+        streamed = [c for c in self._chunks if not c.resident]
+        if not streamed:
+            return
+        reread = [c for c in streamed if c.host_blocks is None]
+        pending = {}
+        if reread:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedml-reader")
+            pending[reread[0].index] = self._reader.submit(self._read_chunk, reread[0])
+        nxt = {a.index: b for a, b in zip(reread[:-1], reread[1:])}
+        cuda = self.device.type == "cuda"
+        slot_i = 0
+        for c in streamed:
+            if c.host_blocks is not None:
+                blocks, cached = c.host_blocks, True
+            else:
+                blocks = pending.pop(c.index).result()
+                st.reread_chunks += 1
+                cached = False
+                if c.index in nxt:  # read ahead while this chunk streams
+                    pending[nxt[c.index].index] = self._reader.submit(self._read_chunk, nxt[c.index])
+            r = c.row0
+            for b in blocks:
+                st.blocks += 1
+                if not cuda:
+                    yield self._matrix(b.parts, b.rows), r, r + b.rows
+                else:
+                    yield self._stream_block(b, slot_i, cached), r, r + b.rows
+                    # The consumer has enqueued its kernels on the current stream.
+                    self._compute_done[slot_i % self.n_buffers].record(torch.cuda.current_stream(self.device))
+                    slot_i += 1
+                st.h2d_bytes += b.nbytes if cuda else 0
+                r += b.rows
+
+    def _stream_block(self, b, i, cached):
+        j = i % self.n_buffers
+        self._ensure_slots(b)
+        src = b.parts
+        if not cached:
+            # Pinned staging slot j was last read by the copy of block i - n_buffers.
+            self._h2d_done[j].synchronize()
+            stage = self._staging[j]
+            src = {}
+            for k, v in b.parts.items():
+                buf = stage.get(k)
+                if buf is None or buf.numel() < v.numel() or buf.dtype != v.dtype:
+                    buf = torch.empty(max(v.numel(), self._capacity(k, v.dtype)), dtype=v.dtype, pin_memory=True)
+                    stage[k] = buf
+                src[k] = buf[:v.numel()].view(v.shape).copy_(v)
+        cs = self._copy_stream
+        cs.wait_event(self._compute_done[j])
+        dst = {}
+        with torch.cuda.stream(cs):
+            for k, v in src.items():
+                d = self._slots[j][k][:v.numel()].view(v.shape)
+                d.copy_(v, non_blocking=True)
+                dst[k] = d
+        self._h2d_done[j].record(cs)
+        torch.cuda.current_stream(self.device).wait_event(self._h2d_done[j])
+        return self._matrix(dst, b.rows)
+
+    def map_blocks(self, fn, reduce="sum"):
+        """Run ``fn`` on every row block (on the device) and reduce the results.
+
+        Parameters
+        ----------
+        fn : callable
+            ``fn(Xb, rows)`` with ``Xb`` the block (dense ``[n, D]`` tensor or
+            :class:`fusedml.CSRMatrix`) and ``rows`` its global ``slice``; returns a tensor or a
+            tuple of tensors. It must enqueue its work on the current stream and must not keep
+            ``Xb`` (its memory is reused by later blocks).
+        reduce : {"sum", "concat", None}
+            "sum": elementwise sums of the results (in block order: deterministic);
+            "concat": concatenation along dim 0 (per-row results in row order); None: the list.
+
+        Returns
+        -------
+        tensor, tuple of tensors, or list
+        """
+        if reduce not in ("sum", "concat", None):
+            raise ValueError(f"reduce must be 'sum', 'concat' or None, got {reduce!r}")
+        t0 = time.perf_counter()
+        results, acc = [], None
+        with self._lock:
+            for Xb, r0, r1 in self._blocks():
+                out = fn(Xb, slice(r0, r1))
+                if reduce == "sum":
+                    if acc is None:
+                        acc = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+                    elif isinstance(out, tuple):
+                        for a, o in zip(acc, out):
+                            a.add_(o)
+                    else:
+                        acc.add_(out)
+                else:
+                    results.append(out)
+        self.stats.seconds = time.perf_counter() - t0
+        if reduce == "sum":
+            return acc
+        if reduce == "concat":
+            if isinstance(results[0], tuple):
+                return tuple(torch.cat(parts, 0) for parts in zip(*results))
+            return torch.cat(results, 0)
+        return results
+
+    # ------------------------------------------------------------------ operator hooks
+    def _vec(self, a, name, dtype):
+        if a is None:
+            return None
+        from ._validation import to_tensor
+
+        t = to_tensor(a, name, ndim=(1, 2))
+        return t.to(device=self.device, dtype=dtype)
+
+    def _param(self, a, name):
+        """A parameter tensor on the device (moved once per call, not once per block)."""
+        from ._validation import to_tensor
+
+        t = to_tensor(a, name)
+        return t.to(device=self.device, dtype=self.acc_dtype if t.is_floating_point() else t.dtype)
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        """Accumulation dtype of the fused operators on this matrix (fp64 for fp64 storage)."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def _fusedml_mmchain(self, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False,
+                         check_finite=False, **kw):
+        """``w = alpha X^T (v ⊙ (X y)) + beta z`` summed over blocks (hook of fusedml.mmchain).
+
+        Parameters
+        ----------
+        y : array-like or None
+            ``[D(+1)]`` or ``[D(+1), m]``; None computes ``alpha X^T v + beta z``.
+        v : array-like or None
+            ``[N]`` or ``[N, m]``; sliced per block.
+        z : array-like or None
+            ``[D(+1)]`` or ``[D(+1), m]``.
+        alpha, beta : float
+        intercept : bool
+            X treated as ``[X, 1]``.
+        check_finite : bool
+            Reject NaN/inf in y, v, z (X is checked when its chunks are read).
+        **kw
+            Passed to :func:`fusedml.mmchain` for every block (v_op, backend, deterministic,
+            config).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[D(+1)]`` or ``[D(+1), m]`` on ``self.device``.
+        """
+        from fusedml.mmchain import mmchain
+
+        n, d = self.shape
+        dd = d + int(bool(intercept))
+        acc = self.acc_dtype
+        y, v, z = self._vec(y, "y", acc), self._vec(v, "v", acc), self._vec(z, "z", acc)
+        if y is None and v is None:
+            raise ValueError("mmchain with y=None computes X^T v: v is required")
+        if y is not None and y.shape[0] != dd:
+            raise ValueError(f"y must have {dd} rows (D={d}{' + intercept' if intercept else ''}), got shape {tuple(y.shape)}")
+        if v is not None and v.shape[0] != n:
+            raise ValueError(f"v must have N={n} rows, got shape {tuple(v.shape)}")
+        if check_finite:
+            for t, name in ((y, "y"), (v, "v"), (z, "z")):
+                if t is not None:
+                    _check_finite_tensor(t, name)
+
+        def block(Xb, rows):
+            vb = v[rows] if v is not None else None
+            return mmchain(Xb, y, vb, None, alpha, 0.0, intercept=intercept, check_finite=False, **kw)
+
+        w = self.map_blocks(block, "sum")
+        if z is not None:
+            if z.shape != w.shape:
+                raise ValueError(f"z must have shape {tuple(w.shape)}, got {tuple(z.shape)}")
+            w = w + beta * z
+        return w
+
+    def _fusedml_matvec(self, y, *, intercept=False, **kw):
+        """``X y`` (+ ``y[D]`` with intercept) as a full ``[N]`` / ``[N, m]`` tensor on the device.
+
+        Parameters
+        ----------
+        y : array-like
+            ``[D(+1)]`` or ``[D(+1), m]``.
+        intercept : bool
+        **kw
+            Passed to :func:`fusedml.matvec` (backend).
+
+        Returns
+        -------
+        torch.Tensor
+        """
+        from fusedml.mmchain import matvec
+
+        d = self.shape[1] + int(bool(intercept))
+        y = self._vec(y, "y", self.acc_dtype)
+        if y is None or y.shape[0] != d:
+            raise ValueError(f"y must have {d} rows, got {None if y is None else tuple(y.shape)}")
+        return self.map_blocks(lambda Xb, rows: matvec(Xb, y, intercept=intercept, **kw), "concat")
+
+    def _fusedml_gmm_estep(self, weights, means, precisions_cholesky, covariance_type, *,
+                           sample_weight=None, center=None, return_log_prob=False, **kw):
+        """GMM sufficient statistics summed over blocks (hook of fusedml.gmm_estep).
+
+        All blocks accumulate about the same centre (``center`` or the current means), so their
+        statistics add up. Returns a ``GMMStats`` with the total log-likelihood and, when asked,
+        the per-sample log-likelihood concatenated in row order.
+
+        Parameters
+        ----------
+        weights, means, precisions_cholesky, covariance_type
+            As :func:`fusedml.gmm_estep`.
+        sample_weight : array-like, optional
+            ``[N]``; sliced per block.
+        center : array-like, optional
+            ``[K, D]``.
+        return_log_prob : bool
+        **kw
+            Passed to :func:`fusedml.gmm_estep` (backend, path, precision, check_finite).
+
+        Returns
+        -------
+        fusedml.gmm.GMMStats
+        """
+        from fusedml.gmm import gmm_estep
+
+        if self.is_sparse:
+            raise TypeError("gmm_estep needs dense data; X streams scipy CSR chunks")
+        acc = self.acc_dtype
+        weights, means, precisions_cholesky = (self._param(a, nm) for a, nm in (
+            (weights, "weights"), (means, "means"), (precisions_cholesky, "precisions_cholesky")))
+        center = means if center is None else self._param(center, "center")
+        sw = self._vec(sample_weight, "sample_weight", acc)
+        if sw is not None and tuple(sw.shape) != (self.shape[0],):
+            raise ValueError(f"sample_weight must have shape ({self.shape[0]},), got {tuple(sw.shape)}")
+        parts = self.map_blocks(
+            lambda Xb, rows: gmm_estep(Xb, weights, means, precisions_cholesky, covariance_type,
+                                       sample_weight=None if sw is None else sw[rows], center=center,
+                                       return_log_prob=return_log_prob, **kw), None)
+        return _sum_gmm_stats(parts)
+
+    def _fusedml_gmm_score(self, weights, means, precisions_cholesky, covariance_type, **kw):
+        """Per-sample log-likelihood ``[N]`` and labels ``[N]`` (hook of fusedml.gmm_score)."""
+        from fusedml.gmm import gmm_score
+
+        if self.is_sparse:
+            raise TypeError("gmm_score needs dense data; X streams scipy CSR chunks")
+        weights, means, precisions_cholesky = (self._param(a, nm) for a, nm in (
+            (weights, "weights"), (means, "means"), (precisions_cholesky, "precisions_cholesky")))
+        return self.map_blocks(
+            lambda Xb, rows: tuple(gmm_score(Xb, weights, means, precisions_cholesky, covariance_type, **kw)),
+            "concat")
+
+    # ------------------------------------------------------------------ helpers
+    def take_rows(self, index):
+        """Rows of X as a dense ``[len(index), D]`` tensor on the device (e.g. for initialisation).
+
+        Parameters
+        ----------
+        index : array-like of int
+            Row indices (any order, repeats allowed).
+
+        Returns
+        -------
+        torch.Tensor
+        """
+        idx = np.asarray(index, dtype=np.int64).ravel()
+        if idx.size and (idx.min() < -self.shape[0] or idx.max() >= self.shape[0]):
+            raise IndexError(f"row index out of range for N={self.shape[0]}")
+        idx = np.where(idx < 0, idx + self.shape[0], idx)
+        uniq, inv = np.unique(idx, return_inverse=True)
+        rows = self._dask[uniq].compute(scheduler=self.scheduler)
+        if _is_sparse_meta(rows):
+            rows = rows.toarray()
+        t = torch.from_numpy(np.asarray(rows)[inv]).to(self.device)
+        return t.to(self.acc_dtype)
+
+    def to_dask(self):
+        """The (row-chunked) Dask array this engine streams."""
+        return self._dask
+
+    @property
+    def n_chunks(self) -> int:
+        """Number of Dask row chunks."""
+        return len(self._chunks)
+
+    @property
+    def resident_chunks(self) -> int:
+        """Chunks kept on the device across calls."""
+        return sum(c.resident for c in self._chunks)
+
+    def close(self):
+        """Stop the reader thread (also done at garbage collection)."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        kind = "CSR" if self.is_sparse else "dense"
+        return (f"StreamedMatrix({kind} {self.shape[0]}x{self.shape[1]} {self.dtype}, {self.n_chunks} chunks, "
+                f"{self.resident_chunks} resident, device={self.device}, "
+                f"{'host-cached' if self.host_cache else 're-read'} streaming)")
+
+
+def _sum_gmm_stats(parts):
+    """Add per-block GMMStats: tensors summed, ``log_prob`` concatenated, centre kept."""
+    first = parts[0]
+    kwargs = {}
+    for f in fields(first):
+        vals = [getattr(p, f.name) for p in parts]
+        if f.name == "log_prob":
+            kwargs[f.name] = None if vals[0] is None else torch.cat(vals, 0)
+        elif f.name == "center" or not isinstance(vals[0], torch.Tensor):
+            kwargs[f.name] = vals[0]
+        else:
+            acc = vals[0].clone()
+            for t in vals[1:]:
+                acc.add_(t)
+            kwargs[f.name] = acc
+    return type(first)(**kwargs)
