@@ -1,6 +1,7 @@
 """fusedml: whole ML algorithms on the GPU through fused Triton kernels."""
 from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
 from ._validation import CSRMatrix, as_csr, as_matrix
+from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .mmchain import matvec, mmchain
 
 __version__ = "0.1.0"
@@ -8,6 +9,10 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendUnavailableError",
     "CSRMatrix",
+    "GMMStats",
+    "gmm_estep",
+    "gmm_mstep",
+    "gmm_score",
     "as_csr",
     "as_matrix",
     "interpret_mode",

@@ -1,0 +1,266 @@
+"""Fused Gaussian-mixture EM step: E-step statistics, M-step, scoring.
+
+Public API (see ``README.md`` beside this file for the math):
+
+* :func:`gmm_estep` -- log-likelihood and the sufficient statistics ``N_k``, ``S1_k``, ``S2_k``
+  about centres ``c_k`` for the current parameters, in one pass over X (fused backend).
+* :func:`gmm_mstep` -- scikit-learn's M-step from those statistics.
+* :func:`gmm_score` -- per-sample log-likelihood and the arg-max component (``predict``).
+
+Parameters follow scikit-learn's ``GaussianMixture`` exactly: ``weights_`` [K], ``means_`` [K, D],
+``precisions_cholesky_`` (full [K, D, D] upper triangular, tied [D, D], diag [K, D], spherical [K]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .._dispatch import resolve_backend
+from ._prep import COVARIANCE_TYPES, PATHS, PRECISIONS, validate
+
+__all__ = ["GMMStats", "gmm_estep", "gmm_mstep", "gmm_score", "COVARIANCE_TYPES"]
+
+
+@dataclass
+class GMMStats:
+    """Sufficient statistics of one E-step (float64 tensors on X's device).
+
+    Attributes
+    ----------
+    covariance_type : str
+        ``"full"``, ``"tied"``, ``"diag"`` or ``"spherical"``.
+    log_likelihood : torch.Tensor
+        0-d, ``sum_n s_n log sum_k pi_k N(x_n | mu_k, Sigma_k)`` (``s_n`` sample weights, 1 if None).
+    log_prob : torch.Tensor or None
+        ``[N]`` per-sample ``log sum_k pi_k N(x_n | ...)`` (unweighted), when asked for; float32
+        (float64 for float64 X).
+    nk : torch.Tensor
+        ``[K]`` ``sum_n s_n r_nk``.
+    center : torch.Tensor
+        ``[K, D]`` the centres ``c_k`` the moments are taken about (default: the current means).
+    s1 : torch.Tensor
+        ``[K, D]`` ``sum_n s_n r_nk (x_n - c_k)``.
+    s2 : torch.Tensor
+        full ``[K, D, D]`` ``sum_n s_n r_nk (x_n - c_k)(x_n - c_k)^T``; tied ``[D, D]`` the same summed
+        over k; diag ``[K, D]`` ``sum_n s_n r_nk (x_n - c_k)^2``; spherical ``[K]`` its sum over D.
+
+    Notes
+    -----
+    Statistics about the same centres add across row chunks (``a.merge(b)``): pass ``center``
+    explicitly when streaming chunks.
+    """
+
+    covariance_type: str
+    log_likelihood: torch.Tensor
+    log_prob: torch.Tensor | None
+    nk: torch.Tensor
+    center: torch.Tensor
+    s1: torch.Tensor
+    s2: torch.Tensor
+
+    def merge(self, other: "GMMStats") -> "GMMStats":
+        """Sum with the statistics of other rows about the same centres (log_prob concatenated)."""
+        if other.covariance_type != self.covariance_type:
+            raise ValueError("cannot merge statistics of different covariance types")
+        if not torch.equal(other.center.to(self.center.device), self.center):
+            raise ValueError("cannot merge statistics taken about different centres; pass center= explicitly")
+        lp = None
+        if self.log_prob is not None and other.log_prob is not None:
+            lp = torch.cat([self.log_prob, other.log_prob.to(self.log_prob.device)])
+        dev = self.nk.device
+        return replace(self, log_likelihood=self.log_likelihood + other.log_likelihood.to(dev), log_prob=lp,
+                       nk=self.nk + other.nk.to(dev), s1=self.s1 + other.s1.to(dev), s2=self.s2 + other.s2.to(dev))
+
+
+def _check_options(path, precision):
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample_weight=None, center=None,
+              return_log_prob=False, backend="auto", path="auto", precision="fp32", check_finite=True) -> GMMStats:
+    """One E-step: log-likelihood and the M-step's sufficient statistics, without N x K.
+
+    Parameters
+    ----------
+    X : array-like or torch.Tensor, shape [N, D]
+        Data (float32/float64/bfloat16/float16; any strides). A dask array wrapped as
+        ``fusedml.streaming.StreamedMatrix`` (anything with ``_fusedml_gmm_estep``) is delegated to.
+    weights : array-like, shape [K]
+        Mixture weights, non-negative, summing to one.
+    means : array-like, shape [K, D]
+    precisions_cholesky : array-like
+        scikit-learn's ``precisions_cholesky_``: full [K, D, D] (upper triangular), tied [D, D],
+        diag [K, D], spherical [K]; positive diagonal / entries.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    sample_weight : array-like, shape [N], optional
+        Non-negative; multiplies the responsibilities and the log-likelihood terms.
+    center : array-like, shape [K, D], optional
+        Centres ``c_k`` of the moments; default ``means``.
+    return_log_prob : bool
+        Also return the per-sample log-likelihood ``[N]``.
+    backend : {"auto", "fused", "ops", "cpu"}
+        See :func:`fusedml.resolve_backend`.
+    path : {"auto", "single", "two_pass"}
+        Fused backend only: force the single-sweep or the two-pass kernels (``"auto"``: the
+        applicability model in :mod:`fusedml.gmm.model`).
+    precision : {"fp32", "tf32x3", "tf32", "bf16"}
+        Fused backend only: operand precision of the distance and statistics products.
+        ``"fp32"`` (default) exact fp32 FMA products; ``"tf32x3"`` tensor cores with split operands
+        (about fp32 accuracy); ``"tf32"`` / ``"bf16"`` faster, with relative errors of about 1e-3 /
+        1e-2 in the statistics. Accumulation is always fp32 (partials combined in float64).
+    check_finite : bool
+        Check X for NaN/inf (one extra read of X).
+
+    Returns
+    -------
+    GMMStats
+        float64 statistics; see :class:`GMMStats`.
+
+    Examples
+    --------
+    >>> st = gmm_estep(X, w, mu, pc, "diag")                           # doctest: +SKIP
+    >>> weights, means, covs, prec_chol = gmm_mstep(st, reg_covar=1e-6)  # doctest: +SKIP
+    """
+    if hasattr(X, "_fusedml_gmm_estep"):
+        return X._fusedml_gmm_estep(weights, means, precisions_cholesky, covariance_type,
+                                    sample_weight=sample_weight, center=center, return_log_prob=return_log_prob,
+                                    backend=backend, path=path, precision=precision, check_finite=check_finite)
+    _check_options(path, precision)
+    prep = validate(X, weights, means, precisions_cholesky, covariance_type, sample_weight=sample_weight,
+                    center=center, check_finite=check_finite)
+    be = resolve_backend(backend, prep.device)
+    if be == "fused":
+        from .fused import estep_fused
+
+        lp, ll, nk, s1, s2 = estep_fused(prep, return_log_prob, path=path, precision=precision)
+    elif be == "ops":
+        from .ops import estep_ops
+
+        lp, ll, nk, s1, s2 = estep_ops(prep, return_log_prob)
+    else:
+        from .cpu import estep_cpu
+
+        lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
+    if lp is not None:
+        lp = lp.to(torch.float64 if prep.X.dtype == torch.float64 else torch.float32)
+    return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk, center=prep.center.clone(),
+                    s1=s1, s2=s2)
+
+
+_FAIL_MSG = ("Fitting the mixture model failed because some components have ill-defined empirical covariance "
+             "(for instance caused by singleton or collapsed samples). Try to decrease the number of components, "
+             "increase reg_covar, or scale the input data.")
+
+
+def gmm_mstep(stats: GMMStats, reg_covar: float = 1e-6):
+    """scikit-learn's M-step from E-step statistics (float64).
+
+    Follows ``sklearn.mixture._gaussian_mixture._estimate_gaussian_parameters`` and
+    ``_compute_precision_cholesky``: ``N_k <- N_k + 10 eps`` (float64 eps) so empty components give
+    mean 0... more precisely ``means_k = sum r x / N_k`` (0 for an empty component, never NaN),
+    covariances ``sum r (x - mu_k)(x - mu_k)^T / N_k + reg_covar I`` (``reg_covar`` alone for an empty
+    component), tied: the ``N_k``-weighted average, weights ``N_k / sum N_k``.
+
+    Parameters
+    ----------
+    stats : GMMStats
+        From :func:`gmm_estep`.
+    reg_covar : float
+        Non-negative regularisation added to the covariance diagonals.
+
+    Returns
+    -------
+    weights : torch.Tensor
+        ``[K]``.
+    means : torch.Tensor
+        ``[K, D]``.
+    covariances : torch.Tensor
+        full ``[K, D, D]``, tied ``[D, D]``, diag ``[K, D]``, spherical ``[K]``.
+    precisions_cholesky : torch.Tensor
+        Same shapes (full/tied upper triangular), scikit-learn's convention.
+
+    Raises
+    ------
+    ValueError
+        ``reg_covar`` negative, or a covariance not positive definite (scikit-learn's message).
+    """
+    if not isinstance(stats, GMMStats):
+        raise TypeError(f"stats must be a GMMStats, got {type(stats).__name__}")
+    if not (float(reg_covar) >= 0.0):
+        raise ValueError(f"reg_covar must be non-negative, got {reg_covar!r}")
+    f64 = torch.float64
+    ct = stats.covariance_type
+    nk_raw = stats.nk.to(f64)
+    nk = nk_raw + 10 * torch.finfo(f64).eps
+    c = stats.center.to(f64)
+    s1 = stats.s1.to(f64)
+    means = (s1 + nk_raw[:, None] * c) / nk[:, None]  # sum r x / N_k
+    delta = means - c  # [K, D]
+    K, D = means.shape
+    s2 = stats.s2.to(f64)
+    eye = torch.eye(D, dtype=f64, device=means.device)
+    if ct in ("diag", "spherical"):
+        # sum r (x - mu)^2 = S2 - 2 delta S1 + N delta^2, about c
+        if ct == "diag":
+            cov = (s2 - 2 * delta * s1 + nk_raw[:, None] * delta * delta) / nk[:, None] + reg_covar
+        else:
+            cov = (s2 - 2 * (delta * s1).sum(1) + nk_raw * (delta * delta).sum(1)) / (nk * D) + reg_covar
+        if bool((cov <= 0).any()):
+            raise ValueError(_FAIL_MSG)
+        prec_chol = 1.0 / torch.sqrt(cov)
+    else:
+        corr = (s1[:, :, None] * delta[:, None, :] + delta[:, :, None] * s1[:, None, :]
+                - nk_raw[:, None, None] * delta[:, :, None] * delta[:, None, :])  # [K, D, D]
+        if ct == "full":
+            cov = (s2 - corr) / nk[:, None, None] + reg_covar * eye
+        else:
+            cov = (s2 - corr.sum(0)) / nk.sum() + reg_covar * eye
+        cov = 0.5 * (cov + cov.transpose(-1, -2))
+        L, info = torch.linalg.cholesky_ex(cov)
+        if bool((info != 0).any()):
+            raise ValueError(_FAIL_MSG)
+        eye_b = eye.expand_as(L) if ct == "full" else eye
+        prec_chol = torch.linalg.solve_triangular(L, eye_b, upper=False).transpose(-1, -2)
+    weights = nk / nk.sum()
+    return weights, means, cov, prec_chol
+
+
+def gmm_score(X, weights, means, precisions_cholesky, covariance_type, *, backend="auto", path="auto"):
+    """Per-sample log-likelihood and the most probable component, fused, without N x K.
+
+    Parameters
+    ----------
+    X, weights, means, precisions_cholesky, covariance_type
+        As in :func:`gmm_estep`.
+    backend : {"auto", "fused", "ops", "cpu"}
+    path : {"auto", "single", "two_pass"}
+        Accepted for symmetry with :func:`gmm_estep`; scoring is always one pass over X with an
+        online log-sum-exp and arg-max over component tiles.
+
+    Returns
+    -------
+    log_prob : torch.Tensor
+        ``[N]`` ``log sum_k pi_k N(x_n | mu_k, Sigma_k)``, float32 (float64 for float64 X).
+    labels : torch.Tensor
+        ``[N]`` int64 ``argmax_k (log pi_k + log N(x_n | mu_k, Sigma_k))`` (scikit-learn's ``predict``).
+    """
+    _check_options(path, "fp32")
+    prep = validate(X, weights, means, precisions_cholesky, covariance_type)
+    be = resolve_backend(backend, prep.device)
+    if be == "fused":
+        from .fused import score_fused
+
+        lp, labels = score_fused(prep)
+    elif be == "ops":
+        from .ops import score_ops
+
+        lp, labels = score_ops(prep)
+    else:
+        from .cpu import score_cpu
+
+        lp, labels = score_cpu(prep)
+    return lp.to(torch.float64 if prep.X.dtype == torch.float64 else torch.float32), labels
