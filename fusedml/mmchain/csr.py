@@ -1,0 +1,1032 @@
+r"""Fused CSR kernels for ``w = alpha * A^T (v ⊙ (A y)) + beta * z`` (one read of A).
+
+Math
+----
+For a CSR matrix ``A`` [N, D] (optionally ``[A, 1]`` with an implicit ones column, ``intercept``),
+``y`` [D(+1), m], ``v`` [N, m]::
+
+    t_n = Σ_k A_nk y_k (+ y_D)               (row n's gather: one read of row n)
+    p_n = alpha * v_n ⊙ t_n                   (v_op="mul")
+    p_n = alpha * v_n ⊙ (t_n − Σ_l v_nl t_nl)  (v_op="softmax", the multinomial Hessian)
+    w_k += A_nk p_n   for each stored (n, k);  w_D += p_n   (the scatter, while row n is on chip)
+    w  += beta * z
+
+With ``y=None`` the gather is skipped and ``p_n = alpha * v_n``.
+
+Kernel design (the PPoPP'15 "one read" pattern for sparse)
+---------------------------------------------------------
+* **Row-block kernel** (``_csr_rows_kernel``): a program owns ``BLOCK_R`` rows and gathers their
+  nonzeros as one ``[BLOCK_R, L]`` tile (``L`` a power of two covering the rows' lengths): ``t`` is a
+  tile reduction, ``p`` is computed in registers, and ``val * p`` is scattered into ``w[col]`` with
+  relaxed ``atomic_add`` (result unused -> compiled to ``RED``). When every row of the launch fits
+  in ``L`` (``SINGLE``) the tile stays in registers between the gather and the scatter: A is read
+  exactly once. Otherwise the program loops over its rows in ``L``-wide steps twice (t, then
+  scatter); the second loop re-reads the block (``BLOCK_R * L`` nonzeros, a few KB) from L1/L2,
+  not DRAM.
+* **Scheduling** (cached per matrix, see ``_structure``): the model (:func:`csr_config`) picks
+  either *ordered* mode — rows in storage order, one launch, when lengths are homogeneous — or
+  *binned* mode for skewed (power-law) profiles: rows are stably sorted into power-of-two length
+  bins (one launch per non-empty bin, ``L`` = the bin's width, ``BLOCK_R = tile / L``; stable so
+  rows of one bin keep their storage order and stream), and rows longer than ``long_threshold``
+  go to the long-row kernels.
+* **Long rows** (``_csr_long_partial_kernel`` + ``_csr_long_finish_kernel``): a long row is split
+  into ``ceil(len / chunk)`` programs. Pass 1 writes each chunk's partial ``t`` to a buffer (no
+  atomics); pass 2 (one program per chunk) sums its row's partials in a fixed order, forms ``p``
+  and re-reads its chunk to scatter. Byte cost: long rows' values and indices are read twice
+  (+8 B per long-row nonzero for fp32/int32; the second read mostly hits L2, 50 MB on the H200,
+  because pass 2 starts right after pass 1) plus ``16 * m`` B per chunk of partials; short rows
+  keep the single read.
+* **Pre-aggregation before global atomics**: the intercept column's ``Σ_n p_n`` is summed per
+  program and written to a per-program buffer (no same-address atomics at all; reduced once at
+  the end). Within a row columns are unique, so every remaining atomic targets a distinct
+  ``w[col, :]`` m-vector (contiguous, one ``RED`` per element). ``A``'s values and indices are
+  loaded with ``evict_first`` so the stream does not push ``y`` and ``w`` (``(D+1) * m`` words,
+  the atomics' and gathers' targets) out of L2.
+* **deterministic=True**: no float atomics. ``t`` comes from the row kernel (row sums have a fixed
+  order; long rows combine their partials in a fixed order), ``p`` from torch elementwise ops,
+  and ``A^T p`` from the same row kernel run over the transposed structure (columns sorted by
+  ``(col, row)`` once and cached: ``colptr`` [D+1], the row of each entry and the permutation
+  into ``val`` [nnz]), i.e. a fixed-order segment reduction per column. Extra cost per call: the
+  second pass reads the permutation and row index (4 + 4 B/nnz with int32) and gathers the value
+  and ``p`` rows (random, sector-granular), so about 2.5-3x the fused path's bytes; the one-off
+  sort costs ~16 B/nnz of extra memory while cached.
+* Indices: ``crow`` int64 -> all nonzero offsets in int64; int32 indices are loaded as int32 and
+  only widened where ``(D+1) * m`` could pass 2^31. Every gather is masked (the interpreter does
+  not catch out-of-bounds loads).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import weakref
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedml._validation import CSRMatrix
+
+__all__ = [
+    "CSRConfig",
+    "CSRStats",
+    "csr_config",
+    "csr_stats",
+    "csr_sweep_configs",
+    "csr_mmchain_fused",
+    "csr_matvec_fused",
+]
+
+MAX_M = 16
+# Fill every buffer a kernel must fully overwrite with NaN (tests switch this on, so unwritten
+# elements show up); the environment variable does the same for a whole run.
+POISON_OUTPUTS = os.environ.get("FUSEDML_POISON", "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _csr_rows_kernel(
+    crow_ptr,  # [R + 1] row pointers (int32/int64) of the structure being read
+    col_ptr,  # [nnz] column indices
+    val_ptr,  # [nnz] values (storage dtype); gathered through vperm_ptr when VAL_PERM
+    vperm_ptr,  # [nnz] value permutation (VAL_PERM), else unused
+    rows_ptr,  # [n_slots] row ids of the schedule (ROW_PERM), else unused
+    y_ptr,  # [C(+1), M] accumulation dtype (HAS_Y)
+    v_ptr,  # [R, M] (HAS_V)
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
+    ipart_ptr,  # [n_programs_total, MP] per-program intercept partial sums (MODE 1, INTERCEPT)
+    slot_lo,  # first schedule slot of this launch
+    slot_hi,  # one past the last slot
+    prog_base,  # this launch's first row in ipart
+    n_cols,  # C: row index of the intercept entry of y / w
+    alpha_ptr,  # [1] alpha in the accumulation dtype (a float argument would be fp32)
+    M: tl.constexpr,  # m (row stride of y, v, t, w)
+    MP: tl.constexpr,  # next power of two >= M
+    BLOCK_R: tl.constexpr,
+    L: tl.constexpr,
+    SINGLE: tl.constexpr,  # every row of the launch has <= L nonzeros: one tile, kept in registers
+    HAS_Y: tl.constexpr,
+    HAS_V: tl.constexpr,
+    INTERCEPT: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    MODE: tl.constexpr,  # 0: store t = A y; 1: scatter w += A^T p
+    ROW_PERM: tl.constexpr,
+    VAL_PERM: tl.constexpr,
+    WIDE: tl.constexpr,  # (C+1) * M may pass 2^31: widen int32 column indices
+    ACC64: tl.constexpr,
+):
+    acc_t = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    slots = slot_lo + pid * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R] int64
+    rmask = slots < slot_hi
+    if ROW_PERM:
+        rows = tl.load(rows_ptr + slots, mask=rmask, other=0).to(tl.int64)
+    else:
+        rows = slots
+    start = tl.load(crow_ptr + rows, mask=rmask, other=0)  # [BLOCK_R] crow dtype
+    end = tl.load(crow_ptr + rows + 1, mask=rmask, other=0)
+    length = end - start
+    j = tl.arange(0, MP)
+    jmask = j < M
+    rj_mask = rmask[:, None] & jmask[None, :]  # [BLOCK_R, MP]
+    lane = tl.arange(0, L)
+    j3 = j[None, None, :]
+    jmask3 = jmask[None, None, :]
+
+    t = tl.zeros([BLOCK_R, MP], dtype=acc_t)
+    if SINGLE:
+        # [BLOCK_R, L] tile of the block's nonzeros, loaded once and kept for the scatter.
+        nz_mask = lane[None, :] < length[:, None]
+        off = start[:, None] + lane[None, :]
+        cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+        if WIDE:
+            cols = cols.to(tl.int64)
+        if VAL_PERM:
+            vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+            vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
+        else:
+            vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+        if HAS_Y:
+            yg = tl.load(y_ptr + cols[:, :, None] * M + j3, mask=nz_mask[:, :, None] & jmask3, other=0.0)
+            t = tl.sum(vals[:, :, None] * yg, axis=1)
+    else:
+        max_len = tl.max(length, axis=0)
+        if HAS_Y:
+            for k in range(0, max_len, L):
+                nz_mask = (k + lane)[None, :] < length[:, None]
+                off = start[:, None] + (k + lane)[None, :]
+                cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+                if WIDE:
+                    cols = cols.to(tl.int64)
+                if VAL_PERM:
+                    vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
+                    vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
+                else:
+                    vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+                yg = tl.load(y_ptr + cols[:, :, None] * M + j3, mask=nz_mask[:, :, None] & jmask3, other=0.0)
+                t += tl.sum(vals[:, :, None] * yg, axis=1)
+    if HAS_Y:
+        if INTERCEPT:
+            y_last = tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
+            t += y_last[None, :]
+
+    if MODE == 0:
+        tl.store(out_ptr + rows[:, None] * M + j[None, :], t, mask=rj_mask)
+    else:
+        if HAS_V:
+            vv = tl.load(v_ptr + rows[:, None] * M + j[None, :], mask=rj_mask, other=0.0)
+        else:
+            vv = tl.where(rj_mask, 1.0, 0.0).to(acc_t)
+        if HAS_Y:
+            if SOFTMAX:
+                s = tl.sum(vv * t, axis=1)  # [BLOCK_R]
+                p = vv * (t - s[:, None])
+            else:
+                p = vv * t
+        else:
+            p = vv
+        p = tl.where(rj_mask, p * tl.load(alpha_ptr), 0.0)
+        if INTERCEPT:
+            # Pre-aggregated over the block: one [MP] partial per program, no atomics.
+            tl.store(ipart_ptr + (prog_base + pid) * MP + j, tl.sum(p, axis=0))
+        if SINGLE:
+            tl.atomic_add(out_ptr + cols[:, :, None] * M + j3, vals[:, :, None] * p[:, None, :],
+                          mask=nz_mask[:, :, None] & jmask3, sem="relaxed")
+        else:
+            for k in range(0, max_len, L):
+                nz_mask = (k + lane)[None, :] < length[:, None]
+                off = start[:, None] + (k + lane)[None, :]
+                cols = tl.load(col_ptr + off, mask=nz_mask, other=0)
+                if WIDE:
+                    cols = cols.to(tl.int64)
+                if VAL_PERM:
+                    vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
+                    vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
+                else:
+                    vals = tl.load(val_ptr + off, mask=nz_mask, other=0).to(acc_t)
+                tl.atomic_add(out_ptr + cols[:, :, None] * M + j3, vals[:, :, None] * p[:, None, :],
+                              mask=nz_mask[:, :, None] & jmask3, sem="relaxed")
+
+
+@triton.jit
+def _csr_long_partial_kernel(
+    crow_ptr,  # [R + 1]
+    col_ptr,  # [nnz]
+    val_ptr,  # [nnz]
+    vperm_ptr,  # [nnz] (VAL_PERM)
+    long_rows_ptr,  # [n_long] row ids of the long rows
+    chunk_row_ptr,  # [n_chunks] int32: index into long_rows of each chunk
+    chunk_first_ptr,  # [n_long + 1] int32: first chunk of each long row
+    y_ptr,  # [C(+1), M]
+    part_ptr,  # [n_chunks, MP] partial t of each chunk (written, no atomics)
+    CHUNK,  # nonzeros per chunk
+    M: tl.constexpr,
+    MP: tl.constexpr,
+    PIECE: tl.constexpr,  # nonzeros per loop step
+    VAL_PERM: tl.constexpr,
+    WIDE: tl.constexpr,
+    ACC64: tl.constexpr,
+):
+    acc_t = tl.float64 if ACC64 else tl.float32
+    c = tl.program_id(0).to(tl.int64)
+    li = tl.load(chunk_row_ptr + c).to(tl.int64)
+    row = tl.load(long_rows_ptr + li).to(tl.int64)
+    first = tl.load(chunk_first_ptr + li).to(tl.int64)
+    start = tl.load(crow_ptr + row).to(tl.int64)
+    end = tl.load(crow_ptr + row + 1).to(tl.int64)
+    lo = start + (c - first) * CHUNK
+    hi = tl.minimum(lo + CHUNK, end)
+    j = tl.arange(0, MP)
+    jmask = j < M
+    lane = tl.arange(0, PIECE)
+    acc = tl.zeros([PIECE, MP], dtype=acc_t)
+    for k in range(lo, hi, PIECE):
+        off = k + lane
+        nz_mask = off < hi
+        cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last")
+        if WIDE:
+            cols = cols.to(tl.int64)
+        if VAL_PERM:
+            vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last")
+            vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
+        else:
+            vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last").to(acc_t)
+        yg = tl.load(y_ptr + cols[:, None] * M + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0)
+        acc += vals[:, None] * yg
+    tl.store(part_ptr + c * MP + j, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _csr_long_finish_kernel(
+    crow_ptr,  # [R + 1]
+    col_ptr,  # [nnz]
+    val_ptr,  # [nnz]
+    vperm_ptr,  # [nnz] (VAL_PERM)
+    long_rows_ptr,  # [n_long]
+    chunk_row_ptr,  # [n_chunks] int32
+    chunk_first_ptr,  # [n_long + 1] int32
+    part_ptr,  # [n_chunks, MP] partial t (HAS_Y)
+    y_ptr,  # [C(+1), M] (HAS_Y)
+    v_ptr,  # [R, M] (HAS_V)
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
+    ipart_ptr,  # [n_programs_total, MP]
+    prog_base,
+    n_cols,
+    alpha_ptr,  # [1]
+    CHUNK,
+    M: tl.constexpr,
+    MP: tl.constexpr,
+    PIECE: tl.constexpr,
+    HAS_Y: tl.constexpr,
+    HAS_V: tl.constexpr,
+    INTERCEPT: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    MODE: tl.constexpr,
+    VAL_PERM: tl.constexpr,
+    WIDE: tl.constexpr,
+    ACC64: tl.constexpr,
+):
+    acc_t = tl.float64 if ACC64 else tl.float32
+    c = tl.program_id(0).to(tl.int64)
+    li = tl.load(chunk_row_ptr + c).to(tl.int64)
+    row = tl.load(long_rows_ptr + li).to(tl.int64)
+    first = tl.load(chunk_first_ptr + li).to(tl.int64)
+    last = tl.load(chunk_first_ptr + li + 1).to(tl.int64)
+    j = tl.arange(0, MP)
+    jmask = j < M
+    is_first = (j.to(tl.int64) * 0 + c) == first  # [MP] (a vector: the interpreter rejects scalar masks)
+    t = tl.zeros([MP], dtype=acc_t)
+    if HAS_Y:
+        for q in range(first, last):  # fixed order: the same bits on every run
+            t += tl.load(part_ptr + q * MP + j)
+        if INTERCEPT:
+            t += tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
+    if MODE == 0:
+        tl.store(out_ptr + row * M + j, t, mask=jmask & is_first)
+    else:
+        if HAS_V:
+            vv = tl.load(v_ptr + row * M + j, mask=jmask, other=0.0)
+        else:
+            vv = tl.where(jmask, 1.0, 0.0).to(acc_t)
+        if HAS_Y:
+            if SOFTMAX:
+                p = vv * (t - tl.sum(vv * t, axis=0))
+            else:
+                p = vv * t
+        else:
+            p = vv
+        p = tl.where(jmask, p * tl.load(alpha_ptr), 0.0)
+        if INTERCEPT:
+            tl.store(ipart_ptr + (prog_base + c) * MP + j, tl.where(is_first, p, 0.0))
+        start = tl.load(crow_ptr + row).to(tl.int64)
+        end = tl.load(crow_ptr + row + 1).to(tl.int64)
+        lo = start + (c - first) * CHUNK
+        hi = tl.minimum(lo + CHUNK, end)
+        lane = tl.arange(0, PIECE)
+        for k in range(lo, hi, PIECE):
+            off = k + lane
+            nz_mask = off < hi
+            cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+            if WIDE:
+                cols = cols.to(tl.int64)
+            if VAL_PERM:
+                vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
+                vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
+            else:
+                vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+            tl.atomic_add(out_ptr + cols[:, None] * M + j[None, :], vals[:, None] * p[None, :],
+                          mask=nz_mask[:, None] & jmask[None, :], sem="relaxed")
+
+
+# ------------------------------------------------------------------------------------------------
+# The analytical launch model
+# ------------------------------------------------------------------------------------------------
+# H200-like profile used when no CUDA device is present (the interpreter) and as a fallback when
+# fusedml.mmchain.launch.gpu_info is not available.
+_DEFAULT_GPU = {
+    "sm_count": 132,
+    "regs_per_sm": 65536,
+    "smem_per_sm": 228 * 1024,
+    "l2_bytes": 50 * 1024 * 1024,
+    "bandwidth": 4.28e12,
+}
+
+
+def _gpu_profile(gpu=None, device=None) -> dict:
+    """Normalise a GPU description to the keys of ``_DEFAULT_GPU``.
+
+    ``gpu`` may be None (ask ``fusedml.mmchain.launch.gpu_info(device)``, else torch, else the
+    H200-like default), a dict, or an object with attributes (any of the usual spellings).
+    """
+    if gpu is None:
+        try:
+            from fusedml.mmchain.launch import gpu_info  # owned by the dense helper
+
+            gpu = gpu_info(device if device is not None else torch.device("cpu"))
+        except Exception:  # launch.py absent or no device: local fallback below
+            gpu = None
+    if gpu is None and device is not None and torch.device(device).type == "cuda":
+        prop = torch.cuda.get_device_properties(device)
+        gpu = {
+            "sm_count": prop.multi_processor_count,
+            "regs_per_sm": getattr(prop, "regs_per_multiprocessor", 65536),
+            "smem_per_sm": getattr(prop, "shared_memory_per_multiprocessor", 228 * 1024),
+            "l2_bytes": getattr(prop, "L2_cache_size", 50 * 1024 * 1024),
+        }
+    out = dict(_DEFAULT_GPU)
+    if gpu is None:
+        return out
+    get = gpu.get if isinstance(gpu, dict) else (lambda k, d=None: getattr(gpu, k, d))
+    aliases = {
+        "sm_count": ("sm_count", "num_sms", "n_sm", "multi_processor_count", "sms"),
+        "regs_per_sm": ("regs_per_sm", "registers_per_sm", "regs_per_multiprocessor"),
+        "smem_per_sm": ("smem_per_sm", "shared_memory_per_sm", "smem_bytes_per_sm", "smem_per_sm_bytes"),
+        "l2_bytes": ("l2_bytes", "l2_cache_bytes", "l2_size", "L2_cache_size"),
+        "bandwidth": ("bandwidth", "dram_bandwidth", "bandwidth_bytes_per_s", "mem_bandwidth"),
+    }
+    for key, names in aliases.items():
+        for name in names:
+            val = get(name, None)
+            if val:
+                out[key] = val
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class CSRStats:
+    """Row-length statistics of a CSR matrix (what the launch model needs).
+
+    Attributes
+    ----------
+    n_rows, n_cols, nnz : int
+        ``N``, ``D`` and the number of stored entries.
+    max_len : int
+        Longest row.
+    hist : tuple of int
+        ``hist[0]`` = empty rows; ``hist[b]`` (b >= 1) = rows with length in ``(2^(b-2), 2^(b-1)]``
+        (i.e. rows whose power-of-two cover is ``2^(b-1)``).
+    index_bytes : int
+        4 for int32 indices, 8 for int64.
+    """
+
+    n_rows: int
+    n_cols: int
+    nnz: int
+    max_len: int
+    hist: tuple
+    index_bytes: int = 4
+
+    @property
+    def mean_len(self) -> float:
+        return self.nnz / max(self.n_rows, 1)
+
+    def quantile_cover(self, q: float) -> int:
+        """Smallest power of two covering the row lengths of a fraction ``q`` of the rows."""
+        need = q * self.n_rows
+        acc = 0
+        for b, cnt in enumerate(self.hist):
+            acc += cnt
+            if acc >= need:
+                return 1 if b <= 1 else 1 << (b - 1)
+        return _pow2_ceil(self.max_len)
+
+
+@dataclass(frozen=True)
+class CSRConfig:
+    """Launch parameters of the CSR kernels (chosen by :func:`csr_config`).
+
+    Attributes
+    ----------
+    ordered : bool
+        True: one launch over the rows in storage order; False: power-of-two length bins.
+    block_r, lanes : int
+        Ordered mode: rows per program and the tile width ``L`` (power of two).
+    single : bool
+        Ordered mode: every row fits in ``lanes`` (tile kept in registers, no loop).
+    tile : int
+        Nonzeros per program tile (``BLOCK_R * L``) in binned mode; bins use
+        ``BLOCK_R = tile // L`` for ``L`` from ``l_min`` to ``long_threshold``.
+    l_min : int
+        Width of the smallest bin (rows of 0..l_min nonzeros).
+    long_threshold : int
+        Rows longer than this use the split long-row kernels (binned mode).
+    piece : int
+        Nonzeros per loop step of the long-row kernels.
+    chunk : int
+        Nonzeros per long-row program; programs per long row = ceil(len / chunk).
+    num_warps : int
+        Warps per program of the row kernel (the long kernels use ``long_warps``).
+    long_warps : int
+    """
+
+    ordered: bool
+    block_r: int
+    lanes: int
+    single: bool
+    tile: int
+    l_min: int
+    long_threshold: int
+    piece: int
+    chunk: int
+    num_warps: int
+    long_warps: int
+
+    def bin_block_r(self, width: int) -> int:
+        """Rows per program for the bin of width ``width``."""
+        return max(1, self.tile // width)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x).bit_length() - 1)
+
+
+def csr_stats(A: CSRMatrix) -> CSRStats:
+    """Row-length statistics of ``A`` (one device-to-host sync; cached per matrix).
+
+    Parameters
+    ----------
+    A : CSRMatrix
+        ``[N, D]``.
+
+    Returns
+    -------
+    CSRStats
+    """
+    return _structure(A).stats
+
+
+def _compute_stats(A: CSRMatrix) -> CSRStats:
+    n, d = A.shape
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    if n == 0:
+        return CSRStats(0, d, 0, 0, (0,), A.crow.element_size())
+    # bin b: 0 for empty rows, else 1 + ceil(log2(len)); integer arithmetic, exact.
+    b = torch.zeros_like(lengths)
+    nz = lengths > 0
+    b[nz] = 1 + _ceil_log2(lengths[nz])
+    hist = torch.bincount(b, minlength=1)
+    packed = torch.cat([hist, lengths.max().reshape(1)]).cpu().tolist()
+    return CSRStats(n, d, A.nnz, int(packed[-1]), tuple(int(c) for c in packed[:-1]), A.crow.element_size())
+
+
+def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    """Exact ceil(log2(x)) for int64 x >= 1."""
+    r = torch.zeros_like(x)
+    y = x - 1
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = y >= (1 << shift)
+        r = r + big.to(x.dtype) * shift
+        y = torch.where(big, y >> shift, y)
+    r = r + (y >= 1).to(x.dtype)
+    return r
+
+
+def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None) -> CSRConfig:
+    """The analytical launch model of the CSR kernels.
+
+    Parameters
+    ----------
+    A : CSRMatrix or CSRStats
+        The matrix or its row-length statistics (:func:`csr_stats`).
+    m : int
+        Columns of ``y`` (1..16).
+    dtype : torch.dtype
+        Value storage dtype (sets the bytes per nonzero).
+    gpu : dict or object, optional
+        SM count, registers/SM, shared memory/SM, L2 bytes, DRAM bandwidth (``gpu_info``); the
+        device's own (or an H200-like profile) when None.
+
+    Returns
+    -------
+    CSRConfig
+
+    Notes
+    -----
+    The model (all quantities per nonzero are bytes of values + indices, ``b = b_val + b_idx``):
+
+    1. *Bytes in flight.* Little's law: to stream at bandwidth ``B`` with DRAM latency
+       ``λ ≈ 800 ns`` every SM needs ``B λ / n_SM`` bytes of loads outstanding (≈ 26 KB on an
+       H200). With ``P = 4`` resident programs per SM, one program's tile must cover
+       ``B λ / (n_SM P b)`` nonzeros: ``tile = pow2_ceil`` of that (1024 nonzeros for fp32/int32).
+    2. *Registers.* A tile element holds ~``2 + 2 MP`` 32-bit registers (value, index, the
+       gathered ``y`` m-vector and the product). Keeping ``P`` programs of ``32 w`` threads
+       resident under ``regs_per_sm`` with half the registers for addresses and masks caps
+       ``tile * (2 + 2 MP)`` at ``regs_per_sm / (2 P)`` words per program → smaller tiles for
+       large ``m`` (the gathers and ``m`` atomics per nonzero then bound the time anyway, not
+       DRAM). ``num_warps = 4``, 8 when the tile exceeds 2048 elements.
+    3. *Tile shape.* ``L`` = power of two covering the rows; ``BLOCK_R = tile / L``. Ordered mode
+       (rows in storage order: perfect streaming, no permutation bytes) when the profile is
+       homogeneous: ``pow2(max_len) <= 2 pow2(mean)`` (then ``L = pow2(max_len)``, lanes ≥ 50 %
+       busy on average, one tile, single read) or ``max_len <= 4 pow2(q90)`` (``L = pow2(q90)``,
+       at most 4 loop steps per block). Otherwise binned: power-of-two bins from
+       ``l_min = max(4, pow2(q10))`` to ``long_threshold = tile`` (bins ≥ 50 % lane-busy), the
+       permutation costs ``b_idx`` bytes per row.
+    4. *Long rows* (> ``long_threshold``): ``piece = tile`` nonzeros per step; ``chunk`` is
+       the largest multiple of ``piece`` (power of two, ≤ 64 pieces) that still gives the
+       long-row launch ``4 n_SM`` programs, so a few rows of 10^5-10^7 nonzeros fill the GPU.
+    """
+    stats = A if isinstance(A, CSRStats) else csr_stats(A)
+    prof = _gpu_profile(gpu, None if isinstance(A, CSRStats) else A.device)
+    m = int(m)
+    mp = _pow2_ceil(m)
+    b_val = torch.empty((), dtype=dtype).element_size()
+    b = b_val + stats.index_bytes
+    progs_per_sm = 4
+    latency = 800e-9
+    inflight = prof["bandwidth"] * latency / prof["sm_count"]
+    tile_bw = _pow2_ceil(int(inflight / (progs_per_sm * b)))
+    words_cap = prof["regs_per_sm"] // (2 * progs_per_sm)
+    tile_reg = _pow2_floor(max(1, words_cap // (2 + 2 * mp)))
+    tile = max(16, min(tile_bw, tile_reg, 4096))
+    num_warps = 8 if tile * mp > 2048 else 4
+
+    mean_cover = _pow2_ceil(math.ceil(stats.mean_len)) if stats.nnz else 1
+    max_cover = _pow2_ceil(stats.max_len)
+    q90 = stats.quantile_cover(0.9)
+    q10 = stats.quantile_cover(0.1)
+    if max_cover <= max(2 * mean_cover, 4) and max_cover <= tile:
+        ordered, single, lanes = True, True, max(max_cover, 1)
+    elif stats.max_len <= 4 * q90 and q90 <= tile:
+        ordered, single, lanes = True, False, q90
+    else:
+        ordered, single, lanes = False, False, q90
+    lanes = max(1, min(lanes, tile))
+    block_r = max(1, tile // lanes)
+
+    long_threshold = tile
+    piece = tile
+    long_nnz = stats.nnz  # upper bound; the schedule refines the chunk with the real long nnz
+    chunk = _long_chunk(long_nnz, piece, prof["sm_count"])
+    return CSRConfig(
+        ordered=ordered,
+        block_r=block_r,
+        lanes=lanes,
+        single=single,
+        tile=tile,
+        l_min=max(4, min(q10, tile)),
+        long_threshold=long_threshold,
+        piece=piece,
+        chunk=chunk,
+        num_warps=num_warps,
+        long_warps=num_warps,
+    )
+
+
+def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
+    target = max(1, long_nnz // (4 * sm_count))
+    return piece * max(1, min(64, _pow2_floor(max(1, target // piece))))
+
+
+def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
+    """A small grid of alternative configs around the model's pick (for benchmark sweeps).
+
+    Parameters
+    ----------
+    A : CSRMatrix
+    m : int
+    dtype : torch.dtype, optional
+        Defaults to ``A.val.dtype``.
+    gpu : optional
+        As for :func:`csr_config`.
+
+    Returns
+    -------
+    list of CSRConfig
+        The model's pick first, then variants of tile size, warps, ordered/binned and chunk.
+    """
+    dtype = A.val.dtype if dtype is None else dtype
+    base = csr_config(A, m, dtype, gpu)
+    out = [base]
+    seen = {base}
+    for tile in (256, 512, 1024, 2048, 4096):
+        for warps in (2, 4, 8):
+            for ordered in (True, False):
+                if ordered and base.lanes > tile:
+                    continue
+                lanes = min(base.lanes, tile)
+                cfg = dataclasses.replace(
+                    base, tile=tile, num_warps=warps, long_warps=warps, ordered=ordered,
+                    lanes=lanes, block_r=max(1, tile // lanes),
+                    single=base.single and lanes >= _pow2_ceil(csr_stats(A).max_len),
+                    long_threshold=max(tile, base.long_threshold if not ordered else tile), piece=min(base.piece, tile),
+                )
+                if not ordered and cfg.lanes > cfg.long_threshold:
+                    continue
+                if cfg not in seen:
+                    seen.add(cfg)
+                    out.append(cfg)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-matrix cache: statistics, schedules, transposed structure
+# ------------------------------------------------------------------------------------------------
+class _Structure:
+    """Everything derived from a matrix's sparsity structure, cached on the crow tensor."""
+
+    def __init__(self, A: CSRMatrix):
+        self.crow_ref = weakref.ref(A.crow)
+        self.col_ref = weakref.ref(A.col)
+        self.versions = (A.crow._version, A.col._version)
+        self.shape = tuple(A.shape)
+        self.nnz = A.nnz
+        self.stats = _compute_stats(A)
+        self.schedules = {}
+        self.transpose = None  # (CSRMatrix-like structure, value permutation, _Structure)
+
+    def valid_for(self, A: CSRMatrix) -> bool:
+        return (self.crow_ref() is A.crow and self.col_ref() is A.col
+                and self.versions == (A.crow._version, A.col._version)
+                and self.shape == tuple(A.shape) and self.nnz == A.nnz)
+
+
+_CACHE: dict = {}
+
+
+def _structure(A: CSRMatrix) -> _Structure:
+    key = id(A.crow)
+    ent = _CACHE.get(key)
+    if ent is not None and ent.valid_for(A):
+        return ent
+    ent = _Structure(A)
+    _CACHE[key] = ent
+    weakref.finalize(A.crow, _CACHE.pop, key, None)
+    return ent
+
+
+@dataclass
+class _Schedule:
+    """Launch plan for one (matrix, config)."""
+
+    ordered: bool
+    rows: torch.Tensor | None  # [n_slots] row ids in bin order (binned), None when ordered
+    bins: list  # [(slot_lo, slot_hi, L, BLOCK_R, single)]
+    n_short_programs: int
+    long_rows: torch.Tensor | None  # [n_long]
+    chunk_row: torch.Tensor | None  # [n_chunks] int32
+    chunk_first: torch.Tensor | None  # [n_long + 1] int32
+    n_chunks: int
+    chunk: int
+
+
+def _schedule(A: CSRMatrix, st: _Structure, cfg: CSRConfig, sm_count: int) -> _Schedule:
+    key = cfg
+    sch = st.schedules.get(key)
+    if sch is not None:
+        return sch
+    n = A.shape[0]
+    stats = st.stats
+    if cfg.ordered:
+        single = cfg.single and stats.max_len <= cfg.lanes
+        bins = [(0, n, cfg.lanes, cfg.block_r, single)]
+        sch = _Schedule(True, None, bins, triton.cdiv(n, cfg.block_r), None, None, None, 0, cfg.chunk)
+    else:
+        lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+        widths = []
+        w = _pow2_ceil(cfg.l_min)
+        while w < cfg.long_threshold:
+            widths.append(w)
+            w *= 2
+        widths.append(_pow2_ceil(cfg.long_threshold))
+        lt = widths[-1]
+        # bin id: index of the smallest width covering the row; len(widths) for long rows.
+        bid = torch.zeros_like(lengths)
+        for wd in widths[:-1]:
+            bid += (lengths > wd).to(torch.int64)
+        bid += (lengths > lt).to(torch.int64)
+        counts = torch.bincount(bid, minlength=len(widths) + 1).cpu().tolist()
+        order = torch.sort(bid, stable=True).indices
+        idx_dtype = torch.int32 if n < 2**31 else torch.int64
+        rows = order.to(idx_dtype).contiguous()
+        bins = []
+        lo = 0
+        n_prog = 0
+        for wd, cnt in zip(widths, counts[:-1]):
+            if cnt:
+                br = cfg.bin_block_r(wd)
+                bins.append((lo, lo + cnt, wd, br, True))
+                n_prog += triton.cdiv(cnt, br)
+            lo += cnt
+        n_long = counts[-1]
+        long_rows = chunk_row = chunk_first = None
+        n_chunks = 0
+        chunk = cfg.chunk
+        if n_long:
+            long_rows = rows[lo:].contiguous()
+            long_len = lengths[long_rows.long()]
+            long_nnz = int(long_len.sum())
+            chunk = min(cfg.chunk, _long_chunk(long_nnz, cfg.piece, sm_count))
+            chunk = max(chunk, cfg.piece)
+            per_row = (long_len + chunk - 1) // chunk
+            first = torch.zeros(n_long + 1, dtype=torch.int64, device=A.device)
+            first[1:] = torch.cumsum(per_row, 0)
+            n_chunks = int(first[-1])
+            chunk_first = first.to(torch.int32)
+            chunk_row = torch.repeat_interleave(
+                torch.arange(n_long, device=A.device, dtype=torch.int32), per_row)
+        sch = _Schedule(False, rows, bins, n_prog, long_rows, chunk_row, chunk_first, n_chunks, chunk)
+    st.schedules[key] = sch
+    return sch
+
+
+def _transpose(A: CSRMatrix, st: _Structure):
+    """``(AT, vperm, st_T)``: the structure of ``A^T`` in CSR form, cached (deterministic path).
+
+    ``AT.val`` is A's value tensor itself (gathered through ``vperm`` at run time, so later value
+    changes of ``A`` are seen); ``AT.col`` holds row ids.
+    """
+    if st.transpose is not None:
+        return st.transpose
+    n, d = A.shape
+    col = A.col.to(torch.int64)
+    order = torch.sort(col, stable=True).indices  # (col, row) order: CSR is row-major
+    idx_dtype = A.crow.dtype if max(n, A.nnz) < 2**31 or A.crow.dtype == torch.int64 else torch.int64
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    row_of = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=torch.int64), lengths)
+    rows_t = row_of[order].to(idx_dtype).contiguous()
+    colptr = torch.zeros(d + 1, dtype=torch.int64, device=A.device)
+    colptr[1:] = torch.cumsum(torch.bincount(col, minlength=d), 0)
+    AT = CSRMatrix(colptr.to(idx_dtype).contiguous(), rows_t, A.val, (d, n))
+    vperm = order.to(idx_dtype).contiguous()
+    st_t = _Structure(AT)
+    st.transpose = (AT, vperm, st_t)
+    return st.transpose
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch wrappers
+# ------------------------------------------------------------------------------------------------
+def _alloc(shape, dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
+
+
+def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> CSRConfig:
+    if isinstance(config, CSRConfig):
+        return config
+    base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device))
+    if config is None:
+        return base
+    if isinstance(config, dict):
+        fields = {f.name for f in dataclasses.fields(CSRConfig)}
+        extra = {k: v for k, v in config.items() if k in fields}
+        return dataclasses.replace(base, **extra) if extra else base
+    raise TypeError(f"config must be None, a dict or a CSRConfig, got {type(config).__name__}")
+
+
+def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, alpha, config,
+         vperm=None) -> torch.Tensor | None:
+    """Launch the row and long-row kernels over ``A``; returns the intercept sum [MP] or None."""
+    n, d = A.shape
+    ref = y if y is not None else v
+    m = ref.shape[1]
+    mp = _pow2_ceil(m)
+    acc64 = ref.dtype == torch.float64
+    cfg = _resolve_config(A, st, m, config)
+    prof = _gpu_profile(None, A.device)
+    sch = _schedule(A, st, cfg, prof["sm_count"])
+    dev = A.device
+    has_y, has_v = y is not None, v is not None
+    wide = A.col.dtype == torch.int32 and (d + 1) * m >= 2**31
+    dummy = A.crow
+    y_arg = y if has_y else ref
+    v_arg = v if has_v else ref
+    n_prog_total = sch.n_short_programs + sch.n_chunks
+    need_ipart = mode == 1 and intercept
+    ipart = _alloc((max(n_prog_total, 1), mp), ref.dtype, dev) if need_ipart else ref
+    rows_arg = sch.rows if sch.rows is not None else dummy
+    alpha_t = torch.full((1,), alpha, dtype=ref.dtype, device=dev)
+    prog_base = 0
+    for lo, hi, L, br, single in sch.bins:
+        grid = (triton.cdiv(hi - lo, br),)
+        _csr_rows_kernel[grid](
+            A.crow, A.col, A.val, vperm if vperm is not None else dummy, rows_arg,
+            y_arg, v_arg, out, ipart, lo, hi, prog_base, d, alpha_t,
+            M=m, MP=mp, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v,
+            INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
+            VAL_PERM=vperm is not None, WIDE=wide, ACC64=acc64,
+            num_warps=_warps(cfg.num_warps, br * L * mp),
+        )
+        prog_base += grid[0]
+    if sch.n_chunks:
+        part = ref
+        common = dict(M=m, MP=mp, PIECE=cfg.piece, VAL_PERM=vperm is not None, WIDE=wide, ACC64=acc64)
+        if has_y:
+            part = _alloc((sch.n_chunks, mp), ref.dtype, dev)
+            _csr_long_partial_kernel[(sch.n_chunks,)](
+                A.crow, A.col, A.val, vperm if vperm is not None else dummy, sch.long_rows,
+                sch.chunk_row, sch.chunk_first, y_arg, part, sch.chunk,
+                num_warps=cfg.long_warps, **common,
+            )
+        _csr_long_finish_kernel[(sch.n_chunks,)](
+            A.crow, A.col, A.val, vperm if vperm is not None else dummy, sch.long_rows,
+            sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, out, ipart, prog_base, d, alpha_t,
+            sch.chunk, HAS_Y=has_y, HAS_V=has_v, INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode,
+            num_warps=cfg.long_warps, **common,
+        )
+    if need_ipart:
+        return ipart[:n_prog_total].sum(0) if n_prog_total else torch.zeros(mp, dtype=ref.dtype, device=dev)
+    return None
+
+
+def _warps(w: int, elems: int) -> int:
+    # Small tiles: fewer warps than the model's default (no idle lanes).
+    while w > 1 and elems < 32 * w:
+        w //= 2
+    return w
+
+
+def _check_csr(A) -> None:
+    if not isinstance(A, CSRMatrix):
+        raise TypeError(f"A must be a fusedml.CSRMatrix, got {type(A).__name__}")
+    if A.crow.dtype not in (torch.int32, torch.int64) or A.col.dtype != A.crow.dtype:
+        raise TypeError(f"A: crow/col must both be int32 or int64, got {A.crow.dtype}/{A.col.dtype}")
+    if A.val.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise TypeError(f"A: unsupported value dtype {A.val.dtype}")
+    if not (A.crow.is_contiguous() and A.col.is_contiguous() and A.val.is_contiguous()):
+        raise ValueError("A: crow, col and val must be contiguous")
+    if A.shape[0] == 0 or A.shape[1] == 0:
+        raise ValueError(f"A is empty: shape {tuple(A.shape)}")
+
+
+def _check_dense(t, name, rows, acc, device, m=None):
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D tensor [{rows}, m], got "
+                         f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if t.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows, got shape {tuple(t.shape)}")
+    if m is not None and t.shape[1] != m:
+        raise ValueError(f"{name} must have m={m} columns, got shape {tuple(t.shape)}")
+    if not 1 <= t.shape[1] <= MAX_M:
+        raise ValueError(f"{name}: m must be between 1 and {MAX_M}, got {t.shape[1]}")
+    if t.dtype != acc:
+        raise TypeError(f"{name} must have the accumulation dtype {acc}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but A is on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _acc_dtype(A: CSRMatrix) -> torch.dtype:
+    return torch.float64 if A.val.dtype == torch.float64 else torch.float32
+
+
+def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, config=None) -> torch.Tensor:
+    """``t = A y`` (``+ y[D]`` with ``intercept``) with the CSR row kernel.
+
+    Parameters
+    ----------
+    A : CSRMatrix
+        ``[N, D]``, int32/int64 indices, fp32/fp64/fp16/bf16 values.
+    y : torch.Tensor
+        ``[D(+1), m]`` contiguous, accumulation dtype (fp32; fp64 for fp64 values), on A's device.
+    intercept : bool
+        Treat A as ``[A, 1]``: ``y`` has ``D + 1`` rows and ``t_n += y[D]``.
+    config : CSRConfig or dict, optional
+        Override the launch model.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N, m]`` accumulation dtype (fresh tensor; every row written, empty rows get 0 or
+        ``y[D]``).
+    """
+    _check_csr(A)
+    n, d = A.shape
+    acc = _acc_dtype(A)
+    _check_dense(y, "y", d + int(bool(intercept)), acc, A.device)
+    st = _structure(A)
+    out = _alloc((n, y.shape[1]), acc, A.device)
+    _run(A, st, y, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0, config=config)
+    return out
+
+
+def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: bool = False,
+                      v_op: str = "mul", deterministic: bool = False, config=None) -> torch.Tensor:
+    """``w = alpha * A^T (v ⊙ (A y)) + beta * z`` reading A once (see the module docstring).
+
+    Parameters
+    ----------
+    A : CSRMatrix
+        ``[N, D]``, int32/int64 indices, fp32/fp64/fp16/bf16 values.
+    y : torch.Tensor or None
+        ``[D(+1), m]`` (m <= 16). None: skip ``A y``, ``w = alpha A^T v + beta z``.
+    v : torch.Tensor or None
+        ``[N, m]``; None means all ones (required when ``y`` is None).
+    z : torch.Tensor or None
+        ``[D(+1), m]``; None: no ``beta z`` term.
+    alpha, beta : float
+    intercept : bool
+        Treat A as ``[A, 1]``: ``t_n = A_n y[:D] + y[D]`` and ``w[D] = alpha Σ_n p_n (+ beta z[D])``.
+    v_op : {"mul", "softmax"}
+        ``p = v ⊙ t`` or ``p_nj = v_nj (t_nj − Σ_l v_nl t_nl)``.
+    deterministic : bool
+        Bitwise reproducible: no float atomics (transposed-structure pass, see module docstring).
+    config : CSRConfig or dict, optional
+        Override the launch model (a dict replaces the named fields of the model's pick).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[D(+1), m]`` accumulation dtype (fp32, fp64 for fp64 values), a fresh tensor.
+    """
+    _check_csr(A)
+    n, d = A.shape
+    acc = _acc_dtype(A)
+    if v_op not in ("mul", "softmax"):
+        raise ValueError(f"v_op must be 'mul' or 'softmax', got {v_op!r}")
+    intercept = bool(intercept)
+    dx = d + int(intercept)
+    if y is None and v is None:
+        raise ValueError("v is required when y is None (w = alpha A^T v + beta z)")
+    _check_dense(y, "y", dx, acc, A.device)
+    m = y.shape[1] if y is not None else v.shape[1]
+    _check_dense(v, "v", n, acc, A.device, m)
+    _check_dense(z, "z", dx, acc, A.device, m)
+    if v_op == "softmax" and y is None:
+        raise ValueError("v_op='softmax' needs y (it acts on t = A y); got y=None")
+    softmax = v_op == "softmax"
+    alpha = float(alpha)
+    beta = float(beta)
+    st = _structure(A)
+
+    if deterministic:
+        if y is not None:
+            t = _alloc((n, m), acc, A.device)
+            _run(A, st, y, None, t, mode=0, intercept=intercept, softmax=False, alpha=1.0, config=config)
+            vv = v if v is not None else torch.ones_like(t)
+            if softmax:
+                p = vv * (t - (vv * t).sum(1, keepdim=True))
+            else:
+                p = vv * t
+        else:
+            p = v
+        p = (p * alpha).contiguous()
+        AT, vperm, st_t = _transpose(A, st)
+        w = _alloc((dx, m), acc, A.device)
+        wd = w[:d]
+        _run(AT, st_t, p, None, wd, mode=0, intercept=False, softmax=False, alpha=1.0,
+             config=None if not isinstance(config, dict) else config, vperm=vperm)
+        if intercept:
+            w[d] = p.sum(0)
+        if z is not None:
+            w += beta * z
+        return w
+
+    w = beta * z if z is not None else torch.zeros((dx, m), dtype=acc, device=A.device)
+    isum = _run(A, st, y, v, w, mode=1, intercept=intercept, softmax=softmax, alpha=alpha, config=config)
+    if intercept:
+        w[d] += isum[:m]
+    return w
