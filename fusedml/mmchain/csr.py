@@ -95,7 +95,7 @@ def _csr_rows_kernel(
     vperm_ptr,  # [nnz] value permutation (VAL_PERM), else unused
     rows_ptr,  # [n_slots] row ids of the schedule (ROW_PERM), else unused
     y_ptr,  # [C(+1), M] accumulation dtype (HAS_Y)
-    v_ptr,  # [R, M] (HAS_V)
+    v_ptr,  # [R, M] or [R, 1] broadcast over the m columns (HAS_V)
     out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
     ipart_ptr,  # [n_programs_total, MP] per-program intercept partial sums (MODE 1, INTERCEPT)
     slot_lo,  # first schedule slot of this launch
@@ -103,8 +103,9 @@ def _csr_rows_kernel(
     prog_base,  # this launch's first row in ipart
     n_cols,  # C: row index of the intercept entry of y / w
     alpha_ptr,  # [1] alpha in the accumulation dtype (a float argument would be fp32)
-    M: tl.constexpr,  # m (row stride of y, v, t, w)
+    M: tl.constexpr,  # m (row stride of y, t, w)
     MP: tl.constexpr,  # next power of two >= M
+    VM: tl.constexpr,  # row stride of v: M, or 1 for a [R, 1] v broadcast over the columns
     BLOCK_R: tl.constexpr,
     L: tl.constexpr,
     SINGLE: tl.constexpr,  # every row of the launch has <= L nonzeros: one tile, kept in registers
@@ -177,7 +178,7 @@ def _csr_rows_kernel(
         tl.store(out_ptr + rows[:, None] * M + j[None, :], t, mask=rj_mask)
     else:
         if HAS_V:
-            vv = tl.load(v_ptr + rows[:, None] * M + j[None, :], mask=rj_mask, other=0.0)
+            vv = tl.load(v_ptr + rows[:, None] * VM + j[None, :] * (VM // M), mask=rj_mask, other=0.0)
         else:
             vv = tl.where(rj_mask, 1.0, 0.0).to(acc_t)
         if HAS_Y:
@@ -270,7 +271,7 @@ def _csr_long_finish_kernel(
     chunk_first_ptr,  # [n_long + 1] int32
     part_ptr,  # [n_chunks, MP] partial t (HAS_Y)
     y_ptr,  # [C(+1), M] (HAS_Y)
-    v_ptr,  # [R, M] (HAS_V)
+    v_ptr,  # [R, VM] (HAS_V)
     out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
     ipart_ptr,  # [n_programs_total, MP]
     prog_base,
@@ -279,6 +280,7 @@ def _csr_long_finish_kernel(
     CHUNK,
     M: tl.constexpr,
     MP: tl.constexpr,
+    VM: tl.constexpr,
     PIECE: tl.constexpr,
     HAS_Y: tl.constexpr,
     HAS_V: tl.constexpr,
@@ -308,7 +310,7 @@ def _csr_long_finish_kernel(
         tl.store(out_ptr + row * M + j, t, mask=jmask & is_first)
     else:
         if HAS_V:
-            vv = tl.load(v_ptr + row * M + j, mask=jmask, other=0.0)
+            vv = tl.load(v_ptr + row * VM + j * (VM // M), mask=jmask, other=0.0)
         else:
             vv = tl.where(jmask, 1.0, 0.0).to(acc_t)
         if HAS_Y:
@@ -830,6 +832,8 @@ def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, a
     n, d = A.shape
     ref = y if y is not None else v
     m = ref.shape[1]
+    if v is not None and v.shape[1] not in (1, m):
+        raise ValueError(f"v must have 1 or m={m} columns, got shape {tuple(v.shape)}")
     mp = _pow2_ceil(m)
     acc64 = ref.dtype == torch.float64
     cfg = _resolve_config(A, st, m, config)
@@ -841,6 +845,7 @@ def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, a
     dummy = A.crow
     y_arg = y if has_y else ref
     v_arg = v if has_v else ref
+    vm = v.shape[1] if has_v else m
     n_prog_total = sch.n_short_programs + sch.n_chunks
     need_ipart = mode == 1 and intercept
     ipart = _alloc((max(n_prog_total, 1), mp), ref.dtype, dev) if need_ipart else ref
@@ -852,7 +857,7 @@ def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, a
         _csr_rows_kernel[grid](
             A.crow, A.col, A.val, vperm if vperm is not None else dummy, rows_arg,
             y_arg, v_arg, out, ipart, lo, hi, prog_base, d, alpha_t,
-            M=m, MP=mp, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v,
+            M=m, MP=mp, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v,
             INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
             VAL_PERM=vperm is not None, WIDE=wide, ACC64=acc64,
             num_warps=_warps(cfg.num_warps, br * L * mp),
@@ -871,7 +876,7 @@ def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, a
         _csr_long_finish_kernel[(sch.n_chunks,)](
             A.crow, A.col, A.val, vperm if vperm is not None else dummy, sch.long_rows,
             sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, out, ipart, prog_base, d, alpha_t,
-            sch.chunk, HAS_Y=has_y, HAS_V=has_v, INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode,
+            sch.chunk, VM=vm, HAS_Y=has_y, HAS_V=has_v, INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode,
             num_warps=cfg.long_warps, **common,
         )
     if need_ipart:
@@ -907,16 +912,15 @@ def _check_dense(t, name, rows, acc, device, m=None):
                          f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     if t.shape[0] != rows:
         raise ValueError(f"{name} must have {rows} rows, got shape {tuple(t.shape)}")
-    if m is not None and t.shape[1] != m:
-        raise ValueError(f"{name} must have m={m} columns, got shape {tuple(t.shape)}")
+    if m is not None and t.shape[1] != m and not (name == "v" and t.shape[1] == 1):
+        raise ValueError(f"{name} must have m={m} columns{' (or 1, broadcast)' if name == 'v' else ''}, "
+                         f"got shape {tuple(t.shape)}")
     if not 1 <= t.shape[1] <= MAX_M:
         raise ValueError(f"{name}: m must be between 1 and {MAX_M}, got {t.shape[1]}")
     if t.dtype != acc:
         raise TypeError(f"{name} must have the accumulation dtype {acc}, got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but A is on {device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
 
 
 def _acc_dtype(A: CSRMatrix) -> torch.dtype:
@@ -947,6 +951,7 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     n, d = A.shape
     acc = _acc_dtype(A)
     _check_dense(y, "y", d + int(bool(intercept)), acc, A.device)
+    y = y.contiguous()
     st = _structure(A)
     out = _alloc((n, y.shape[1]), acc, A.device)
     _run(A, st, y, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0, config=config)
@@ -995,6 +1000,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     m = y.shape[1] if y is not None else v.shape[1]
     _check_dense(v, "v", n, acc, A.device, m)
     _check_dense(z, "z", dx, acc, A.device, m)
+    y, v = (None if t is None else t.contiguous() for t in (y, v))
     if v_op == "softmax" and y is None:
         raise ValueError("v_op='softmax' needs y (it acts on t = A y); got y=None")
     softmax = v_op == "softmax"

@@ -1,0 +1,293 @@
+"""Kernel-level tests of the fused CSR kernels (fusedml/mmchain/csr.py) under the Triton interpreter.
+
+References are the literal float64 formula on the densified matrix; every buffer the kernels must
+fully overwrite is NaN-poisoned (csr.POISON_OUTPUTS).
+"""
+import importlib
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import fusedml
+from fusedml import CSRMatrix
+
+# `fusedml.mmchain` is also the public function's name: import the submodule by path.
+csr = importlib.import_module("fusedml.mmchain.csr")
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-12, torch.float16: 2e-5, torch.bfloat16: 2e-5}
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(csr, "POISON_OUTPUTS", True)
+
+
+def make_csr(rng, n, d, lengths, idx=torch.int32, dtype=torch.float32):
+    """Random CSR with the given row lengths, sorted unique columns, values ~ N(0, 1)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    assert lengths.shape == (n,) and lengths.max(initial=0) <= d
+    crow = np.zeros(n + 1, dtype=np.int64)
+    crow[1:] = np.cumsum(lengths)
+    cols = [np.sort(rng.choice(d, size=int(k), replace=False)) for k in lengths]
+    col = np.concatenate(cols) if n else np.zeros(0, np.int64)
+    val = rng.standard_normal(col.size)
+    return CSRMatrix(torch.from_numpy(crow).to(idx), torch.from_numpy(col.astype(np.int64)).to(idx),
+                     torch.from_numpy(val).to(dtype), (n, d))
+
+
+def dense64(A, intercept=False):
+    X = torch.zeros(A.shape, dtype=torch.float64)
+    crow, col = A.crow.long(), A.col.long()
+    rows = torch.repeat_interleave(torch.arange(A.shape[0]), crow[1:] - crow[:-1])
+    X[rows, col] = A.val.double()
+    if intercept:
+        X = torch.cat([X, torch.ones(A.shape[0], 1, dtype=torch.float64)], 1)
+    return X
+
+
+def reference(A, y, v, z, alpha, beta, intercept=False, v_op="mul"):
+    X = dense64(A, intercept)
+    if y is None:
+        p = v.double()
+    else:
+        t = X @ y.double()
+        vv = torch.ones_like(t) if v is None else v.double()
+        p = vv * t if v_op == "mul" else vv * (t - (vv * t).sum(1, keepdim=True))
+    w = alpha * X.T @ p
+    if z is not None:
+        w = w + beta * z.double()
+    return w
+
+
+def relerr(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+def randn(rng, *shape, dtype=torch.float32):
+    return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
+
+
+def profile_lengths(rng, name):
+    """(n, d, lengths) for a named row-length profile."""
+    if name == "one_row":
+        return 1, 37, [20]
+    if name == "one_col":
+        return 45, 1, rng.integers(0, 2, 45)
+    if name == "empty_rows":
+        lens = rng.integers(0, 6, 70)
+        lens[::3] = 0
+        return 70, 29, lens
+    if name == "ragged":  # sizes not dividing any block
+        return 37, 23, rng.integers(1, 23, 37)
+    if name == "power_law":  # one row past the long-row threshold (1024) among short rows
+        lens = np.minimum(rng.zipf(2.0, 60), 40)
+        lens[17] = 2500
+        return 60, 3000, lens
+    if name == "all_empty":
+        return 9, 5, np.zeros(9, np.int64)
+    raise KeyError(name)
+
+
+PROFILES = ["one_row", "one_col", "empty_rows", "ragged", "power_law", "all_empty"]
+
+
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("profile", PROFILES)
+def test_mmchain_profiles(rng, profile, idx):
+    n, d, lens = profile_lengths(rng, profile)
+    A = make_csr(rng, n, d, lens, idx)
+    for m, intercept in ((1, False), (3, True)):
+        dx = d + intercept
+        y, v, z = randn(rng, dx, m), randn(rng, n, m), randn(rng, dx, m)
+        w = csr.csr_mmchain_fused(A, y, v, z, 0.7, -0.4, intercept=intercept)
+        assert w.shape == (dx, m) and w.dtype == torch.float32
+        ref = reference(A, y, v, z, 0.7, -0.4, intercept)
+        assert relerr(w, ref) < TOL[torch.float32], (m, intercept)
+
+
+@pytest.mark.parametrize("profile", ["empty_rows", "power_law", "one_row"])
+def test_matvec_profiles(rng, profile):
+    n, d, lens = profile_lengths(rng, profile)
+    A = make_csr(rng, n, d, lens, torch.int64)
+    for m, intercept in ((1, True), (4, False)):
+        y = randn(rng, d + intercept, m)
+        t = csr.csr_matvec_fused(A, y, intercept=intercept)
+        ref = dense64(A, intercept) @ y.double()
+        assert t.shape == (n, m)
+        assert relerr(t, ref) < TOL[torch.float32]
+        if intercept:  # empty rows hold exactly the intercept
+            empty = (A.crow[1:] == A.crow[:-1])
+            assert torch.equal(t[empty], y[-1].expand(int(empty.sum()), m))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp64", "fp16", "bf16"])
+def test_value_dtypes(rng, dtype):
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens, torch.int32, dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if dtype == torch.bfloat16 and fusedml.interpret_mode():
+        probe = csr.csr_matvec_fused(A, torch.ones(d, 1, dtype=acc))
+        if float(probe.abs().sum()) == 0.0:
+            pytest.skip("the Triton interpreter yields zeros for bf16 loads; bf16 runs on the GPU only")
+    y, v, z = randn(rng, d + 1, 2, dtype=acc), randn(rng, n, 2, dtype=acc), randn(rng, d + 1, 2, dtype=acc)
+    w = csr.csr_mmchain_fused(A, y, v, z, 1.3, 0.5, intercept=True)
+    assert w.dtype == acc
+    # The reference uses the stored (rounded) values: only the accumulation is under test.
+    assert relerr(w, reference(A, y, v, z, 1.3, 0.5, True)) < TOL[dtype]
+    t = csr.csr_matvec_fused(A, y, intercept=True)
+    assert relerr(t, dense64(A, True) @ y.double()) < TOL[dtype]
+
+
+@pytest.mark.parametrize("m", [3, 16])
+def test_matrix_y_softmax_and_options(rng, m):
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens)
+    y, z = randn(rng, d + 1, m), randn(rng, d + 1, m)
+    v = torch.from_numpy(rng.dirichlet(np.ones(m), n)).float()
+    for v_op in ("mul", "softmax"):
+        w = csr.csr_mmchain_fused(A, y, v, z, 0.9, 2.0, intercept=True, v_op=v_op)
+        assert relerr(w, reference(A, y, v, z, 0.9, 2.0, True, v_op)) < TOL[torch.float32], v_op
+    # v=None (ones), z=None
+    w = csr.csr_mmchain_fused(A, y[:d], None, None, 1.0, 0.0)
+    assert relerr(w, reference(A, y[:d], None, None, 1.0, 0.0)) < TOL[torch.float32]
+
+
+def test_y_none_and_v_broadcast(rng):
+    n, d, lens = profile_lengths(rng, "empty_rows")
+    A = make_csr(rng, n, d, lens)
+    v, z = randn(rng, n, 5), randn(rng, d + 1, 5)
+    w = csr.csr_mmchain_fused(A, None, v, z, -0.3, 0.25, intercept=True)
+    assert relerr(w, reference(A, None, v, z, -0.3, 0.25, True)) < TOL[torch.float32]
+    # v [N, 1] broadcast over the m columns of y
+    y, v1 = randn(rng, d, 4), randn(rng, n, 1)
+    w = csr.csr_mmchain_fused(A, y, v1, None, 1.0, 0.0)
+    assert relerr(w, reference(A, y, v1.expand(n, 4), None, 1.0, 0.0)) < TOL[torch.float32]
+
+
+# Forced schedules: binned with tiny tiles (many bins, long rows split in several chunks and loop
+# pieces) and ordered with a loop (rows longer than the tile width).
+FORCED = {
+    "binned_small": {"ordered": False, "tile": 32, "l_min": 2, "long_threshold": 32, "piece": 8, "chunk": 24},
+    "ordered_loop": {"ordered": True, "single": False, "lanes": 4, "block_r": 8},
+    "ordered_single": {"ordered": True, "single": True, "lanes": 64, "block_r": 2},
+}
+
+
+@pytest.mark.parametrize("forced", list(FORCED))
+def test_forced_schedules(rng, forced):
+    lens = rng.integers(0, 12, 40)
+    lens[5], lens[30] = 100, 61
+    A = make_csr(rng, 40, 130, lens, torch.int64)
+    cfg = FORCED[forced]
+    if forced == "ordered_single":
+        cfg = dict(cfg, lanes=128)
+    y, v, z = randn(rng, 131, 3), randn(rng, 40, 3), randn(rng, 131, 3)
+    ref = reference(A, y, v, z, 0.5, 1.5, True, "softmax")
+    w = csr.csr_mmchain_fused(A, y, v, z, 0.5, 1.5, intercept=True, v_op="softmax", config=cfg)
+    assert relerr(w, ref) < TOL[torch.float32]
+    wn = csr.csr_mmchain_fused(A, None, v, None, 2.0, 0.0, intercept=True, config=cfg)
+    assert relerr(wn, reference(A, None, v, None, 2.0, 0.0, True)) < TOL[torch.float32]
+    t = csr.csr_matvec_fused(A, y, intercept=True, config=cfg)
+    assert relerr(t, dense64(A, True) @ y.double()) < TOL[torch.float32]
+    wd = csr.csr_mmchain_fused(A, y, v, z, 0.5, 1.5, intercept=True, v_op="softmax", deterministic=True,
+                               config=cfg)
+    assert relerr(wd, ref) < TOL[torch.float32]
+
+
+def test_deterministic_bitwise(rng):
+    # Column 0 is in every row: a 1500-long "row" of the transpose (the long-row path there too).
+    n, d = 1500, 40
+    lens = rng.integers(1, 6, n)
+    A = make_csr(rng, n, d, lens)
+    col = A.col.clone()
+    col[A.crow[:-1].long()] = 0  # first entry of each row -> column 0 (stays sorted and unique)
+    A = CSRMatrix(A.crow, col, A.val, A.shape)
+    y, v, z = randn(rng, d + 1, 2), randn(rng, n, 2), randn(rng, d + 1, 2)
+    w1 = csr.csr_mmchain_fused(A, y, v, z, 0.3, 1.0, intercept=True, deterministic=True)
+    w2 = csr.csr_mmchain_fused(A, y, v, z, 0.3, 1.0, intercept=True, deterministic=True)
+    assert torch.equal(w1, w2)
+    assert relerr(w1, reference(A, y, v, z, 0.3, 1.0, True)) < TOL[torch.float32]
+    wn = csr.csr_mmchain_fused(A, None, v, None, 1.0, 0.0, deterministic=True)
+    assert torch.equal(wn, csr.csr_mmchain_fused(A, None, v, None, 1.0, 0.0, deterministic=True))
+    assert relerr(wn, reference(A, None, v, None, 1.0, 0.0)) < TOL[torch.float32]
+
+
+def test_inputs_not_modified(rng):
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens)
+    y, v, z = randn(rng, d + 1, 2), randn(rng, n, 2), randn(rng, d + 1, 2)
+    before = [t.clone() for t in (A.crow, A.col, A.val, y, v, z)]
+    for det in (False, True):
+        csr.csr_mmchain_fused(A, y, v, z, 1.0, 1.0, intercept=True, deterministic=det)
+    for a, b in zip(before, (A.crow, A.col, A.val, y, v, z)):
+        assert torch.equal(a, b)
+
+
+def test_stats_config_and_cache(rng):
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens)
+    st = csr.csr_stats(A)
+    assert st.nnz == int(np.sum(lens)) and st.max_len == int(np.max(lens)) and sum(st.hist) == n
+    ref_hist = np.bincount([0 if k == 0 else 1 + int(np.ceil(np.log2(k))) for k in lens])
+    assert list(st.hist) == list(ref_hist)
+    cfg = csr.csr_config(A)
+    assert not cfg.ordered and cfg.long_threshold < st.max_len  # skewed: binned + long rows
+    uniform = make_csr(rng, 64, 100, np.full(64, 32))
+    cu = csr.csr_config(uniform)
+    assert cu.ordered and cu.single and cu.lanes == 32 and cu.block_r * cu.lanes == cu.tile
+    c16 = csr.csr_config(uniform, m=16)
+    assert c16.tile < cu.tile  # registers: smaller tiles for wide m
+    assert len(csr.csr_sweep_configs(uniform)) > 3
+    # The cache follows the matrix object and is dropped after an in-place change of its structure.
+    assert csr._structure(A) is csr._structure(A)
+    s1 = csr._structure(A)
+    A.col.add_(0)  # bumps the version counter
+    assert csr._structure(A) is not s1
+
+
+def test_bad_inputs(rng):
+    A = make_csr(rng, 10, 8, rng.integers(0, 4, 10))
+    y = torch.randn(8, 2)
+    with pytest.raises(ValueError, match="y must have 9 rows"):
+        csr.csr_mmchain_fused(A, y, None, None, intercept=True)
+    with pytest.raises(ValueError, match="m must be between"):
+        csr.csr_mmchain_fused(A, torch.randn(8, 17), None, None)
+    with pytest.raises(ValueError, match="v is required"):
+        csr.csr_mmchain_fused(A, None, None, None)
+    with pytest.raises(ValueError, match="softmax"):
+        csr.csr_mmchain_fused(A, None, torch.randn(10, 2), None, v_op="softmax")
+    with pytest.raises(ValueError, match="v_op"):
+        csr.csr_mmchain_fused(A, y, None, None, v_op="exp")
+    with pytest.raises(TypeError, match="accumulation dtype"):
+        csr.csr_mmchain_fused(A, y.double(), None, None)
+    with pytest.raises(ValueError, match="v must have m=2 columns"):
+        csr.csr_mmchain_fused(A, y, torch.randn(10, 3), None)
+    with pytest.raises(ValueError, match="z must have 8 rows"):
+        csr.csr_mmchain_fused(A, y, None, torch.randn(7, 2))
+    with pytest.raises(TypeError, match="CSRMatrix"):
+        csr.csr_mmchain_fused(A.to_dense(), y, None, None)
+    with pytest.raises(TypeError, match="config"):
+        csr.csr_mmchain_fused(A, y, None, None, config=3)
+    with pytest.raises(ValueError, match="y must have 8 rows"):
+        csr.csr_matvec_fused(A, torch.randn(9, 1))
+
+
+def test_public_api_fused(rng):
+    mmchain_mod = importlib.import_module("fusedml.mmchain")
+    if not hasattr(mmchain_mod, "mmchain"):
+        pytest.skip("public fusedml.mmchain not available yet")
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens)
+    S = sp.csr_matrix((A.val.numpy(), A.col.numpy(), A.crow.numpy()), shape=A.shape)
+    y, v, z = randn(rng, d + 1, 3), torch.rand(n), randn(rng, d + 1, 3)
+    w = fusedml.mmchain(S, y, v, z, 0.5, 1.0, intercept=True, backend="fused")
+    assert relerr(w, reference(A, y, v[:, None].expand(n, 3), z, 0.5, 1.0, True)) < TOL[torch.float32]
+    w1 = fusedml.mmchain(A, y[:d, 0], v, None, backend="fused", deterministic=True)
+    assert w1.shape == (d,)
+    assert relerr(w1, reference(A, y[:d, :1], v[:, None], None, 1.0, 0.0)[:, 0]) < TOL[torch.float32]
+    t = fusedml.matvec(A, y, intercept=True, backend="fused")
+    assert relerr(t, dense64(A, True) @ y.double()) < TOL[torch.float32]
