@@ -1,0 +1,528 @@
+"""Triton kernels of the fused GMM E-step and their launch wrappers.
+
+Single sweep (Turbo-GMM design, ``path="single"``): a persistent program owns a stream of row
+blocks and the whole component axis. For each block it computes every component's weighted
+log-density (diag/spherical: the expanded quadratic ``x^2 @ (-p/2)^T + x @ (mu p)^T + const`` as two
+``tl.dot``; full/tied: ``||(x - mu_k) P_k||^2`` per component), the row's max-subtracted log-sum-exp,
+the responsibilities and the statistics' partial sums (``r^T x``, ``r^T x^2`` through ``tl.dot``,
+per-component ``(r_k e)^T e`` for full/tied), all in one traversal of K: nothing is recomputed and
+N x K never reaches memory. Partials per program, summed in float64 on the device afterwards.
+
+Two-pass (Flash-GMM design, ``path="two_pass"``) when K x D (K x D^2) does not fit on chip:
+pass 1 the row's log-normaliser by an online log-sum-exp over component tiles (the same kernel
+scores samples: log-likelihood and arg-max label); pass 2, a grid of (row chunk, component tile)
+programs that recompute their tile's log-densities and accumulate its statistics.
+
+Numerics: X is shifted by the global ``g`` inside the kernels (in float64 for float64 X) so the
+fp32 moments do not cancel; logits are kept in log2 units (``LOG2E`` folded into the weights on the
+host) so every exponential is one ``exp2``. Accumulation is fp32; the per-program partials are
+combined in float64 and the moments moved to the centres ``c_k`` analytically in float64.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._prep import Prepared, diag_precisions
+from .model import Plan, plan_launch
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+_PREC = {"fp32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "bf16": "bf16"}
+
+
+@triton.jit
+def _mm(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b with fp32 accumulation; PREC picks the operand precision."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D):
+    """[BN, BD] fp32 tile of X - g (subtraction in G's dtype: float64 for float64 X); 0 outside."""
+    nmask = rows < N
+    dmask = offs_d < D
+    mask = nmask[:, None] & dmask[None, :]
+    x = tl.load(X + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd, mask=mask, other=0.0)
+    g = tl.load(G + offs_d, mask=dmask, other=0.0)
+    x = (x.to(g.dtype) - g[None, :]).to(tl.float32)
+    return tl.where(mask, x, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# diag / spherical
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """[BN, BK] log2-unit weighted log-densities of components ks; -inf for ks >= K."""
+    kmask = ks < K
+    wmask = (offs_d[:, None] < D) & kmask[None, :]
+    w1 = tl.load(W1 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)  # [BD, BK]
+    w2 = tl.load(W2 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)  # [BD, BK]
+    cst = tl.load(CONST + ks, mask=kmask, other=float("-inf"))  # [BK]
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    acc = _mm(x, w1, acc, PREC)
+    acc = _mm(x2, w2, acc, PREC)
+    return acc + cst[None, :]
+
+
+@triton.jit
+def _diag_single_kernel(
+    X, stride_xn, stride_xd,  # [N, D] any float dtype, any strides
+    G,  # [D] shift (float64 for float64 X, else fp32)
+    SW,  # [N] fp32 sample weights (HAS_SW)
+    W1, W2, CONST,  # [D, K], [D, K], [K] fp32, log2 units
+    LOGP,  # [N] fp32 out (WRITE_LOGP)
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_k = tl.arange(0, BK)
+    acc_nk = tl.zeros((BK,), dtype=tl.float32)
+    acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
+    acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
+    acc_ll = tl.zeros((BN,), dtype=tl.float32)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n.to(tl.int64)
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)  # [BN, BD]
+        x2 = x * x
+        lg = _diag_logits(x, x2, W1, W2, CONST, offs_k, offs_d, D, K, BN, BK, PREC)  # [BN, BK]
+        m = tl.max(lg, axis=1)
+        e = tl.exp2(lg - m[:, None])
+        l = tl.sum(e, axis=1)
+        lse = (m + tl.log2(l)) * 0.6931471805599453  # [BN] natural log
+        r = e * (1.0 / l)[:, None]
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            r = r * sw[:, None]
+            acc_ll += tl.where(nmask, sw * lse, 0.0)
+        else:
+            acc_ll += tl.where(nmask, lse, 0.0)
+        if WRITE_LOGP:
+            tl.store(LOGP + rows, lse, mask=nmask)
+        r = tl.where(nmask[:, None], r, 0.0)
+        acc_nk += tl.sum(r, axis=0)
+        rt = tl.trans(r)  # [BK, BN]
+        acc_s1 = _mm(rt, x, acc_s1, PREC)
+        acc_s2 = _mm(rt, x2, acc_s2, PREC)
+    kmask = offs_k < K
+    smask = kmask[:, None] & (offs_d[None, :] < D)
+    tl.store(PNK + pid * K + offs_k, acc_nk, mask=kmask)
+    base = pid.to(tl.int64) * K * D
+    tl.store(PS1 + base + offs_k[:, None] * D + offs_d[None, :], acc_s1, mask=smask)
+    tl.store(PS2 + base + offs_k[:, None] * D + offs_d[None, :], acc_s2, mask=smask)
+    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+
+
+@triton.jit
+def _diag_lse_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    W1, W2, CONST,  # [D, K], [D, K], [K] log2 units
+    LOGP,  # [N] fp32 out: log sum_k pi_k N(x | k)
+    LABEL,  # [N] int64 out (WRITE_LABEL)
+    PLL,  # [P] fp32 partial log-likelihood
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_k = tl.arange(0, BK)
+    acc_ll = tl.zeros((BN,), dtype=tl.float32)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n.to(tl.int64)
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        x2 = x * x
+        m = tl.full((BN,), float("-inf"), tl.float32)
+        l = tl.zeros((BN,), dtype=tl.float32)
+        best = tl.full((BN,), float("-inf"), tl.float32)
+        arg = tl.zeros((BN,), dtype=tl.int32)
+        for k0 in range(0, K, BK):
+            lg = _diag_logits(x, x2, W1, W2, CONST, k0 + offs_k, offs_d, D, K, BN, BK, PREC)
+            tmax = tl.max(lg, axis=1)
+            if WRITE_LABEL:
+                targ = tl.argmax(lg, axis=1).to(tl.int32)
+                upd = tmax > best
+                arg = tl.where(upd, k0 + targ, arg)
+                best = tl.where(upd, tmax, best)
+            m_new = tl.maximum(m, tmax)
+            l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(lg - m_new[:, None]), axis=1)
+            m = m_new
+        lse = (m + tl.log2(l)) * 0.6931471805599453
+        tl.store(LOGP + rows, lse, mask=nmask)
+        if WRITE_LABEL:
+            tl.store(LABEL + rows, arg.to(tl.int64), mask=nmask)
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            acc_ll += tl.where(nmask, sw * lse, 0.0)
+        else:
+            acc_ll += tl.where(nmask, lse, 0.0)
+    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+
+
+@triton.jit
+def _diag_stats_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    W1, W2, CONST,  # [D, K], [D, K], [K] log2 units
+    LOGP,  # [N] fp32 from pass 1
+    PNK, PS1, PS2,  # [C, K], [C, K, D], [C, K, D] fp32 partials per row chunk
+    N, D, K, n_kt, chunk_rows,
+    BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+    HAS_SW: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid // n_kt  # component tiles of one chunk are neighbours: X re-reads hit L2
+    kt = pid % n_kt
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    ks = kt * BK + tl.arange(0, BK)
+    acc_nk = tl.zeros((BK,), dtype=tl.float32)
+    acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
+    acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
+    row0 = chunk.to(tl.int64) * chunk_rows
+    for b in range(0, chunk_rows, BN):
+        rows = row0 + b + offs_n
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        x2 = x * x
+        lg = _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN, BK, PREC)
+        lse = tl.load(LOGP + rows, mask=nmask, other=0.0) * 1.4426950408889634
+        r = tl.exp2(lg - lse[:, None])
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            r = r * sw[:, None]
+        r = tl.where(nmask[:, None], r, 0.0)
+        acc_nk += tl.sum(r, axis=0)
+        rt = tl.trans(r)
+        acc_s1 = _mm(rt, x, acc_s1, PREC)
+        acc_s2 = _mm(rt, x2, acc_s2, PREC)
+    kmask = ks < K
+    smask = kmask[:, None] & (offs_d[None, :] < D)
+    tl.store(PNK + chunk * K + ks, acc_nk, mask=kmask)
+    base = chunk.to(tl.int64) * K * D
+    tl.store(PS1 + base + ks[:, None] * D + offs_d[None, :], acc_s1, mask=smask)
+    tl.store(PS2 + base + ks[:, None] * D + offs_d[None, :], acc_s2, mask=smask)
+
+
+# ----------------------------------------------------------------------------------------------
+# full / tied
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """[BN] log2-unit weighted log-density of component k: const_k - ||(x - mu_k) P_k||^2 log2(e) / 2."""
+    dmask = offs_d < D
+    mu = tl.load(MU + k * D + offs_d, mask=dmask, other=0.0)  # [BD]
+    d = x - mu[None, :]  # padded columns stay 0: x and mu are 0 there
+    pk = tl.load(P + k * stride_pk + offs_d[:, None] * D + offs_d[None, :],
+                 mask=dmask[:, None] & dmask[None, :], other=0.0)  # [BD, BD]
+    y = _mm(d, pk, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+    q = tl.sum(y * y, axis=1)
+    return tl.load(CONST + k) - 0.7213475204444817 * q  # 0.5 * log2(e)
+
+
+@triton.jit
+def _full_single_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    MU,  # [K, D] fp32 shifted means
+    P, stride_pk,  # [K, D, D] fp32 precision Cholesky (tied: stride_pk = 0)
+    CONST,  # [K] fp32 log2 units
+    C,  # [K, D] fp32 shifted centres
+    LOGP,  # [N] fp32 out (WRITE_LOGP)
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D, D] (tied: [P, D, D]), [P]
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, TIED: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_k = tl.arange(0, BK)
+    dmask = offs_d < D
+    dd_mask = dmask[:, None] & dmask[None, :]
+    dd_offs = offs_d[:, None] * D + offs_d[None, :]
+    acc_nk = tl.zeros((BK,), dtype=tl.float32)
+    acc_ll = tl.zeros((BN,), dtype=tl.float32)
+    acc_t = tl.zeros((BD, BD), dtype=tl.float32)  # tied: sum over k in registers
+    p64 = pid.to(tl.int64)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n.to(tl.int64)
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        lg = tl.full((BN, BK), float("-inf"), tl.float32)
+        for k in range(K):
+            lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
+            lg = tl.where(offs_k[None, :] == k, lgk[:, None], lg)
+        m = tl.max(lg, axis=1)
+        e = tl.exp2(lg - m[:, None])
+        l = tl.sum(e, axis=1)
+        lse = (m + tl.log2(l)) * 0.6931471805599453
+        r = e * (1.0 / l)[:, None]
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            r = r * sw[:, None]
+            acc_ll += tl.where(nmask, sw * lse, 0.0)
+        else:
+            acc_ll += tl.where(nmask, lse, 0.0)
+        if WRITE_LOGP:
+            tl.store(LOGP + rows, lse, mask=nmask)
+        r = tl.where(nmask[:, None], r, 0.0)
+        acc_nk += tl.sum(r, axis=0)
+        for k in range(K):
+            rk = tl.sum(tl.where(offs_k[None, :] == k, r, 0.0), axis=1)  # [BN]
+            ck = tl.load(C + k * D + offs_d, mask=dmask, other=0.0)
+            ev = tl.where(nmask[:, None] & dmask[None, :], x - ck[None, :], 0.0)  # centred rows
+            re = ev * rk[:, None]
+            s1p = PS1 + (p64 * K + k) * D + offs_d
+            tl.store(s1p, tl.load(s1p, mask=dmask, other=0.0) + tl.sum(re, axis=0), mask=dmask)
+            s2k = _mm(tl.trans(re), ev, tl.zeros((BD, BD), dtype=tl.float32), PREC)
+            if TIED:
+                acc_t += s2k
+            else:
+                s2p = PS2 + (p64 * K + k) * D * D + dd_offs
+                tl.store(s2p, tl.load(s2p, mask=dd_mask, other=0.0) + s2k, mask=dd_mask)
+    tl.store(PNK + pid * K + offs_k, acc_nk, mask=offs_k < K)
+    if TIED:
+        tl.store(PS2 + p64 * D * D + dd_offs, acc_t, mask=dd_mask)
+    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+
+
+@triton.jit
+def _full_lse_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    MU, P, stride_pk, CONST,  # [K, D], [K, D, D], [K]
+    LOGP, LABEL, PLL,  # [N] fp32, [N] int64, [P]
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    acc_ll = tl.zeros((BN,), dtype=tl.float32)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n.to(tl.int64)
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        m = tl.full((BN,), float("-inf"), tl.float32)
+        l = tl.zeros((BN,), dtype=tl.float32)
+        arg = tl.zeros((BN,), dtype=tl.int32)
+        for k in range(K):
+            lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
+            if WRITE_LABEL:
+                arg = tl.where(lgk > m, k, arg)
+            m_new = tl.maximum(m, lgk)
+            l = l * tl.exp2(m - m_new) + tl.exp2(lgk - m_new)
+            m = m_new
+        lse = (m + tl.log2(l)) * 0.6931471805599453
+        tl.store(LOGP + rows, lse, mask=nmask)
+        if WRITE_LABEL:
+            tl.store(LABEL + rows, arg.to(tl.int64), mask=nmask)
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            acc_ll += tl.where(nmask, sw * lse, 0.0)
+        else:
+            acc_ll += tl.where(nmask, lse, 0.0)
+    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+
+
+@triton.jit
+def _full_stats_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    MU, P, stride_pk, CONST, C,  # [K, D], [K, D, D], [K], [K, D]
+    LOGP,  # [N] fp32 from pass 1
+    PNK, PS1, PS2,  # [Ch, K], [Ch, K, D], [Ch, K, D, D] partials per row chunk
+    N, D, K, chunk_rows,
+    BN: tl.constexpr, BD: tl.constexpr,
+    HAS_SW: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid // K  # the K programs of one chunk are neighbours: X re-reads hit L2
+    k = pid % K
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    ck = tl.load(C + k * D + offs_d, mask=dmask, other=0.0)
+    acc_nk = tl.zeros((BN,), dtype=tl.float32)
+    acc_s1 = tl.zeros((BD,), dtype=tl.float32)
+    acc_s2 = tl.zeros((BD, BD), dtype=tl.float32)
+    row0 = chunk.to(tl.int64) * chunk_rows
+    for b in range(0, chunk_rows, BN):
+        rows = row0 + b + offs_n
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
+        lse = tl.load(LOGP + rows, mask=nmask, other=0.0) * 1.4426950408889634
+        rk = tl.exp2(lgk - lse)
+        if HAS_SW:
+            rk = rk * tl.load(SW + rows, mask=nmask, other=0.0)
+        rk = tl.where(nmask, rk, 0.0)
+        ev = tl.where(nmask[:, None] & dmask[None, :], x - ck[None, :], 0.0)
+        re = ev * rk[:, None]
+        acc_nk += rk
+        acc_s1 += tl.sum(re, axis=0)
+        acc_s2 = _mm(tl.trans(re), ev, acc_s2, PREC)
+    c64 = chunk.to(tl.int64)
+    tl.store(PNK + c64 * K + k, tl.sum(acc_nk, axis=0))
+    tl.store(PS1 + (c64 * K + k) * D + offs_d, acc_s1, mask=dmask)
+    tl.store(PS2 + (c64 * K + k) * D * D + offs_d[:, None] * D + offs_d[None, :], acc_s2,
+             mask=dmask[:, None] & dmask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
+# launch wrappers
+# ----------------------------------------------------------------------------------------------
+def _operands(prep: Prepared):
+    """Kernel-side parameter tensors (fp32, log2 units) and the shift in X's compute dtype."""
+    f32 = torch.float32
+    X = prep.X
+    g = prep.shift.to(torch.float64 if X.dtype == torch.float64 else f32).contiguous()
+    mup = prep.mu - prep.shift  # [K, D] float64
+    ops = {"G": g}
+    if prep.covariance_type in ("diag", "spherical"):
+        p = diag_precisions(prep)  # [K, D]
+        ops["W1"] = (LOG2E * mup * p).T.contiguous().to(f32)  # [D, K]
+        ops["W2"] = (-0.5 * LOG2E * p).T.contiguous().to(f32)  # [D, K]
+        ops["CONST"] = (LOG2E * (prep.const - 0.5 * (mup * mup * p).sum(1))).to(f32).contiguous()
+    else:
+        ops["MU"] = mup.to(f32).contiguous()
+        ops["P"] = prep.prec_chol.to(f32).contiguous()
+        ops["stride_pk"] = 0 if prep.covariance_type == "tied" else prep.D * prep.D
+        ops["CONST"] = (LOG2E * prep.const).to(f32).contiguous()
+        ops["C"] = (prep.center - prep.shift).to(f32).contiguous()
+    return ops
+
+
+def _sw(prep: Prepared, dummy: torch.Tensor):
+    if prep.sample_weight is None:
+        return dummy, False
+    return prep.sample_weight.to(torch.float32).contiguous(), True
+
+
+def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
+    """Pass 1 / scoring: log-normaliser per row (and arg-max label); returns (logp, labels, pll)."""
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    dev = X.device
+    logp = torch.empty(N, dtype=torch.float32, device=dev)
+    labels = torch.empty(N if want_label else 1, dtype=torch.int64, device=dev)
+    n_blocks = triton.cdiv(N, plan.BN)
+    P = max(1, min(n_blocks, plan.lse_programs))
+    pll = torch.empty(P, dtype=torch.float32, device=dev)
+    if prep.covariance_type in ("diag", "spherical"):
+        _diag_lse_kernel[(P,)](
+            X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, labels, pll,
+            N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile, HAS_SW=has_sw, WRITE_LABEL=want_label,
+            PREC=prec, num_warps=plan.num_warps)
+    else:
+        _full_lse_kernel[(P,)](
+            X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
+            logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
+            WRITE_LABEL=want_label, PREC=prec, num_warps=plan.num_warps)
+    return logp, (labels if want_label else None), pll
+
+
+def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision="fp32", plan: Plan | None = None,
+                ops=None):
+    """Fused E-step; returns ``(log_prob or None, ll, nk, s1, s2)`` float64 (log_prob fp32).
+
+    ``plan`` overrides the launch model; ``ops`` (from :func:`_operands`) skips the parameter set-up
+    (the benchmark times the data pass alone that way)."""
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    dev = X.device
+    f32, f64 = torch.float32, torch.float64
+    ct = prep.covariance_type
+    if plan is None:
+        plan = plan_launch(N, K, D, ct, X.dtype, dev, path=path, precision=precision)
+    prec = _PREC[precision]
+    if ops is None:
+        ops = _operands(prep)
+    dummy = torch.empty(1, dtype=f32, device=dev)
+    sw, has_sw = _sw(prep, dummy)
+    full_like = ct in ("full", "tied")
+    if plan.path == "single":
+        n_blocks = triton.cdiv(N, plan.BN)
+        P = max(1, min(n_blocks, plan.programs))
+        logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
+        pnk = torch.empty(P, K, dtype=f32, device=dev)
+        pll = torch.empty(P, dtype=f32, device=dev)
+        if full_like:
+            ps1 = torch.zeros(P, K, D, dtype=f32, device=dev)
+            ps2 = torch.zeros((P, D, D) if ct == "tied" else (P, K, D, D), dtype=f32, device=dev)
+            _full_single_kernel[(P,)](
+                X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
+                ops["C"], logp, pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
+                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, TIED=(ct == "tied"), PREC=prec,
+                num_warps=plan.num_warps)
+        else:
+            ps1 = torch.empty(P, K, D, dtype=f32, device=dev)
+            ps2 = torch.empty(P, K, D, dtype=f32, device=dev)
+            _diag_single_kernel[(P,)](
+                X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
+                pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
+                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, num_warps=plan.num_warps)
+        lp_out = logp if return_log_prob else None
+    else:
+        logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)
+        lp_out = logp if return_log_prob else None
+        chunk_rows = plan.chunk_rows
+        n_chunks = triton.cdiv(N, chunk_rows)
+        pnk = torch.empty(n_chunks, K, dtype=f32, device=dev)
+        ps1 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
+        if full_like:
+            ps2 = torch.empty(n_chunks, K, D, D, dtype=f32, device=dev)
+            _full_stats_kernel[(n_chunks * K,)](
+                X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
+                ops["C"], logp, pnk, ps1, ps2, N, D, K, chunk_rows, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
+                PREC=prec, num_warps=plan.num_warps)
+            if ct == "tied":
+                ps2 = ps2.sum(1)
+        else:
+            ps2 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
+            n_kt = triton.cdiv(K, plan.BK_tile)
+            _diag_stats_kernel[(n_chunks * n_kt,)](
+                X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
+                pnk, ps1, ps2, N, D, K, n_kt, chunk_rows, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile,
+                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps)
+    ll = pll.to(f64).sum()
+    nk = pnk.to(f64).sum(0)
+    s1 = ps1.to(f64).sum(0)
+    s2 = ps2.to(f64).sum(0)
+    if full_like:
+        s2 = 0.5 * (s2 + s2.transpose(-1, -2))
+    else:
+        from ._prep import finish_shifted
+
+        s1, s2 = finish_shifted(prep, nk, s1, s2)
+    return lp_out, ll, nk, s1, s2
+
+
+def score_fused(prep: Prepared, plan: Plan | None = None):
+    """Fused scoring: ``(log_prob [N] fp32, labels [N] int64)`` in one pass, no N x K."""
+    if plan is None:
+        plan = plan_launch(prep.N, prep.K, prep.D, prep.covariance_type, prep.X.dtype, prep.device, path="two_pass")
+    ops = _operands(prep)
+    dummy = torch.empty(1, dtype=torch.float32, device=prep.device)
+    logp, labels, _ = _lse_pass(prep, ops, plan, dummy, False, True, "ieee")
+    return logp, labels
