@@ -1,0 +1,337 @@
+"""Triton kernels for the dense mmchain ``w = alpha * [X,1]^T p + beta * z``, ``p = v ⊙ ([X,1] y)``.
+
+Two strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md):
+
+* ``_mmchain_onchip_kernel`` -- a persistent program loops over row tiles ``pid, pid + P, ...``;
+  each ``[BLOCK_N, D]`` tile is loaded once, ``t = X_b y`` and ``X_b^T p`` are computed while it
+  sits in registers, and ``X^T p`` accumulates in a register accumulator ``[M_PAD, BLOCK_D]`` for
+  the whole run. At the end: one atomic add per element of the accumulator (P x D x m atomics), or,
+  with ``DETERMINISTIC``, a plain store into row ``pid`` of a ``[P, Dx*m]`` partials buffer that
+  ``_reduce_partials_kernel`` sums in a fixed order.
+* ``_mmchain_chunked_kernel`` -- wide D: pass 1 over the tile's D chunks computes t; pass 2 walks
+  the chunks backwards (the most recently read first: they are still in L2) and adds the chunk's
+  ``X_b^T p`` with atomics (or into the program's partials row: deterministic).
+
+Row offsets are int64; column offsets are cast to int64 before multiplying by the column stride
+(column-major X has stride N). Accumulation is fp32 (fp64 for fp64 X); alpha is passed as an
+fp32 hi/lo pair so that fp64 runs keep full precision.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import Problem
+from .launch import DenseConfig, dense_config, gpu_info, matvec_config
+
+_MODES = {"vector": 0, "dot": 1, "elementwise": 2}
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+@triton.jit
+def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr):
+    # rows [BN] int64, cols [BD] -> tile [BN, BD] in the accumulation dtype (zeros outside X)
+    ptrs = X + rows[:, None] * stride_xn + cols[None, :].to(tl.int64) * stride_xd
+    if EVEN_D:
+        mask = rows[:, None] < N
+    else:
+        mask = (rows[:, None] < N) & (cols[None, :] < D)
+    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC: tl.constexpr):
+    # y^T chunk [M_PAD, BD] (zeros in the padding)
+    mask = (jm[:, None] < M) & (cols[None, :] < D)
+    return tl.load(Y + cols[None, :] * stride_yd + jm[:, None] * stride_ym, mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def _xy(x, yt, MODE: tl.constexpr):
+    # x [BN, BD], y^T [M_PAD, BD] -> t [BN, M_PAD]
+    if MODE == 0:
+        t = tl.sum(x * yt, axis=1, keep_dims=True)
+    elif MODE == 1:
+        t = tl.dot(x, tl.trans(yt), input_precision="ieee")
+    else:
+        t = tl.sum(x[:, None, :] * yt[None, :, :], axis=2)
+    return t
+
+
+@triton.jit
+def _xtp(acc, x, p, MODE: tl.constexpr):
+    # acc [M_PAD, BD] += p^T x ; x [BN, BD], p [BN, M_PAD]
+    if MODE == 0:
+        acc += tl.sum(x * p, axis=0, keep_dims=True)
+    elif MODE == 1:
+        acc = tl.dot(tl.trans(p), x, acc, input_precision="ieee")
+    else:
+        acc += tl.sum(p[:, :, None] * x[:, None, :], axis=0)
+    return acc
+
+
+@triton.jit
+def _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha,
+            XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, ACC: tl.constexpr):
+    # p [BN, M_PAD] = alpha * (v * t | softmax op | v); zero on rows >= N and padded columns
+    rmask = rows[:, None] < N
+    cmask = jm[None, :] < M
+    if HAS_V:
+        vv = tl.load(V + rows[:, None] * stride_vn + jm[None, :] * stride_vm, mask=rmask & cmask,
+                     other=0.0).to(ACC)
+        if XTY:
+            p = vv
+        elif SOFTMAX:
+            p = vv * (t - tl.sum(vv * t, axis=1, keep_dims=True))
+        else:
+            p = vv * t
+    else:
+        p = t
+    return tl.where(rmask & cmask, p * alpha, 0.0)
+
+
+@triton.jit
+def _mmchain_onchip_kernel(
+    X,  # [N, D] any strides, fp32/fp64/bf16/fp16
+    Y,  # [Dx, M] accumulation dtype (unused when XTY)
+    V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
+    W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
+    PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
+    N, D, M, n_tiles,
+    stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
+    alpha_hi, alpha_lo,
+    XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    jm = tl.arange(0, M_PAD)
+    alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    if not XTY:
+        yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)  # [M_PAD, BD], kept on chip
+        if INTERCEPT:
+            yi = tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)
+    acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
+    psum = tl.zeros([M_PAD], dtype=ACC)
+    for tile in range(pid, n_tiles, nprog):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
+        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        if XTY:
+            t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
+        else:
+            t = _xy(x, yt, MODE)
+            if INTERCEPT:
+                t += yi[None, :]
+        p = _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha, XTY, HAS_V, SOFTMAX, ACC)
+        acc = _xtp(acc, x, p, MODE)
+        if INTERCEPT:
+            psum += tl.sum(p, axis=0)
+    offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
+    omask = (cols[None, :] < D) & (jm[:, None] < M)
+    if DETERMINISTIC:
+        base = PART + pid.to(tl.int64) * ((D + INTERCEPT) * M)
+        tl.store(base + offs, acc, mask=omask)
+        if INTERCEPT:
+            tl.store(base + D * M + jm, psum, mask=jm < M)
+    else:
+        tl.atomic_add(W + offs, acc, mask=omask, sem="relaxed")
+        if INTERCEPT:
+            tl.atomic_add(W + D * M + jm, psum, mask=jm < M, sem="relaxed")
+
+
+@triton.jit
+def _mmchain_chunked_kernel(
+    X,  # [N, D] any strides
+    Y,  # [Dx, M] accumulation dtype
+    V,  # [N, M] or [N, 1] (stride_vm = 0)
+    W,  # [Dx, M] contiguous: atomics target (pre-set to beta * z)
+    PART,  # [P, Dx * M] zero-initialised per-program partials (DETERMINISTIC)
+    N, D, M, n_tiles,
+    stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
+    alpha_hi, alpha_lo,
+    XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    arange_d = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    jm = tl.arange(0, M_PAD)
+    alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    n_chunks = tl.cdiv(D, BLOCK_D)
+    base = PART + pid.to(tl.int64) * ((D + INTERCEPT) * M)
+    if INTERCEPT:
+        if not XTY:
+            yi = tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)
+    psum = tl.zeros([M_PAD], dtype=ACC)
+    for tile in range(pid, n_tiles, nprog):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
+        t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
+        if not XTY:
+            for c in range(0, n_chunks):  # pass 1: t = X_b y
+                cols = c * BLOCK_D + arange_d
+                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+                yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)
+                t += _xy(x, yt, MODE)
+            if INTERCEPT:
+                t += yi[None, :]
+        p = _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha, XTY, HAS_V, SOFTMAX, ACC)
+        for k in range(0, n_chunks):  # pass 2: last chunk first (freshest in L2)
+            cols = (n_chunks - 1 - k) * BLOCK_D + arange_d
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            contrib = _xtp(tl.zeros([M_PAD, BLOCK_D], dtype=ACC), x, p, MODE)
+            offs = cols[None, :].to(tl.int64) * M + jm[:, None]
+            omask = (cols[None, :] < D) & (jm[:, None] < M)
+            if DETERMINISTIC:
+                prev = tl.load(base + offs, mask=omask, other=0.0)
+                tl.store(base + offs, prev + contrib, mask=omask)
+            else:
+                tl.atomic_add(W + offs, contrib, mask=omask, sem="relaxed")
+        if INTERCEPT:
+            psum += tl.sum(p, axis=0)
+    if INTERCEPT:
+        if DETERMINISTIC:
+            tl.store(base + D * M + jm, psum, mask=jm < M)
+        else:
+            tl.atomic_add(W + D * M + jm, psum, mask=jm < M, sem="relaxed")
+
+
+@triton.jit
+def _reduce_partials_kernel(
+    PART,  # [P, L] per-program partials
+    Z,  # [L] (beta * z is added when HAS_Z)
+    W,  # [L] output
+    n_parts, L, beta_hi, beta_lo,
+    HAS_Z: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < L
+    acc = tl.zeros([BLOCK], dtype=ACC)
+    for i in range(0, n_parts):  # fixed order: the same bits on every run
+        acc += tl.load(PART + i * L + offs, mask=mask, other=0.0)
+    if HAS_Z:
+        acc += (tl.cast(beta_hi, ACC) + tl.cast(beta_lo, ACC)) * tl.load(Z + offs, mask=mask, other=0.0)
+    tl.store(W + offs, acc, mask=mask)
+
+
+@triton.jit
+def _matvec_kernel(
+    X,  # [N, D] any strides
+    Y,  # [Dx, M] accumulation dtype
+    T,  # [N, M] output, contiguous
+    N, D, M,
+    stride_xn, stride_xd, stride_yd, stride_ym,
+    INTERCEPT: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    arange_d = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    jm = tl.arange(0, M_PAD)
+    t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
+    for c in range(0, tl.cdiv(D, BLOCK_D)):
+        cols = c * BLOCK_D + arange_d
+        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        t += _xy(x, _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC), MODE)
+    if INTERCEPT:
+        t += tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)[None, :]
+    tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
+
+
+def _split(x: float):
+    """fp32 hi/lo pair with hi + lo == x to ~48 bits (Triton passes Python floats as fp32)."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, float(torch.tensor(x - hi, dtype=torch.float32))
+
+
+def _config(P: Problem, config: dict | None) -> DenseConfig:
+    X = P.X
+    cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
+                       stride_xn=X.stride(0), stride_xd=X.stride(1))
+    cfg = cfg.with_overrides(config)
+    if cfg.strategy not in ("onchip", "chunked") or cfg.mode not in _MODES:
+        raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
+    if cfg.mode == "dot" and P.acc_dtype == torch.float64:
+        raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
+    if cfg.strategy == "onchip" and cfg.block_d < P.D:
+        raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
+    return cfg
+
+
+def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None) -> torch.Tensor:
+    """Fused dense ``w = alpha * [X,1]^T p + beta * z`` reading X once.
+
+    Parameters
+    ----------
+    P : Problem
+        Validated problem with a dense X on a CUDA device (or CPU under the interpreter).
+    deterministic : bool
+        Per-program partials reduced in a fixed order instead of float atomics.
+    config : dict, optional
+        Overrides of :class:`~fusedml.mmchain.launch.DenseConfig` fields.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[Dx, m]`` in the accumulation dtype.
+    """
+    X, N, D, M, Dx, acc = P.X, P.N, P.D, P.m, P.Dx, P.acc_dtype
+    cfg = _config(P, config)
+    n_tiles = triton.cdiv(N, cfg.block_n)
+    grid = max(1, min(cfg.num_programs, n_tiles))
+    dev = X.device
+    has_z = P.z is not None and P.beta != 0.0
+    y = P.y if P.y is not None else X.new_empty((1, 1), dtype=acc)
+    v = P.v if P.v is not None else X.new_empty((1, 1), dtype=acc)
+    stride_vm = 0 if v.shape[1] == 1 else v.stride(1)
+    L = Dx * M
+    if deterministic:
+        part_alloc = torch.zeros if cfg.strategy == "chunked" else torch.empty
+        part = part_alloc((grid, L), dtype=acc, device=dev)
+        w = torch.empty((Dx, M), dtype=acc, device=dev)
+    else:
+        w = (P.z * P.beta).contiguous() if has_z else torch.zeros((Dx, M), dtype=acc, device=dev)
+        part = w  # unused
+    a_hi, a_lo = _split(P.alpha)
+    kernel = _mmchain_onchip_kernel if cfg.strategy == "onchip" else _mmchain_chunked_kernel
+    kernel[(grid,)](
+        X, y, v, w, part, N, D, M, n_tiles,
+        X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
+        a_hi, a_lo,
+        XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
+        DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, MODE=_MODES[cfg.mode],
+        ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if deterministic:
+        z = P.z.contiguous() if has_z else w
+        b_hi, b_lo = _split(P.beta)
+        BLOCK = 1024
+        _reduce_partials_kernel[(triton.cdiv(L, BLOCK),)](
+            part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4)
+    return w
+
+
+def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tensor:
+    """Fused dense ``t = [X,1] y``: one program per row tile, D walked in chunks.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N, m]`` in the accumulation dtype.
+    """
+    X, N, D, M, acc = P.X, P.N, P.D, P.m, P.acc_dtype
+    cfg = matvec_config(N, D, M, X.dtype, gpu_info(X.device)).with_overrides(config)
+    if cfg.mode == "dot" and acc == torch.float64:
+        raise ValueError("mode='dot' is not available for float64 X")
+    bd = min(cfg.block_d, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
+    t = torch.empty((N, M), dtype=acc, device=X.device)
+    y = P.y
+    _matvec_kernel[(triton.cdiv(N, cfg.block_n),)](
+        X, y, t, N, D, M, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
+        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, MODE=_MODES[cfg.mode], ACC=_TL[acc],
+        BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, num_warps=cfg.num_warps,
+    )
+    return t

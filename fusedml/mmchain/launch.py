@@ -1,0 +1,241 @@
+"""Launch parameters of the dense mmchain kernels, from an analytical model.
+
+The kernel is memory-bound (2 FMAs per element of X for m = 1), so the model only has to keep
+enough bytes in flight per SM and keep everything a program needs on chip. See
+:func:`dense_config` for the model and :func:`gpu_info` for the machine description it uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """What the launch model needs to know about a GPU.
+
+    Attributes
+    ----------
+    name : str
+    sm_count : int
+    regs_per_sm : int
+        32-bit registers per SM.
+    smem_per_sm : int
+        Shared memory per SM in bytes.
+    l2_bytes : int
+        L2 cache size in bytes.
+    max_threads_per_sm : int
+    """
+
+    name: str
+    sm_count: int
+    regs_per_sm: int
+    smem_per_sm: int
+    l2_bytes: int
+    max_threads_per_sm: int
+
+
+#: The profile used when there is no CUDA device (Triton interpreter): an H200 (GH100, SXM).
+H200_PROFILE = GPUInfo("H200 profile (interpreter)", sm_count=132, regs_per_sm=65536,
+                       smem_per_sm=228 * 1024, l2_bytes=50 * 1024 * 1024, max_threads_per_sm=2048)
+
+
+def gpu_info(device=None) -> GPUInfo:
+    """Describe the GPU behind ``device``.
+
+    Parameters
+    ----------
+    device : torch.device or str, optional
+        A CUDA device (queried with ``torch.cuda.get_device_properties``); anything else (CPU
+        under the Triton interpreter, None without CUDA) gives the fixed :data:`H200_PROFILE`.
+
+    Returns
+    -------
+    GPUInfo
+    """
+    if device is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device is None or torch.device(device).type != "cuda":
+        return H200_PROFILE
+    p = torch.cuda.get_device_properties(device)
+    return GPUInfo(
+        name=p.name,
+        sm_count=int(p.multi_processor_count),
+        regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
+        smem_per_sm=int(getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)),
+        l2_bytes=int(getattr(p, "L2_cache_size", 50 * 1024 * 1024)),
+        max_threads_per_sm=int(getattr(p, "max_threads_per_multi_processor", 2048)),
+    )
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Launch parameters of the dense kernels (every field can be overridden by ``config=``).
+
+    Attributes
+    ----------
+    strategy : {"onchip", "chunked"}
+        ``"onchip"``: a whole row tile ``[block_n, D]`` is held in registers (block_d >= D) and the
+        program's ``X^T p`` accumulator ``[m_pad, block_d]`` stays in registers across all its row
+        tiles: P x D x m atomics in total. ``"chunked"`` (wide D): two passes over the row tile's D
+        chunks -- pass 1 computes ``t = X_b y``, pass 2 re-reads the same chunks (last chunk first,
+        from L2) and adds ``X_b^T p`` with per-chunk atomics.
+    block_n : int
+        Rows per tile.
+    block_d : int
+        Columns per tile (>= D for "onchip"), a power of two.
+    mode : {"vector", "dot", "elementwise"}
+        m == 1: broadcast-multiply + ``tl.sum``; fp32 with m > 1: ``tl.dot`` (m padded to 16,
+        ``input_precision="ieee"``); fp64 with m > 1: 3-D broadcast + ``tl.sum`` (no fp64 tl.dot).
+    m_pad : int
+        Padded number of right-hand sides (1, 16, or next power of two).
+    num_warps : int
+    num_programs : int
+        Persistent grid size (programs loop over row tiles ``pid, pid + P, ...``).
+    num_stages : int
+        Triton software-pipelining depth of the row-tile loop.
+    """
+
+    strategy: str
+    block_n: int
+    block_d: int
+    mode: str
+    m_pad: int
+    num_warps: int
+    num_programs: int
+    num_stages: int = 1
+
+    def with_overrides(self, overrides: dict | None) -> "DenseConfig":
+        """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored)."""
+        if not overrides:
+            return self
+        names = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in overrides.items() if k in names})
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _pow2_floor(x: float) -> int:
+    x = max(1, int(x))
+    return 1 << (x.bit_length() - 1)
+
+
+#: Bytes of X a program loads per row tile: with 2-4 programs per SM this keeps 32-128 KB in
+#: flight per SM, above the ~32 KB that Little's law asks for (4.3 TB/s x ~1 us / 132 SMs).
+TILE_BYTES = 16 * 1024
+#: Data registers per thread a program may use for its tile + accumulator (of 255).
+REG_DATA = 96
+#: Fraction of L2 that the in-flight row tiles of the chunked strategy may occupy.
+L2_FRACTION = 0.5
+
+
+def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None, *,
+                 stride_xn: int | None = None, stride_xd: int | None = None) -> DenseConfig:
+    """Choose the dense mmchain launch parameters from N, D, m, the dtype and the GPU.
+
+    The model (memory-bound kernel; every byte of X must be read once at full bandwidth):
+
+    1. **Mode.** m == 1: broadcast + ``tl.sum`` (2 FMAs per element). fp32/bf16/fp16 with m > 1:
+       ``tl.dot`` with m padded to 16 (FMA ``ieee`` dot, no tf32). fp64 with m > 1: 3-D broadcast
+       + ``tl.sum`` (fp64 ``tl.dot`` does not compile for the GPU).
+    2. **Registers.** A program of ``32 * num_warps`` threads holds its tile ``block_n x
+       block_d`` (converted to the accumulation dtype; x m_pad for the 3-D elementwise mode), and,
+       for "onchip", the accumulator ``m_pad x block_d``. Per thread this must stay under
+       ``REG_DATA`` 32-bit words (fp64 words count double).
+    3. **Strategy.** "onchip" when a whole row (block_d = next power of two >= D) fits with the
+       minimum block_n (1, or 16 for ``tl.dot``) and at most 16 warps: then the accumulator lives
+       in registers for the whole run and only ``P * D * m`` atomics are issued. Otherwise
+       "chunked": block_d is cut to a 2-4 KB row chunk, and block_n is chosen so that all
+       in-flight row tiles (``P * block_n * D * bytes``) fit in ``L2_FRACTION`` of L2, so pass 2
+       re-reads them from L2, not DRAM; its atomics are ``N / block_n * D * m`` (ratio
+       1/block_n to the elements of X).
+    4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2).
+       Column-major X (stride_xn == 1) needs block_n >= 32 so that each column segment of a tile
+       is a full 128-byte line.
+    5. **Warps and grid.** num_warps so that each thread holds ~32 tile elements (4..16);
+       programs per SM from the register file (estimated registers = data + 40) and the thread
+       limit, capped at 4; a persistent grid of ``sm_count * programs_per_sm`` programs.
+
+    Parameters
+    ----------
+    N, D, m : int
+        X is ``[N, D]``, y is ``[D, m]``.
+    dtype : torch.dtype
+        Storage dtype of X.
+    gpu : GPUInfo, optional
+        Defaults to :func:`gpu_info` of the current device.
+    stride_xn, stride_xd : int, optional
+        X's strides (elements); stride_xn == 1 marks column-major X.
+
+    Returns
+    -------
+    DenseConfig
+    """
+    gpu = gpu or gpu_info()
+    b = torch.empty((), dtype=dtype).element_size()
+    fp64 = dtype == torch.float64
+    w_acc = 2 if fp64 else 1  # 32-bit registers per accumulated value
+    if m == 1:
+        mode, m_pad = "vector", 1
+    elif fp64:
+        mode, m_pad = "elementwise", _pow2_ceil(m)
+    else:
+        mode, m_pad = "dot", 16
+    bn_min = 16 if mode == "dot" else 1
+    col_major = stride_xn == 1 and D > 1
+    if col_major:
+        bn_min = max(bn_min, 32)
+    bd_min = 16 if mode == "dot" else 1
+    expand = m_pad if mode == "elementwise" else 1
+
+    def regs(bn, bd, warps, onchip):
+        words = bn * bd * expand + (m_pad * bd if onchip else 0) + 2 * bn * m_pad
+        return words * w_acc / (32 * warps)
+
+    bd_full = max(bd_min, _pow2_ceil(D))
+    onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
+    if onchip:
+        bd = bd_full
+    else:  # a row chunk of ~4 KB (2 KB for the heavier modes), never below the tl.dot minimum
+        bd = max(bd_min, min(bd_full, _pow2_floor((4096 if mode == "vector" else 1024) // b)))
+    bn = max(bn_min, min(256, _pow2_floor(TILE_BYTES / (bd * b))))
+    if mode == "elementwise":
+        bn = min(bn, max(bn_min, _pow2_floor(4096 / (bd * m_pad))))
+
+    def fit_warps(bn, bd):
+        warps = max(4, min(16, _pow2_ceil(bn * bd * expand / (32 * 32))))
+        while regs(bn, bd, warps, onchip) > REG_DATA and warps < 16:
+            warps *= 2
+        return warps
+
+    warps = fit_warps(bn, bd)
+    while regs(bn, bd, warps, onchip) > REG_DATA and bn > bn_min:
+        bn //= 2
+        warps = fit_warps(bn, bd)
+    threads = 32 * warps
+    reg_est = regs(bn, bd, warps, onchip) + 40
+    per_sm = min(4, gpu.max_threads_per_sm // threads, int(gpu.regs_per_sm // (threads * reg_est)))
+    if mode == "dot":  # tl.dot operands go through shared memory
+        per_sm = min(per_sm, max(1, gpu.smem_per_sm // (2 * (bn * bd + 16 * bd) * 4)))
+    per_sm = max(1, per_sm)
+    programs = gpu.sm_count * per_sm
+    if not onchip:
+        # in-flight row tiles must fit in L2 for pass 2's re-read: programs * bn * D * b <= frac * L2
+        bn_l2 = _pow2_floor(L2_FRACTION * gpu.l2_bytes / max(1, programs * D * b))
+        bn = max(bn_min, min(bn, bn_l2))
+    return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
+                       mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs))
+
+
+def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
+    """Launch parameters of the dense ``X y`` kernel: the mmchain model's tile, one program per tile.
+
+    Returns
+    -------
+    DenseConfig
+        ``num_programs`` is unused (the grid is ``ceil(N / block_n)``).
+    """
+    return dense_config(N, D, m, dtype, gpu)
