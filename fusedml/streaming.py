@@ -366,7 +366,8 @@ class StreamedMatrix:
             a_ = a
         else:
             if _is_sparse_meta(a):
-                raise TypeError(f"chunk {c.index} of X is sparse but X's meta is dense")
+                raise TypeError(f"chunk {c.index} of X is a scipy {a.format!r} sparse matrix but X's meta is dense; "
+                            "build X with CSR chunks and a sparse meta (only CSR is supported)")
             a_ = np.asarray(a)
         self._check_chunk(c, a_)
         cuts = self._block_cuts(c, a_)
@@ -414,7 +415,8 @@ class StreamedMatrix:
             return CSRMatrix(M.crow.to(device=self.device, dtype=idx), M.col.to(device=self.device, dtype=idx),
                              M.val.to(device=self.device, dtype=self.dtype), (c.rows, self.shape[1]))
         if _is_sparse_meta(a):
-            raise TypeError(f"chunk {c.index} of X is sparse but X's meta is dense")
+            raise TypeError(f"chunk {c.index} of X is a scipy {a.format!r} sparse matrix but X's meta is dense; "
+                            "build X with CSR chunks and a sparse meta (only CSR is supported)")
         a = np.asarray(a)
         self._check_chunk(c, a)
         t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))

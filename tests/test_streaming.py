@@ -1,0 +1,247 @@
+"""StreamedMatrix: streaming the fused operators over row-chunked Dask arrays (CPU engine)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+da = pytest.importorskip("dask.array")
+
+import fusedml  # noqa: E402
+from fusedml.mmchain import matvec, mmchain  # noqa: E402
+from fusedml.streaming import StreamedMatrix, is_dask_array  # noqa: E402
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+
+
+def dense_data(rng, n=403, d=7, dtype=np.float64):
+    return rng.normal(size=(n, d)).astype(dtype)
+
+
+def csr_data(rng, n=301, d=23):
+    A = sp.random(n, d, density=0.15, random_state=np.random.RandomState(3), format="csr")
+    A = A.tolil()
+    A[5, :] = 0  # an empty row
+    A[7, :] = rng.normal(size=d)  # a full row
+    return A.tocsr().astype(np.float64)
+
+
+# (max_gpu_bytes, host_cache, block_bytes): all resident; nothing resident cached; part resident
+# re-read in small blocks.
+PLANS = {
+    "resident": dict(max_gpu_bytes=None, host_cache=True, block_bytes=1 << 20),
+    "streamed-cached": dict(max_gpu_bytes=4000, host_cache=True, block_bytes=1000),
+    "partly-resident-reread": dict(max_gpu_bytes=10000, host_cache=False, block_bytes=700),
+}
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=list(PLANS))
+@pytest.mark.parametrize("chunks", [50, 130, 403], ids=lambda c: f"rows{c}")
+def test_dense_mmchain_matches_reference(rng, plan, chunks):
+    A = dense_data(rng)
+    X = da.from_array(A, chunks=(chunks, 7))
+    S = StreamedMatrix(X, device="cpu", **PLANS[plan])
+    y, v, z = rng.normal(size=7), rng.random(403), rng.normal(size=7)
+    w = mmchain(S, y, v, z, alpha=0.5, beta=-2.0, backend="cpu")
+    assert rel(w, 0.5 * A.T @ (v * (A @ y)) - 2.0 * z) < 1e-12
+    t = matvec(S, y, backend="cpu")
+    assert t.shape == (403,) and rel(t, A @ y) < 1e-12
+    # X^T v form, intercept, matrix y
+    assert rel(mmchain(S, None, v, backend="cpu"), A.T @ v) < 1e-12
+    Y = rng.normal(size=(8, 3))
+    Ai = np.hstack([A, np.ones((403, 1))])
+    w3 = mmchain(S, Y, v, intercept=True, backend="cpu")
+    assert w3.shape == (8, 3) and rel(w3, Ai.T @ (v[:, None] * (Ai @ Y))) < 1e-12
+    if plan != "resident":
+        assert S.resident_chunks < S.n_chunks and S.stats.blocks > S.resident_chunks
+
+
+def test_plan_keeps_resident_prefix_and_rereads_rest(rng):
+    A = dense_data(rng, n=400, d=5)
+    X = da.from_array(A, chunks=(50, 5))  # 8 chunks of 2000 bytes
+    S = StreamedMatrix(X, device="cpu", max_gpu_bytes=8000, host_cache=False, block_bytes=1000)
+    # 2 slots of 1000 bytes reserved; 3 chunks (6000 bytes) resident.
+    assert S.resident_chunks == 3 and S.resident_bytes == 6000 and S.streamed_bytes == 10000
+    y = rng.normal(size=5)
+    for _ in range(2):  # an iterative solver: the rest is re-read on every call
+        w = mmchain(S, y, backend="cpu")
+        assert S.stats.reread_chunks == 5 and S.stats.blocks == 3 + 5 * 2
+        assert rel(w, A.T @ (A @ y)) < 1e-12
+    S.close()
+
+
+def test_float32_and_storage_dtype(rng):
+    A = dense_data(rng, dtype=np.float32)
+    X = da.from_array(A, chunks=(100, 7))
+    y, v = rng.normal(size=7).astype(np.float32), rng.random(403).astype(np.float32)
+    ref = A.astype(np.float64).T @ (v * (A.astype(np.float64) @ y))
+    S = StreamedMatrix(X, device="cpu", max_gpu_bytes=3000, block_bytes=800)
+    w = mmchain(S, y, v, backend="cpu")
+    assert w.dtype == torch.float32 and rel(w, ref) < 1e-5
+    S16 = StreamedMatrix(X, device="cpu", dtype=torch.float16)
+    assert S16.dtype == torch.float16 and S16.nbytes == 403 * 7 * 2
+    A16 = A.astype(np.float16).astype(np.float64)
+    assert rel(mmchain(S16, y, v, backend="cpu"), A16.T @ (v * (A16 @ y))) < 1e-5
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=list(PLANS))
+def test_csr_chunks(rng, plan):
+    A = csr_data(rng)
+    X = da.from_array(A, chunks=(60, 23))
+    assert isinstance(X._meta, sp.spmatrix) or sp.issparse(X._meta)
+    kw = dict(PLANS[plan])
+    if kw["max_gpu_bytes"] is not None:
+        kw["max_gpu_bytes"] = kw["max_gpu_bytes"] // 2
+        kw["block_bytes"] = 300
+    S = StreamedMatrix(X, device="cpu", **kw)
+    assert S.is_sparse
+    y, v = rng.normal(size=23), rng.random(301)
+    assert rel(mmchain(S, y, v, backend="cpu"), A.T @ (v * (A @ y))) < 1e-12
+    assert rel(matvec(S, y, backend="cpu"), A @ y) < 1e-12
+    assert rel(mmchain(S, y, v, backend="ops"), A.T @ (v * (A @ y))) < 1e-12
+
+
+def test_fused_backend_under_interpreter(rng):
+    """The fused kernels run on each streamed block (tiny: the interpreter is slow)."""
+    A = dense_data(rng, n=40, d=3, dtype=np.float32)
+    S = StreamedMatrix(da.from_array(A, chunks=(15, 3)), device="cpu", max_gpu_bytes=400, block_bytes=100)
+    y, v = rng.normal(size=3).astype(np.float32), rng.random(40).astype(np.float32)
+    Ad = A.astype(np.float64)
+    assert rel(mmchain(S, y, v, backend="fused"), Ad.T @ (v * (Ad @ y))) < 1e-5
+    B = csr_data(rng, n=30, d=6)
+    Sb = StreamedMatrix(da.from_array(B, chunks=(11, 6)), device="cpu", max_gpu_bytes=300, block_bytes=120)
+    y6, v30 = rng.normal(size=6), rng.random(30)
+    assert rel(mmchain(Sb, y6, v30, backend="fused"), B.T @ (v30 * (B @ y6))) < 1e-12
+
+
+def test_independent_of_chunking_and_scheduler(rng):
+    A = dense_data(rng, n=500, d=6)
+    y, v = rng.normal(size=6), rng.random(500)
+    results = []
+    for chunks, sched in [(500, "sync"), (37, "threads"), (128, "sync"), (64, "threads")]:
+        S = StreamedMatrix(da.from_array(A, chunks=(chunks, 6)), device="cpu", scheduler=sched,
+                           max_gpu_bytes=6000, host_cache=False, block_bytes=1200)
+        results.append(mmchain(S, y, v, backend="cpu").numpy())
+    for r in results[1:]:
+        assert rel(r, results[0]) < 1e-13
+    # same chunking and plan twice: bitwise identical (fixed block order)
+    S = StreamedMatrix(da.from_array(A, chunks=(37, 6)), device="cpu", max_gpu_bytes=6000, block_bytes=1200)
+    assert torch.equal(mmchain(S, y, v, backend="cpu"), mmchain(S, y, v, backend="cpu"))
+
+
+def test_column_chunked_input_is_merged(rng):
+    A = dense_data(rng, n=100, d=8)
+    S = StreamedMatrix(da.from_array(A, chunks=(30, 3)), device="cpu")
+    assert S.to_dask().chunks[1] == (8,)
+    y = rng.normal(size=8)
+    assert rel(matvec(S, y, backend="cpu"), A @ y) < 1e-12
+
+
+def test_unknown_chunk_sizes(rng):
+    A = dense_data(rng, n=90, d=4)
+    X = da.from_array(A, chunks=(20, 4))
+    Xu = X[X[:, 0] > -10]  # boolean mask: NaN chunk sizes, all rows kept
+    assert any(np.isnan(c) for c in Xu.chunks[0])
+    S = StreamedMatrix(Xu, device="cpu", max_gpu_bytes=1500, block_bytes=300)
+    y = rng.normal(size=4)
+    assert S.shape == (90, 4) and rel(matvec(S, y, backend="cpu"), A @ y) < 1e-12
+
+
+def test_memory_mapped_npy_reread(tmp_path, rng):
+    A = dense_data(rng, n=300, d=5, dtype=np.float32)
+    path = tmp_path / "x.npy"
+    np.save(path, A)
+    mm = np.load(path, mmap_mode="r")
+    X = da.from_array(mm, chunks=(64, 5))
+    S = StreamedMatrix(X, device="cpu", max_gpu_bytes=2600, host_cache=False, block_bytes=600)
+    y = rng.normal(size=5).astype(np.float32)
+    w1 = mmchain(S, y, backend="cpu")
+    assert S.stats.reread_chunks > 0
+    assert rel(w1, A.astype(np.float64).T @ (A.astype(np.float64) @ y)) < 1e-5
+    assert torch.equal(w1, mmchain(S, y, backend="cpu"))
+    S.close()
+
+
+def test_gmm_estep_and_score_sum_over_chunks(rng):
+    from fusedml.gmm import gmm_estep, gmm_score
+
+    A = np.concatenate([rng.normal(size=(150, 3)), rng.normal(size=(120, 3)) + 3.0])
+    K = 2
+    w = np.array([0.4, 0.6])
+    mu = np.stack([A[:150].mean(0), A[150:].mean(0)])
+    pc = np.ones((K, 3)) * 0.9
+    sw = rng.random(270)
+    ref = gmm_estep(torch.from_numpy(A), w, mu, pc, "diag", sample_weight=sw, return_log_prob=True, backend="cpu")
+    S = StreamedMatrix(da.from_array(A, chunks=(61, 3)), device="cpu", max_gpu_bytes=3000, block_bytes=700)
+    st = gmm_estep(S, w, mu, pc, "diag", sample_weight=sw, return_log_prob=True, backend="cpu")
+    for name in ("nk", "s1", "s2", "log_likelihood", "log_prob"):
+        assert rel(getattr(st, name), getattr(ref, name)) < 1e-12, name
+    lp, lab = S._fusedml_gmm_score(w, mu, pc, "diag", backend="cpu")
+    lp_ref, lab_ref = gmm_score(torch.from_numpy(A), w, mu, pc, "diag", backend="cpu")
+    assert rel(lp, lp_ref) < 1e-12 and torch.equal(lab, lab_ref)
+
+
+def test_map_blocks_and_take_rows(rng):
+    A = dense_data(rng, n=120, d=4)
+    S = StreamedMatrix(da.from_array(A, chunks=(25, 4)), device="cpu", max_gpu_bytes=1800, block_bytes=400)
+    colsum = S.map_blocks(lambda Xb, rows: Xb.sum(0), "sum")
+    assert rel(colsum, A.sum(0)) < 1e-12
+    norms = S.map_blocks(lambda Xb, rows: (Xb * Xb).sum(1), "concat")
+    assert rel(norms, (A * A).sum(1)) < 1e-12
+    idx = [5, 119, 5, 0]
+    assert np.array_equal(S.take_rows(idx).numpy(), A[idx])
+    with pytest.raises(ValueError, match="reduce"):
+        S.map_blocks(lambda Xb, rows: Xb.sum(0), "max")
+    with pytest.raises(IndexError):
+        S.take_rows([120])
+
+
+def test_is_dask_array(rng):
+    A = dense_data(rng, n=10, d=2)
+    assert is_dask_array(da.from_array(A))
+    assert not is_dask_array(A) and not is_dask_array(torch.from_numpy(A))
+
+
+def test_bad_inputs(rng):
+    A = dense_data(rng, n=50, d=4)
+    X = da.from_array(A, chunks=(20, 4))
+    with pytest.raises(TypeError, match="dask"):
+        StreamedMatrix(A)
+    with pytest.raises(ValueError, match="2-D"):
+        StreamedMatrix(da.from_array(A[:, 0]))
+    with pytest.raises(TypeError, match="float"):
+        StreamedMatrix(da.from_array(np.arange(12).reshape(6, 2), chunks=(3, 2)))
+    with pytest.raises(ValueError, match="empty"):
+        StreamedMatrix(da.zeros((0, 3), chunks=(5, 3)))
+    with pytest.raises(ValueError, match="max_gpu_bytes"):
+        StreamedMatrix(X, device="cpu", max_gpu_bytes=100, block_bytes=1000)
+    with pytest.raises(ValueError, match="host_cache"):
+        StreamedMatrix(X, host_cache="sometimes")
+    bad = A.copy()
+    bad[33, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        StreamedMatrix(da.from_array(bad, chunks=(20, 4)), device="cpu")
+    S_bad = StreamedMatrix(da.from_array(bad, chunks=(20, 4)), device="cpu", max_gpu_bytes=700,
+                           block_bytes=320, host_cache=False)  # NaN chunk not read yet: found on first read
+    with pytest.raises(ValueError, match="NaN"):
+        matvec(S_bad, np.ones(4), backend="cpu")
+    S = StreamedMatrix(X, device="cpu")
+    with pytest.raises(ValueError, match="v must have N=50"):
+        mmchain(S, np.ones(4), np.ones(49), backend="cpu")
+    with pytest.raises(ValueError, match="y must have 4 rows"):
+        mmchain(S, np.ones(5), backend="cpu")
+    with pytest.raises(ValueError, match="v is required"):
+        mmchain(S, None, backend="cpu")
+    with pytest.raises(ValueError, match="z must have shape"):
+        mmchain(S, np.ones(4), z=np.ones(3), beta=1.0, backend="cpu")
+    with pytest.raises(ValueError, match="NaN"):
+        mmchain(S, np.array([1.0, np.nan, 0, 0]), check_finite=True, backend="cpu")
+    coo = da.from_array(sp.random(20, 5, density=0.3, format="csr", random_state=0), chunks=(10, 5))
+    coo = coo.map_blocks(lambda b: b.tocoo(), dtype=np.float64, meta=sp.coo_matrix((0, 0)))
+    with pytest.raises(TypeError, match="coo"):
+        StreamedMatrix(coo, device="cpu")
+    Ssp = StreamedMatrix(da.from_array(csr_data(rng, n=30, d=4), chunks=(10, 4)), device="cpu")
+    with pytest.raises(TypeError, match="dense"):
+        fusedml.gmm.gmm_estep(Ssp, np.ones(1), np.zeros((1, 4)), np.ones((1, 4)), "diag")
