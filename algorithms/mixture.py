@@ -1,0 +1,1194 @@
+"""Gaussian mixture models (EM) and k-means on the fused GMM operators.
+
+:class:`GaussianMixture` runs scikit-learn's ``BaseMixture`` EM loop
+(``sklearn/mixture/_base.py``) with the E-step replaced by ONE fused pass over ``X``:
+
+* E-step: :func:`fusedml.gmm_estep` returns, for the current ``(pi, mu, L)``, the total
+  log-likelihood ``sum_n log sum_k pi_k N(x_n | mu_k, Sigma_k)`` and the sufficient statistics
+  ``N_k``, ``S1_k``, ``S2_k`` (centred about the current means). The ``N x K`` responsibility matrix
+  is never stored.
+* M-step: :func:`fusedml.gmm_mstep` turns the statistics into ``(weights, means, covariances,
+  precisions_cholesky)`` exactly as scikit-learn (``reg_covar`` on the diagonal, ``10 * eps`` added
+  to ``N_k``); this is ``O(K D^2)`` work on the statistics only.
+* lower bound = mean log-likelihood of the parameters *entering* the iteration (as scikit-learn);
+  converged when ``|lower_bound - previous| < tol``; ``n_init`` restarts keep the best lower
+  bound; ``warm_start`` continues from the fitted parameters.
+
+Initialisation follows scikit-learn: responsibilities from k-means labels (``"kmeans"``), from
+uniform random numbers (``"random"``), or one-hot on ``K`` rows picked at random
+(``"random_from_data"``) or by k-means++ (``"k-means++"``), then one M-step. Here the
+responsibilities are never materialised either: hard labels are turned into statistics by
+``index_add_`` over row blocks, random responsibilities are drawn block by block from the same
+``numpy.random.RandomState`` stream scikit-learn uses (so a seeded ``"random"`` init gives the same
+start as scikit-learn's).
+
+:class:`KMeans` is Lloyd's algorithm as scikit-learn's ``_kmeans_single_lloyd``. Its assignment
+step is the fused :func:`fusedml.gmm_score` with equal weights and unit spherical precision: then
+``argmax_k log pi_k N(x | c_k, I) = argmin_k ||x - c_k||^2`` and no ``N x K`` distance matrix
+exists. The centre update is one blocked pass of ``index_add_`` over the labels (residuals about
+the old centres accumulated in float64, so data far from the origin does not cancel). Empty
+clusters are relocated to the farthest points as scikit-learn does. Seeding: scikit-learn's
+greedy k-means++ (``2 + log K`` local trials) on the device, drawing from the same RandomState
+calls as scikit-learn so seeded runs start from the same centres on float64 data.
+
+Inputs: numpy arrays, torch tensors (CPU or CUDA: everything stays on that device), dask arrays
+(streamed through :class:`fusedml.streaming.StreamedMatrix`). Sparse input raises ``TypeError``
+(as scikit-learn's ``GaussianMixture``). Fitted arrays are numpy arrays, or torch tensors on the
+data's device when ``fit`` was given a torch tensor.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from fusedml._dispatch import resolve_backend
+from fusedml._validation import check_finite, is_sparse, to_tensor
+
+from ._base import BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix
+
+__all__ = ["GaussianMixture", "KMeans"]
+
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+GMM_INIT_PARAMS = ("kmeans", "k-means++", "random", "random_from_data")
+# Elements of one row-block temporary (block rows x per-row width): 32 MiB in float64.
+_BLOCK_ELEMS = 1 << 22
+_F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------
+# data access: one code path for in-memory tensors and streamed (dask) matrices
+# ----------------------------------------------------------------------------------------------
+def _check_random_state(seed):
+    """None / int / RandomState -> numpy RandomState (scikit-learn's ``check_random_state``)."""
+    if seed is None or seed is np.random:
+        return np.random.mtrand._rand
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return np.random.RandomState(int(seed))
+    if isinstance(seed, np.random.RandomState):
+        return seed
+    raise ValueError(f"random_state must be None, an int or a numpy RandomState, got {seed!r}")
+
+
+def _row_blocks(n, per_row, start=0):
+    """Yield row slices ``[start, start + n)`` whose temporaries hold about ``_BLOCK_ELEMS`` elements."""
+    step = max(1, _BLOCK_ELEMS // max(1, int(per_row)))
+    for s in range(0, n, step):
+        yield slice(start + s, start + min(n, s + step))
+
+
+def _is_streamed(X) -> bool:
+    return hasattr(X, "map_blocks") and hasattr(X, "_fusedml_gmm_estep")
+
+
+def _for_rows(X, fn, per_row):
+    """Call ``fn(Xb, rows)`` on row blocks covering X (``rows`` = global slice, ``Xb`` on X's device).
+
+    In-memory tensors are cut into blocks of about ``_BLOCK_ELEMS / per_row`` rows; a streamed
+    matrix hands out its own blocks (``StreamedMatrix.map_blocks``: one data pass, overlapped
+    transfers), cut further when a block would make too large a temporary.
+    """
+    if _is_streamed(X):
+        def block(Xb, rows):
+            for sl in _row_blocks(rows.stop - rows.start, per_row):
+                fn(Xb[sl], slice(rows.start + sl.start, rows.start + sl.stop))
+            return None
+
+        X.map_blocks(block, None)
+    else:
+        for sl in _row_blocks(X.shape[0], per_row):
+            fn(X[sl], sl)
+
+
+def _take_rows(X, index):
+    """``X[index]`` as a float64 ``[len(index), D]`` tensor on X's device."""
+    idx = np.asarray(index, dtype=np.int64).ravel()
+    if _is_streamed(X):
+        return X.take_rows(idx).to(_F64)
+    return X[torch.as_tensor(idx, device=X.device)].to(_F64)
+
+
+def _score_op(X, weights, means, prec_chol, covariance_type, backend):
+    """:func:`fusedml.gmm_score` (through the streamed matrix's hook for dask data)."""
+    if hasattr(X, "_fusedml_gmm_score"):
+        return X._fusedml_gmm_score(weights, means, prec_chol, covariance_type, backend=backend)
+    return _gmm_ops().gmm_score(X, weights, means, prec_chol, covariance_type, backend=backend)
+
+
+def _as_data(X, estimator, backend):
+    """Validate a design matrix; return ``(X, info)`` (see ``algorithms._base.as_design_matrix``).
+
+    X becomes a dense torch tensor (numpy: no copy; torch: kept on its device) or, for a dask
+    array, a :class:`fusedml.streaming.StreamedMatrix`. Sparse data raises ``TypeError``.
+    """
+    if is_sparse(X):
+        raise TypeError(
+            f"{estimator} does not support sparse input (got {type(X).__name__}); "
+            "pass a dense array, e.g. X.toarray()"
+        )
+    M, info = as_design_matrix(X, backend=backend)
+    if getattr(M, "is_sparse", False):
+        raise TypeError(f"{estimator} does not support sparse input: the dask array has sparse chunks")
+    if isinstance(M, torch.Tensor) and M.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        M = M.to(info.dtype)
+    return M, info
+
+
+def _out(t, kind, dtype=None):
+    """``t`` (cast to ``dtype``) as a torch tensor (kind == "torch") or a numpy array."""
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t if kind == "torch" else t.detach().cpu().numpy()
+
+
+def _param_tensor(a, name, device):
+    return to_tensor(a, name, allow_int=True).to(device=device, dtype=_F64)
+
+
+def _gmm_ops():
+    """The operator layer (imported lazily so the module loads without it)."""
+    from fusedml import gmm
+
+    return gmm
+
+
+def _np_dtype(X):
+    return np.float64 if X.dtype == torch.float64 else np.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# k-means building blocks (all on X's device; centres float64)
+# ----------------------------------------------------------------------------------------------
+def _assign(X, centers, backend):
+    """Nearest centre of every row, fused (no N x K): ``[N]`` int64 labels.
+
+    ``gmm_score`` with equal weights and unit spherical precision: ``argmax_k`` of
+    ``log(1/K) - D/2 log(2 pi) - ||x - c_k||^2 / 2`` is the nearest centre.
+    """
+    K = centers.shape[0]
+    weights = torch.full((K,), 1.0 / K, dtype=_F64, device=centers.device)
+    prec_chol = torch.ones(K, dtype=_F64, device=centers.device)
+    _, labels = _score_op(X, weights, centers, prec_chol, "spherical", backend)
+    return labels.long()
+
+
+def _sq_dist_to_rows(X, C):
+    """``[M, N]`` float64 squared distances from the rows of ``C`` [M, D] to every row of X."""
+    M = C.shape[0]
+    N, D = X.shape
+    C64 = C.to(_F64)
+    out = torch.empty((M, N), dtype=_F64, device=C.device)
+
+    def block(Xb, rows):
+        diff = Xb.to(_F64)[None, :, :] - C64[:, None, :]  # [M, B, D]
+        out[:, rows] = (diff * diff).sum(-1)
+
+    _for_rows(X, block, M * D)
+    return out
+
+
+def _kmeans_plusplus(X, n_clusters, random_state):
+    """Greedy k-means++ seeding (scikit-learn's ``_kmeans_plusplus``), on X's device.
+
+    Draws the same numbers from ``random_state`` as scikit-learn (first centre by
+    ``choice(N, p=uniform)``, then ``2 + int(log K)`` candidates per centre by D^2 sampling,
+    keeping the candidate that lowers the potential most). Distances are float64 and exact
+    (``||x - c||^2``, not the expanded form), so on float64 data the seeds equal scikit-learn's
+    except for ties at a sampling boundary. Each centre costs one pass over X for the
+    candidates' distances (as in scikit-learn).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[K]`` int64 indices of the chosen rows.
+    """
+    N = X.shape[0]
+    n_local_trials = 2 + int(np.log(n_clusters))
+    sw = np.ones(N, dtype=_np_dtype(X))
+    first = int(random_state.choice(N, p=sw / sw.sum()))
+    indices = [first]
+    closest = _sq_dist_to_rows(X, _take_rows(X, [first]))[0]  # [N]
+    pot = float(closest.sum())
+    for _ in range(1, n_clusters):
+        rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials) * pot, dtype=_F64,
+                                    device=closest.device)
+        cand = torch.searchsorted(torch.cumsum(closest, 0), rand_vals).clamp_(max=N - 1)
+        cand_np = cand.cpu().numpy()
+        dist = _sq_dist_to_rows(X, _take_rows(X, cand_np))  # [L, N]
+        torch.minimum(dist, closest[None, :], out=dist)
+        pots = dist.sum(1)
+        best = int(torch.argmin(pots))
+        pot = float(pots[best])
+        closest = dist[best]
+        indices.append(int(cand_np[best]))
+    return np.asarray(indices, dtype=np.int64)
+
+
+def _random_rows(N, n_clusters, random_state, np_dtype):
+    """scikit-learn's k-means ``init="random"``: K distinct rows (same RandomState calls)."""
+    sw = np.ones(N, dtype=np_dtype)
+    return np.asarray(random_state.choice(N, size=n_clusters, replace=False, p=sw / sw.sum()), dtype=np.int64)
+
+
+def _data_mean(X):
+    """``[D]`` float64 column means (one blocked pass)."""
+    total = torch.zeros(X.shape[1], dtype=_F64, device=X.device)
+
+    def block(Xb, rows):
+        total.add_(Xb.to(_F64).sum(0))
+
+    _for_rows(X, block, X.shape[1])
+    return total / X.shape[0]
+
+
+def _kmeans_tolerance(X, tol):
+    """scikit-learn's ``_tolerance``: ``tol * mean(var(X, axis=0))`` (float64, two passes)."""
+    if tol == 0:
+        return 0.0
+    mean = _data_mean(X)
+    sq = torch.zeros(X.shape[1], dtype=_F64, device=X.device)
+
+    def block(Xb, rows):
+        d = Xb.to(_F64) - mean
+        sq.add_((d * d).sum(0))
+
+    _for_rows(X, block, X.shape[1])
+    return float((sq / X.shape[0]).mean()) * tol
+
+
+def _lloyd_update(X, labels, centers):
+    """One centre update from ``labels`` (the M-part of scikit-learn's ``lloyd_iter``), one pass.
+
+    Residuals about the old centres are accumulated in float64 with ``index_add_``; empty
+    clusters take the farthest points (``_relocate_empty_clusters_dense``); clusters still empty
+    sit on the largest cluster's centre (``_average_centers``).
+
+    Returns
+    -------
+    new_centers : torch.Tensor
+        ``[K, D]`` float64.
+    shift_sq : float
+        ``sum_k ||new_k - old_k||^2``.
+    inertia_old : float
+        ``sum_n ||x_n - old_{l_n}||^2``.
+    """
+    N, D = X.shape
+    K = centers.shape[0]
+    c64 = centers.to(_F64)
+    res = torch.zeros((K, D), dtype=_F64, device=c64.device)
+    dist = torch.empty(N, dtype=_F64, device=c64.device)
+
+    def block(Xb, rows):
+        lab = labels[rows]
+        d = Xb.to(_F64) - c64[lab]  # [B, D]
+        res.index_add_(0, lab, d)
+        dist[rows] = (d * d).sum(1)
+
+    _for_rows(X, block, D)
+    counts = torch.bincount(labels, minlength=K).to(_F64)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    relocated = {}
+    if empty and float(dist.max()) > 0:
+        far = torch.topk(dist, len(empty)).indices.tolist()
+        rows = _take_rows(X, far)
+        for j, f, xf in zip(empty, far, rows):
+            old = int(labels[f])
+            res[old] -= xf - c64[old]
+            counts[old] -= 1
+            counts[j] = 1
+            relocated[j] = xf
+    new = c64 + res / counts.clamp(min=1.0)[:, None]
+    for j, xf in relocated.items():
+        new[j] = xf
+    still = counts == 0
+    if bool(still.any()):
+        new[still] = new[int(torch.argmax(counts))]
+    shift_sq = float(((new - c64) ** 2).sum())
+    return new, shift_sq, float(dist.sum())
+
+
+def _inertia(X, labels, centers):
+    """``sum_n ||x_n - c_{l_n}||^2`` in float64, one blocked pass."""
+    c64 = centers.to(_F64)
+    total = torch.zeros((), dtype=_F64, device=c64.device)
+
+    def block(Xb, rows):
+        d = Xb.to(_F64) - c64[labels[rows]]
+        total.add_((d * d).sum())
+
+    _for_rows(X, block, X.shape[1])
+    return float(total)
+
+
+def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None):
+    """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
+
+    Per iteration: one fused assignment pass (``gmm_score``) and one update pass.
+
+    Returns
+    -------
+    tuple
+        ``(centers [K, D] float64, labels [N] int64, inertia, n_iter, converged)``.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    labels_old = None
+    strict = converged = False
+    n_iter = 0
+    for i in range(max_iter):
+        labels = _assign(X, centers, backend)
+        new, shift_sq, inertia_old = _lloyd_update(X, labels, centers)
+        if verbose:
+            print(f"Iteration {i}, inertia {inertia_old}.")
+        if history is not None:
+            history.append({"iter": i + 1, "objective": inertia_old, "grad_norm": float("nan"),
+                            "step": shift_sq, "time": time.perf_counter() - t0})
+        centers = new
+        n_iter = i + 1
+        if labels_old is not None and torch.equal(labels, labels_old):
+            if verbose:
+                print(f"Converged at iteration {i}: strict convergence.")
+            strict = converged = True
+            break
+        if shift_sq <= tol_abs:
+            if verbose:
+                print(f"Converged at iteration {i}: center shift {shift_sq} within tolerance {tol_abs}.")
+            converged = True
+            break
+        labels_old = labels
+    if not strict:  # labels consistent with the final centres
+        labels = _assign(X, centers, backend)
+    return centers, labels, _inertia(X, labels, centers), n_iter, converged
+
+
+# ----------------------------------------------------------------------------------------------
+# GMM initial statistics (responsibilities never materialised for the whole data)
+# ----------------------------------------------------------------------------------------------
+def _zeros_s2(covariance_type, K, D, device):
+    shape = {"full": (K, D, D), "tied": (D, D), "diag": (K, D), "spherical": (K,)}[covariance_type]
+    return torch.zeros(shape, dtype=_F64, device=device)
+
+
+def _make_stats(covariance_type, nk, center, s1, s2):
+    return _gmm_ops().GMMStats(covariance_type=covariance_type,
+                               log_likelihood=torch.zeros((), dtype=_F64, device=nk.device),
+                               log_prob=None, nk=nk, center=center, s1=s1, s2=s2)
+
+
+def _hard_stats(X, labels, K, center, covariance_type):
+    """float64 statistics of one-hot responsibilities ``r_nk = [l_n == k]`` about ``center`` [K, D].
+
+    One blocked pass of ``index_add_`` (``X`` may be a tensor or a streamed matrix).
+    """
+    D = X.shape[1]
+    c64 = center.to(_F64)
+    dev = c64.device
+    s1 = torch.zeros((K, D), dtype=_F64, device=dev)
+    s2 = _zeros_s2(covariance_type, K, D, dev)
+
+    def block(Xb, rows):
+        lab = labels[rows]
+        d = Xb.to(_F64) - c64[lab]  # [B, D]
+        s1.index_add_(0, lab, d)
+        if covariance_type == "full":
+            s2.index_add_(0, lab, d[:, :, None] * d[:, None, :])
+        elif covariance_type == "tied":
+            s2.add_(d.T @ d)
+        elif covariance_type == "diag":
+            s2.index_add_(0, lab, d * d)
+        else:
+            s2.index_add_(0, lab, (d * d).sum(1))
+
+    _for_rows(X, block, D * D if covariance_type == "full" else D)
+    nk = torch.bincount(labels, minlength=K).to(_F64)
+    return _make_stats(covariance_type, nk, c64, s1, s2)
+
+
+def _random_resp_stats(X, K, random_state, covariance_type):
+    """float64 statistics of scikit-learn's ``init_params="random"`` responsibilities.
+
+    ``resp = uniform(size=(N, K))`` in X's dtype, normalised by rows, accumulated about the data
+    mean. In-memory data: drawn block by block in row order from the RandomState (the same
+    numbers as one ``(N, K)`` draw). Streamed data: the ``(N, K)`` draw is made once on the host
+    (blocks may arrive out of row order).
+    """
+    N, D = X.shape
+    np_dtype = _np_dtype(X)
+    mean = _data_mean(X)
+    dev = mean.device
+    nk = torch.zeros(K, dtype=_F64, device=dev)
+    s1 = torch.zeros((K, D), dtype=_F64, device=dev)
+    s2 = _zeros_s2(covariance_type, K, D, dev)
+    pre = random_state.uniform(size=(N, K)).astype(np_dtype) if _is_streamed(X) else None
+
+    def block(Xb, rows):
+        if pre is None:
+            r = random_state.uniform(size=(rows.stop - rows.start, K)).astype(np_dtype)
+        else:
+            r = pre[rows].copy()
+        r /= r.sum(axis=1)[:, None]
+        r = torch.from_numpy(r).to(device=dev, dtype=_F64)
+        d = Xb.to(_F64) - mean  # [B, D]
+        nk.add_(r.sum(0))
+        s1.add_(r.T @ d)
+        if covariance_type == "full":
+            s2.add_(torch.einsum("nk,ni,nj->kij", r, d, d))
+        elif covariance_type == "tied":
+            s2.add_((d * r.sum(1)[:, None]).T @ d)
+        elif covariance_type == "diag":
+            s2.add_(r.T @ (d * d))
+        else:
+            s2.add_(r.T @ (d * d).sum(1))
+
+    _for_rows(X, block, K * D * (D if covariance_type == "full" else 1) + K)
+    return _make_stats(covariance_type, nk, mean.expand(K, D).contiguous(), s1, s2)
+
+
+def _flipudlr(a):
+    return torch.flip(a, dims=(-2, -1))
+
+
+def _prec_chol_from_precisions(P, covariance_type):
+    """scikit-learn's ``_compute_precision_cholesky_from_precisions`` (upper ``U``, ``P = U U^T``)."""
+    if covariance_type in ("full", "tied"):
+        return _flipudlr(torch.linalg.cholesky(_flipudlr(P)))
+    return torch.sqrt(P)
+
+
+def _precisions_from_chol(pc, covariance_type):
+    if covariance_type in ("full", "tied"):
+        return pc @ pc.transpose(-1, -2)
+    return pc * pc
+
+
+def _covariances_from_precisions(P, covariance_type):
+    if covariance_type in ("full", "tied"):
+        return torch.linalg.inv(P)
+    return 1.0 / P
+
+
+def _weighted_log_prob_block(Xb, weights, means, prec_chol, covariance_type):
+    """``[B, K]`` float64 ``log pi_k + log N(x_b | mu_k, Sigma_k)`` for one row block.
+
+    scikit-learn's formula, used only where an ``N x K`` output is the definition
+    (``predict_proba``); it works on ``x - mu_k`` so data far from the origin does not cancel.
+    """
+    D = Xb.shape[1]
+    diff = Xb.to(_F64)[:, None, :] - means[None, :, :]  # [B, K, D]
+    if covariance_type == "full":
+        y = torch.einsum("bkd,kde->bke", diff, prec_chol)
+        maha = (y * y).sum(-1)
+        log_det = torch.log(torch.diagonal(prec_chol, dim1=-2, dim2=-1)).sum(-1)
+    elif covariance_type == "tied":
+        y = diff @ prec_chol
+        maha = (y * y).sum(-1)
+        log_det = torch.log(torch.diagonal(prec_chol)).sum()
+    elif covariance_type == "diag":
+        y = diff * prec_chol[None]
+        maha = (y * y).sum(-1)
+        log_det = torch.log(prec_chol).sum(-1)
+    else:
+        maha = (diff * diff).sum(-1) * (prec_chol * prec_chol)[None]
+        log_det = D * torch.log(prec_chol)
+    return -0.5 * (D * math.log(2 * math.pi) + maha) + log_det + torch.log(weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# KMeans
+# ----------------------------------------------------------------------------------------------
+class KMeans(BaseEstimator):
+    """K-means clustering by Lloyd's algorithm with a fused assignment step.
+
+    Same algorithm as scikit-learn's ``KMeans(algorithm="lloyd")``: tolerance
+    ``tol * mean(var(X, axis=0))`` on the squared centre shift, strict convergence when the labels
+    stop changing, empty clusters relocated to the farthest points, ``n_init`` runs keeping the
+    lowest inertia. The assignment is :func:`fusedml.gmm_score` (equal weights, unit spherical
+    precision: the arg-max component is the nearest centre), so no ``N x K`` matrix is formed;
+    the centre update is one ``index_add_`` pass over the labels.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        Number of clusters ``K``.
+    init : {"k-means++", "random"} or array-like of shape (n_clusters, n_features)
+        Seeding: scikit-learn's greedy k-means++ (on the device, float64 distances), ``K``
+        distinct random rows, or explicit centres (then ``n_init`` is forced to 1 with a warning,
+        as scikit-learn).
+    n_init : int, default=1
+        Number of seeded runs; the lowest inertia wins.
+    max_iter : int, default=300
+        Maximum Lloyd iterations per run.
+    tol : float, default=1e-4
+        Relative tolerance on the squared centre shift (times the mean feature variance).
+    random_state : None, int or numpy.random.RandomState
+        Seeding randomness (consumed exactly as scikit-learn consumes it).
+    backend : {"auto", "fused", "ops", "cpu"}
+        Backend of the assignment step (:func:`fusedml.resolve_backend`).
+    verbose : int, default=0
+        Print per-iteration inertia.
+
+    Attributes
+    ----------
+    cluster_centers_ : array of shape (n_clusters, n_features)
+    labels_ : array of shape (n_samples,), int64
+    inertia_ : float
+        Sum of squared distances of the samples to their closest centre.
+    n_iter_ : int
+        Lloyd iterations of the best run.
+    converged_ : bool
+    n_features_in_ : int
+    history_ : list of dict
+        Best run: ``iter``, ``objective`` (inertia w.r.t. the centres the assignment used),
+        ``grad_norm`` (NaN: not defined), ``step`` (squared centre shift), ``time`` (seconds).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from algorithms.mixture import KMeans
+    >>> X = np.r_[np.zeros((5, 2)), np.ones((5, 2)) * 10]
+    >>> km = KMeans(2, random_state=0, backend="cpu").fit(X)
+    >>> sorted(km.cluster_centers_[:, 0].tolist())
+    [0.0, 10.0]
+    """
+
+    def __init__(self, n_clusters=8, *, init="k-means++", n_init=1, max_iter=300, tol=1e-4,
+                 random_state=None, backend="auto", verbose=0):
+        self.n_clusters = n_clusters
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.backend = backend
+        self.verbose = verbose
+
+    def __sklearn_tags__(self):
+        """Tags for scikit-learn >= 1.6 (a clusterer; no target)."""
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "clusterer"
+        tags.target_tags.required = False
+        tags.input_tags.sparse = False
+        return tags
+
+    def _check_params(self):
+        if isinstance(self.n_clusters, bool) or not isinstance(self.n_clusters, numbers.Integral) or self.n_clusters < 1:
+            raise ValueError(f"n_clusters must be an int >= 1, got {self.n_clusters!r}")
+        if isinstance(self.n_init, bool) or not isinstance(self.n_init, numbers.Integral) or self.n_init < 1:
+            raise ValueError(f"n_init must be an int >= 1, got {self.n_init!r}")
+        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 1:
+            raise ValueError(f"max_iter must be an int >= 1, got {self.max_iter!r}")
+        if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
+            raise ValueError(f"tol must be a float >= 0, got {self.tol!r}")
+        if isinstance(self.init, str) and self.init not in ("k-means++", "random"):
+            raise ValueError(f"init must be 'k-means++', 'random' or an array of centres, got {self.init!r}")
+
+    def fit(self, X, y=None):
+        """Cluster ``X``.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+            Dense data.
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._check_params()
+        X, info = _as_data(X, "KMeans", self.backend)
+        N, D = X.shape
+        K = self.n_clusters
+        if N < K:
+            raise ValueError(f"n_samples={N} should be >= n_clusters={K}")
+        backend = resolve_backend(self.backend, info.device)
+        rs = _check_random_state(self.random_state)
+        n_init = self.n_init
+        init_centers = None
+        if not isinstance(self.init, str):
+            init_centers = _param_tensor(self.init, "init", info.device)
+            if tuple(init_centers.shape) != (K, D):
+                raise ValueError(f"init centres must have shape (n_clusters, n_features) = {(K, D)}, "
+                                 f"got {tuple(init_centers.shape)}")
+            check_finite(init_centers, "init")
+            if n_init != 1:
+                warnings.warn(f"Explicit initial center position passed: performing only one init in "
+                              f"KMeans instead of n_init={n_init}.", RuntimeWarning, stacklevel=2)
+                n_init = 1
+        tol_abs = _kmeans_tolerance(X, self.tol)
+        t0 = time.perf_counter()
+        best = None
+        for _ in range(n_init):
+            if init_centers is not None:
+                c0 = init_centers
+            elif self.init == "k-means++":
+                c0 = _take_rows(X, _kmeans_plusplus(X, K, rs))
+            else:
+                c0 = _take_rows(X, _random_rows(N, K, rs, _np_dtype(X)))
+            hist = []
+            res = _lloyd(X, c0, self.max_iter, tol_abs, backend, self.verbose, t0, hist)
+            if best is None or res[2] < best[0][2]:
+                best = (res, hist)
+        (centers, labels, inertia, n_iter, converged), hist = best
+        n_distinct = int(torch.unique(labels).numel())
+        if n_distinct < K:
+            warnings.warn(f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters ({K}). "
+                          "Possibly due to duplicate points in X.", ConvergenceWarning, stacklevel=2)
+        if not converged:
+            warnings.warn(f"KMeans did not converge within max_iter={self.max_iter} iterations; "
+                          "increase max_iter or tol.", ConvergenceWarning, stacklevel=2)
+        self.cluster_centers_ = _out(centers, info.kind, info.dtype)
+        self.labels_ = _out(labels, info.kind)
+        self.inertia_ = inertia
+        self.n_iter_ = n_iter
+        self.converged_ = converged
+        self.n_features_in_ = D
+        self.history_ = hist
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Fit and return ``labels_``.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        labels : array of shape (n_samples,), int64
+        """
+        return self.fit(X).labels_
+
+    def _check_fitted_X(self, X):
+        if not hasattr(self, "cluster_centers_"):
+            raise NotFittedError("This KMeans instance is not fitted yet; call 'fit' first.")
+        X, info = _as_data(X, "KMeans", self.backend)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but KMeans was fitted with {self.n_features_in_} features")
+        centers = _param_tensor(self.cluster_centers_, "cluster_centers_", info.device)
+        return X, info, centers, resolve_backend(self.backend, info.device)
+
+    def predict(self, X):
+        """Index of the nearest centre of every row (fused, no ``N x K``).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        labels : array of shape (n_samples,), int64
+        """
+        X, info, centers, backend = self._check_fitted_X(X)
+        return _out(_assign(X, centers, backend), info.kind)
+
+    def score(self, X, y=None):
+        """Opposite of the inertia of ``X`` under the fitted centres.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        float
+            ``-sum_n min_k ||x_n - c_k||^2``.
+        """
+        X, info, centers, backend = self._check_fitted_X(X)
+        return -_inertia(X, _assign(X, centers, backend), centers)
+
+
+# ----------------------------------------------------------------------------------------------
+# GaussianMixture
+# ----------------------------------------------------------------------------------------------
+class GaussianMixture(BaseEstimator):
+    """Gaussian mixture model fitted by EM, one fused data pass per iteration.
+
+    The EM loop, the parameters, their shapes and the initialisation are scikit-learn's
+    ``GaussianMixture``; the E-step is :func:`fusedml.gmm_estep` (log-likelihood and sufficient
+    statistics in one pass, no ``N x K`` matrix) and the M-step :func:`fusedml.gmm_mstep`.
+
+    Parameters
+    ----------
+    n_components : int, default=1
+        Number of mixture components ``K``.
+    covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
+        Covariance parametrisation (shapes as scikit-learn: ``[K, D, D]``, ``[D, D]``, ``[K, D]``,
+        ``[K]``).
+    tol : float, default=1e-3
+        Convergence threshold on the change of the mean log-likelihood.
+    reg_covar : float, default=1e-6
+        Added to the covariance diagonals.
+    max_iter : int, default=100
+        EM iterations per initialisation (0: only initialise).
+    n_init : int, default=1
+        Initialisations; the best lower bound is kept.
+    init_params : {"kmeans", "k-means++", "random", "random_from_data"}, default="kmeans"
+        Initial responsibilities (see the module docstring). ``"kmeans"`` runs :class:`KMeans`
+        (fused assignment) on the same device and backend.
+    weights_init : array-like of shape (n_components,), optional
+    means_init : array-like of shape (n_components, n_features), optional
+    precisions_init : array-like, optional
+        Shape as ``precisions_`` for ``covariance_type``.
+    random_state : None, int or numpy.random.RandomState
+        Initialisation randomness (consumed as scikit-learn consumes it) and ``sample``.
+    warm_start : bool, default=False
+        Reuse the fitted parameters as the start of the next ``fit`` (then ``n_init`` is 1).
+    backend : {"auto", "fused", "ops", "cpu"}
+        Backend of every data pass (:func:`fusedml.resolve_backend`).
+    verbose : int, default=0
+        1: initialisations and iterations every ``verbose_interval``; 2: also time and change.
+    verbose_interval : int, default=10
+        Iterations between progress lines.
+
+    Attributes
+    ----------
+    weights_ : array of shape (n_components,)
+    means_ : array of shape (n_components, n_features)
+    covariances_, precisions_, precisions_cholesky_ : arrays
+        Shapes by ``covariance_type`` as scikit-learn (``precisions_cholesky_`` is the upper
+        factor ``U`` with ``precision = U U^T``).
+    converged_ : bool
+    n_iter_ : int
+    lower_bound_ : float
+        Mean log-likelihood (of the parameters entering the last iteration, as scikit-learn).
+    lower_bounds_ : list of float
+        Lower bound per iteration of the best initialisation.
+    n_features_in_ : int
+    history_ : list of dict
+        Best initialisation: ``iter``, ``objective`` (lower bound), ``grad_norm`` (NaN: EM has
+        none), ``step`` (change of the lower bound), ``time`` (seconds since fit started).
+
+    Notes
+    -----
+    ``predict_proba`` returns an ``N x K`` matrix by definition: it is computed in row blocks from
+    :func:`fusedml.gmm_score`'s per-row log-likelihood and per-block component log-densities.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from algorithms.mixture import GaussianMixture
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.r_[rng.normal(0, 1, (50, 2)), rng.normal(8, 1, (50, 2))]
+    >>> gm = GaussianMixture(2, random_state=0, backend="cpu").fit(X)
+    >>> gm.means_.shape
+    (2, 2)
+    """
+
+    def __init__(self, n_components=1, *, covariance_type="full", tol=1e-3, reg_covar=1e-6,
+                 max_iter=100, n_init=1, init_params="kmeans", weights_init=None, means_init=None,
+                 precisions_init=None, random_state=None, warm_start=False, backend="auto",
+                 verbose=0, verbose_interval=10):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.init_params = init_params
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.precisions_init = precisions_init
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.backend = backend
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
+
+    def __sklearn_tags__(self):
+        """Tags for scikit-learn >= 1.6 (a density estimator; no target)."""
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "density_estimator"
+        tags.target_tags.required = False
+        tags.input_tags.sparse = False
+        return tags
+
+    # -- validation --------------------------------------------------------------------------
+    def _check_parameters(self, D, device):
+        """Validate hyper-parameters and the ``*_init`` arrays (scikit-learn's checks).
+
+        Returns
+        -------
+        tuple
+            ``(weights_init, means_init, precisions_init)`` as float64 tensors on ``device``
+            (None where not given).
+        """
+        for name, lo in (("n_components", 1), ("max_iter", 0), ("n_init", 1), ("verbose_interval", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        for name in ("tol", "reg_covar"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0 or math.isinf(v):
+                raise ValueError(f"{name} must be a finite float >= 0, got {v!r}")
+        if self.covariance_type not in COVARIANCE_TYPES:
+            raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got {self.covariance_type!r}")
+        if self.init_params not in GMM_INIT_PARAMS:
+            raise ValueError(f"init_params must be one of {GMM_INIT_PARAMS}, got {self.init_params!r}")
+        K, ct = self.n_components, self.covariance_type
+        w = m = p = None
+        if self.weights_init is not None:
+            w_in = to_tensor(self.weights_init, "weights_init", allow_int=True)
+            w = w_in.to(_F64)
+            if tuple(w.shape) != (K,):
+                raise ValueError(f"weights_init should have the shape {(K,)}, but got {tuple(w.shape)}")
+            check_finite(w, "weights_init")
+            if bool((w < 0).any()) or bool((w > 1).any()):
+                raise ValueError("weights_init should be in the range [0, 1], but got "
+                                 f"max value {float(w.max()):.5f}, min value {float(w.min()):.5f}")
+            atol = 1e-6 if w_in.dtype == torch.float32 else 1e-8
+            if abs(1.0 - float(w.sum())) > atol:
+                raise ValueError(f"weights_init should be normalized, but got sum(weights) = {float(w.sum()):.5f}")
+        if self.means_init is not None:
+            m = to_tensor(self.means_init, "means_init", allow_int=True).to(_F64)
+            if tuple(m.shape) != (K, D):
+                raise ValueError(f"means_init should have the shape {(K, D)}, but got {tuple(m.shape)}")
+            check_finite(m, "means_init")
+        if self.precisions_init is not None:
+            p = to_tensor(self.precisions_init, "precisions_init", allow_int=True).to(_F64)
+            shape = {"full": (K, D, D), "tied": (D, D), "diag": (K, D), "spherical": (K,)}[ct]
+            if tuple(p.shape) != shape:
+                raise ValueError(f"precisions_init ({ct}) should have the shape {shape}, but got {tuple(p.shape)}")
+            check_finite(p, "precisions_init")
+            if ct in ("full", "tied"):
+                mats = p if ct == "full" else p[None]
+                sym = torch.allclose(mats, mats.transpose(-1, -2), rtol=1e-5, atol=1e-8)
+                if not sym or bool((torch.linalg.eigvalsh(mats) <= 0).any()):
+                    raise ValueError(f"precisions_init ('{ct}' precision) should be symmetric, positive-definite")
+            elif bool((p <= 0).any()):
+                raise ValueError(f"precisions_init ('{ct}' precision) should be positive")
+        return tuple(None if t is None else t.to(device) for t in (w, m, p))
+
+    # -- initialisation ----------------------------------------------------------------------
+    def _initial_stats(self, X, rs, backend):
+        """Statistics of scikit-learn's initial responsibilities (see the module docstring)."""
+        K, ct = self.n_components, self.covariance_type
+        if self.init_params == "kmeans":
+            # scikit-learn: KMeans(n_clusters=K, n_init=1, random_state=rs) -> labels (k-means++
+            # seeding, Lloyd, default max_iter/tol), on the same device and backend.
+            c0 = _take_rows(X, _kmeans_plusplus(X, K, rs))
+            centers, labels, _, _, _ = _lloyd(X, c0, 300, _kmeans_tolerance(X, 1e-4), backend)
+            return _hard_stats(X, labels, K, centers, ct)
+        if self.init_params == "random":
+            return _random_resp_stats(X, K, rs, ct)
+        if self.init_params == "random_from_data":
+            idx = rs.choice(X.shape[0], size=K, replace=False)
+        else:  # "k-means++"
+            idx = _kmeans_plusplus(X, K, rs)
+        rows = _take_rows(X, idx)  # one-hot responsibilities on K rows: statistics of those rows
+        return _hard_stats(rows, torch.arange(K, device=rows.device), K, rows, ct)
+
+    def _initialize_parameters(self, X, rs, backend, inits):
+        """float64 ``(weights, means, covariances, precisions_cholesky)`` of one initialisation."""
+        w_init, m_init, p_init = inits
+        ct = self.covariance_type
+        w = m = cov = pc = None
+        if w_init is None or m_init is None or p_init is None:
+            stats = self._initial_stats(X, rs, backend)
+            w, m, cov, pc = _gmm_ops().gmm_mstep(stats, reg_covar=self.reg_covar)
+        if w_init is not None:
+            w = w_init
+        if m_init is not None:
+            m = m_init
+        if p_init is not None:
+            pc = _prec_chol_from_precisions(p_init, ct)
+            cov = _covariances_from_precisions(p_init, ct)
+        return w, m, cov, pc
+
+    # -- fit -----------------------------------------------------------------------------------
+    def fit(self, X, y=None):
+        """Estimate the parameters with EM.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+            Dense data.
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._fit(X)
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Fit, then return the most probable component of every row.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        labels : array of shape (n_samples,), int64
+        """
+        X, info, backend = self._fit(X)
+        w, m, pc = self._param_tensors(info.device)
+        _, labels = _score_op(X, w, m, pc, self.covariance_type, backend)
+        return _out(labels.long(), info.kind)
+
+    def _fit(self, X):
+        X, info = _as_data(X, "GaussianMixture", self.backend)
+        N, D = X.shape
+        if N < 2:
+            raise ValueError(f"GaussianMixture needs at least 2 samples, got n_samples={N}")
+        if N < self.n_components:
+            raise ValueError(f"Expected n_samples >= n_components but got n_components = "
+                             f"{self.n_components}, n_samples = {N}")
+        inits = self._check_parameters(D, info.device)
+        backend = resolve_backend(self.backend, info.device)
+        gmm = _gmm_ops()
+        ct = self.covariance_type
+
+        do_init = not (self.warm_start and hasattr(self, "converged_"))
+        if not do_init and self.n_features_in_ != D:
+            raise ValueError(f"warm_start: X has {D} features, but the fitted model has {self.n_features_in_}")
+        n_init = self.n_init if do_init else 1
+        rs = _check_random_state(self.random_state)
+        t0 = time.perf_counter()
+        max_lower_bound = -math.inf
+        best, best_n_iter, best_lbs, best_hist, converged_best = None, 0, [], [], False
+        for init in range(n_init):
+            if self.verbose >= 1:
+                print(f"Initialization {init}")
+            if do_init:
+                params = self._initialize_parameters(X, rs, backend, inits)
+            else:
+                params = self._param_tensors(info.device, with_cov=True)
+            if self.max_iter == 0:  # scikit-learn: keep the initialisation, lower bound -inf
+                best, best_n_iter = params, 0
+                continue
+            w, m, cov, pc = params
+            lower_bound = -math.inf if do_init else self.lower_bound_
+            lbs, hist = [], []
+            converged = False
+            t_iter = time.perf_counter()
+            for n_iter in range(1, self.max_iter + 1):
+                prev = lower_bound
+                stats = gmm.gmm_estep(X, w, m, pc, ct, backend=backend, check_finite=False)
+                lower_bound = float(stats.log_likelihood) / N
+                w, m, cov, pc = gmm.gmm_mstep(stats, reg_covar=self.reg_covar)
+                change = lower_bound - prev
+                now = time.perf_counter()
+                lbs.append(lower_bound)
+                hist.append({"iter": n_iter, "objective": lower_bound, "grad_norm": float("nan"),
+                             "step": change, "time": now - t0})
+                if self.verbose >= 1 and n_iter % self.verbose_interval == 0:
+                    print(f"  Iteration {n_iter}" if self.verbose == 1 else
+                          f"  Iteration {n_iter}\t time lapse {now - t_iter:.5f}s\t ll change {change:.5f}")
+                t_iter = now
+                if abs(change) < self.tol:
+                    converged = True
+                    break
+            if self.verbose >= 1:
+                msg = "converged" if converged else "did not converge"
+                print(f"Initialization {msg}." if self.verbose == 1 else
+                      f"Initialization {msg}. time lapse {time.perf_counter() - t0:.5f}s\t lower bound {lower_bound:.5f}.")
+            if lower_bound > max_lower_bound or max_lower_bound == -math.inf:
+                max_lower_bound = lower_bound
+                best, best_n_iter, best_lbs, best_hist = (w, m, cov, pc), n_iter, lbs, hist
+                converged_best = converged
+        if not converged_best and self.max_iter > 0:
+            warnings.warn("Best performing initialization did not converge. Try different init parameters, "
+                          "or increase max_iter, tol, or check for degenerate data.", ConvergenceWarning,
+                          stacklevel=3)
+        w, m, cov, pc = best
+        kind, dt = info.kind, info.dtype
+        self.weights_ = _out(w, kind, dt)
+        self.means_ = _out(m, kind, dt)
+        self.covariances_ = _out(cov, kind, dt)
+        self.precisions_cholesky_ = _out(pc, kind, dt)
+        self.precisions_ = _out(_precisions_from_chol(pc, ct), kind, dt)
+        self.converged_ = converged_best
+        self.n_iter_ = best_n_iter
+        self.lower_bound_ = max_lower_bound
+        self.lower_bounds_ = best_lbs
+        self.history_ = best_hist
+        self.n_features_in_ = D
+        return X, info, backend
+
+    # -- inference -----------------------------------------------------------------------------
+    def _param_tensors(self, device, with_cov=False):
+        """The fitted parameters as float64 tensors on ``device`` (read from the attributes)."""
+        w = _param_tensor(self.weights_, "weights_", device)
+        m = _param_tensor(self.means_, "means_", device)
+        pc = _param_tensor(self.precisions_cholesky_, "precisions_cholesky_", device)
+        if self.covariance_type in ("full", "tied"):
+            pc = torch.triu(pc)  # exact zeros below the diagonal after a float32 round trip
+        w = w / w.sum()  # float32-rounded weights may miss the operator's sum-to-one tolerance
+        if with_cov:
+            return w, m, _param_tensor(self.covariances_, "covariances_", device), pc
+        return w, m, pc
+
+    def _check_fitted_X(self, X):
+        if not hasattr(self, "means_"):
+            raise NotFittedError("This GaussianMixture instance is not fitted yet; call 'fit' first.")
+        X, info = _as_data(X, "GaussianMixture", self.backend)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture was fitted with "
+                             f"{self.n_features_in_} features")
+        return X, info, resolve_backend(self.backend, info.device)
+
+    def _score(self, X):
+        X, info, backend = self._check_fitted_X(X)
+        w, m, pc = self._param_tensors(info.device)
+        log_prob, labels = _score_op(X, w, m, pc, self.covariance_type, backend)
+        return X, info, log_prob, labels.long(), (w, m, pc)
+
+    def score_samples(self, X):
+        """Log-likelihood of every row under the fitted mixture (fused, no ``N x K``).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        log_prob : array of shape (n_samples,)
+            float64 for float64 X, float32 otherwise.
+        """
+        _, info, log_prob, _, _ = self._score(X)
+        return _out(log_prob, info.kind, info.dtype)
+
+    def score(self, X, y=None):
+        """Mean log-likelihood of ``X``.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        float
+        """
+        _, _, log_prob, _, _ = self._score(X)
+        return float(log_prob.to(_F64).mean())
+
+    def predict(self, X):
+        """Most probable component of every row (fused, no ``N x K``).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        labels : array of shape (n_samples,), int64
+        """
+        _, info, _, labels, _ = self._score(X)
+        return _out(labels, info.kind)
+
+    def predict_proba(self, X):
+        """Posterior probability of every component for every row.
+
+        The result is ``N x K`` by definition; it is built in row blocks as
+        ``exp(log pi_k + log N(x | mu_k, Sigma_k) - log p(x))``, ``log p(x)`` from
+        :func:`fusedml.gmm_score` and the component log-densities per block (float64).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        resp : array of shape (n_samples, n_components)
+            float64 for float64 X, float32 otherwise.
+        """
+        X, info, log_prob, _, (w, m, pc) = self._score(X)
+        N, D = X.shape
+        K = m.shape[0]
+        out = torch.empty((N, K), dtype=info.dtype, device=info.device)
+        log_prob = log_prob.to(_F64)
+
+        def block(Xb, rows):
+            wlp = _weighted_log_prob_block(Xb, w, m, pc, self.covariance_type)
+            out[rows] = torch.exp(wlp - log_prob[rows, None]).to(info.dtype)
+
+        _for_rows(X, block, 3 * K * D)
+        return _out(out, info.kind)
+
+    def _n_parameters(self):
+        """Number of free parameters (scikit-learn's count)."""
+        K = self.n_components
+        D = self.n_features_in_
+        cov = {"full": K * D * (D + 1) / 2.0, "diag": K * D, "tied": D * (D + 1) / 2.0,
+               "spherical": K}[self.covariance_type]
+        return int(cov + D * K + K - 1)
+
+    def bic(self, X):
+        """Bayesian information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        float
+            ``-2 N score(X) + n_parameters log N``.
+        """
+        _, _, log_prob, _, _ = self._score(X)
+        n = log_prob.shape[0]
+        return -2 * float(log_prob.to(_F64).sum()) + self._n_parameters() * math.log(n)
+
+    def aic(self, X):
+        """Akaike information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        float
+            ``-2 N score(X) + 2 n_parameters``.
+        """
+        _, _, log_prob, _, _ = self._score(X)
+        return -2 * float(log_prob.to(_F64).sum()) + 2 * self._n_parameters()
+
+    def sample(self, n_samples=1):
+        """Draw samples from the fitted mixture (host numpy, scikit-learn's draws).
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+
+        Returns
+        -------
+        X : array of shape (n_samples, n_features)
+            float64 (a torch tensor on the fit device when fit was given a torch tensor).
+        y : array of shape (n_samples,), int64
+            Component of each sample.
+        """
+        if not hasattr(self, "means_"):
+            raise NotFittedError("This GaussianMixture instance is not fitted yet; call 'fit' first.")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
+            raise ValueError(f"Invalid value for 'n_samples': {n_samples!r}. The sampling requires at least one sample.")
+        as_torch = isinstance(self.means_, torch.Tensor)
+        host = (lambda a: a.detach().cpu().numpy().astype(np.float64) if isinstance(a, torch.Tensor)
+                else np.asarray(a, dtype=np.float64))
+        weights, means, covs = host(self.weights_), host(self.means_), host(self.covariances_)
+        D = means.shape[1]
+        rng = _check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, weights / weights.sum())
+        ct = self.covariance_type
+        if ct == "full":
+            Xs = np.vstack([rng.multivariate_normal(mu, c, int(s)) for mu, c, s in zip(means, covs, counts)])
+        elif ct == "tied":
+            Xs = np.vstack([rng.multivariate_normal(mu, covs, int(s)) for mu, s in zip(means, counts)])
+        else:
+            Xs = np.vstack([mu + rng.standard_normal(size=(s, D)) * np.sqrt(c)
+                            for mu, c, s in zip(means, covs, counts)])
+        ys = np.concatenate([np.full(int(s), k, dtype=np.int64) for k, s in enumerate(counts)])
+        if as_torch:
+            dev = self.means_.device
+            return torch.from_numpy(Xs).to(dev), torch.from_numpy(ys).to(dev)
+        return Xs, ys
