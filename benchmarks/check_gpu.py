@@ -1,0 +1,188 @@
+"""Correctness of the compiled kernels on a real GPU (the interpreter can hide races and tf32).
+
+Every case draws fresh random inputs, poisons nothing it does not own, and compares the fused
+result with a float64 reference computed on the same device. Prints one line per case and exits
+non-zero if any case fails its tolerance.
+
+    python benchmarks/check_gpu.py [--out results.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+import fusedml
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+ROWS = []
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def record(name, err, tol):
+    ok = err <= tol and err == err
+    ROWS.append({"case": name, "rel_err": err, "tol": tol, "ok": ok})
+    print(f"{'ok  ' if ok else 'FAIL'} {name:60s} rel_err={err:.2e} tol={tol:.0e}", flush=True)
+
+
+def ref_mmchain(Xd, y, v, z, alpha, beta, intercept=False, v_op="mul"):
+    """Float64 literal formula on a dense float64 copy of X."""
+    if intercept:
+        Xd = torch.cat([Xd, torch.ones(Xd.shape[0], 1, dtype=Xd.dtype, device=Xd.device)], 1)
+    if y is None:
+        p = v.double()
+    else:
+        t = Xd @ y.double()
+        vv = torch.ones_like(t) if v is None else v.double()
+        if vv.ndim == 1 and t.ndim == 2:
+            vv = vv[:, None]
+        p = vv * t
+        if v_op == "softmax":
+            p = p - vv * p.sum(1, keepdim=True)
+    w = alpha * (Xd.T @ p)
+    if z is not None:
+        w = w + beta * z.double()
+    return w
+
+
+def random_csr(n, d, nnz_row, dev, powerlaw=False, index_dtype=torch.int32, dtype=torch.float32):
+    g = torch.Generator(device=dev).manual_seed(int(time.time_ns() % 2**31))
+    if powerlaw:
+        lens = torch.full((n,), nnz_row, device=dev, dtype=torch.int64)
+        heavy = torch.randint(0, n, (max(1, n // 2000),), device=dev, generator=g)
+        lens[heavy] = min(d, 20000)
+        lens[:3] = 0  # empty rows
+    else:
+        lens = torch.randint(0, 2 * nnz_row + 1, (n,), device=dev, generator=g).clamp_max(d)
+    crow = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    crow[1:] = lens.cumsum(0)
+    nnz = int(crow[-1])
+    # Sorted unique columns per row: random keys, then sort within rows by (row, col).
+    row = torch.repeat_interleave(torch.arange(n, device=dev), lens)
+    col = torch.randint(0, d, (nnz,), device=dev, generator=g)
+    key = row * d + col
+    key = torch.unique(key)  # sorted, unique
+    row, col = key // d, key % d
+    lens = torch.bincount(row, minlength=n)
+    crow = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    crow[1:] = lens.cumsum(0)
+    val = torch.randn(col.numel(), device=dev, generator=g).to(dtype)
+    return fusedml.CSRMatrix(crow.to(index_dtype), col.to(index_dtype), val, (n, d))
+
+
+def check_mmchain(dev):
+    for (n, d) in [(1, 1), (1000, 1), (3, 7000), (100_003, 37), (200_000, 128), (20_001, 513),
+                   (4096, 2048), (1000, 20_000), (64, 100_000)]:
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            if dtype == torch.float64 and n * d > 3e7:
+                continue
+            X = torch.randn(n, d, device=dev).to(dtype)
+            y = torch.randn(d, device=dev)
+            v = torch.rand(n, device=dev)
+            z = torch.randn(d, device=dev)
+            acc = torch.float64 if dtype == torch.float64 else torch.float32
+            w = fusedml.mmchain(X, y.to(acc), v.to(acc), z.to(acc), 0.7, -1.3, backend="fused")
+            record(f"dense {n}x{d} {str(dtype)[6:]}", rel(w, ref_mmchain(X.double(), y, v, z, 0.7, -1.3)), TOL[dtype])
+    # strided / transposed X, matrix y, intercept, softmax, X^T v, deterministic.
+    X = torch.randn(3000, 300, device=dev)
+    Xt = torch.randn(300, 3000, device=dev).T
+    y = torch.randn(300, device=dev)
+    record("dense column-major 3000x300", rel(fusedml.mmchain(Xt, y, backend="fused"), ref_mmchain(Xt.double(), y, None, None, 1, 0)), TOL[torch.float32])
+    record("dense row-sliced X[:, ::2]", rel(fusedml.mmchain(X[:, ::2], y[:150], backend="fused"), ref_mmchain(X[:, ::2].double(), y[:150], None, None, 1, 0)), TOL[torch.float32])
+    for m in (1, 4, 16):
+        Y = torch.randn(300, m, device=dev)
+        V = torch.rand(3000, m, device=dev)
+        record(f"dense matrix-y m={m}", rel(fusedml.mmchain(X, Y, V, backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0)), TOL[torch.float32])
+        record(f"dense softmax m={m}", rel(fusedml.mmchain(X, Y, V, v_op="softmax", backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0, v_op="softmax")), 5e-5)
+    yi = torch.randn(301, device=dev)
+    v = torch.rand(3000, device=dev)
+    record("dense intercept", rel(fusedml.mmchain(X, yi, v, intercept=True, backend="fused"), ref_mmchain(X.double(), yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])
+    u = torch.randn(3000, device=dev)
+    record("dense X^T v (y=None)", rel(fusedml.mmchain(X, None, u, backend="fused"), ref_mmchain(X.double(), None, u, None, 1, 0)), TOL[torch.float32])
+    record("dense matvec", rel(fusedml.matvec(X, y, backend="fused"), X.double() @ y.double()), TOL[torch.float32])
+    Xb = torch.randn(500_000, 64, device=dev)
+    yb = torch.randn(64, device=dev)
+    w1 = fusedml.mmchain(Xb, yb, deterministic=True, backend="fused")
+    same = all(torch.equal(w1, fusedml.mmchain(Xb, yb, deterministic=True, backend="fused")) for _ in range(5))
+    record("dense deterministic bitwise repeat", 0.0 if same else 1.0, 0.0)
+
+    for (n, d, k, pl, idx) in [(1, 5, 3, False, torch.int32), (50_000, 1000, 8, False, torch.int32),
+                               (200_000, 100_000, 32, False, torch.int32), (100_000, 50_000, 5, True, torch.int32),
+                               (20_000, 3000, 16, False, torch.int64)]:
+        A = random_csr(n, d, k, dev, powerlaw=pl, index_dtype=idx)
+        Xd = A.to_dense().double() if n * d < 2e9 else None
+        y = torch.randn(d, device=dev)
+        v = torch.rand(n, device=dev)
+        name = f"csr {n}x{d} nnz/row~{k}{' powerlaw' if pl else ''} {str(idx)[6:]}"
+        if Xd is None:
+            continue
+        record(name, rel(fusedml.mmchain(A, y, v, backend="fused"), ref_mmchain(Xd, y, v, None, 1, 0)), TOL[torch.float32])
+        Y = torch.randn(d, 4, device=dev)
+        V = torch.rand(n, 4, device=dev)
+        record(name + " m=4", rel(fusedml.mmchain(A, Y, V, backend="fused"), ref_mmchain(Xd, Y, V, None, 1, 0)), TOL[torch.float32])
+        yi = torch.randn(d + 1, device=dev)
+        record(name + " intercept", rel(fusedml.mmchain(A, yi, v, intercept=True, backend="fused"), ref_mmchain(Xd, yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])
+        record(name + " matvec", rel(fusedml.matvec(A, y, backend="fused"), Xd @ y.double()), TOL[torch.float32])
+        w1 = fusedml.mmchain(A, y, v, deterministic=True, backend="fused")
+        same = torch.equal(w1, fusedml.mmchain(A, y, v, deterministic=True, backend="fused"))
+        record(name + " deterministic", rel(w1, ref_mmchain(Xd, y, v, None, 1, 0)) if same else 1.0, TOL[torch.float32])
+
+
+def check_gmm(dev):
+    if not hasattr(fusedml, "gmm_estep"):
+        print("gmm_estep not available: skipped")
+        return
+    for cov in ("diag", "spherical", "full", "tied"):
+        for (n, d, k) in [(1, 3, 1), (100_000, 16, 16), (50_000, 5, 37), (30_000, 64, 64)]:
+            if cov in ("full", "tied") and d > 32:
+                continue
+            for path in ("single", "two_pass"):
+                X = torch.randn(n, d, device=dev) * 3 + 100.0
+                means = X[torch.randint(0, n, (k,), device=dev)] + 0.1 * torch.randn(k, d, device=dev)
+                w = torch.rand(k, device=dev) + 0.1
+                w = w / w.sum()
+                if cov == "diag":
+                    pc = 1.0 / (torch.rand(k, d, device=dev) * 2 + 1.0)
+                elif cov == "spherical":
+                    pc = 1.0 / (torch.rand(k, device=dev) * 2 + 1.0)
+                else:
+                    shape = (k, d, d) if cov == "full" else (d, d)
+                    A = torch.randn(*shape, device=dev, dtype=torch.float64) * 0.1
+                    S = A @ A.transpose(-1, -2) + torch.eye(d, device=dev, dtype=torch.float64) * 2.0
+                    pc = torch.linalg.cholesky(torch.linalg.inv(S)).float()
+                got = fusedml.gmm_estep(X, w, means, pc, cov, backend="fused", path=path)
+                ref = fusedml.gmm_estep(X.double(), w.double(), means.double(), pc.double(), cov, backend="ops")
+                name = f"gmm {cov} {n}x{d} K={k} {path}"
+                record(name + " N_k", rel(got.nk, ref.nk), 1e-4)
+                record(name + " mean", rel(got.s1 / got.nk[:, None].clamp_min(1e-30) + got.center, ref.s1 / ref.nk[:, None].clamp_min(1e-30) + ref.center), 1e-4)
+                record(name + " loglik", rel(got.log_likelihood.reshape(1), ref.log_likelihood.reshape(1)), 1e-4)
+                cov_got = fusedml.gmm_mstep(got, reg_covar=1e-6)[2]
+                cov_ref = fusedml.gmm_mstep(ref, reg_covar=1e-6)[2]
+                record(name + " covariances", rel(cov_got, cov_ref), 1e-4)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    check_mmchain(dev)
+    check_gmm(dev)
+    bad = [r for r in ROWS if not r["ok"]]
+    print(f"{len(ROWS) - len(bad)} passed, {len(bad)} failed")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": ROWS}, f, indent=1)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
