@@ -1,0 +1,651 @@
+"""Shared estimator machinery: parameters, input conversion, labels, weights, outputs.
+
+scikit-learn is NOT needed at runtime: ``get_params`` / ``set_params`` introspect ``__init__``
+exactly as ``sklearn.base.BaseEstimator`` does, so :func:`sklearn.base.clone`, grid search and
+pickling work when scikit-learn is present, and nothing imports it otherwise.
+
+Data conventions
+----------------
+* numpy / scipy input becomes torch CPU tensors; torch input stays on its device (CUDA stays
+  CUDA); a dask array becomes a :class:`fusedml.streaming.StreamedMatrix` (imported lazily).
+* Compute dtype: float64 for float64 ``X``, float32 for every other storage dtype (float32,
+  bfloat16, float16 are read as stored and accumulated in float32). Scalar reductions of the
+  objective (one number per problem) are summed in float64 so that the trust-region ratio test
+  is not dominated by float32 cancellation.
+* Fitted arrays (``coef_``, ``intercept_``, ``classes_``) are numpy arrays, or torch tensors on
+  the training device when ``fit`` was given a torch tensor. ``predict`` & co. return the type of
+  the ``X`` they are given (numpy for numpy/scipy/dask, torch for torch).
+"""
+from __future__ import annotations
+
+import inspect
+import numbers
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse
+
+__all__ = [
+    "BaseEstimator",
+    "ClassifierMixin",
+    "ConvergenceWarning",
+    "NotFittedError",
+    "RegressorMixin",
+]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Raised when a method needing a fitted model is called before ``fit``.
+
+    Subclasses ``ValueError`` and ``AttributeError`` like scikit-learn's exception of the same name.
+    """
+
+
+class ConvergenceWarning(UserWarning):
+    """The solver stopped at ``max_iter`` (or at working precision) before reaching ``tol``."""
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+# --------------------------------------------------------------------------------------------
+class BaseEstimator:
+    """Parameter handling compatible with scikit-learn, without importing it.
+
+    Subclasses store every ``__init__`` argument unchanged under its own name and do all
+    validation in ``fit``.
+    """
+
+    _estimator_type: str | None = None
+    _fitted_attr = "coef_"  # present only after fit
+
+    @classmethod
+    def _get_param_names(cls):
+        init = cls.__init__
+        if init is object.__init__:
+            return []
+        sig = inspect.signature(init)
+        names = []
+        for p in sig.parameters.values():
+            if p.name == "self":
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise RuntimeError(f"{cls.__name__}.__init__ must not take *args or **kwargs")
+            names.append(p.name)
+        return sorted(names)
+
+    def get_params(self, deep=True):
+        """Return the estimator's parameters.
+
+        Parameters
+        ----------
+        deep : bool
+            Accepted for scikit-learn compatibility (no parameter here is itself an estimator).
+
+        Returns
+        -------
+        dict
+            Parameter name -> value.
+        """
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params):
+        """Set parameters; returns ``self``.
+
+        Parameters
+        ----------
+        **params
+            Parameter names of ``__init__`` and their new values.
+
+        Returns
+        -------
+        self
+        """
+        valid = set(self._get_param_names())
+        for key, value in params.items():
+            if key not in valid:
+                raise ValueError(
+                    f"Invalid parameter {key!r} for estimator {type(self).__name__}; "
+                    f"valid parameters are {sorted(valid)}"
+                )
+            setattr(self, key, value)
+        return self
+
+    def __repr__(self):
+        sig = inspect.signature(type(self).__init__)
+        changed = []
+        for name in self._get_param_names():
+            default = sig.parameters[name].default
+            value = getattr(self, name)
+            try:
+                same = value is default or bool(value == default)
+            except Exception:  # arrays etc.
+                same = False
+            if not same:
+                changed.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def __sklearn_tags__(self):
+        """Tags for scikit-learn >= 1.6 (imported lazily: only scikit-learn calls this)."""
+        from sklearn.utils import ClassifierTags, RegressorTags, Tags, TargetTags
+
+        tags = Tags(estimator_type=self._estimator_type, target_tags=TargetTags(required=True))
+        if self._estimator_type == "classifier":
+            tags.classifier_tags = ClassifierTags()
+        elif self._estimator_type == "regressor":
+            tags.regressor_tags = RegressorTags()
+        tags.input_tags.sparse = True
+        return tags
+
+    # -- helpers for subclasses --------------------------------------------------------------
+    def _check_is_fitted(self):
+        if not hasattr(self, self._fitted_attr):
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet; call 'fit' first."
+            )
+
+
+class ClassifierMixin:
+    """Mixin adding ``score`` (weighted accuracy)."""
+
+    _estimator_type = "classifier"
+
+    def score(self, X, y, sample_weight=None):
+        """Mean (weighted) accuracy of ``predict(X)`` against ``y``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix, shape [N, D]
+        y : array-like, shape [N]
+        sample_weight : array-like, shape [N], optional
+
+        Returns
+        -------
+        float
+        """
+        pred = _to_numpy(self.predict(X))
+        y = _labels_to_numpy(y)
+        if y.shape != pred.shape:
+            raise ValueError(f"y has shape {y.shape}, expected {pred.shape}")
+        correct = (pred == y).astype(np.float64)
+        if sample_weight is None:
+            return float(correct.mean())
+        sw = np.asarray(_to_numpy(sample_weight), dtype=np.float64).reshape(-1)
+        if sw.shape != correct.shape:
+            raise ValueError(f"sample_weight has shape {sw.shape}, expected {correct.shape}")
+        return float((correct * sw).sum() / sw.sum())
+
+
+class RegressorMixin:
+    """Mixin adding ``score`` (coefficient of determination R^2, uniform over outputs)."""
+
+    _estimator_type = "regressor"
+
+    def score(self, X, y, sample_weight=None):
+        """Coefficient of determination R^2 of ``predict(X)``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix, shape [N, D]
+        y : array-like, shape [N] or [N, m]
+        sample_weight : array-like, shape [N], optional
+
+        Returns
+        -------
+        float
+            Averaged uniformly over outputs for 2-D ``y``.
+        """
+        pred = np.asarray(_to_numpy(self.predict(X)), dtype=np.float64)
+        y = np.asarray(_to_numpy(y), dtype=np.float64)
+        if y.shape != pred.shape:
+            raise ValueError(f"y has shape {y.shape}, expected {pred.shape}")
+        return r2_score(y, pred, sample_weight)
+
+
+def r2_score(y, pred, sample_weight=None):
+    """Weighted R^2 (uniform average over columns), float64 numpy.
+
+    Parameters
+    ----------
+    y, pred : numpy.ndarray, shape [N] or [N, m]
+    sample_weight : array-like, shape [N], optional
+
+    Returns
+    -------
+    float
+    """
+    y2 = y.reshape(len(y), -1)
+    p2 = pred.reshape(len(pred), -1)
+    sw = np.ones(len(y2)) if sample_weight is None else np.asarray(_to_numpy(sample_weight), np.float64).reshape(-1)
+    mean = (sw[:, None] * y2).sum(0) / sw.sum()
+    ss_res = (sw[:, None] * (y2 - p2) ** 2).sum(0)
+    ss_tot = (sw[:, None] * (y2 - mean) ** 2).sum(0)
+    r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), np.where(ss_res == 0, 1.0, 0.0))
+    return float(r2.mean())
+
+
+# --------------------------------------------------------------------------------------------
+# input conversion
+# --------------------------------------------------------------------------------------------
+class DataInfo:
+    """What ``fit``/``predict`` learned about the design matrix.
+
+    Attributes
+    ----------
+    n_samples, n_features : int
+    device : torch.device
+    dtype : torch.dtype
+        Compute dtype (float64 for float64 X, float32 otherwise).
+    kind : {"numpy", "torch"}
+        Output type for arrays derived from this input.
+    """
+
+    __slots__ = ("n_samples", "n_features", "device", "dtype", "kind")
+
+    def __init__(self, n_samples, n_features, device, dtype, kind):
+        self.n_samples = n_samples
+        self.n_features = n_features
+        self.device = device
+        self.dtype = dtype
+        self.kind = kind
+
+
+def _is_dask(X) -> bool:
+    mod = type(X).__module__
+    if not mod.startswith("dask"):
+        return False
+    import fusedml.streaming as streaming  # lazy: only dask inputs need it
+
+    return streaming.is_dask_array(X)
+
+
+def compute_dtype(storage_dtype) -> torch.dtype:
+    """float64 for float64 storage, float32 for every other floating storage dtype."""
+    return torch.float64 if storage_dtype in (torch.float64, np.float64, np.dtype("float64")) else torch.float32
+
+
+def as_design_matrix(X, *, backend="auto", name="X", check=True):
+    """Convert ``X`` to what ``fusedml.mmchain`` reads, without copying what need not be copied.
+
+    Parameters
+    ----------
+    X : numpy array, torch tensor (any device), scipy.sparse CSR, torch sparse CSR,
+        :class:`fusedml.CSRMatrix`, dask array, or nested sequences; shape [N, D].
+    backend : str
+        Only used to pick the device of a dask input (``"cpu"`` keeps it on the host).
+    name : str
+        Argument name for error messages.
+    check : bool
+        Reject NaN / infinity.
+
+    Returns
+    -------
+    M : torch.Tensor [N, D] or CSRMatrix or StreamedMatrix
+    info : DataInfo
+    """
+    if _is_dask(X):
+        import fusedml.streaming as streaming
+
+        if X.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [n_samples, n_features], got shape {X.shape}")
+        device = "cuda" if (backend != "cpu" and torch.cuda.is_available()) else "cpu"
+        M = streaming.StreamedMatrix(X, device=device)
+        n, d = (int(s) for s in X.shape)
+        if n == 0 or d == 0:
+            raise ValueError(f"{name} is empty: shape {(n, d)}")
+        dev = torch.device(getattr(M, "device", device))
+        return M, DataInfo(n, d, dev, compute_dtype(np.dtype(X.dtype)), "numpy")
+    if is_sparse(X):
+        kind = "torch" if isinstance(X, torch.Tensor) else "numpy"
+        if not isinstance(X, (CSRMatrix, torch.Tensor)):
+            if X.format != "csr":
+                raise TypeError(f"{name}: unsupported sparse format {X.format!r}; only CSR is supported (use X.tocsr())")
+            if X.dtype.kind != "f":
+                X = X.astype(np.float64)
+            if not X.has_canonical_format:  # sorted, no duplicates; copies, never modifies X
+                X = X.copy()
+                X.sum_duplicates()
+        M = as_csr(X, name)
+        n, d = M.shape
+        if n == 0 or d == 0:
+            raise ValueError(f"{name} is empty: shape {tuple(M.shape)}")
+        if check:
+            check_finite(M.val, name)
+        return M, DataInfo(n, d, M.device, compute_dtype(M.dtype), kind)
+    if isinstance(X, torch.Tensor):
+        kind = "torch"
+        T = X if X.is_floating_point() else X.to(torch.float64)
+    else:
+        kind = "numpy"
+        arr = np.asarray(X)
+        if arr.dtype == object or arr.dtype.kind in "USO":
+            raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
+        if arr.dtype.kind in "biuc":
+            if arr.dtype.kind == "c":
+                raise TypeError(f"{name}: complex data is not supported")
+            arr = arr.astype(np.float64)
+        if arr.dtype not in (np.float32, np.float64, np.float16):
+            arr = arr.astype(np.float64)
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        T = torch.from_numpy(arr) if arr.ndim else torch.tensor(arr)
+    if T.ndim != 2:
+        raise ValueError(
+            f"{name} must be 2-D [n_samples, n_features], got shape {tuple(T.shape)}"
+            + ("; reshape a single feature with X.reshape(-1, 1)" if T.ndim == 1 else "")
+        )
+    if T.shape[0] == 0 or T.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(T.shape)}")
+    if check:
+        check_finite(T, name)
+    return T, DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
+
+
+def _to_numpy(a):
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu().numpy()
+    if hasattr(a, "compute") and type(a).__module__.startswith("dask"):
+        return np.asarray(a.compute())
+    return np.asarray(a)
+
+
+def _labels_to_numpy(y):
+    y = _to_numpy(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.ravel()
+    return y
+
+
+def as_target(y, info: DataInfo, *, name="y", allow_2d=False, max_cols=None):
+    """Convert a numeric regression target to a tensor on the data's device.
+
+    Parameters
+    ----------
+    y : array-like or torch tensor, shape [N] (or [N, m] when ``allow_2d``)
+    info : DataInfo
+    name : str
+    allow_2d : bool
+    max_cols : int, optional
+
+    Returns
+    -------
+    torch.Tensor
+        [N] or [N, m], compute dtype, on ``info.device``.
+    """
+    if isinstance(y, torch.Tensor):
+        t = y.detach()
+    else:
+        arr = _to_numpy(y)
+        if arr.dtype == object or arr.dtype.kind in "USO":
+            raise TypeError(f"{name} must be numeric for a regressor, got dtype {arr.dtype}")
+        t = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
+    if t.ndim == 2 and t.shape[1] == 1 and not allow_2d:
+        t = t.reshape(-1)
+    if t.ndim not in ((1, 2) if allow_2d else (1,)):
+        raise ValueError(f"{name} must be 1-D [n_samples]{' or 2-D' if allow_2d else ''}, got shape {tuple(t.shape)}")
+    if t.shape[0] != info.n_samples:
+        raise ValueError(f"{name} has {t.shape[0]} samples but X has {info.n_samples}")
+    if t.ndim == 2 and t.shape[1] == 0:
+        raise ValueError(f"{name} has no target columns")
+    if max_cols is not None and t.ndim == 2 and t.shape[1] > max_cols:
+        raise ValueError(f"{name} has {t.shape[1]} columns; at most {max_cols} are supported")
+    t = t.to(device=info.device, dtype=info.dtype)
+    check_finite(t, name)
+    return t
+
+
+def as_sample_weight(sample_weight, info: DataInfo):
+    """Validate ``sample_weight`` (None, a scalar, or [N] non-negative finite weights).
+
+    Returns
+    -------
+    torch.Tensor or None
+        [N] in the compute dtype on the data's device; None means unit weights.
+    """
+    if sample_weight is None:
+        return None
+    if isinstance(sample_weight, numbers.Number):
+        sw = torch.full((info.n_samples,), float(sample_weight), dtype=info.dtype, device=info.device)
+    elif isinstance(sample_weight, torch.Tensor):
+        sw = sample_weight.detach().to(device=info.device, dtype=info.dtype)
+    else:
+        arr = _to_numpy(sample_weight)
+        if arr.dtype == object or arr.dtype.kind in "USO":
+            raise TypeError(f"sample_weight must be numeric, got dtype {arr.dtype}")
+        sw = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True)).to(device=info.device, dtype=info.dtype)
+    if sw.ndim != 1 or sw.shape[0] != info.n_samples:
+        raise ValueError(f"sample_weight must have shape ({info.n_samples},), got {tuple(sw.shape)}")
+    check_finite(sw, "sample_weight")
+    if bool((sw < 0).any()):
+        raise ValueError("sample_weight must be non-negative")
+    if not bool((sw > 0).any()):
+        raise ValueError("sample_weight sums to zero: at least one sample needs a positive weight")
+    return sw
+
+
+def encode_labels(y, info: DataInfo):
+    """Encode class labels (numbers or strings) as integer indices into sorted ``classes_``.
+
+    Parameters
+    ----------
+    y : array-like or torch tensor, shape [N]
+    info : DataInfo
+
+    Returns
+    -------
+    classes : numpy.ndarray or torch.Tensor
+        Sorted unique labels; a torch tensor (on y's device) when ``y`` is a torch tensor.
+    y_idx : torch.Tensor
+        [N] int64 on the data's device.
+    """
+    if isinstance(y, torch.Tensor):
+        t = y.detach()
+        if t.ndim == 2 and t.shape[1] == 1:
+            t = t.reshape(-1)
+        if t.ndim != 1:
+            raise ValueError(f"y must be 1-D [n_samples], got shape {tuple(t.shape)}")
+        if t.is_floating_point():
+            check_finite(t, "y")
+        classes, inv = torch.unique(t, sorted=True, return_inverse=True)
+        y_idx = inv.to(device=info.device, dtype=torch.int64)
+    else:
+        arr = _labels_to_numpy(y)
+        if arr.ndim != 1:
+            raise ValueError(f"y must be 1-D [n_samples], got shape {arr.shape}")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ValueError("y contains NaN or infinite labels")
+        if arr.dtype == object:
+            try:
+                arr = arr.astype(str) if all(isinstance(v, str) for v in arr) else arr
+            except Exception:  # pragma: no cover
+                pass
+        try:
+            classes, inv = np.unique(arr, return_inverse=True)
+        except TypeError as exc:
+            raise TypeError(f"y labels are not mutually comparable: {exc}") from None
+        y_idx = torch.from_numpy(inv.reshape(-1).astype(np.int64)).to(info.device)
+    if y_idx.shape[0] != info.n_samples:
+        raise ValueError(f"y has {y_idx.shape[0]} samples but X has {info.n_samples}")
+    if len(classes) < 2:
+        raise ValueError(
+            f"The data contains only one class ({classes[0]!r}); a classifier needs at least 2 classes"
+        )
+    return classes, y_idx
+
+
+def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
+    """Per-sample weights combining ``sample_weight`` and ``class_weight`` (as scikit-learn).
+
+    ``"balanced"`` uses ``sum(s) / (K * sum_{i in k} s_i)`` (scikit-learn's weighted equivalent of
+    ``n_samples / (K * bincount(y))``). A dict maps labels to weights (missing labels: 1).
+
+    Returns
+    -------
+    torch.Tensor or None
+        [N] weights, or None when every weight is 1.
+    """
+    if class_weight is None:
+        return sample_weight
+    K = len(classes)
+    if isinstance(class_weight, str):
+        if class_weight != "balanced":
+            raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {class_weight!r}")
+        s = sample_weight if sample_weight is not None else torch.ones(info.n_samples, dtype=info.dtype, device=info.device)
+        counts = torch.zeros(K, dtype=torch.float64, device=info.device).index_add_(0, y_idx, s.double())
+        if bool((counts <= 0).any()):
+            raise ValueError("class_weight='balanced': a class has zero total sample weight")
+        cw = counts.sum() / (K * counts)
+    elif isinstance(class_weight, dict):
+        labels = _to_numpy(classes).tolist()
+        unknown = [k for k in class_weight if k not in labels]
+        if unknown:
+            raise ValueError(f"class_weight keys {unknown} are not among the classes {labels}")
+        cw = torch.tensor([float(class_weight.get(c, 1.0)) for c in labels], dtype=torch.float64, device=info.device)
+        if bool((cw < 0).any()) or not bool(torch.isfinite(cw).all()):
+            raise ValueError("class_weight values must be finite and non-negative")
+    else:
+        raise TypeError(f"class_weight must be None, 'balanced' or a dict, got {type(class_weight).__name__}")
+    per = cw.to(info.dtype)[y_idx]
+    return per if sample_weight is None else per * sample_weight
+
+
+def to_output(t: torch.Tensor, kind: str):
+    """Return ``t`` as a torch tensor (``kind == "torch"``) or a numpy array."""
+    if kind == "torch":
+        return t
+    return t.detach().cpu().numpy()
+
+
+def output_kind(X) -> str:
+    """``"torch"`` for torch tensors (dense or sparse), ``"numpy"`` otherwise."""
+    return "torch" if isinstance(X, torch.Tensor) else "numpy"
+
+
+def take_labels(classes, idx: torch.Tensor, kind: str):
+    """Map class indices to labels in the output type.
+
+    Parameters
+    ----------
+    classes : numpy.ndarray or torch.Tensor, shape [K]
+    idx : torch.Tensor, shape [N] int64
+    kind : {"numpy", "torch"}
+    """
+    if isinstance(classes, torch.Tensor):
+        out = classes.to(idx.device)[idx]
+        return out if kind == "torch" else out.cpu().numpy()
+    labels = classes[idx.cpu().numpy()]
+    if kind == "torch" and labels.dtype.kind in "biuf":
+        return torch.from_numpy(labels).to(idx.device)
+    return labels
+
+
+class History:
+    """Per-iteration record kept by the solvers (``history_``) and the ``verbose`` printer.
+
+    Parameters
+    ----------
+    name : str
+        Printed before each line.
+    verbose : int
+        0: silent, >= 1: one line per iteration.
+    """
+
+    def __init__(self, name: str, verbose: int = 0):
+        self.name = name
+        self.verbose = int(verbose or 0)
+        self.records = []
+        self.t0 = time.perf_counter()
+
+    def add(self, it, objective, grad_norm, step, **extra):
+        rec = {
+            "iter": int(it),
+            "objective": float(objective),
+            "grad_norm": float(grad_norm),
+            "step": float(step),
+            "time": time.perf_counter() - self.t0,
+        }
+        rec.update(extra)
+        self.records.append(rec)
+        if self.verbose:
+            more = "".join(f" {k}={v}" for k, v in extra.items())
+            print(
+                f"[{self.name}] iter {rec['iter']:4d}  objective {rec['objective']:.10g}  "
+                f"grad_norm {rec['grad_norm']:.4g}  step {rec['step']:.4g}{more}  ({rec['time']:.3f} s)",
+                flush=True,
+            )
+
+
+def warn_not_converged(name: str, max_iter: int, reason: str | None = None):
+    """Emit a :class:`ConvergenceWarning` for an estimator."""
+    msg = reason or (
+        f"{name} did not converge within max_iter={max_iter} iterations; increase max_iter "
+        "or loosen tol (the result is the last iterate)"
+    )
+    warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+
+
+def check_positive(value, name, *, strict=True, allow_inf=False):
+    """Validate a scalar hyper-parameter."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
+    if np.isnan(v) or (np.isinf(v) and not allow_inf):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if (strict and v <= 0) or (not strict and v < 0):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {value!r}")
+    return v
+
+
+def check_max_iter(value, name="max_iter"):
+    """Validate an iteration cap (positive int)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_n_features(info: DataInfo, n_features_in: int):
+    """Raise if a predict-time X has a different number of features than at fit time."""
+    if info.n_features != n_features_in:
+        raise ValueError(f"X has {info.n_features} features, but the model was fitted with {n_features_in}")
+
+
+class LinearPredictMixin:
+    """Linear predictor ``[X, 1] W`` for fitted linear models, W built from ``coef_`` and ``intercept_``."""
+
+    def _linear_predictor(self, X):
+        """Return ``(eta [N, K] tensor, output kind, DataInfo)`` for a predict-time ``X``."""
+        from fusedml import BackendUnavailableError
+
+        from ._loss import matvec
+
+        self._check_is_fitted()
+        M, info = as_design_matrix(X, backend=self.backend)
+        check_n_features(info, self.n_features_in_)
+        # W from the public attributes (so coef_ set by hand or by fusedml.distributed is used)
+        coef = torch.as_tensor(_to_numpy(self.coef_) if not isinstance(self.coef_, torch.Tensor) else self.coef_)
+        coef = coef.reshape(-1, info.n_features).to(device=info.device, dtype=info.dtype)
+        icpt = self.intercept_
+        icpt = torch.as_tensor(icpt if isinstance(icpt, torch.Tensor) else np.asarray(icpt, dtype=np.float64))
+        icpt = icpt.reshape(-1).to(device=info.device, dtype=info.dtype).expand(coef.shape[0])
+        W = torch.cat([coef.T, icpt[None, :]], dim=0)  # [D + 1, K]
+        try:
+            eta = matvec(M, W, intercept=True, backend=self.backend)
+        except BackendUnavailableError:  # e.g. fitted with backend="fused" on CUDA, predicting on host data
+            eta = matvec(M, W, intercept=True, backend="auto")
+        return eta.to(info.dtype), output_kind(X), info
+
+    def _set_linear_attributes(self, W, info: DataInfo, fit_intercept: bool, *, vector=False):
+        """Store ``coef_`` ([K, D], or [D] when ``vector``) and ``intercept_`` from W [D~, K]."""
+        D = info.n_features
+        coef = W[:D].T.contiguous()
+        icpt = W[D].clone() if fit_intercept else torch.zeros(W.shape[1], dtype=W.dtype, device=W.device)
+        if vector:
+            coef = coef[0]
+            self.coef_ = to_output(coef, info.kind)
+            self.intercept_ = float(icpt[0]) if info.kind == "numpy" else icpt[0]
+        else:
+            self.coef_ = to_output(coef, info.kind)
+            self.intercept_ = to_output(icpt, info.kind)
+        self.n_features_in_ = D

@@ -1,0 +1,582 @@
+"""Losses, in two layers (as scikit-learn's ``_loss`` / ``_linear_loss``).
+
+1. Pointwise losses and GLM families: small stateless objects mapping a target and a linear
+   predictor ``eta`` ([N, K]) to per-sample loss values, first derivatives and Hessian weights.
+2. :class:`LinearObjective`: the loss with the design matrix and the L2 penalty,
+
+       f(W) = sum_i c_i * loss(target_i, eta_i) + l2 / 2 * ||mask * W||^2,   eta = [X, 1] W,
+
+   whose products with ``X`` all go through ``fusedml.mmchain`` / ``fusedml.matvec``:
+   margins are one ``matvec``; the gradient ``X^T (c * dloss) + l2 * mask * W`` is one
+   ``mmchain(X, None, v=..., z=mask * W, beta=l2)``; a Hessian-vector product
+   ``X^T (h * (X S)) + l2 * mask * S`` is one ``mmchain(X, S, v=h, z=mask * S, beta=l2)``
+   (``v_op="softmax"`` for the multinomial Hessian). ``intercept=True`` appends the implicit
+   column of ones; ``mask`` zeroes the intercept row so it is never penalised.
+
+Problems are either *coupled* (one problem over all K columns of W: binary / multinomial
+logistic, GLMs) or *independent* (K separate problems sharing X, e.g. one-vs-rest linear SVM):
+then every scalar of the solver (objective, inner products, trust radius) is a [K] vector and
+one mmchain serves all K problems at once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+import fusedml
+
+MAX_COLS = 16  # mmchain's widest matrix y / v (api.md: m <= 16)
+
+__all__ = [
+    "BinomialLoss",
+    "Family",
+    "GLMLoss",
+    "Link",
+    "LinearObjective",
+    "MultinomialLoss",
+    "SquaredHingeLoss",
+    "get_family",
+    "get_link",
+    "matvec",
+    "rmatvec",
+    "hessvec",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# mmchain / matvec wrappers: [D~] vs [D~, 1] squeezing and chunks of at most 16 columns
+# --------------------------------------------------------------------------------------------
+def matvec(X, W, *, intercept, backend):
+    """``[X, 1] @ W``: W [D~, K] -> [N, K] (one ``fusedml.matvec`` per 16 columns)."""
+    K = W.shape[1]
+    if K == 1:
+        return fusedml.matvec(X, W[:, 0], intercept=intercept, backend=backend).unsqueeze(1)
+    if K <= MAX_COLS:
+        return fusedml.matvec(X, W, intercept=intercept, backend=backend)
+    return torch.cat(
+        [fusedml.matvec(X, W[:, j:j + MAX_COLS], intercept=intercept, backend=backend) for j in range(0, K, MAX_COLS)],
+        dim=1,
+    )
+
+
+def rmatvec(X, V, *, z=None, beta=0.0, alpha=1.0, intercept, backend):
+    """``alpha * [X, 1]^T V + beta * z``: V [N, K] -> [D~, K] (one ``mmchain`` per 16 columns)."""
+    K = V.shape[1]
+    if K == 1:
+        out = fusedml.mmchain(X, None, v=V[:, 0], z=None if z is None else z[:, 0], alpha=alpha, beta=beta,
+                              intercept=intercept, backend=backend)
+        return out.unsqueeze(1)
+    if K <= MAX_COLS:
+        return fusedml.mmchain(X, None, v=V, z=z, alpha=alpha, beta=beta, intercept=intercept, backend=backend)
+    return torch.cat(
+        [fusedml.mmchain(X, None, v=V[:, j:j + MAX_COLS], z=None if z is None else z[:, j:j + MAX_COLS],
+                         alpha=alpha, beta=beta, intercept=intercept, backend=backend)
+         for j in range(0, K, MAX_COLS)],
+        dim=1,
+    )
+
+
+def hessvec(X, S, h, *, z=None, beta=0.0, alpha=1.0, intercept, backend):
+    """``alpha * [X,1]^T (h * ([X,1] S)) + beta * z``: S [D~, K], h None, [N] or [N, K] -> [D~, K].
+
+    One ``mmchain`` per 16 columns (all K independent Hessians of a one-vs-rest problem share
+    one read of X).
+    """
+    K = S.shape[1]
+    if K == 1:
+        hv = h if (h is None or h.ndim == 1) else h[:, 0]
+        out = fusedml.mmchain(X, S[:, 0], v=hv, z=None if z is None else z[:, 0], alpha=alpha, beta=beta,
+                              intercept=intercept, backend=backend)
+        return out.unsqueeze(1)
+    if K <= MAX_COLS:
+        return fusedml.mmchain(X, S, v=h, z=z, alpha=alpha, beta=beta, intercept=intercept, backend=backend)
+    outs = []
+    for j in range(0, K, MAX_COLS):
+        sl = slice(j, j + MAX_COLS)
+        hj = h if (h is None or h.ndim == 1) else h[:, sl]
+        Sj = S[:, sl]
+        zj = None if z is None else z[:, sl]
+        if Sj.shape[1] == 1:
+            o = fusedml.mmchain(X, Sj[:, 0], v=hj if (hj is None or hj.ndim == 1) else hj[:, 0], z=None if zj is None else zj[:, 0],
+                                alpha=alpha, beta=beta, intercept=intercept, backend=backend).unsqueeze(1)
+        else:
+            o = fusedml.mmchain(X, Sj, v=hj, z=zj, alpha=alpha, beta=beta, intercept=intercept, backend=backend)
+        outs.append(o)
+    return torch.cat(outs, dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# pointwise losses
+# --------------------------------------------------------------------------------------------
+class BinomialLoss:
+    """Logistic loss for targets in {0, 1}: ``log(1 + exp(eta)) - y * eta``.
+
+    ``grad = sigmoid(eta) - y``, ``hess = sigmoid(eta) * (1 - sigmoid(eta))``. Target [N, 1].
+    """
+
+    coupled = True
+    softmax_hessian = False
+
+    def value(self, y, eta):
+        return F.softplus(eta) - y * eta
+
+    def grad_hess(self, y, eta):
+        p = torch.sigmoid(eta)
+        return p - y, p * (1.0 - p)
+
+
+class MultinomialLoss:
+    """Softmax cross-entropy: ``logsumexp(eta_i) - eta_i[y_i]``; target is one-hot [N, K].
+
+    ``grad = P - Y``; the Hessian is the softmax form ``p_nj = P_nj (t_nj - sum_l P_nl t_nl)``,
+    returned as P for ``mmchain(..., v_op="softmax")``.
+    """
+
+    coupled = True
+    softmax_hessian = True
+
+    def value(self, Y, eta):
+        return (torch.logsumexp(eta, dim=1) - (Y * eta).sum(1)).unsqueeze(1)
+
+    def grad_hess(self, Y, eta):
+        P = torch.softmax(eta, dim=1)
+        return P - Y, P
+
+
+class SquaredHingeLoss:
+    """L2-SVM loss for targets in {-1, +1}: ``max(0, 1 - y * eta)^2``; K independent columns.
+
+    ``grad = 2 (eta - y) 1[y eta < 1]`` and the generalized Hessian ``2 * 1[y eta < 1]``
+    (LIBLINEAR's active set). Target [N, K].
+    """
+
+    coupled = False
+    softmax_hessian = False
+
+    def value(self, y, eta):
+        return torch.clamp(1.0 - y * eta, min=0.0).square()
+
+    def grad_hess(self, y, eta):
+        active = (y * eta < 1.0).to(eta.dtype)
+        return 2.0 * (eta - y) * active, 2.0 * active
+
+
+# --------------------------------------------------------------------------------------------
+# GLM links and families (dask-glm style: tiny stateless objects)
+# --------------------------------------------------------------------------------------------
+_SQRT2 = math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+class Link:
+    """A GLM link ``g``: ``eta = g(mu)``; ``inverse`` is ``h = g^{-1}``, ``inverse_derivative`` h'."""
+
+    name = "link"
+
+    def link(self, mu):
+        raise NotImplementedError
+
+    def inverse(self, eta):
+        raise NotImplementedError
+
+    def inverse_derivative(self, eta):
+        raise NotImplementedError
+
+
+class IdentityLink(Link):
+    name = "identity"
+
+    def link(self, mu):
+        return mu
+
+    def inverse(self, eta):
+        return eta
+
+    def inverse_derivative(self, eta):
+        return torch.ones_like(eta)
+
+
+class LogLink(Link):
+    name = "log"
+
+    def link(self, mu):
+        return torch.log(mu)
+
+    def inverse(self, eta):
+        return torch.exp(eta)
+
+    def inverse_derivative(self, eta):
+        return torch.exp(eta)
+
+
+class LogitLink(Link):
+    name = "logit"
+
+    def link(self, mu):
+        return torch.logit(mu)
+
+    def inverse(self, eta):
+        return torch.sigmoid(eta)
+
+    def inverse_derivative(self, eta):
+        p = torch.sigmoid(eta)
+        return p * (1.0 - p)
+
+
+class ProbitLink(Link):
+    name = "probit"
+
+    def link(self, mu):
+        return _SQRT2 * torch.erfinv(2.0 * mu - 1.0)
+
+    def inverse(self, eta):
+        return 0.5 * torch.erfc(-eta / _SQRT2)
+
+    def inverse_derivative(self, eta):
+        return _INV_SQRT_2PI * torch.exp(-0.5 * eta * eta)
+
+
+class CLogLogLink(Link):
+    name = "cloglog"
+
+    def link(self, mu):
+        return torch.log(-torch.log1p(-mu))
+
+    def inverse(self, eta):
+        return -torch.expm1(-torch.exp(eta))
+
+    def inverse_derivative(self, eta):
+        return torch.exp(eta - torch.exp(eta))
+
+
+class InverseLink(Link):
+    name = "inverse"
+
+    def link(self, mu):
+        return 1.0 / mu
+
+    def inverse(self, eta):
+        return 1.0 / eta
+
+    def inverse_derivative(self, eta):
+        return -1.0 / (eta * eta)
+
+
+_LINKS = {c.name: c for c in (IdentityLink, LogLink, LogitLink, ProbitLink, CLogLogLink, InverseLink)}
+
+
+def get_link(name: str) -> Link:
+    """Return the link object named ``name`` (identity, log, logit, probit, cloglog, inverse)."""
+    if isinstance(name, Link):
+        return name
+    if name not in _LINKS:
+        raise ValueError(f"link must be one of {sorted(_LINKS)} or 'auto', got {name!r}")
+    return _LINKS[name]()
+
+
+class Family:
+    """An exponential dispersion family: variance function, unit deviance, target domain."""
+
+    name = "family"
+    canonical_link = "identity"
+
+    def variance(self, mu):
+        raise NotImplementedError
+
+    def unit_deviance(self, y, mu):
+        raise NotImplementedError
+
+    def mu_valid(self, mu):
+        """Bool tensor: where ``mu`` lies in the family's mean domain."""
+        raise NotImplementedError
+
+    def check_target(self, y):
+        """Raise ``ValueError`` if ``y`` ([N] tensor) is outside the family's support."""
+
+    def mean_domain_clip(self, m):
+        """Clip a (weighted) mean of y into the mean domain (for the intercept start value)."""
+        return m
+
+
+class TweedieFamily(Family):
+    """Tweedie family with power ``p``: normal (0), Poisson (1), gamma (2), inverse Gaussian (3).
+
+    ``V(mu) = mu^p``; unit deviance as scikit-learn's ``mean_tweedie_deviance``.
+    """
+
+    def __init__(self, power=0.0):
+        p = float(power)
+        if 0.0 < p < 1.0:
+            raise ValueError(f"Tweedie power must be <= 0 or >= 1, got {power!r} (no distribution exists in (0, 1))")
+        self.power = p
+
+    @property
+    def name(self):
+        return {0.0: "normal", 1.0: "poisson", 2.0: "gamma", 3.0: "inverse_gaussian"}.get(self.power, "tweedie")
+
+    @property
+    def canonical_link(self):
+        return "identity" if self.power == 0 else ("log" if self.power == 1 else "tweedie-canonical")
+
+    def variance(self, mu):
+        p = self.power
+        if p == 0:
+            return torch.ones_like(mu)
+        if p == 1:
+            return mu
+        if p == 2:
+            return mu * mu
+        return torch.pow(mu, p)
+
+    def unit_deviance(self, y, mu):
+        p = self.power
+        if p == 0:
+            return (y - mu) ** 2
+        if p == 1:
+            return 2.0 * (torch.xlogy(y, y) - torch.xlogy(y, mu) - y + mu)
+        if p == 2:
+            return 2.0 * (torch.log(mu / y) + y / mu - 1.0)
+        y1 = torch.clamp(y, min=0.0)
+        return 2.0 * (torch.pow(y1, 2.0 - p) / ((1.0 - p) * (2.0 - p))
+                      - y * torch.pow(mu, 1.0 - p) / (1.0 - p) + torch.pow(mu, 2.0 - p) / (2.0 - p))
+
+    def mu_valid(self, mu):
+        if self.power == 0:
+            return torch.isfinite(mu)
+        return mu > 0
+
+    def check_target(self, y):
+        p = self.power
+        if p == 0:
+            return
+        if p < 0 or (1 <= p < 2):
+            if 1 <= p < 2 and bool((y < 0).any()):
+                raise ValueError(f"{self.name} family (power={p:g}) needs non-negative targets y >= 0; y has negative values")
+            return
+        if bool((y <= 0).any()):
+            raise ValueError(f"{self.name} family (power={p:g}) needs strictly positive targets y > 0")
+
+    def mean_domain_clip(self, m):
+        if self.power == 0:
+            return m
+        return torch.clamp(m, min=torch.finfo(m.dtype).tiny ** 0.5)
+
+
+class BinomialFamily(Family):
+    """Binomial family for proportions y in [0, 1]: ``V(mu) = mu (1 - mu)``."""
+
+    name = "binomial"
+    canonical_link = "logit"
+
+    def variance(self, mu):
+        return mu * (1.0 - mu)
+
+    def unit_deviance(self, y, mu):
+        return 2.0 * (torch.xlogy(y, y) - torch.xlogy(y, mu) + torch.xlogy(1.0 - y, 1.0 - y)
+                      - torch.xlogy(1.0 - y, 1.0 - mu))
+
+    def mu_valid(self, mu):
+        return (mu > 0) & (mu < 1)
+
+    def check_target(self, y):
+        if bool((y < 0).any()) or bool((y > 1).any()):
+            raise ValueError("binomial family needs targets in [0, 1]")
+
+    def mean_domain_clip(self, m):
+        eps = 1e-6 if m.dtype == torch.float32 else 1e-12
+        return torch.clamp(m, eps, 1.0 - eps)
+
+
+def get_family(family, power=0.0) -> Family:
+    """Return the family named ``family`` (normal, poisson, gamma, inverse_gaussian, tweedie, binomial)."""
+    if isinstance(family, Family):
+        return family
+    fixed = {"normal": 0.0, "poisson": 1.0, "gamma": 2.0, "inverse_gaussian": 3.0}
+    if family in fixed:
+        return TweedieFamily(fixed[family])
+    if family == "tweedie":
+        return TweedieFamily(power)
+    if family == "binomial":
+        return BinomialFamily()
+    raise ValueError(
+        f"family must be one of ['binomial', 'gamma', 'inverse_gaussian', 'normal', 'poisson', 'tweedie'], got {family!r}"
+    )
+
+
+def default_link(family: Family) -> str:
+    """scikit-learn's ``link="auto"``: identity for power 0, log for other Tweedie powers, logit for binomial."""
+    if isinstance(family, BinomialFamily):
+        return "logit"
+    return "identity" if family.power == 0 else "log"
+
+
+class GLMLoss:
+    """Half unit deviance ``0.5 * d(y, h(eta))`` of a family with a link; target [N, 1].
+
+    ``grad = -(y - mu) h'(eta) / V(mu)``. The Hessian weight is the expected (Fisher) one,
+    ``h'(eta)^2 / V(mu)`` -- equal to the exact Hessian for canonical links and positive
+    semi-definite for every link (the observed Hessian of a non-canonical link can be indefinite).
+    The binomial-logit pair uses the log-space formulas of the logistic loss.
+    """
+
+    coupled = True
+    softmax_hessian = False
+
+    def __init__(self, family: Family, link: Link):
+        self.family = family
+        self.link = link
+        self._logistic = isinstance(family, BinomialFamily) and isinstance(link, LogitLink)
+
+    def mean(self, eta):
+        return self.link.inverse(eta)
+
+    def value(self, y, eta):
+        if self._logistic:
+            ent = torch.xlogy(y, y) + torch.xlogy(1.0 - y, 1.0 - y)
+            return F.softplus(eta) - y * eta + ent
+        mu = self.link.inverse(eta)
+        val = 0.5 * self.family.unit_deviance(y, mu)
+        bad = ~self.family.mu_valid(mu) | ~torch.isfinite(val)
+        return torch.where(bad, torch.full_like(val, math.inf), val)
+
+    def grad_hess(self, y, eta):
+        if self._logistic:
+            p = torch.sigmoid(eta)
+            return p - y, p * (1.0 - p)
+        mu = self.link.inverse(eta)
+        hp = self.link.inverse_derivative(eta)
+        var = self.family.variance(mu)
+        tiny = torch.finfo(eta.dtype).tiny
+        var = torch.clamp(var, min=tiny)
+        g = -(y - mu) * hp / var
+        h = hp * hp / var
+        return g, h
+
+
+# --------------------------------------------------------------------------------------------
+# the loss with X and the penalty
+# --------------------------------------------------------------------------------------------
+class LinearObjective:
+    """``f(W) = sum_i c_i loss(target_i, [x_i, 1] W) + l2/2 ||mask * W||^2`` on top of mmchain.
+
+    Parameters
+    ----------
+    X : torch.Tensor [N, D], CSRMatrix or StreamedMatrix
+        Design matrix (never copied, never modified).
+    loss : pointwise loss object (``value``, ``grad_hess``, ``coupled``, ``softmax_hessian``)
+    target : torch.Tensor [N, T]
+        Encoded target in the compute dtype (T = K, or 1 for binary / GLM).
+    weights : torch.Tensor [N] or float
+        ``c_i`` (already normalised), or one number when every sample has the same weight
+        (then it is passed to mmchain as ``alpha`` and the fused softmax Hessian applies).
+    l2 : float
+        Penalty strength.
+    n_cols : int
+        Columns K of W.
+    fit_intercept : bool
+        Append the implicit column of ones (``intercept=True``) and leave its row unpenalised.
+    backend : str
+        Passed to every mmchain / matvec call.
+    dtype : torch.dtype
+        Compute dtype of W.
+    """
+
+    def __init__(self, X, loss, target, weights, l2, *, n_cols, fit_intercept, backend, dtype, device):
+        self.X = X
+        self.loss = loss
+        self.target = target
+        self.weights = weights
+        self.uniform = not isinstance(weights, torch.Tensor)
+        self.l2 = float(l2)
+        self.fit_intercept = bool(fit_intercept)
+        self.backend = backend
+        self.dtype = dtype
+        self.device = device
+        self.n_features = int(X.shape[1])
+        self.n_rows = self.n_features + int(self.fit_intercept)
+        self.n_cols = int(n_cols)
+        self.coupled = bool(loss.coupled)
+        self.n_problems = 1 if self.coupled else self.n_cols
+        mask = torch.ones(self.n_rows, 1, dtype=dtype, device=device)
+        if self.fit_intercept:
+            mask[-1] = 0.0
+        self.mask = mask
+        self.n_matvec = 0
+        self.n_mmchain = 0
+
+    # -- reductions over the problem axis --------------------------------------------------
+    def dot(self, A, B):
+        """Inner products per problem: [P] (P = 1 if coupled, K otherwise)."""
+        if self.coupled:
+            return (A * B).sum().reshape(1)
+        return (A * B).sum(0)
+
+    def _colsum64(self, M):
+        s = M.sum(0, dtype=torch.float64)
+        return s.sum().reshape(1) if self.coupled else s
+
+    def zeros(self):
+        """A zero W [D~, K]."""
+        return torch.zeros(self.n_rows, self.n_cols, dtype=self.dtype, device=self.device)
+
+    # -- the three passes -----------------------------------------------------------------
+    def evaluate(self, W):
+        """Objective at W: a state dict with ``f`` [P] float64 (inf where not finite) and ``eta``."""
+        eta = matvec(self.X, W, intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        self.n_matvec += 1
+        L = self.loss.value(self.target, eta)
+        L = L * (self.weights if self.uniform else self.weights[:, None])
+        f = self._colsum64(L) + 0.5 * self.l2 * self._colsum64((self.mask * W) ** 2)
+        f = torch.where(torch.isfinite(f), f, torch.full_like(f, math.inf))
+        return {"W": W, "eta": eta, "f": f}
+
+    def gradient(self, state):
+        """Gradient [D~, K] at ``state`` (one mmchain) and the Hessian state for :meth:`hessp`."""
+        G, H = self.loss.grad_hess(self.target, state["eta"])
+        if self.uniform:
+            alpha, c = float(self.weights), None
+        else:
+            alpha, c = 1.0, self.weights[:, None]
+            G = G * c
+        g = rmatvec(self.X, G, z=self.mask * state["W"], beta=self.l2, alpha=alpha,
+                    intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        self.n_mmchain += 1
+        if self.loss.softmax_hessian:
+            hstate = {"P": H, "c": c, "alpha": alpha}
+        else:
+            hstate = {"h": H if c is None else H * c, "alpha": alpha}
+        return g, hstate
+
+    def hessp(self, hstate, S):
+        """Hessian (Fisher for non-canonical GLM links) times S [D~, K]: one mmchain."""
+        z = self.mask * S
+        self.n_mmchain += 1
+        if "h" in hstate:
+            return hessvec(self.X, S, hstate["h"], z=z, beta=self.l2, alpha=hstate["alpha"],
+                           intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        P, c = hstate["P"], hstate["c"]
+        if c is None and S.shape[1] <= MAX_COLS:
+            # fused multinomial Hessian: p_nj = P_nj (t_nj - sum_l P_nl t_nl), one read of X
+            return fusedml.mmchain(self.X, S, v=P, z=z, alpha=hstate["alpha"], beta=self.l2,
+                                   intercept=self.fit_intercept, v_op="softmax", backend=self.backend).to(self.dtype)
+        # Non-uniform sample weights (or K > 16): the row weight c_n cannot enter the softmax
+        # form, so this product takes two passes (X S, then X^T p).
+        T = matvec(self.X, S, intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        self.n_matvec += 1
+        Pt = P * T
+        Pm = Pt - P * Pt.sum(1, keepdim=True)
+        if c is not None:
+            Pm = Pm * c
+        return rmatvec(self.X, Pm, z=z, beta=self.l2, alpha=hstate["alpha"], intercept=self.fit_intercept,
+                       backend=self.backend).to(self.dtype)
+
+    def merge(self, accept, new, old):
+        """Per-problem choice between two states (``accept`` [P] bool)."""
+        # torch.where on device (no host sync); accept [P] broadcasts over the K columns
+        return {
+            "W": torch.where(accept[None, :], new["W"], old["W"]),
+            "eta": torch.where(accept[None, :], new["eta"], old["eta"]),
+            "f": torch.where(accept, new["f"], old["f"]),
+        }

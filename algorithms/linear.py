@@ -1,0 +1,222 @@
+"""Least squares and ridge regression by conjugate gradient on the normal equations (SystemDS
+lmCG), each CG step one fusedml.mmchain."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+from ._base import (
+    BaseEstimator,
+    History,
+    LinearPredictMixin,
+    RegressorMixin,
+    as_design_matrix,
+    as_sample_weight,
+    as_target,
+    check_max_iter,
+    check_positive,
+    to_output,
+    warn_not_converged,
+)
+from ._loss import MAX_COLS, hessvec, rmatvec
+from ._solvers import conjugate_gradient
+
+__all__ = ["LinearRegression", "Ridge"]
+
+
+class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
+    """CG on ``(X_c^T S X_c + alpha I) w = X_c^T S (y - ybar)`` with implicit centring.
+
+    With an intercept, X is centred implicitly (never materialised, so CSR stays sparse):
+    ``X_c^T S X_c p = X^T (s * (X p)) - S mu (mu^T p)`` with the weighted column means
+    ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
+    ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
+    conditioning of scikit-learn's (centred) problem. The system is scaled by ``1 / S`` (same
+    solution) to keep float32 magnitudes moderate.
+    """
+
+    def _alpha(self):
+        return 0.0
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model.
+
+        Parameters
+        ----------
+        X : array-like, torch tensor, CSR matrix or dask array, shape [N, D]
+        y : array-like, shape [N] or [N, m]
+        sample_weight : array-like, shape [N], optional
+
+        Returns
+        -------
+        self
+        """
+        tol = check_positive(self.tol, "tol")
+        M, info = as_design_matrix(X, backend=self.backend)
+        max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
+        yt = as_target(y, info, allow_2d=True)
+        one_d = yt.ndim == 1
+        Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
+        m = Y.shape[1]
+        alpha = self._alpha()
+        if isinstance(alpha, numbers.Real) or np.ndim(alpha) == 0:
+            alpha_t = torch.full((m,), float(check_positive(float(alpha), "alpha", strict=False)),
+                                 dtype=info.dtype, device=info.device)
+        else:
+            a = np.asarray(alpha, dtype=np.float64).reshape(-1)
+            if a.shape[0] != m:
+                raise ValueError(f"alpha has {a.shape[0]} values but y has {m} targets")
+            if not np.isfinite(a).all() or (a < 0).any():
+                raise ValueError("alpha must be finite and non-negative")
+            alpha_t = torch.as_tensor(a, dtype=info.dtype, device=info.device)
+        sw = as_sample_weight(sample_weight, info)
+        total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
+        c = None if sw is None else sw / total  # [N] normalised weights (None: 1/N each)
+        cscale = 1.0 / total if sw is None else 1.0
+        alpha_s = alpha_t / total
+        be = self.backend
+        ones = torch.ones(info.n_samples, 1, dtype=info.dtype, device=info.device)
+        if self.fit_intercept:
+            cw = ones if c is None else c[:, None]
+            mu = rmatvec(M, cw, alpha=cscale, intercept=False, backend=be).to(info.dtype)[:, 0]  # [D]
+            ybar = ((Y * cw).sum(0, dtype=torch.float64) * cscale).to(info.dtype)  # [m]
+            Yc = Y - ybar
+        else:
+            mu, ybar, Yc = None, torch.zeros(m, dtype=info.dtype, device=info.device), Y
+        # right-hand side X_c^T S (y - ybar) / S = X^T (c (y - ybar))  (the mu term vanishes)
+        V = Yc if c is None else Yc * c[:, None]
+        B = torch.cat([rmatvec(M, V[:, j:j + MAX_COLS], alpha=cscale, intercept=False, backend=be)
+                       for j in range(0, m, MAX_COLS)], dim=1).to(info.dtype)
+        n_pass = [0]
+
+        def apply_A(P):
+            z = alpha_s * P
+            if mu is not None:
+                z = z - torch.outer(mu, mu @ P)
+            n_pass[0] += 1
+            return hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be).to(info.dtype)
+
+        hist = History(type(self).__name__, self.verbose)
+        res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist)
+        Wc = res.W  # [D, m]
+        icpt = ybar - (mu @ Wc if mu is not None else 0.0)
+        W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
+        self._fit_info = {"intercept": True, "n_mmchain": n_pass[0] + 1 + int(self.fit_intercept),
+                          "status": res.status, "dtype": info.dtype, "device": info.device}
+        self._set_linear_attributes(W, info, True, vector=one_d)
+        if not self.fit_intercept:
+            self.intercept_ = 0.0 if one_d and info.kind == "numpy" else (
+                to_output(torch.zeros(() if one_d else (m,), dtype=info.dtype, device=info.device), info.kind))
+        self.n_iter_ = int(max(res.n_iter)) if one_d else np.asarray(res.n_iter, dtype=np.int32)
+        self.history_ = hist.records
+        if not res.converged:
+            warn_not_converged(type(self).__name__, max_iter)
+        return self
+
+    def predict(self, X):
+        """Predicted targets.
+
+        Parameters
+        ----------
+        X : array-like or sparse, shape [N, D]
+
+        Returns
+        -------
+        ndarray or Tensor, shape [N] (or [N, m] for 2-D y at fit)
+        """
+        eta, kind, _ = self._linear_predictor(X)
+        coef_ndim = self.coef_.ndim
+        return to_output(eta[:, 0] if coef_ndim == 1 else eta, kind)
+
+
+class LinearRegression(_LeastSquaresBase):
+    """Ordinary least squares by conjugate gradient on the normal equations (SystemDS lmCG).
+
+    Each CG iteration is ONE ``fusedml.mmchain``: ``X^T (s * (X p)) - S mu (mu^T p)`` (implicit
+    centring for the intercept; see ``_LeastSquaresBase``). Starting from 0, CG converges to the
+    minimum-norm solution when X is rank deficient (as ``numpy.linalg.lstsq``).
+
+    Parameters
+    ----------
+    fit_intercept : bool, default=True
+    tol : float, default=1e-6
+        Stop when ``||r|| <= tol * ||b||`` for every target (relative normal-equation residual).
+    max_iter : int or None, default=None
+        None: ``max(100, 2 * (D + 1))``.
+    backend : {"auto", "fused", "ops", "cpu"}, default="auto"
+    verbose : int, default=0
+
+    Attributes
+    ----------
+    coef_ : ndarray or Tensor, shape [D] or [m, D]
+    intercept_ : float or ndarray [m] (Tensor for torch input)
+    n_iter_ : int, or ndarray [m] for 2-D y
+    n_features_in_ : int
+    history_ : list of dict
+        objective is ``0.5 p^T A p - b^T p`` of the scaled system, grad_norm the residual norm.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from algorithms import LinearRegression
+    >>> X = np.random.default_rng(0).normal(size=(50, 3)); y = X @ [1.0, 2.0, 3.0] + 4.0
+    >>> np.round(LinearRegression().fit(X, y).coef_, 4)
+    array([1., 2., 3.])
+    """
+
+    def __init__(self, fit_intercept=True, tol=1e-6, max_iter=None, backend="auto", verbose=0):
+        self.fit_intercept = fit_intercept
+        self.tol = tol
+        self.max_iter = max_iter
+        self.backend = backend
+        self.verbose = verbose
+
+
+class Ridge(_LeastSquaresBase):
+    """Ridge regression ``sum_i s_i (y_i - x_i^T w - b)^2 + alpha ||w||^2`` by conjugate gradient.
+
+    Each CG iteration is ONE ``fusedml.mmchain`` ``X^T (s * (X p)) + z`` with
+    ``z = alpha p - S mu (mu^T p)`` (the intercept by implicit centring, unpenalised, as
+    scikit-learn). Several targets (2-D y) are solved together: one mmchain per CG step for up
+    to 16 targets.
+
+    Parameters
+    ----------
+    alpha : float or array of shape [m], default=1.0
+    fit_intercept : bool, default=True
+    tol : float, default=1e-6
+        Stop when ``||r|| <= tol * ||b||`` for every target.
+    max_iter : int or None, default=None
+        None: ``max(100, 2 * (D + 1))``.
+    backend : {"auto", "fused", "ops", "cpu"}, default="auto"
+    verbose : int, default=0
+
+    Attributes
+    ----------
+    coef_ : ndarray or Tensor, shape [D] or [m, D]
+    intercept_ : float or ndarray [m] (Tensor for torch input)
+    n_iter_ : int, or ndarray [m] for 2-D y
+    n_features_in_ : int
+    history_ : list of dict
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from algorithms import Ridge
+    >>> X = np.random.default_rng(0).normal(size=(50, 3)); y = X @ [1.0, 2.0, 3.0]
+    >>> Ridge(alpha=1.0).fit(X, y).coef_.shape
+    (3,)
+    """
+
+    def __init__(self, alpha=1.0, fit_intercept=True, tol=1e-6, max_iter=None, backend="auto", verbose=0):
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+        self.tol = tol
+        self.max_iter = max_iter
+        self.backend = backend
+        self.verbose = verbose
+
+    def _alpha(self):
+        return self.alpha
