@@ -118,7 +118,7 @@ def _get_part(part, key, design_id, backend):
         X = X.to(dev) if not isinstance(X, torch.Tensor) else X.to(dev)
         acc = torch.float64 if X.dtype == torch.float64 else torch.float32
         P = {"X": X, "dev": dev, "acc": acc, "backend": backend,
-             "y": None if y is None else torch.as_tensor(np.asarray(y)).to(dev),
+             "y": None if y is None else np.asarray(y),  # labels stay numpy (may be strings)
              "sw": None if sw is None else torch.as_tensor(np.asarray(sw)).to(device=dev, dtype=acc),
              "h_token": None}
         _CACHE[ck] = P
@@ -139,16 +139,16 @@ def _logistic_state(P, w, spec):
     wt = torch.as_tensor(w).to(device=P["dev"], dtype=acc)
     raw = matvec(X, wt, intercept=spec["fit_intercept"], backend=P["backend"])
     if spec["loss"] == "binomial":
-        yb = (P["y"] == spec["classes"][1]).to(acc) if "yb" not in P else P["yb"]
-        P["yb"] = yb
+        if "yb" not in P:
+            P["yb"] = torch.from_numpy(P["y"] == spec["classes"][1]).to(device=P["dev"], dtype=acc)
+        yb = P["yb"]
         loss = torch.nn.functional.softplus(raw) - yb * raw
         p = torch.sigmoid(raw)
         resid = p - yb
         h = p * (1 - p)
     else:
         if "yi" not in P:
-            cls = torch.as_tensor(np.asarray(spec["classes"])).to(P["dev"])
-            P["yi"] = torch.searchsorted(cls.contiguous(), P["y"].contiguous())
+            P["yi"] = torch.from_numpy(np.searchsorted(spec["classes"], P["y"]).astype(np.int64)).to(P["dev"])
         yi = P["yi"]
         lse = torch.logsumexp(raw, dim=1)
         loss = lse - raw.gather(1, yi[:, None])[:, 0]
@@ -284,14 +284,15 @@ class DistributedDesign:
         def aligned(a, name):
             if a is None:
                 return [None] * len(rows)
+            shape = a.shape if is_dask_array(a) else np.shape(a)
+            if len(shape) != 1 or shape[0] != n:
+                raise ValueError(f"{name} must have shape ({n},), got {tuple(shape)}")
             a = a if is_dask_array(a) else da.from_array(np.asarray(a), chunks=(rows,))
-            if a.ndim != 1 or a.shape[0] != n:
-                raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
             return list(a.rechunk((rows,)).to_delayed().ravel())
 
-        self._y_dask = None if y is None else (y if is_dask_array(y) else da.from_array(np.asarray(y), chunks=(rows,)))
         xs = list(X.to_delayed().ravel())
         ys, ws = aligned(y, "y"), aligned(sample_weight, "sample_weight")
+        self._y_dask = None if y is None else (y if is_dask_array(y) else da.from_array(np.asarray(y), chunks=(rows,)))
         parts = [dask.delayed(_make_part)(a, b, c) for a, b, c in zip(xs, ys, ws)]
         # One future per partition, computed (and recomputable) from its graph, kept on a worker.
         self._parts = self.client.compute(parts)
