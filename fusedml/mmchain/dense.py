@@ -240,6 +240,11 @@ def _matvec_kernel(
     tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
 
 
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """Allocate an output every element of which the kernels overwrite (tests poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _split(x: float):
     """fp32 hi/lo pair with hi + lo == x to ~48 bits (Triton passes Python floats as fp32)."""
     hi = float(torch.tensor(x, dtype=torch.float32))
@@ -288,9 +293,11 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     stride_vm = 0 if v.shape[1] == 1 else v.stride(1)
     L = Dx * M
     if deterministic:
-        part_alloc = torch.zeros if cfg.strategy == "chunked" else torch.empty
-        part = part_alloc((grid, L), dtype=acc, device=dev)
-        w = torch.empty((Dx, M), dtype=acc, device=dev)
+        if cfg.strategy == "chunked":  # read-modify-write per tile
+            part = torch.zeros((grid, L), dtype=acc, device=dev)
+        else:  # every program stores its whole row
+            part = _empty((grid, L), acc, dev)
+        w = _empty((Dx, M), acc, dev)
     else:
         w = (P.z * P.beta).contiguous() if has_z else torch.zeros((Dx, M), dtype=acc, device=dev)
         part = w  # unused
@@ -327,7 +334,7 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     if cfg.mode == "dot" and acc == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X")
     bd = min(cfg.block_d, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
-    t = torch.empty((N, M), dtype=acc, device=X.device)
+    t = _empty((N, M), acc, X.device)
     y = P.y
     _matvec_kernel[(triton.cdiv(N, cfg.block_n),)](
         X, y, t, N, D, M, X.stride(0), X.stride(1), y.stride(0), y.stride(1),

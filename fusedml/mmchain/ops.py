@@ -44,24 +44,30 @@ def _torch_csr(A: CSRMatrix, dtype) -> torch.Tensor:
 
 
 def _csr_pair(P: Problem, key, variant: str):
-    """Return (A, A^T-or-None) as torch sparse tensors for the given variant."""
+    """Return (A, A^T-or-None) as torch sparse tensors for the given variant.
+
+    Only the transpose (fresh memory) is cached: ``A`` wraps the caller's arrays, and caching a
+    view of them would keep the caller's matrix alive through the view's base.
+    """
     A = P.X
+    fwd = _torch_csr(A, P.acc_dtype)
     if variant == "on_the_fly" or key is None:
-        return _torch_csr(A, P.acc_dtype), None
+        return fwd, None
     k = id(key)
     hit = _CACHE.get(k)
     if hit is not None:
-        ref, dtype, device, nnz, At_fwd, At = hit
+        ref, dtype, device, nnz, At = hit
         if ref() is key and dtype == P.acc_dtype and device == A.device and nnz == A.nnz:
-            return At_fwd, At
-    fwd = _torch_csr(A, P.acc_dtype)
-    At = fwd.t().to_sparse_csr()
+            return fwd, At
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        At = fwd.t().to_sparse_csr()
     try:
         ref = weakref.ref(key)
         weakref.finalize(key, _CACHE.pop, k, None)
     except TypeError:  # not weak-referenceable: do not cache (no way to know when it dies)
         return fwd, At
-    _CACHE[k] = (ref, P.acc_dtype, A.device, A.nnz, fwd, At)
+    _CACHE[k] = (ref, P.acc_dtype, A.device, A.nnz, At)
     return fwd, At
 
 

@@ -1,0 +1,113 @@
+"""Shared benchmark helpers: environment description, timing, JSON rows, markdown tables.
+
+Every benchmark script imports this module (run them from the repository root, e.g.
+``python benchmarks/bench_mmchain.py``). Results go to ``benchmarks/results/<name>-<gpu>-<date>.json``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import torch
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: Measured H200 device bandwidth (``../shared/PERFORMANCE.md``): the read-once floor's divisor.
+H200_BANDWIDTH = 4.28e12
+
+
+def device() -> torch.device:
+    """``cuda`` when available, else ``cpu`` (the interpreter smoke run)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def gpu_name() -> str:
+    """The GPU's name, or ``"cpu"`` without CUDA."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def environment() -> dict:
+    """GPU name, library versions, date and the command line, for the JSON header."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover
+        triton_version = None
+    return {
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+
+
+def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn()``: ``triton.testing.do_bench`` on CUDA, wall clock on the CPU.
+
+    Parameters
+    ----------
+    fn : callable
+        The work to time (no arguments).
+    warmup, rep : int
+        Milliseconds of warm-up and of timed repetitions (do_bench's meaning). On the CPU,
+        ``fn`` runs once to warm up and then once timed (a smoke run, not a measurement).
+    """
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def write_json(name: str, rows: list, extra: dict | None = None, out: str | None = None) -> str:
+    """Write ``{"env": ..., **extra, "rows": rows}`` and return the path.
+
+    Parameters
+    ----------
+    name : str
+        Benchmark name, the file's prefix.
+    rows : list of dict
+    extra : dict, optional
+        More top-level entries (e.g. the arguments).
+    out : str, optional
+        Explicit path; default ``benchmarks/results/<name>-<gpu>-<date>.json``.
+    """
+    env = environment()
+    if out is None:
+        gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-").lower()
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = os.path.join(RESULTS_DIR, f"{name}-{gpu}-{stamp}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"env": env, **(extra or {}), "rows": rows}, f, indent=1, default=str)
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if v == 0 or 1e-3 <= abs(v) < 1e5:
+            return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return f"{v:.2e}"
+    return "" if v is None else str(v)
+
+
+def markdown_table(rows: list, columns: list) -> str:
+    """A markdown table of ``rows`` (dicts) restricted to ``columns`` (missing keys left blank)."""
+    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)

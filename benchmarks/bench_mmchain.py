@@ -1,0 +1,220 @@
+"""Benchmark ``fusedml.mmchain`` (fused) against the operator-level torch baselines.
+
+For each case: fused time (do_bench median), effective GB/s and % of the read-once floor
+(bytes(X) / 4.28 TB/s; CSR bytes = 8 per nonzero + 4 per row pointer), speedup over "ops"
+(dense: two cuBLAS GEMV/GEMM; CSR: cached transpose and ``X.t()`` on the fly), the launch model's
+pick against the best of a small sweep around it, and the relative error against a float64
+reference computed from fresh random inputs.
+
+    python benchmarks/bench_mmchain.py                 # full run on the GPU (~4 min)
+    TRITON_INTERPRET=1 python benchmarks/bench_mmchain.py --quick   # CPU smoke run (< 1 min)
+    python benchmarks/bench_mmchain.py --cases dense-2Mx128,csr-4Mx100k --no-sweep
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import _common  # noqa: E402
+import fusedml  # noqa: E402
+from fusedml import CSRMatrix  # noqa: E402
+from fusedml.mmchain import launch  # noqa: E402
+
+# name: (kind, N, D, m, dtype, extra); quick shapes run under the interpreter
+FULL = {
+    "dense-8Mx32": ("dense", 8_000_000, 32, 1, torch.float32, {}),
+    "dense-2Mx128": ("dense", 2_000_000, 128, 1, torch.float32, {}),
+    "dense-500kx512": ("dense", 500_000, 512, 1, torch.float32, {}),
+    "dense-125kx2048": ("dense", 125_000, 2048, 1, torch.float32, {}),
+    "dense-16kx16384": ("dense", 16_384, 16_384, 1, torch.float32, {}),
+    "dense-4kx65536": ("dense", 4_096, 65_536, 1, torch.float32, {}),
+    "dense-2Mx128-bf16": ("dense", 2_000_000, 128, 1, torch.bfloat16, {}),
+    "dense-2Mx128-m4": ("dense", 2_000_000, 128, 4, torch.float32, {}),
+    "csr-4Mx100k": ("csr", 4_000_000, 100_000, 1, torch.float32, {"nnz_row": 32}),
+    "csr-1Mx1M": ("csr", 1_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 100}),
+    "csr-powerlaw": ("csr", 2_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 5, "heavy": 20, "heavy_nnz": 100_000}),
+}
+QUICK = {
+    "dense-8Mx32": ("dense", 512, 32, 1, torch.float32, {}),
+    "dense-2Mx128": ("dense", 256, 128, 1, torch.float32, {}),
+    "dense-500kx512": ("dense", 64, 512, 1, torch.float32, {}),
+    "dense-125kx2048": ("dense", 16, 2048, 1, torch.float32, {}),
+    "dense-16kx16384": ("dense", 4, 16_384, 1, torch.float32, {}),
+    "dense-4kx65536": ("dense", 2, 65_536, 1, torch.float32, {}),
+    "dense-2Mx128-bf16": ("dense", 256, 128, 1, torch.bfloat16, {}),
+    "dense-2Mx128-m4": ("dense", 128, 128, 4, torch.float32, {}),
+    "csr-4Mx100k": ("csr", 1000, 1000, 1, torch.float32, {"nnz_row": 8}),
+    "csr-1Mx1M": ("csr", 500, 5000, 1, torch.float32, {"nnz_row": 20}),
+    "csr-powerlaw": ("csr", 1000, 5000, 1, torch.float32, {"nnz_row": 5, "heavy": 2, "heavy_nnz": 2000}),
+}
+
+
+def make_csr(N: int, D: int, lengths: torch.Tensor, dtype, dev, gen) -> CSRMatrix:
+    """Random CSR with the given row lengths, built on ``dev`` with torch (sorted unique columns).
+
+    Row n's columns are ``sort(r) + rank`` with ``r`` uniform in ``[0, D - len_n]``: distinct,
+    increasing, inside ``[0, D)``.
+    """
+    lengths = lengths.to(dev, torch.int64)
+    crow = torch.zeros(N + 1, dtype=torch.int64, device=dev)
+    crow[1:] = torch.cumsum(lengths, 0)
+    nnz = int(crow[-1])
+    row = torch.repeat_interleave(torch.arange(N, device=dev), lengths, output_size=nnz)
+    span = (D - lengths + 1)[row]
+    r = (torch.rand(nnz, device=dev, generator=gen, dtype=torch.float64) * span).long().clamp_max(span - 1)
+    key = row * D + r
+    key, _ = torch.sort(key)
+    rank = torch.arange(nnz, device=dev) - crow[:-1][row]
+    col = key - row * D + rank
+    val = torch.randn(nnz, device=dev, generator=gen, dtype=torch.float32).to(dtype)
+    return CSRMatrix(crow.to(torch.int32), col.to(torch.int32), val, (N, D))
+
+
+def make_case(spec, dev, seed):
+    kind, N, D, m, dtype, extra = spec
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    if kind == "dense":
+        X = torch.randn(N, D, device=dev, generator=gen, dtype=torch.float32).to(dtype)
+        nbytes = X.numel() * X.element_size()
+    else:
+        lengths = torch.full((N,), extra["nnz_row"], dtype=torch.int64)
+        if extra.get("heavy"):
+            heavy = torch.randperm(N, generator=torch.Generator().manual_seed(seed))[: extra["heavy"]]
+            lengths[heavy] = extra["heavy_nnz"]
+        X = make_csr(N, D, lengths, dtype, dev, gen)
+        nbytes = X.nnz * (X.val.element_size() + X.col.element_size()) + (N + 1) * X.crow.element_size()
+    yshape = (D,) if m == 1 else (D, m)
+    y = torch.randn(yshape, device=dev, generator=gen)
+    v = torch.rand((N,) if m == 1 else (N, m), device=dev, generator=gen)
+    return X, y, v, nbytes
+
+
+def reference64(X, y, v):
+    """float64 ``X^T (v * (X y))`` on X's device."""
+    y64, v64 = y.double(), v.double()
+    if isinstance(X, CSRMatrix):
+        A = torch.sparse_csr_tensor(X.crow.long(), X.col.long(), X.val.double(), X.shape)
+        t = A @ (y64 if y64.ndim == 2 else y64[:, None])
+        p = (v64 if v64.ndim == 2 else v64[:, None]) * t
+        w = A.t().to_sparse_csr() @ p
+        return w if y.ndim == 2 else w[:, 0]
+    X64 = X.double()
+    return X64.T @ (v64 * (X64 @ y64)) if y.ndim == 2 else X64.T @ (v64 * (X64 @ y64))
+
+
+def dense_sweep(X, m, quick):
+    """A small grid around the model's pick: block_n x {1/2, 1, 2}, warps x {1/2, 2}, programs x {1/2, 2}."""
+    base = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
+                               stride_xn=X.stride(0), stride_xd=X.stride(1))
+    bn_min = 16 if base.mode == "dot" else 1
+    grid = [{}]
+    for f in (0.5, 2):
+        bn = int(base.block_n * f)
+        if bn >= bn_min and (base.strategy == "chunked" or bn * base.block_d <= 65536):
+            grid.append({"block_n": bn})
+    for f in (0.5, 2):
+        w = int(base.num_warps * f)
+        if 2 <= w <= 16:
+            grid.append({"num_warps": w})
+    for f in (0.5, 2):
+        grid.append({"num_programs": max(1, int(base.num_programs * f))})
+    if base.strategy == "chunked":
+        for f in (0.5, 2):
+            grid.append({"block_d": max(16, int(base.block_d * f))})
+    return grid[:2] if quick else grid
+
+
+def run_case(name, spec, args, dev):
+    kind, N, D, m, dtype, extra = spec
+    row = {"case": name, "kind": kind, "N": N, "D": D, "m": m, "dtype": str(dtype).replace("torch.", "")}
+    X, y, v, nbytes = make_case(spec, dev, seed=1)
+    row["MB"] = nbytes / 1e6
+    row["floor_ms"] = nbytes / _common.H200_BANDWIDTH * 1e3
+    rep = 20 if args.quick else 100
+
+    def fused(cfg=None):
+        return fusedml.mmchain(X, y, v, backend="fused", config=cfg)
+
+    row["fused_ms"] = _common.bench_ms(fused, rep=rep)
+    row["GB/s"] = nbytes / (row["fused_ms"] * 1e-3) / 1e9
+    row["%floor"] = 100.0 * row["floor_ms"] / row["fused_ms"]
+    if kind == "dense":
+        row["ops_ms"] = _common.bench_ms(lambda: fusedml.mmchain(X, y, v, backend="ops"), rep=rep)
+        row["speedup_ops"] = row["ops_ms"] / row["fused_ms"]
+        cfg = launch.dense_config(N, D, m, dtype, launch.gpu_info(dev), stride_xn=X.stride(0), stride_xd=X.stride(1))
+        row["model"] = f"{cfg.strategy} bn={cfg.block_n} bd={cfg.block_d} w={cfg.num_warps} P={cfg.num_programs}"
+        grid = dense_sweep(X, m, args.quick) if args.sweep else []
+    else:
+        for variant in ("cached", "on_the_fly"):
+            ms = _common.bench_ms(lambda: fusedml.mmchain(X, y, v, backend="ops", config={"ops_transpose": variant}),
+                                  rep=rep if variant == "cached" else max(rep, 200))
+            row[f"ops_{variant}_ms"] = ms
+            row[f"speedup_{variant}"] = ms / row["fused_ms"]
+        from fusedml.mmchain import csr as csr_mod
+
+        row["model"] = repr(csr_mod.csr_config(X, m, dtype))[:80]
+        grid = list(csr_mod.csr_sweep_configs(X, m, dtype)) if args.sweep else []
+        if args.quick:
+            grid = grid[:2]
+    if grid:
+        times = []
+        for cfg in grid:
+            try:
+                times.append(_common.bench_ms(lambda: fused(cfg), rep=max(10, rep // 3)))
+            except Exception as e:  # a sweep point that does not launch (e.g. out of resources)
+                print(f"  {name}: sweep point {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        model_ms = _common.bench_ms(fused, rep=max(10, rep // 3))
+        best = min(times + [model_ms])
+        row["sweep_best_ms"] = best
+        row["model/best"] = model_ms / best
+    # correctness: fresh inputs, float64 reference
+    X2, y2, v2, _ = make_case(spec, dev, seed=2)
+    w = fusedml.mmchain(X2, y2, v2, backend="fused")
+    ref = reference64(X2, y2, v2)
+    row["rel_err"] = float((w.double() - ref).norm() / ref.norm())
+    del X, X2
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run under TRITON_INTERPRET=1)")
+    ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): " + ",".join(FULL))
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/mmchain-<gpu>-<date>.json)")
+    ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the config sweep")
+    args = ap.parse_args(argv)
+    dev = _common.device()
+    if dev.type == "cpu" and not fusedml.interpret_mode():
+        ap.error("no CUDA device: run with TRITON_INTERPRET=1 (and --quick) for a CPU smoke run")
+    specs = QUICK if args.quick else FULL
+    names = list(specs) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; choose from {list(specs)}")
+    rows = []
+    for name in names:
+        try:
+            row = run_case(name, specs[name], args, dev)
+        except Exception as e:  # keep the other cases; the row records the failure
+            row = {"case": name, "error": f"{type(e).__name__}: {e}"}
+        rows.append(row)
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    path = _common.write_json("mmchain", rows, {"args": vars(args)}, args.out)
+    print(f"\nwrote {path}\n")
+    cols = ["case", "dtype", "MB", "floor_ms", "fused_ms", "GB/s", "%floor", "ops_ms", "speedup_ops",
+            "ops_cached_ms", "speedup_cached", "ops_on_the_fly_ms", "speedup_on_the_fly", "model/best",
+            "rel_err", "error"]
+    print(_common.markdown_table(rows, cols))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

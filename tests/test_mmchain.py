@@ -1,0 +1,329 @@
+"""fusedml.mmchain / matvec against the float64 reference, on every backend (CPU, interpreter)."""
+import gc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import fusedml
+from fusedml import CSRMatrix
+from fusedml.mmchain import dense as dense_mod
+from fusedml.mmchain import launch, ops
+from fusedml.mmchain import matvec_reference, mmchain_reference
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-12, torch.float16: 2e-5, torch.bfloat16: 2e-5}
+# "ops" multiplies half-precision X in its storage dtype (products rounded to bf16/fp16)
+OPS_TOL = {torch.float32: 2e-5, torch.float64: 1e-12, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def rel(a, ref):
+    return float((a.detach().double().cpu() - ref).norm() / ref.norm())
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every output the dense kernels must fully overwrite starts as NaN."""
+    def nan_empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(dense_mod, "_empty", nan_empty)
+
+
+def _operands(rng, N, D, m, *, intercept=False, ymode="vec"):
+    Dx = D + intercept
+    yshape = (Dx,) if m is None else (Dx, m)
+    y = torch.from_numpy(rng.standard_normal(yshape))
+    v = torch.from_numpy(rng.random((N,) if m is None else (N, m)) + 0.1)
+    z = torch.from_numpy(rng.standard_normal(yshape))
+    return y, v, z
+
+
+def _dense(rng, N, D, dtype, layout="row"):
+    X = torch.from_numpy(rng.standard_normal((N, D))).to(dtype)
+    if layout == "col":
+        X = X.t().contiguous().t()
+    elif layout == "strided":
+        X = torch.from_numpy(rng.standard_normal((N, 2 * D))).to(dtype)[:, ::2]
+    return X
+
+
+# --------------------------------------------------------------------------------------- dense fused
+SHAPES = [(1, 7), (37, 5), (130, 64), (50, 300), (3, 1)]
+
+
+@pytest.mark.parametrize("N,D", SHAPES, ids=[f"{n}x{d}" for n, d in SHAPES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_dense_fused_vector(rng, poison, N, D, dtype):
+    X = _dense(rng, N, D, dtype)
+    y, v, z = _operands(rng, N, D, None)
+    X0 = X.clone()
+    w = fusedml.mmchain(X, y, v, z, alpha=0.7, beta=0.3, backend="fused")
+    assert w.shape == (D,) and w.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert rel(w, mmchain_reference(X, y, v, z, 0.7, 0.3)) < TOL[dtype]
+    assert torch.equal(X, X0)
+
+
+CASES = [
+    # (intercept, m, v_op, layout, deterministic)
+    (False, 3, "mul", "row", False),
+    (True, None, "mul", "col", False),
+    (True, 4, "softmax", "row", True),
+    (False, None, "mul", "strided", True),
+    (True, 2, "mul", "col", True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"icpt{c[0]}-m{c[1]}-{c[2]}-{c[3]}-det{c[4]}" for c in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_dense_fused_variants(rng, poison, case, dtype):
+    intercept, m, v_op, layout, det = case
+    N, D = 45, 24
+    X = _dense(rng, N, D, dtype, layout)
+    y, v, z = _operands(rng, N, D, m, intercept=intercept)
+    w = fusedml.mmchain(X, y, v, z, 1.3, -0.5, intercept=intercept, v_op=v_op, backend="fused",
+                        deterministic=det)
+    ref = mmchain_reference(X, y, v, z, 1.3, -0.5, intercept=intercept, v_op=v_op)
+    assert w.shape == ref.shape
+    assert rel(w, ref) < TOL[dtype]
+    if det:
+        w2 = fusedml.mmchain(X, y, v, z, 1.3, -0.5, intercept=intercept, v_op=v_op, backend="fused",
+                             deterministic=True)
+        assert torch.equal(w, w2)
+
+
+@pytest.mark.parametrize("det", [False, True], ids=["atomic", "det"])
+@pytest.mark.parametrize("m", [None, 3], ids=["vec", "m3"])
+def test_dense_fused_chunked_wide_strategy(rng, poison, det, m):
+    """The wide-D two-pass strategy, forced on a small problem (D not a multiple of the chunk)."""
+    N, D = 40, 70
+    X = _dense(rng, N, D, torch.float32)
+    y, v, z = _operands(rng, N, D, m, intercept=True)
+    cfg = {"strategy": "chunked", "block_d": 16, "block_n": 16, "num_programs": 2}
+    w = fusedml.mmchain(X, y, v, z, 0.5, 2.0, intercept=True, backend="fused", deterministic=det, config=cfg)
+    assert rel(w, mmchain_reference(X, y, v, z, 0.5, 2.0, intercept=True)) < TOL[torch.float32]
+
+
+def test_dense_fused_elementwise_fp32_and_onchip_overrides(rng, poison):
+    """mode='elementwise' (the fp64 path) also serves fp32; several programs share the tiles."""
+    X = _dense(rng, 70, 20, torch.float32)
+    y, v, _ = _operands(rng, 70, 20, 3)
+    w = fusedml.mmchain(X, y, v, backend="fused", config={"mode": "elementwise", "m_pad": 4, "block_n": 8,
+                                                            "num_programs": 3})
+    assert rel(w, mmchain_reference(X, y, v)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dense_fused_half_storage(rng, poison, dtype):
+    X = _dense(rng, 33, 16, dtype)
+    if dtype == torch.bfloat16 and fusedml.interpret_mode():
+        probe = fusedml.matvec(X[:1], torch.ones(16), backend="fused")
+        if float(probe.abs().sum()) == 0.0 and float(X[:1].float().abs().sum()) > 0:
+            pytest.skip("the Triton interpreter loads bf16 as zeros on this build")
+    y, v, z = _operands(rng, 33, 16, None)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
+    assert w.dtype == torch.float32
+    # the reference sees exactly the stored (rounded) values of X
+    assert rel(w, mmchain_reference(X.float(), y, v, z, 1.0, 1.0)) < TOL[dtype]
+
+
+def test_dense_fused_xty(rng, poison):
+    """y=None: w = alpha X^T v + beta z, with vector and matrix v."""
+    X = _dense(rng, 29, 11, torch.float32)
+    for vshape, intercept in (((29,), False), ((29, 3), True)):
+        v = torch.from_numpy(rng.standard_normal(vshape))
+        z = torch.from_numpy(rng.standard_normal((11 + intercept,) + vshape[1:]))
+        for det in (False, True):
+            w = fusedml.mmchain(X, None, v, z, 2.0, 0.5, intercept=intercept, backend="fused", deterministic=det)
+            assert rel(w, mmchain_reference(X, None, v, z, 2.0, 0.5, intercept=intercept)) < TOL[torch.float32]
+
+
+def test_dense_v_vector_broadcasts_over_matrix_y(rng):
+    X = _dense(rng, 25, 9, torch.float64)
+    y = torch.from_numpy(rng.standard_normal((9, 3)))
+    v = torch.from_numpy(rng.random(25))
+    ref = mmchain_reference(X, y, v[:, None].expand(25, 3))
+    for backend in ("fused", "ops", "cpu"):
+        assert rel(fusedml.mmchain(X, y, v, backend=backend), ref) < 1e-12
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("m", [None, 2])
+def test_matvec_all_backends(rng, poison, intercept, m):
+    X = _dense(rng, 41, 19, torch.float32, "col")
+    y, _, _ = _operands(rng, 41, 19, m, intercept=intercept)
+    ref = matvec_reference(X, y, intercept=intercept)
+    for backend in ("fused", "ops", "cpu"):
+        t = fusedml.matvec(X, y, intercept=intercept, backend=backend)
+        assert t.shape == ref.shape
+        assert rel(t, ref) < TOL[torch.float32], backend
+    t = fusedml.matvec(X, y, intercept=intercept, backend="fused", config={"block_d": 4, "mode": "elementwise",
+                                                                            "m_pad": 1 if m is None else 2})
+    assert rel(t, ref) < TOL[torch.float32]
+
+
+def test_numpy_inputs_give_torch_and_are_not_modified(rng):
+    X = rng.standard_normal((20, 6)).astype(np.float32)
+    y, v = rng.standard_normal(6), rng.random(20)
+    X0, y0, v0 = X.copy(), y.copy(), v.copy()
+    for backend in ("fused", "ops", "cpu", "auto"):
+        w = fusedml.mmchain(X, y, v, backend=backend)
+        assert isinstance(w, torch.Tensor) and w.device.type == "cpu"
+        assert rel(w, mmchain_reference(X, y, v)) < TOL[torch.float32]
+    assert np.array_equal(X, X0) and np.array_equal(y, y0) and np.array_equal(v, v0)
+
+
+# ---------------------------------------------------------------------------------- ops and cpu paths
+@pytest.mark.parametrize("backend", ["ops", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["fp32", "fp64", "bf16"])
+def test_dense_host_backends(rng, backend, dtype):
+    X = _dense(rng, 300, 12, dtype, "col")
+    for intercept, m, v_op in ((False, None, "mul"), (True, 3, "softmax"), (True, 2, "mul")):
+        y, v, z = _operands(rng, 300, 12, m, intercept=intercept)
+        w = fusedml.mmchain(X, y, v, z, 0.9, 0.1, intercept=intercept, v_op=v_op, backend=backend)
+        ref = mmchain_reference(X.float() if dtype != torch.float64 else X, y, v, z, 0.9, 0.1,
+                                intercept=intercept, v_op=v_op)
+        tol = OPS_TOL[dtype] if backend == "ops" else TOL[dtype]
+        assert rel(w, ref) < tol, (intercept, m, v_op)
+
+
+def test_cpu_backend_many_blocks(rng, monkeypatch):
+    """Several L2 blocks (dense and CSR) give the same result as one."""
+    from fusedml.mmchain import cpu
+
+    monkeypatch.setattr(cpu, "L2_BYTES", 512)
+    X = _dense(rng, 200, 10, torch.float64)
+    y, v, z = _operands(rng, 200, 10, None, intercept=True)
+    ref = mmchain_reference(X, y, v, z, 1.0, 1.0, intercept=True)
+    assert rel(fusedml.mmchain(X, y, v, z, 1.0, 1.0, intercept=True, backend="cpu"), ref) < 1e-12
+    S = sp.random(200, 10, density=0.3, format="csr", random_state=3)
+    ref = mmchain_reference(S, y, v, z, 1.0, 1.0, intercept=True)
+    assert rel(fusedml.mmchain(S, y, v, z, 1.0, 1.0, intercept=True, backend="cpu"), ref) < 1e-12
+
+
+def _csr_inputs(rng):
+    """A CSR matrix with empty rows, a long row and unsorted-free structure, as three formats."""
+    S = sp.random(60, 25, density=0.15, format="csr", random_state=7, dtype=np.float64)
+    S = S.tolil()
+    S[5, :] = 0
+    S[9, :] = rng.standard_normal(25)  # a dense (long) row
+    S = S.tocsr()
+    S.sort_indices()
+    return S
+
+
+@pytest.mark.parametrize("fmt", ["scipy", "torch", "CSRMatrix"])
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_csr_all_backends(rng, fmt, backend):
+    S = _csr_inputs(rng)
+    if fmt == "scipy":
+        X = S
+    else:
+        T = torch.sparse_csr_tensor(torch.from_numpy(S.indptr.astype(np.int64)),
+                                    torch.from_numpy(S.indices.astype(np.int64)),
+                                    torch.from_numpy(S.data), S.shape)
+        X = T if fmt == "torch" else fusedml.as_csr(T)
+    for intercept, m, v_op in ((False, None, "mul"), (True, 3, "softmax"), (True, None, "mul")):
+        y, v, z = _operands(rng, 60, 25, m, intercept=intercept)
+        w = fusedml.mmchain(X, y, v, z, 0.8, 0.2, intercept=intercept, v_op=v_op, backend=backend)
+        ref = mmchain_reference(S, y, v, z, 0.8, 0.2, intercept=intercept, v_op=v_op)
+        assert w.dtype == torch.float64
+        assert rel(w, ref) < 1e-12, (intercept, m, v_op)
+    v = torch.from_numpy(rng.standard_normal(60))
+    assert rel(fusedml.mmchain(X, None, v, backend=backend), mmchain_reference(S, None, v)) < 1e-12
+    y = torch.from_numpy(rng.standard_normal((26, 2)))
+    t = fusedml.matvec(X, y, intercept=True, backend=backend)
+    assert rel(t, matvec_reference(S, y, intercept=True)) < 1e-12
+
+
+def test_csr_fp32_fused_matches_dense_fused(rng):
+    """Dense and CSR versions of the same matrix agree (scikit-learn's dense == sparse check)."""
+    S = _csr_inputs(rng).astype(np.float32)
+    y, v, z = _operands(rng, 60, 25, None)
+    w_csr = fusedml.mmchain(S, y, v, z, 1.0, 1.0, backend="fused")
+    w_dense = fusedml.mmchain(S.toarray(), y, v, z, 1.0, 1.0, backend="fused")
+    assert rel(w_csr, w_dense.double()) < 2e-6
+
+
+def test_ops_transpose_variants_and_cache(rng):
+    S = _csr_inputs(rng)
+    T = torch.sparse_csr_tensor(torch.from_numpy(S.indptr), torch.from_numpy(S.indices),
+                                torch.from_numpy(S.data), S.shape)
+    y, v, _ = _operands(rng, 60, 25, None)
+    ref = mmchain_reference(S, y, v)
+    ops.clear_transpose_cache()
+    w1 = fusedml.mmchain(T, y, v, backend="ops", config={"ops_transpose": "on_the_fly"})
+    assert len(ops._CACHE) == 0
+    w2 = fusedml.mmchain(T, y, v, backend="ops", config={"ops_transpose": "cached"})
+    assert len(ops._CACHE) == 1
+    cached = next(iter(ops._CACHE.values()))[4]
+    w3 = fusedml.mmchain(T, y, v, backend="ops")  # the default is "cached": the same transpose object
+    assert next(iter(ops._CACHE.values()))[4] is cached
+    for w in (w1, w2, w3):
+        assert rel(w, ref) < 1e-12
+    del T, cached
+    gc.collect()
+    assert len(ops._CACHE) == 0  # the entry dies with the matrix
+
+
+# ------------------------------------------------------------------------------ dispatch and model
+def test_auto_backend_is_cpu_for_host_data(rng, monkeypatch):
+    from fusedml.mmchain import cpu
+
+    called = []
+    real = cpu.mmchain_cpu
+    monkeypatch.setattr(cpu, "mmchain_cpu", lambda P: called.append(1) or real(P))
+    X = _dense(rng, 10, 3, torch.float32)
+    fusedml.mmchain(X, torch.ones(3), backend="auto")
+    assert called
+
+
+def test_duck_typed_delegation():
+    class Streamed:
+        def _fusedml_mmchain(self, y, v, z, alpha, beta, **kw):
+            return ("mmchain", y, v, z, alpha, beta, kw["intercept"], kw["backend"])
+
+        def _fusedml_matvec(self, y, **kw):
+            return ("matvec", y, kw["intercept"])
+
+    s = Streamed()
+    assert fusedml.mmchain(s, 1, 2, 3, 4.0, 5.0, intercept=True, backend="ops") == ("mmchain", 1, 2, 3, 4.0, 5.0,
+                                                                                    True, "ops")
+    assert fusedml.matvec(s, 7, intercept=True) == ("matvec", 7, True)
+
+
+@pytest.mark.parametrize("N,D,m,dtype", [
+    (8_000_000, 32, 1, torch.float32), (2_000_000, 128, 1, torch.float32), (500_000, 512, 1, torch.float32),
+    (125_000, 2048, 1, torch.float32), (16_384, 16_384, 1, torch.float32), (4_096, 65_536, 1, torch.float32),
+    (2_000_000, 128, 4, torch.float32), (2_000_000, 128, 1, torch.bfloat16), (100_000, 1000, 5, torch.float64),
+    (10, 1, 1, torch.float32), (100_000, 300_000, 1, torch.float32),
+])
+def test_launch_model_invariants(N, D, m, dtype):
+    gpu = launch.H200_PROFILE
+    cfg = launch.dense_config(N, D, m, dtype, gpu)
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    assert pow2(cfg.block_n) and pow2(cfg.block_d) and pow2(cfg.m_pad) and cfg.num_warps in (2, 4, 8, 16)
+    assert cfg.num_programs % gpu.sm_count == 0 and cfg.num_programs >= gpu.sm_count
+    if cfg.strategy == "onchip":
+        assert cfg.block_d >= D
+    else:
+        assert cfg.block_d < D
+    if cfg.mode == "dot":
+        assert cfg.block_n >= 16 and cfg.block_d >= 16 and cfg.m_pad == 16
+    assert cfg.mode == ("vector" if m == 1 else ("elementwise" if dtype == torch.float64 else "dot"))
+    # every program's data (tile + accumulator) fits the register budget
+    words = cfg.block_n * cfg.block_d * (cfg.m_pad if cfg.mode == "elementwise" else 1)
+    words += cfg.m_pad * cfg.block_d if cfg.strategy == "onchip" else 0
+    assert words * (2 if dtype == torch.float64 else 1) / (32 * cfg.num_warps) <= launch.REG_DATA + 1
+    # the reference shapes of PERFORMANCE.md keep a whole row on chip
+    if D <= 2048 and m == 1:
+        assert cfg.strategy == "onchip"
+    if D >= 65_536:
+        assert cfg.strategy == "chunked"
+
+
+def test_gpu_info_profile_on_cpu():
+    info = launch.gpu_info(torch.device("cpu"))
+    assert info == launch.H200_PROFILE and info.sm_count == 132
+    cfg = launch.dense_config(1000, 64, 1, torch.float32)
+    assert cfg.with_overrides({"block_n": 8, "bogus": 1}).block_n == 8
