@@ -47,7 +47,45 @@ import torch
 
 from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
 
-__all__ = ["StreamedMatrix", "is_dask_array"]
+__all__ = ["StreamedMatrix", "is_dask_array", "options"]
+
+# Defaults for StreamedMatrix keyword arguments left unset (estimators build StreamedMatrix
+# themselves; ``options`` lets a caller choose the memory plan for them).
+_DEFAULTS = {"max_gpu_bytes": None, "host_cache": "auto", "n_buffers": 2, "block_bytes": 64 << 20}
+
+
+class options:
+    """Context manager setting StreamedMatrix defaults (e.g. for estimators given dask input).
+
+    Parameters
+    ----------
+    **kwargs
+        Any of ``max_gpu_bytes``, ``host_cache``, ``n_buffers``, ``block_bytes``.
+
+    Examples
+    --------
+    >>> with fusedml.streaming.options(max_gpu_bytes=8 << 30):      # doctest: +SKIP
+    ...     LogisticRegression().fit(X_dask, y)
+    """
+
+    def __init__(self, **kwargs):
+        bad = set(kwargs) - set(_DEFAULTS)
+        if bad:
+            raise TypeError(f"unknown streaming option(s) {sorted(bad)}; known: {sorted(_DEFAULTS)}")
+        self._new, self._old = kwargs, None
+
+    def __enter__(self):
+        self._old = dict(_DEFAULTS)
+        _DEFAULTS.update(self._new)
+        return self
+
+    def __exit__(self, *exc):
+        _DEFAULTS.clear()
+        _DEFAULTS.update(self._old)
+        return False
+
+
+_UNSET = object()
 
 _NP_FLOATS = (np.float16, np.float32, np.float64)
 _TORCH_FROM_NP = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
@@ -144,6 +182,8 @@ class StreamedMatrix:
         are computed once (one pass over the data).
     device : str or torch.device, optional
         The compute device; default CUDA when available, else the CPU.
+    Keyword arguments left unset take the defaults of :class:`options` (shown values otherwise).
+
     max_gpu_bytes : int, optional
         Device memory the engine may use for X (resident chunks plus the streaming slots).
         None: everything resident (on CUDA capped at 80 % of the free memory).
@@ -183,9 +223,13 @@ class StreamedMatrix:
     >>> w = fusedml.mmchain(S, torch.ones(8))          # X^T (X 1), two chunks streamed
     """
 
-    def __init__(self, dask_array, *, device=None, max_gpu_bytes=None, host_cache="auto",
-                 n_buffers=2, block_bytes=64 << 20, dtype=None, scheduler=None,
+    def __init__(self, dask_array, *, device=None, max_gpu_bytes=_UNSET, host_cache=_UNSET,
+                 n_buffers=_UNSET, block_bytes=_UNSET, dtype=None, scheduler=None,
                  check_finite=True):
+        max_gpu_bytes = _DEFAULTS["max_gpu_bytes"] if max_gpu_bytes is _UNSET else max_gpu_bytes
+        host_cache = _DEFAULTS["host_cache"] if host_cache is _UNSET else host_cache
+        n_buffers = _DEFAULTS["n_buffers"] if n_buffers is _UNSET else n_buffers
+        block_bytes = _DEFAULTS["block_bytes"] if block_bytes is _UNSET else block_bytes
         if not is_dask_array(dask_array):
             raise TypeError(f"StreamedMatrix needs a dask.array.Array, got {type(dask_array).__name__}")
         X = dask_array

@@ -245,3 +245,16 @@ def test_bad_inputs(rng):
     Ssp = StreamedMatrix(da.from_array(csr_data(rng, n=30, d=4), chunks=(10, 4)), device="cpu")
     with pytest.raises(TypeError, match="dense"):
         fusedml.gmm.gmm_estep(Ssp, np.ones(1), np.zeros((1, 4)), np.ones((1, 4)), "diag")
+
+
+def test_options_context_sets_defaults(rng):
+    from fusedml.streaming import options
+
+    A = dense_data(rng, n=200, d=4)
+    X = da.from_array(A, chunks=(50, 4))
+    with options(max_gpu_bytes=3000, block_bytes=500, host_cache=False):
+        S = StreamedMatrix(X, device="cpu")
+    assert S.resident_chunks == 1 and not S.host_cache
+    assert StreamedMatrix(X, device="cpu").resident_chunks == 4  # restored
+    with pytest.raises(TypeError, match="unknown streaming option"):
+        options(gpu=1)
