@@ -1,0 +1,164 @@
+"""Bad arguments to fusedml.mmchain / matvec raise clear errors naming the problem."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import fusedml
+from fusedml import BackendUnavailableError
+
+
+@pytest.fixture
+def data(rng):
+    X = torch.from_numpy(rng.standard_normal((20, 6))).float()
+    y = torch.from_numpy(rng.standard_normal(6)).float()
+    v = torch.from_numpy(rng.random(20)).float()
+    return X, y, v
+
+
+BACKENDS = ["fused", "ops", "cpu"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrong_shapes_name_the_argument(data, backend):
+    X, y, v = data
+    with pytest.raises(ValueError, match=r"y must have D = 6 rows.*got shape \(5,\)"):
+        fusedml.mmchain(X, y[:5], v, backend=backend)
+    with pytest.raises(ValueError, match=r"y must have D \+ 1 = 7 \(intercept=True\) rows"):
+        fusedml.mmchain(X, y, v, intercept=True, backend=backend)
+    with pytest.raises(ValueError, match=r"v must have N = 20 rows"):
+        fusedml.mmchain(X, y, v[:19], backend=backend)
+    with pytest.raises(ValueError, match=r"z must have shape \[6\]"):
+        fusedml.mmchain(X, y, v, torch.zeros(7), backend=backend)
+    with pytest.raises(ValueError, match=r"v must be 1-D"):
+        fusedml.mmchain(X, y, torch.ones(20, 2), backend=backend)
+    with pytest.raises(ValueError, match=r"v must have shape \[N\] or \[N, m\]"):
+        fusedml.mmchain(X, torch.ones(6, 3), torch.ones(20, 2), backend=backend)
+    with pytest.raises(ValueError, match=r"y must have 1 or 2 dimension"):
+        fusedml.mmchain(X, torch.ones(6, 2, 2), backend=backend)
+    with pytest.raises(ValueError, match=r"X must have 2 dimension"):
+        fusedml.mmchain(torch.ones(20), y, backend=backend)
+
+
+def test_too_many_columns(data):
+    X, _, _ = data
+    with pytest.raises(ValueError, match=r"m = 17 columns; at most 16"):
+        fusedml.mmchain(X, torch.ones(6, 17))
+    with pytest.raises(ValueError, match=r"v has m = 17 columns"):
+        fusedml.mmchain(X, None, torch.ones(20, 17))
+
+
+def test_empty_inputs(data):
+    _, y, _ = data
+    with pytest.raises(ValueError, match=r"X is empty"):
+        fusedml.mmchain(torch.zeros(0, 6), y)
+    with pytest.raises(ValueError, match=r"X is empty"):
+        fusedml.matvec(torch.zeros(5, 0), torch.zeros(0))
+    with pytest.raises(ValueError, match=r"y has 0 columns"):
+        fusedml.mmchain(torch.ones(3, 6), torch.zeros(6, 0))
+
+
+def test_dtype_rules(data):
+    X, y, v = data
+    with pytest.raises(TypeError, match=r"y must have a floating dtype"):
+        fusedml.mmchain(X, torch.arange(6), v)
+    with pytest.raises(TypeError, match=r"v must have a floating dtype"):
+        fusedml.mmchain(X, y, torch.ones(20, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"z must hold floating-point numbers"):
+        fusedml.mmchain(X, y, v, np.array(["a"] * 6))
+    with pytest.raises(TypeError, match=r"X must have a floating dtype"):
+        fusedml.mmchain(torch.ones(4, 6, dtype=torch.int64), y)
+    # float64 operands with float32 X are cast to the accumulation dtype (float32)
+    w = fusedml.mmchain(X, y.double(), v.double(), backend="fused")
+    assert w.dtype == torch.float32
+
+
+def test_mismatched_devices(data):
+    X, y, v = data
+    with pytest.raises(ValueError, match=r"y is on meta but X is on cpu"):
+        fusedml.mmchain(X, y.to("meta"), v)
+    with pytest.raises(ValueError, match=r"v is on meta"):
+        fusedml.mmchain(X, y, v.to("meta"))
+
+
+@pytest.mark.parametrize("name", ["X", "y", "v", "z"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_check_finite_names_the_argument(data, name, bad):
+    X, y, v = data
+    args = {"X": X.clone(), "y": y.clone(), "v": v.clone(), "z": torch.ones(6)}
+    args[name].view(-1)[3] = bad
+    with pytest.raises(ValueError, match=rf"^{name} contains"):
+        fusedml.mmchain(args["X"], args["y"], args["v"], args["z"], check_finite=True)
+    # without the check, the non-finite value propagates instead of being silently dropped
+    w = fusedml.mmchain(args["X"], args["y"], args["v"], args["z"], beta=1.0, backend="cpu")
+    assert not bool(torch.isfinite(w).all())
+
+
+def test_check_finite_csr_values(rng):
+    S = sp.random(10, 5, density=0.5, format="csr", random_state=0)
+    S.data[2] = np.nan
+    with pytest.raises(ValueError, match=r"^X contains 1 NaN"):
+        fusedml.mmchain(S, np.ones(5), check_finite=True)
+
+
+def test_sparse_formats_and_structure(rng):
+    S = sp.random(10, 5, density=0.5, format="csr", random_state=0)
+    with pytest.raises(TypeError, match=r"unsupported sparse format 'coo'"):
+        fusedml.mmchain(S.tocoo(), np.ones(5))
+    with pytest.raises(TypeError, match=r"unsupported sparse format 'csc'"):
+        fusedml.matvec(S.tocsc(), np.ones(5))
+    with pytest.raises(TypeError, match=r"unsupported sparse layout"):
+        fusedml.mmchain(torch.from_numpy(S.toarray()).to_sparse_coo(), torch.ones(5, dtype=torch.float64))
+    bad = sp.csr_matrix((np.array([1.0, 2.0]), np.array([3, 1]), np.array([0, 2] + [2] * 9)), shape=(10, 5))
+    with pytest.raises(ValueError, match=r"sorted and unique"):
+        fusedml.mmchain(bad, np.ones(5))
+    dup = sp.csr_matrix((np.array([1.0, 2.0]), np.array([1, 1]), np.array([0, 2] + [2] * 9)), shape=(10, 5))
+    with pytest.raises(ValueError, match=r"sorted and unique"):
+        fusedml.mmchain(dup, np.ones(5), backend="ops")
+
+
+def test_bad_options(data):
+    X, y, v = data
+    with pytest.raises(ValueError, match=r"v_op must be one of"):
+        fusedml.mmchain(X, y, v, v_op="exp")
+    with pytest.raises(ValueError, match=r"v_op='softmax' needs a matrix y"):
+        fusedml.mmchain(X, y, v, v_op="softmax")
+    with pytest.raises(ValueError, match=r"v_op='softmax' needs v"):
+        fusedml.mmchain(X, torch.ones(6, 2), v_op="softmax")
+    with pytest.raises(ValueError, match=r"v is required when y is None"):
+        fusedml.mmchain(X, None)
+    with pytest.raises(ValueError, match=r"y is required for matvec"):
+        fusedml.matvec(X, None)
+    with pytest.raises(ValueError, match=r"backend must be one of"):
+        fusedml.mmchain(X, y, backend="cuda")
+    with pytest.raises(ValueError, match=r"alpha must be finite"):
+        fusedml.mmchain(X, y, alpha=float("nan"))
+    with pytest.raises(TypeError, match=r"beta must be a real scalar"):
+        fusedml.mmchain(X, y, beta="one")
+    with pytest.raises(ValueError, match=r"ops_transpose"):
+        fusedml.mmchain(X, y, backend="ops", config={"ops_transpose": "never"})
+    with pytest.raises(ValueError, match=r"invalid dense config"):
+        fusedml.mmchain(X, y, backend="fused", config={"strategy": "magic"})
+    with pytest.raises(ValueError, match=r"needs block_d >= D"):
+        fusedml.mmchain(X, y, backend="fused", config={"strategy": "onchip", "block_d": 2})
+    with pytest.raises(ValueError, match=r"mode='dot' is not available for float64"):
+        fusedml.mmchain(X.double(), torch.ones(6, 2), backend="fused", config={"mode": "dot", "m_pad": 16,
+                                                                                 "block_n": 16, "block_d": 16})
+
+
+def test_backend_unavailable(data, monkeypatch):
+    X, y, v = data
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(BackendUnavailableError, match=r"backend='fused' needs CUDA"):
+        fusedml.mmchain(X, y, v, backend="fused")
+
+
+def test_inputs_never_modified(data):
+    X, y, v = data
+    z = torch.ones(6)
+    copies = [t.clone() for t in (X, y, v, z)]
+    for backend in BACKENDS:
+        for det in (False, True):
+            fusedml.mmchain(X, y, v, z, 2.0, 3.0, backend=backend, deterministic=det)
+    for a, b in zip((X, y, v, z), copies):
+        assert torch.equal(a, b)
