@@ -306,7 +306,7 @@ def _lloyd_update(X, labels, centers):
         new[j] = xf
     still = counts == 0
     if bool(still.any()):
-        new[still] = new[int(torch.argmax(counts))]
+        new[still] = new[int(torch.argmax(counts))].clone()
     shift_sq = float(((new - c64) ** 2).sum())
     return new, shift_sq, float(dist.sum())
 

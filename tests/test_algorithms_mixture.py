@@ -1,0 +1,410 @@
+"""GaussianMixture and KMeans against scikit-learn on iris (CPU; the fused backend on tiny data).
+
+scikit-learn is the reference: started from the same parameters (explicit ``*_init``) or from
+the same seed (our initialisations consume the RandomState exactly as scikit-learn does), the
+EM / Lloyd iterations must reach the same log-likelihood / inertia and the same parameters.
+"""
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+sklearn = pytest.importorskip("sklearn")
+from sklearn.base import clone  # noqa: E402
+from sklearn.cluster import KMeans as SkKMeans  # noqa: E402
+from sklearn.datasets import load_iris  # noqa: E402
+from sklearn.mixture import GaussianMixture as SkGMM  # noqa: E402
+
+from algorithms._base import ConvergenceWarning, NotFittedError  # noqa: E402
+from algorithms.mixture import GaussianMixture, KMeans  # noqa: E402
+
+COV_TYPES = ["full", "tied", "diag", "spherical"]
+
+
+@pytest.fixture(scope="module")
+def iris():
+    return load_iris().data.astype(np.float64)  # [150, 4]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def _explicit_init(X, ct, K=3):
+    """Explicit starting parameters (weights, means, precisions) for covariance type ``ct``."""
+    D = X.shape[1]
+    means = X[[0, 60, 120]][:K] + 0.1
+    var = X.var(0)
+    weights = np.array([0.5, 0.3, 0.2])[:K]
+    weights = weights / weights.sum()
+    if ct == "full":
+        prec = np.stack([np.diag(1.0 / (var * s)) + 0.01 * (s - 1) for s in (1.0, 1.5, 2.0)][:K])
+        prec = 0.5 * (prec + prec.transpose(0, 2, 1)) + 0.05 * np.eye(D)
+    elif ct == "tied":
+        prec = np.diag(1.0 / var) + 0.02
+    elif ct == "diag":
+        prec = np.stack([1.0 / (var * s) for s in (1.0, 1.5, 2.0)][:K])
+    else:
+        prec = np.array([1.0, 0.7, 0.4])[:K] / var.mean()
+    return dict(weights_init=weights, means_init=means, precisions_init=prec)
+
+
+def _assert_same_model(ours, ref, rtol=1e-6):
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"):
+        assert _rel(getattr(ours, name), getattr(ref, name)) <= rtol, name
+
+
+# ------------------------------------------------------------------------------------------------
+# GaussianMixture against scikit-learn
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_gmm_same_start_matches_sklearn(iris, ct):
+    init = _explicit_init(iris, ct)
+    kw = dict(covariance_type=ct, tol=1e-7, max_iter=300, **init)
+    ours = GaussianMixture(3, backend="cpu", **kw).fit(iris)
+    ref = SkGMM(3, **kw).fit(iris)
+    assert ours.converged_ and ref.converged_
+    assert abs(ours.lower_bound_ - ref.lower_bound_) <= 1e-5 * abs(ref.lower_bound_)
+    assert ours.n_iter_ == ref.n_iter_
+    _assert_same_model(ours, ref, rtol=1e-6)
+    np.testing.assert_allclose(ours.lower_bounds_, ref.lower_bounds_, rtol=1e-8)
+    # history_: one record per iteration, objective = the lower bound
+    assert [h["iter"] for h in ours.history_] == list(range(1, ours.n_iter_ + 1))
+    np.testing.assert_allclose([h["objective"] for h in ours.history_], ours.lower_bounds_)
+    # inference on the fitted model
+    np.testing.assert_allclose(ours.score_samples(iris), ref.score_samples(iris), rtol=1e-8)
+    np.testing.assert_allclose(ours.predict_proba(iris), ref.predict_proba(iris), rtol=1e-6, atol=1e-10)
+    np.testing.assert_array_equal(ours.predict(iris), ref.predict(iris))
+    assert ours.score(iris) == pytest.approx(ref.score(iris), rel=1e-10)
+    assert ours.bic(iris) == pytest.approx(ref.bic(iris), rel=1e-10)
+    assert ours.aic(iris) == pytest.approx(ref.aic(iris), rel=1e-10)
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_gmm_inference_given_sklearn_parameters(iris, ct, rng):
+    """predict / predict_proba / score_samples on a model carrying scikit-learn's parameters."""
+    ref = SkGMM(3, covariance_type=ct, random_state=0, max_iter=20).fit(iris)
+    ours = GaussianMixture(3, covariance_type=ct, backend="cpu")
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"):
+        setattr(ours, name, getattr(ref, name))
+    ours.n_features_in_ = 4
+    Xt = iris[rng.permutation(150)[:40]] + rng.normal(0, 0.3, (40, 4))
+    np.testing.assert_allclose(ours.score_samples(Xt), ref.score_samples(Xt), rtol=1e-9)
+    np.testing.assert_allclose(ours.predict_proba(Xt), ref.predict_proba(Xt), rtol=1e-7, atol=1e-12)
+    np.testing.assert_array_equal(ours.predict(Xt), ref.predict(Xt))
+    assert ours.bic(Xt) == pytest.approx(ref.bic(Xt), rel=1e-10)
+    assert ours.aic(Xt) == pytest.approx(ref.aic(Xt), rel=1e-10)
+
+
+# one-hot starts ("k-means++", "random_from_data": K rows, covariance = reg_covar) are
+# ill-conditioned: 1e-16 rounding differences grow to ~1e-7 along the path, hence the brief's 1e-5
+@pytest.mark.parametrize("init,ct,rtol", [("kmeans", "full", 1e-8), ("random", "diag", 1e-8), ("random", "tied", 1e-8),
+                                          ("k-means++", "spherical", 1e-5), ("random_from_data", "full", 1e-5)])
+def test_gmm_seeded_init_matches_sklearn(iris, init, ct, rtol):
+    """Same random_state -> same initial responsibilities as scikit-learn -> same fit."""
+    kw = dict(covariance_type=ct, init_params=init, random_state=0, tol=1e-4, max_iter=400)
+    ours = GaussianMixture(3, backend="cpu", **kw).fit(iris)
+    ref = SkGMM(3, **kw).fit(iris)
+    assert ours.n_iter_ == ref.n_iter_
+    assert abs(ours.lower_bound_ - ref.lower_bound_) <= rtol * abs(ref.lower_bound_)
+    _assert_same_model(ours, ref, rtol=100 * rtol)
+
+
+def test_gmm_n_init_and_max_iter_zero_match_sklearn(iris):
+    # one-hot starts with reg_covar=1e-6 are ill-conditioned: rounding differences of 1e-16 grow
+    # to ~1e-8 along the path, hence the brief's 1e-5 bound here
+    kw = dict(covariance_type="diag", init_params="random_from_data", random_state=3, n_init=3, tol=1e-5)
+    ours = GaussianMixture(3, backend="cpu", **kw).fit(iris)
+    ref = SkGMM(3, **kw).fit(iris)
+    assert ours.n_iter_ == ref.n_iter_
+    assert ours.lower_bound_ == pytest.approx(ref.lower_bound_, rel=1e-5)
+    _assert_same_model(ours, ref, rtol=1e-4)
+    # max_iter=0: the initialisation only, no warning, lower bound -inf (as scikit-learn)
+    kw0 = dict(covariance_type="full", init_params="k-means++", random_state=1, max_iter=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours0 = GaussianMixture(3, backend="cpu", **kw0).fit(iris)
+    ref0 = SkGMM(3, **kw0).fit(iris)
+    assert ours0.n_iter_ == 0 and ours0.lower_bound_ == -np.inf
+    np.testing.assert_allclose(ours0.means_, ref0.means_, rtol=1e-12)
+    np.testing.assert_allclose(ours0.covariances_, ref0.covariances_, rtol=1e-12)
+    # scikit-learn's initial weights are N_k / N (here 1/150 each: not a distribution); ours are
+    # normalised (the operators take a valid mixture), which only shifts the first lower bound
+    np.testing.assert_allclose(ours0.weights_, ref0.weights_ / ref0.weights_.sum(), rtol=1e-12)
+
+
+def test_gmm_warm_start_matches_sklearn(iris):
+    init = _explicit_init(iris, "diag")
+    kw = dict(covariance_type="diag", warm_start=True, max_iter=3, tol=1e-12, **init)
+    ours = GaussianMixture(3, backend="cpu", **kw)
+    ref = SkGMM(3, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", sklearn.exceptions.ConvergenceWarning)
+        for _ in range(3):
+            ours.fit(iris)
+            ref.fit(iris)
+            assert ours.lower_bound_ == pytest.approx(ref.lower_bound_, rel=1e-10)
+    _assert_same_model(ours, ref, rtol=1e-8)
+
+
+def test_gmm_sample_matches_sklearn(iris):
+    init = _explicit_init(iris, "full")
+    for ct in COV_TYPES:
+        kw = dict(covariance_type=ct, random_state=7, max_iter=5, tol=1e-2)
+        if ct == "full":
+            kw.update(init)
+        ours = GaussianMixture(3, backend="cpu", **kw).fit(iris)
+        ref = SkGMM(3, **kw).fit(iris)
+        Xs, ys = ours.sample(11)
+        Xr, yr = ref.sample(11)
+        assert Xs.shape == (11, 4) and ys.shape == (11,) and ys.dtype == np.int64
+        assert set(ys.tolist()) <= {0, 1, 2}
+        np.testing.assert_array_equal(ys, yr)
+        np.testing.assert_allclose(Xs, Xr, rtol=1e-6)
+    with pytest.raises(ValueError, match="n_samples"):
+        ours.sample(0)
+
+
+def test_gmm_fit_predict_equals_fit_then_predict(iris):
+    kw = dict(covariance_type="full", random_state=0, backend="cpu")
+    labels = GaussianMixture(3, **kw).fit_predict(iris)
+    model = GaussianMixture(3, **kw).fit(iris)
+    np.testing.assert_array_equal(labels, model.predict(iris))
+    assert labels.dtype == np.int64
+
+
+# ------------------------------------------------------------------------------------------------
+# backends, dtypes, input types
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_gmm_backends_give_same_model(ct):
+    """fused (interpreter, tiny) / ops / cpu: the same EM iterations on float32 data."""
+    X = load_iris().data[:, :3].astype(np.float32)  # N=150, D=3, K=2
+    full = _explicit_init(X.astype(np.float64), ct, K=2)
+    kw = dict(covariance_type=ct, max_iter=4, tol=0.0, **full)
+    models = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for be in ("cpu", "ops", "fused"):
+            models[be] = GaussianMixture(2, backend=be, **kw).fit(X)
+    ref = models["cpu"]
+    assert ref.means_.dtype == np.float32
+    for be in ("ops", "fused"):
+        m = models[be]
+        assert m.n_iter_ == ref.n_iter_ == 4
+        assert m.lower_bound_ == pytest.approx(ref.lower_bound_, rel=1e-5)
+        for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+            assert _rel(getattr(m, name), getattr(ref, name)) <= 1e-4, (be, name)
+        np.testing.assert_array_equal(m.predict(X), ref.predict(X))
+        np.testing.assert_allclose(m.score_samples(X), ref.score_samples(X), rtol=1e-4)
+    # the default ("kmeans") initialisation runs KMeans on the same backend: same start
+    fits = [GaussianMixture(2, covariance_type=ct, max_iter=2, tol=1e-1, random_state=0, backend=be).fit(X)
+            for be in ("cpu", "ops")]
+    assert _rel(fits[1].means_, fits[0].means_) <= 1e-5
+
+
+def test_kmeans_backends_give_same_model():
+    X = load_iris().data[::2, :3].astype(np.float32)  # N=75, D=3
+    init = X[[0, 30, 60]]
+    fits = {be: KMeans(3, init=init, backend=be).fit(X) for be in ("cpu", "ops", "fused")}
+    for be in ("ops", "fused"):
+        np.testing.assert_array_equal(fits[be].labels_, fits["cpu"].labels_)
+        assert fits[be].inertia_ == pytest.approx(fits["cpu"].inertia_, rel=1e-6)
+        assert fits[be].n_iter_ == fits["cpu"].n_iter_
+
+
+def test_gmm_float32_close_to_float64(iris):
+    kw = dict(covariance_type="full", backend="cpu", tol=1e-8, max_iter=300, **_explicit_init(iris, "full"))
+    m64 = GaussianMixture(3, **kw).fit(iris)
+    m32 = GaussianMixture(3, **kw).fit(iris.astype(np.float32))
+    assert m32.means_.dtype == np.float32 and m32.covariances_.dtype == np.float32
+    assert m32.lower_bound_ == pytest.approx(m64.lower_bound_, rel=1e-5)
+    assert _rel(m32.means_, m64.means_) <= 1e-4
+    assert _rel(m32.covariances_, m64.covariances_) <= 1e-3
+
+
+def test_gmm_data_far_from_origin(iris):
+    """float32 data around 1e4: the model is the shifted model (centred statistics)."""
+    shift = 1e4
+    kw = dict(covariance_type="diag", backend="cpu", tol=1e-8, max_iter=300, **_explicit_init(iris, "diag"))
+    base = GaussianMixture(3, **kw).fit(iris)
+    kw["means_init"] = kw["means_init"] + shift
+    far = GaussianMixture(3, **kw).fit((iris + shift).astype(np.float32))
+    np.testing.assert_allclose(far.means_ - shift, base.means_, atol=2e-3)  # fp32 ulp at 1e4 is 1e-3
+    assert _rel(far.covariances_, base.covariances_) <= 1e-2
+    np.testing.assert_array_equal(far.predict((iris + shift).astype(np.float32)), base.predict(iris))
+
+
+def test_torch_input_gives_torch_attributes(iris):
+    Xt = torch.from_numpy(iris)
+    kw = dict(covariance_type="tied", random_state=0, backend="cpu")
+    mt = GaussianMixture(3, **kw).fit(Xt)
+    mn = GaussianMixture(3, **kw).fit(iris)
+    assert isinstance(mt.means_, torch.Tensor) and isinstance(mt.covariances_, torch.Tensor)
+    np.testing.assert_allclose(mt.means_.numpy(), mn.means_, rtol=1e-12)
+    assert isinstance(mt.predict(Xt), torch.Tensor) and isinstance(mt.predict(iris), np.ndarray)
+    assert isinstance(mt.predict_proba(Xt), torch.Tensor)
+    Xs, ys = mt.sample(5)
+    assert isinstance(Xs, torch.Tensor) and tuple(Xs.shape) == (5, 4)
+    kt = KMeans(3, random_state=0, backend="cpu").fit(Xt)
+    assert isinstance(kt.cluster_centers_, torch.Tensor) and isinstance(kt.labels_, torch.Tensor)
+    # non-contiguous torch input gives the same model
+    Xnc = torch.from_numpy(np.asfortranarray(iris))
+    assert not Xnc.is_contiguous()
+    mnc = GaussianMixture(3, **kw).fit(Xnc)
+    np.testing.assert_allclose(mnc.means_.numpy(), mn.means_, rtol=1e-12)
+
+
+def test_dask_input_streams(iris):
+    da = pytest.importorskip("dask.array")
+    pytest.importorskip("fusedml.streaming")
+    Xd = da.from_array(iris, chunks=(40, 4))
+    for init in ("kmeans", "random"):
+        kw = dict(covariance_type="diag", init_params=init, random_state=0, backend="cpu")
+        md = GaussianMixture(3, **kw).fit(Xd)
+        mn = GaussianMixture(3, **kw).fit(iris)
+        assert md.lower_bound_ == pytest.approx(mn.lower_bound_, rel=1e-12)
+        assert _rel(md.means_, mn.means_) <= 1e-10
+    np.testing.assert_allclose(md.predict_proba(Xd), mn.predict_proba(iris), atol=1e-10)
+    np.testing.assert_array_equal(md.predict(Xd), mn.predict(iris))
+    kd = KMeans(3, random_state=0, backend="cpu").fit(Xd)
+    kn = KMeans(3, random_state=0, backend="cpu").fit(iris)
+    assert kd.inertia_ == pytest.approx(kn.inertia_, rel=1e-12)
+    np.testing.assert_array_equal(kd.labels_, kn.labels_)
+
+
+# ------------------------------------------------------------------------------------------------
+# KMeans against scikit-learn
+# ------------------------------------------------------------------------------------------------
+def test_kmeans_same_initial_centres_matches_sklearn(iris):
+    init = iris[[3, 70, 140]]
+    ours = KMeans(3, init=init, backend="cpu").fit(iris)
+    ref = SkKMeans(3, init=init, n_init=1).fit(iris)
+    assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-10)
+    np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-10)
+    np.testing.assert_array_equal(ours.labels_, ref.labels_)
+    assert ours.n_iter_ == ref.n_iter_
+    assert ours.score(iris) == pytest.approx(ref.score(iris), rel=1e-10)
+    np.testing.assert_array_equal(ours.predict(iris[::7]), ref.predict(iris[::7]))
+    assert len(ours.history_) == ours.n_iter_
+
+
+def test_kmeans_empty_cluster_relocated_as_sklearn(iris):
+    init = np.r_[iris[[3, 70]], [[100.0, 100.0, 100.0, 100.0]]]  # third centre attracts nothing
+    ours = KMeans(3, init=init, backend="cpu").fit(iris)
+    ref = SkKMeans(3, init=init, n_init=1).fit(iris)
+    assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-10)
+    np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_kmeans_seeded_matches_sklearn(iris, init):
+    ours = KMeans(4, init=init, n_init=2, random_state=5, backend="cpu").fit(iris)
+    ref = SkKMeans(4, init=init, n_init=2, random_state=5).fit(iris)
+    assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-10)
+    np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------------
+# warnings, errors, estimator protocol
+# ------------------------------------------------------------------------------------------------
+def test_convergence_warnings(iris):
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        GaussianMixture(3, max_iter=1, random_state=0, backend="cpu").fit(iris)
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        KMeans(3, max_iter=1, tol=0.0, init=iris[[0, 1, 2]], backend="cpu").fit(iris)
+    with pytest.warns(ConvergenceWarning, match="distinct clusters"):
+        KMeans(3, init=np.zeros((3, 2)), backend="cpu").fit(np.zeros((10, 2)))
+
+
+@pytest.mark.parametrize("Est", [GaussianMixture, KMeans])
+def test_bad_inputs(Est, iris):
+    sp = pytest.importorskip("scipy.sparse")
+    est = Est(3, backend="cpu")
+    with pytest.raises(ValueError, match=r"n_samples.*(n_components|n_clusters)|n_components = 3"):
+        Est(5, backend="cpu").fit(iris[:4])
+    bad = iris.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(bad)
+    bad[3, 1] = np.inf
+    with pytest.raises(ValueError, match="infinite"):
+        est.fit(bad)
+    with pytest.raises(ValueError, match="2-D"):
+        est.fit(iris[:, 0])
+    with pytest.raises(ValueError, match="2-D"):
+        est.fit(iris[None])
+    with pytest.raises(ValueError, match="empty"):
+        est.fit(np.zeros((0, 4)))
+    with pytest.raises(TypeError, match="sparse"):
+        est.fit(sp.csr_matrix(iris))
+    with pytest.raises(TypeError, match="numbers"):
+        est.fit(np.array([["a", "b"], ["c", "d"]]))
+    with pytest.raises(NotFittedError):
+        Est(3).predict(iris)
+    est.fit(iris)
+    with pytest.raises(ValueError, match="features"):
+        est.predict(iris[:, :3])
+    with pytest.raises(ValueError, match="backend"):
+        Est(3, backend="gpu").fit(iris)
+
+
+def test_gmm_bad_parameters(iris):
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        GaussianMixture(1, backend="cpu").fit(iris[:1])
+    with pytest.raises(ValueError, match="covariance_type"):
+        GaussianMixture(2, covariance_type="banana").fit(iris)
+    with pytest.raises(ValueError, match="init_params"):
+        GaussianMixture(2, init_params="banana").fit(iris)
+    for name, val in (("n_components", 0), ("tol", -1.0), ("reg_covar", -1e-3), ("max_iter", -1), ("n_init", 0)):
+        with pytest.raises(ValueError, match=name):
+            GaussianMixture(**{"n_components": 2, name: val}).fit(iris)
+    with pytest.raises(ValueError, match="normalized"):
+        GaussianMixture(2, weights_init=[0.5, 0.6], backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="range"):
+        GaussianMixture(2, weights_init=[-0.5, 1.5], backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="shape"):
+        GaussianMixture(2, means_init=np.zeros((3, 4)), backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="shape"):
+        GaussianMixture(2, covariance_type="diag", precisions_init=np.ones((2, 3)), backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="positive-definite"):
+        GaussianMixture(2, precisions_init=np.stack([-np.eye(4)] * 2), backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="positive"):
+        GaussianMixture(2, covariance_type="spherical", precisions_init=[1.0, 0.0], backend="cpu").fit(iris)
+    with pytest.raises(ValueError, match="ill-defined"):  # collapsed data, no regularisation
+        GaussianMixture(2, reg_covar=0.0, init_params="random_from_data", random_state=0,
+                        backend="cpu").fit(np.ones((6, 2)))
+    with pytest.raises(ValueError, match="init"):
+        KMeans(3, init="banana").fit(iris)
+    with pytest.raises(ValueError, match="shape"):
+        KMeans(3, init=np.zeros((2, 4)), backend="cpu").fit(iris)
+
+
+def test_inputs_not_modified(iris):
+    X = iris.copy()
+    init = _explicit_init(iris, "full")
+    init_copy = {k: v.copy() for k, v in init.items()}
+    GaussianMixture(3, backend="cpu", max_iter=3, tol=1.0, **init).fit(X)
+    KMeans(3, init=init["means_init"], backend="cpu").fit(X)
+    np.testing.assert_array_equal(X, iris)
+    for k in init:
+        np.testing.assert_array_equal(init[k], init_copy[k])
+
+
+@pytest.mark.parametrize("Est", [GaussianMixture, KMeans])
+def test_clone_pickle_params(Est, iris):
+    est = Est(3, random_state=0, backend="cpu")
+    c = clone(est)
+    assert c.get_params() == est.get_params() and c is not est
+    est.set_params(max_iter=50)
+    assert est.get_params()["max_iter"] == 50
+    with pytest.raises(ValueError, match="Invalid parameter"):
+        est.set_params(banana=1)
+    est.fit(iris)
+    est2 = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(est2.predict(iris), est.predict(iris))
+    assert est2.score(iris) == est.score(iris)
