@@ -106,11 +106,12 @@ def _parse_svmlight_bytes(data: bytes, *, first_line: int = 1, zero_based="auto"
     b = a.copy()
     b[cpos] = 32
     n_expected = n_tok + cpos.size
-    nums = None
+    nums = np.zeros(0) if n_expected == 0 else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            nums = np.fromstring(b.tobytes(), dtype=np.float64, sep=" ")
+            if nums is None:
+                nums = np.fromstring(b.tobytes(), dtype=np.float64, sep=" ")
     except ValueError:
         nums = None
     if nums is None or nums.size != n_expected:
