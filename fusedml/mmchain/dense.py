@@ -18,6 +18,7 @@ fp32 hi/lo pair so that fp64 runs keep full precision.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -247,8 +248,8 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 def _split(x: float):
     """fp32 hi/lo pair with hi + lo == x to ~48 bits (Triton passes Python floats as fp32)."""
-    hi = float(torch.tensor(x, dtype=torch.float32))
-    return hi, float(torch.tensor(x - hi, dtype=torch.float32))
+    hi = float(np.float32(x))
+    return hi, float(np.float32(x - hi))
 
 
 def _config(P: Problem, config: dict | None) -> DenseConfig:

@@ -6,6 +6,7 @@ enough bytes in flight per SM and keep everything a program needs on chip. See
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -38,7 +39,7 @@ class GPUInfo:
 
 #: The profile used when there is no CUDA device (Triton interpreter): an H200 (GH100, SXM).
 H200_PROFILE = GPUInfo("H200 profile (interpreter)", sm_count=132, regs_per_sm=65536,
-                       smem_per_sm=228 * 1024, l2_bytes=50 * 1024 * 1024, max_threads_per_sm=2048)
+                       smem_per_sm=228 * 1024, l2_bytes=60 * 1024 * 1024, max_threads_per_sm=2048)
 
 
 def gpu_info(device=None) -> GPUInfo:
@@ -58,6 +59,11 @@ def gpu_info(device=None) -> GPUInfo:
         device = torch.device("cuda", torch.cuda.current_device())
     if device is None or torch.device(device).type != "cuda":
         return H200_PROFILE
+    return _cuda_info(torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_info(device: torch.device) -> GPUInfo:
     p = torch.cuda.get_device_properties(device)
     return GPUInfo(
         name=p.name,
@@ -148,10 +154,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     3. **Strategy.** "onchip" when a whole row (block_d = next power of two >= D) fits with the
        minimum block_n (1, or 16 for ``tl.dot``) and at most 16 warps: then the accumulator lives
        in registers for the whole run and only ``P * D * m`` atomics are issued. Otherwise
-       "chunked": block_d is cut to a 2-4 KB row chunk, and block_n is chosen so that all
-       in-flight row tiles (``P * block_n * D * bytes``) fit in ``L2_FRACTION`` of L2, so pass 2
-       re-reads them from L2, not DRAM; its atomics are ``N / block_n * D * m`` (ratio
-       1/block_n to the elements of X).
+       "chunked": block_n is chosen so that all in-flight row tiles (``P * block_n * D *
+       bytes``) fit in ``L2_FRACTION`` of L2, so pass 2 re-reads them from L2, not DRAM, and
+       block_d so that one chunk ``block_n x block_d`` is about ``2 * TILE_BYTES`` (few programs
+       per SM here, so each carries more bytes in flight); programs per SM are also capped by
+       the L2 budget. Its atomics are
+       ``N / block_n * D * m`` (ratio 1/block_n to the elements of X): for very wide rows (one
+       row > L2 / (2 P)) block_n drops to 1 and the atomics land in L2 (w is small and stays
+       there) at one per element of X.
     4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2).
        Column-major X (stride_xn == 1) needs block_n >= 32 so that each column segment of a tile
        is a full 128-byte line.
@@ -199,9 +209,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
     if onchip:
         bd = bd_full
-    else:  # a row chunk of ~4 KB (2 KB for the heavier modes), never below the tl.dot minimum
-        bd = max(bd_min, min(bd_full, _pow2_floor((4096 if mode == "vector" else 1024) // b)))
-    bn = max(bn_min, min(256, _pow2_floor(TILE_BYTES / (bd * b))))
+        bn = max(bn_min, min(256, _pow2_floor(TILE_BYTES / (bd * b))))
+    else:
+        # rows per tile from the L2 budget of pass 2's re-read, assuming 2 programs per SM
+        # (re-checked below with the real grid); then a D chunk of ~TILE_BYTES per tile
+        bn = max(bn_min, min(64, _pow2_floor(L2_FRACTION * gpu.l2_bytes / (2 * gpu.sm_count * D * b))))
+        bd = max(bd_min, min(bd_full // 2, _pow2_floor(2 * TILE_BYTES / (bn * b))))
+        while regs(bn, bd, 16, False) > REG_DATA and bd > bd_min:
+            bd //= 2
     if mode == "elementwise":
         bn = min(bn, max(bn_min, _pow2_floor(4096 / (bd * m_pad))))
 
@@ -220,6 +235,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     per_sm = min(4, gpu.max_threads_per_sm // threads, int(gpu.regs_per_sm // (threads * reg_est)))
     if mode == "dot":  # tl.dot operands go through shared memory
         per_sm = min(per_sm, max(1, gpu.smem_per_sm // (2 * (bn * bd + 16 * bd) * 4)))
+    if not onchip:  # fewer programs rather than in-flight tiles that overflow L2
+        per_sm = min(per_sm, int(L2_FRACTION * gpu.l2_bytes // (gpu.sm_count * bn * D * b)))
     per_sm = max(1, per_sm)
     programs = gpu.sm_count * per_sm
     if not onchip:
