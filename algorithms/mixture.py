@@ -22,6 +22,16 @@ responsibilities are never materialised either: hard labels are turned into stat
 ``numpy.random.RandomState`` stream scikit-learn uses (so a seeded ``"random"`` init gives the same
 start as scikit-learn's).
 
+Two deliberate differences from scikit-learn's initialisation (both only where its responsibilities
+do not sum to one per row, i.e. the one-hot ``"random_from_data"`` / ``"k-means++"`` starts):
+the initial weights are normalised (scikit-learn keeps ``N_k / N``, here ``1/N`` each, which is not
+a distribution and would be rejected by the operators; the responsibilities of the first E-step are
+unchanged, only the first lower bound moves by a constant), and the initial ``"tied"`` covariance
+is computed from the ``K`` chosen rows (scikit-learn's tied formula uses ``X^T X`` over all rows, which
+assumes every row's responsibilities sum to one). Every other start equals scikit-learn's to
+rounding. The ``"random"`` start draws its ``N x K`` uniforms on the host (as scikit-learn) in
+row blocks; for a streamed (dask) matrix, whose blocks may come out of row order, in one draw.
+
 :class:`KMeans` is Lloyd's algorithm as scikit-learn's ``_kmeans_single_lloyd``. Its assignment
 step is the fused :func:`fusedml.gmm_score` with equal weights and unit spherical precision: then
 ``argmax_k log pi_k N(x | c_k, I) = argmin_k ||x - c_k||^2`` and no ``N x K`` distance matrix
@@ -389,12 +399,21 @@ def _hard_stats(X, labels, K, center, covariance_type):
     s1 = torch.zeros((K, D), dtype=_F64, device=dev)
     s2 = _zeros_s2(covariance_type, K, D, dev)
 
+    # full: scatter the [B, D, D] outer products (K > D), or the one-hot product
+    # (onehot (x) d)^T d with a [B, K, D] temporary (K <= D): one GEMM instead of B*D*D temporaries
+    outer = covariance_type == "full" and K > D
+
     def block(Xb, rows):
         lab = labels[rows]
         d = Xb.to(_F64) - c64[lab]  # [B, D]
         s1.index_add_(0, lab, d)
         if covariance_type == "full":
-            s2.index_add_(0, lab, d[:, :, None] * d[:, None, :])
+            if outer:
+                s2.index_add_(0, lab, d[:, :, None] * d[:, None, :])
+            else:
+                rd = torch.zeros((d.shape[0], K, D), dtype=_F64, device=dev)
+                rd[torch.arange(d.shape[0], device=dev), lab] = d  # [B, K, D]
+                s2.add_((rd.reshape(d.shape[0], K * D).T @ d).view(K, D, D))
         elif covariance_type == "tied":
             s2.add_(d.T @ d)
         elif covariance_type == "diag":
@@ -402,7 +421,7 @@ def _hard_stats(X, labels, K, center, covariance_type):
         else:
             s2.index_add_(0, lab, (d * d).sum(1))
 
-    _for_rows(X, block, D * D if covariance_type == "full" else D)
+    _for_rows(X, block, (D * D if outer else K * D) if covariance_type == "full" else D)
     nk = torch.bincount(labels, minlength=K).to(_F64)
     return _make_stats(covariance_type, nk, c64, s1, s2)
 
@@ -434,8 +453,8 @@ def _random_resp_stats(X, K, random_state, covariance_type):
         d = Xb.to(_F64) - mean  # [B, D]
         nk.add_(r.sum(0))
         s1.add_(r.T @ d)
-        if covariance_type == "full":
-            s2.add_(torch.einsum("nk,ni,nj->kij", r, d, d))
+        if covariance_type == "full":  # (r (x) d)^T d: a [B, K, D] temporary, one GEMM
+            s2.add_(((r[:, :, None] * d[:, None, :]).reshape(-1, K * D).T @ d).view(K, D, D))
         elif covariance_type == "tied":
             s2.add_((d * r.sum(1)[:, None]).T @ d)
         elif covariance_type == "diag":
@@ -443,7 +462,7 @@ def _random_resp_stats(X, K, random_state, covariance_type):
         else:
             s2.add_(r.T @ (d * d).sum(1))
 
-    _for_rows(X, block, K * D * (D if covariance_type == "full" else 1) + K)
+    _for_rows(X, block, 2 * K * D + K)
     return _make_stats(covariance_type, nk, mean.expand(K, D).contiguous(), s1, s2)
 
 
