@@ -184,6 +184,14 @@ class Link:
     def inverse_derivative(self, eta):
         raise NotImplementedError
 
+    def log_mean(self, eta):
+        """``log h(eta)`` (links onto (0, 1) override this with a stable form)."""
+        return torch.log(self.inverse(eta))
+
+    def log1m_mean(self, eta):
+        """``log(1 - h(eta))``, stable where ``h(eta)`` rounds to 1."""
+        return torch.log1p(-self.inverse(eta))
+
 
 class IdentityLink(Link):
     name = "identity"
@@ -224,6 +232,12 @@ class LogitLink(Link):
         p = torch.sigmoid(eta)
         return p * (1.0 - p)
 
+    def log_mean(self, eta):
+        return F.logsigmoid(eta)
+
+    def log1m_mean(self, eta):
+        return F.logsigmoid(-eta)
+
 
 class ProbitLink(Link):
     name = "probit"
@@ -237,6 +251,12 @@ class ProbitLink(Link):
     def inverse_derivative(self, eta):
         return _INV_SQRT_2PI * torch.exp(-0.5 * eta * eta)
 
+    def log_mean(self, eta):
+        return torch.special.log_ndtr(eta)
+
+    def log1m_mean(self, eta):
+        return torch.special.log_ndtr(-eta)
+
 
 class CLogLogLink(Link):
     name = "cloglog"
@@ -249,6 +269,12 @@ class CLogLogLink(Link):
 
     def inverse_derivative(self, eta):
         return torch.exp(eta - torch.exp(eta))
+
+    def log_mean(self, eta):
+        return torch.log(-torch.expm1(-torch.exp(eta)))
+
+    def log1m_mean(self, eta):
+        return -torch.exp(eta)
 
 
 class InverseLink(Link):
@@ -428,6 +454,7 @@ class GLMLoss:
         self.family = family
         self.link = link
         self._logistic = isinstance(family, BinomialFamily) and isinstance(link, LogitLink)
+        self._binomial = isinstance(family, BinomialFamily)
 
     def mean(self, eta):
         return self.link.inverse(eta)
@@ -436,6 +463,14 @@ class GLMLoss:
         if self._logistic:
             ent = torch.xlogy(y, y) + torch.xlogy(1.0 - y, 1.0 - y)
             return F.softplus(eta) - y * eta + ent
+        if self._binomial:
+            # log mu and log(1 - mu) straight from eta: mu rounds to 1 long before log(1 - mu)
+            # stops being representable (cloglog, probit tails)
+            lm, l1m = self.link.log_mean(eta), self.link.log1m_mean(eta)
+            ylm = torch.where(y > 0, y * lm, torch.zeros_like(lm))
+            yl1m = torch.where(y < 1, (1.0 - y) * l1m, torch.zeros_like(l1m))
+            val = torch.xlogy(y, y) + torch.xlogy(1.0 - y, 1.0 - y) - ylm - yl1m
+            return torch.where(torch.isfinite(val), val, torch.full_like(val, math.inf))
         mu = self.link.inverse(eta)
         val = 0.5 * self.family.unit_deviance(y, mu)
         bad = ~self.family.mu_valid(mu) | ~torch.isfinite(val)
@@ -445,11 +480,15 @@ class GLMLoss:
         if self._logistic:
             p = torch.sigmoid(eta)
             return p - y, p * (1.0 - p)
-        mu = self.link.inverse(eta)
         hp = self.link.inverse_derivative(eta)
-        var = self.family.variance(mu)
         tiny = torch.finfo(eta.dtype).tiny
-        var = torch.clamp(var, min=tiny)
+        if self._binomial:
+            mu, omu = torch.exp(self.link.log_mean(eta)), torch.exp(self.link.log1m_mean(eta))
+            var = torch.clamp(mu * omu, min=tiny)
+            g = -(y * omu - (1.0 - y) * mu) * hp / var  # y - mu without cancellation near mu = 1
+            return g, hp * hp / var
+        mu = self.link.inverse(eta)
+        var = torch.clamp(self.family.variance(mu), min=tiny)
         g = -(y - mu) * hp / var
         h = hp * hp / var
         return g, h

@@ -387,7 +387,7 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
         if bool(stop(g, gnorm, gnorm0).all()):
             status = "converged"
         elif (f_old - f) / max(abs(f_old), abs(f), 1.0) <= ftol:
-            status = "stalled"
+            status = "converged"  # L-BFGS-B's relative-reduction exit (scikit-learn treats it as converged)
     return SolverResult(W, [n_iter], [status], st)
 
 
