@@ -324,9 +324,7 @@ def host_copy(ds):
 
     X, y = ds.X, ds.y
     if type(X).__name__ == "CSRMatrix":
-        X = X.to_scipy()
-        if ds.X.dtype == torch.float32:
-            X = X.astype(np.float32)
+        X = X.to_scipy()  # float32 values stay float32 (half precision becomes float32)
     elif isinstance(X, torch.Tensor):
         X = X.detach().cpu().numpy()
     if isinstance(y, torch.Tensor):

@@ -141,8 +141,23 @@ def cmd_info(args) -> int:
 
     from . import bench
     from ._dispatch import interpret_mode, resolve_backend
+    from .bench import BenchError
     from .mmchain.launch import dense_config, gpu_info
 
+    N, D = args.shape
+    if N < 1 or D < 1:
+        raise BenchError(f"--shape needs two positive integers, got {N} {D}")
+    csr_arg = None
+    if args.csr is not None:
+        try:
+            k = float(args.csr[0])
+        except ValueError:
+            k = -1.0
+        profile = args.csr[1] if len(args.csr) > 1 else "uniform"
+        if not k > 0 or len(args.csr) > 2 or profile not in ("uniform", "constant", "powerlaw"):
+            raise BenchError(f"--csr needs NNZ_PER_ROW > 0 and optionally a profile uniform|constant|powerlaw, "
+                             f"got {' '.join(args.csr)!r}")
+        csr_arg = (k, profile)
     print("fusedml", bench.versions().get("fusedml"))
     for k, v in bench.versions().items():
         if k != "fusedml":
@@ -158,11 +173,6 @@ def cmd_info(args) -> int:
         dev = torch.device("cpu")
     print(f"Triton interpreter: {'on' if interpret_mode() else 'off'} (TRITON_INTERPRET)")
     print(f"backend='auto' resolves to {resolve_backend('auto', dev)!r} for data on {dev}")
-    N, D = args.shape
-    if N < 1 or D < 1:
-        from .bench import BenchError
-
-        raise BenchError(f"--shape needs two positive integers, got {N} {D}")
     dtype = getattr(torch, args.dtype)
     gpu = gpu_info(dev if dev.type == "cuda" else None)
     cfg = dense_config(N, D, args.m, dtype, gpu)
@@ -170,6 +180,18 @@ def cmd_info(args) -> int:
           f"({gpu.sm_count} SMs):")
     for k, v in vars(cfg).items():
         print(f"  {k:13s} {v}")
+    if args.csr is not None:
+        import datasets
+
+        from .mmchain.csr import csr_config
+
+        k, profile = csr_arg
+        A = datasets.make_csr(N, D, k, profile, dtype=args.dtype, device=dev, return_torch=True).X
+        ccfg = csr_config(A, args.m, dtype, gpu)
+        print(f"mmchain launch model for CSR X [{N}, {D}], {A.nnz} nnz ({profile}, mean "
+              f"{A.nnz / N:.1f}/row, longest {int(A.row_lengths().max())}), {args.dtype}, m={args.m}:")
+        for key, v in vars(ccfg).items():
+            print(f"  {key:15s} {v}")
     return 0
 
 
@@ -228,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--shape", nargs=2, type=int, default=[1_000_000, 100], metavar=("N", "D"))
     i.add_argument("--m", type=int, default=1, help="right-hand sides (columns of y)")
     i.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    i.add_argument("--csr", nargs="+", metavar="ARG",
+                   help="also the CSR launch model: NNZ_PER_ROW [PROFILE] (builds a synthetic N x D matrix)")
     i.set_defaults(func=cmd_info)
 
     s = sub.add_parser("datasets", help="list the bundled data sets")
