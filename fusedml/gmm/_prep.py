@@ -153,6 +153,10 @@ def validate(X, weights, means, precisions_cholesky, covariance_type, *, sample_
     logw = torch.where(weights > 0, torch.log(weights.clamp_min(1e-300)), torch.full_like(weights, LOG_ZERO))
     const = logw + logdet - 0.5 * D * math.log(2 * math.pi)
     shift = (weights[:, None] * means).sum(0)
+    if X.dtype != torch.float64:
+        # the kernels subtract g in fp32: make it exactly representable so that x - g and the
+        # shifted means/centres (computed in float64 here) refer to the same origin
+        shift = shift.to(torch.float32).to(f64)
     return Prepared(X=X, sample_weight=sample_weight, covariance_type=covariance_type, K=K, D=D, N=N, mu=means,
                     center=center, prec_chol=pc, shift=shift, const=const)
 
