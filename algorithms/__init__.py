@@ -8,12 +8,15 @@ from ._base import ConvergenceWarning, NotFittedError
 from .glm import GammaRegressor, GeneralizedLinearRegressor, PoissonRegressor, TweedieRegressor
 from .linear import LinearRegression, Ridge
 from .logistic import LogisticRegression
+from .mixture import GaussianMixture, KMeans
 from .svm import LinearSVC
 
 __all__ = [
     "ConvergenceWarning",
     "GammaRegressor",
+    "GaussianMixture",
     "GeneralizedLinearRegressor",
+    "KMeans",
     "LinearRegression",
     "LinearSVC",
     "LogisticRegression",
@@ -23,10 +26,3 @@ __all__ = [
     "TweedieRegressor",
 ]
 
-try:  # GaussianMixture / KMeans live in algorithms/mixture.py (written by another helper)
-    from .mixture import GaussianMixture, KMeans
-except ModuleNotFoundError as _exc:  # only "the file does not exist yet"; real import errors propagate
-    if _exc.name != f"{__name__}.mixture":
-        raise
-else:
-    __all__ += ["GaussianMixture", "KMeans"]

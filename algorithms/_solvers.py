@@ -394,7 +394,7 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
 # --------------------------------------------------------------------------------------------
 # linear CG (SystemDS lmCG)
 # --------------------------------------------------------------------------------------------
-def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None):
+def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
     """Conjugate gradient for ``A P = B`` with ``A`` symmetric positive (semi-)definite.
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
@@ -407,8 +407,10 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None):
     tol : float
     max_iter : int
     history : History, optional
-        Records the quadratic objective ``0.5 p^T A p - b^T p`` (summed over columns), the
-        largest residual norm and the largest step norm.
+        Records the quadratic objective ``offset + 0.5 p^T A p - b^T p`` (summed over columns),
+        the largest residual norm and the largest step norm.
+    offset : float
+        Constant added to the recorded objective (e.g. ``||y||^2 / 2`` to report the loss).
 
     Returns
     -------
@@ -423,7 +425,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None):
     run = torch.sqrt(rr) > tol * bnorm
     n_iter = torch.zeros_like(run, dtype=torch.int64)
     if history is not None:
-        history.add(0, 0.0, float(bnorm.max()), 0.0)
+        history.add(0, float(offset), float(bnorm.max()), 0.0)
     it = 0
     while it < max_iter and bool(run.any()):
         it += 1
@@ -442,7 +444,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None):
         if history is not None:
             obj = (-0.5 * (P * (B + R)).sum(0, dtype=torch.float64)).sum()
             vals = torch.stack([obj, torch.sqrt(rr).max().double(), step.double()]).tolist()
-            history.add(it, vals[0], vals[1], vals[2])
+            history.add(it, offset + vals[0], vals[1], vals[2])
     conv = ~(torch.sqrt(rr) > tol * bnorm)
     status = ["converged" if c else "max_iter" for c in conv.tolist()]
     return SolverResult(P, n_iter.tolist(), status)

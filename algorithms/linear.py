@@ -99,7 +99,10 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
             return hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be).to(info.dtype)
 
         hist = History(type(self).__name__, self.verbose)
-        res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist)
+        # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
+        yy = ((Yc.double() ** 2).sum(0) * cscale if c is None else (c[:, None].double() * Yc.double() ** 2).sum(0))
+        res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist,
+                                 offset=float(0.5 * yy.sum()))
         Wc = res.W  # [D, m]
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
@@ -155,7 +158,8 @@ class LinearRegression(_LeastSquaresBase):
     n_iter_ : int, or ndarray [m] for 2-D y
     n_features_in_ : int
     history_ : list of dict
-        objective is ``0.5 p^T A p - b^T p`` of the scaled system, grad_norm the residual norm.
+        objective is ``(weighted RSS + alpha ||w||^2) / (2 sum s)`` (summed over targets),
+        grad_norm the normal-equation residual norm.
 
     Examples
     --------

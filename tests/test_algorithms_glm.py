@@ -1,5 +1,4 @@
 """GLM estimators against scikit-learn, across links and families, backends and inputs."""
-import warnings
 
 import numpy as np
 import pytest

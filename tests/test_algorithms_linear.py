@@ -1,0 +1,88 @@
+"""LinearRegression / Ridge (CG on the normal equations) against scikit-learn."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from algorithms import LinearRegression, Ridge
+
+sklm = pytest.importorskip("sklearn.linear_model")
+
+
+def _rel(a, b):
+    return np.linalg.norm(np.atleast_1d(np.asarray(a) - np.asarray(b))) / np.linalg.norm(np.atleast_1d(b))
+
+
+def _data(rng, n=150, d=6, m=None):
+    X = rng.normal(size=(n, d)) + rng.normal(size=d) * 3.0  # non-centred columns
+    W = rng.normal(size=(d,) if m is None else (d, m))
+    return X, X @ W + 2.0 + 0.1 * rng.normal(size=(n,) if m is None else (n, m))
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("m", [None, 3], ids=["1d", "3targets"])
+def test_ridge_matches_sklearn(rng, fit_intercept, weighted, m):
+    X, y = _data(rng, m=m)
+    sw = rng.uniform(0.3, 3.0, size=len(X)) if weighted else None
+    ours = Ridge(alpha=3.0, fit_intercept=fit_intercept, tol=1e-10, backend="cpu").fit(X, y, sample_weight=sw)
+    ref = sklm.Ridge(alpha=3.0, fit_intercept=fit_intercept).fit(X, y, sample_weight=sw)
+    assert np.shape(ours.coef_) == np.shape(ref.coef_)
+    assert _rel(ours.coef_, ref.coef_) <= 1e-6
+    if fit_intercept:
+        assert _rel(ours.intercept_, ref.intercept_) <= 1e-6
+    np.testing.assert_allclose(ours.predict(X), ref.predict(X), rtol=1e-6, atol=1e-8)
+    assert ours.score(X, y, sw) == pytest.approx(ref.score(X, y, sample_weight=sw), rel=1e-8)
+
+
+def test_linear_regression_matches_sklearn_and_min_norm(rng):
+    X, y = _data(rng)
+    ours = LinearRegression(tol=1e-12, backend="cpu").fit(X, y)
+    ref = sklm.LinearRegression().fit(X, y)
+    assert _rel(ours.coef_, ref.coef_) <= 1e-6 and abs(ours.intercept_ - ref.intercept_) <= 1e-6
+    # rank deficient (duplicated column): CG from zero reaches the minimum-norm solution
+    Xd = np.hstack([X[:, :3], X[:, :1]])
+    ours = LinearRegression(tol=1e-12, fit_intercept=False, backend="cpu").fit(Xd, y)
+    np.testing.assert_allclose(ours.coef_, np.linalg.lstsq(Xd, y, rcond=None)[0], rtol=1e-6, atol=1e-8)
+
+
+def test_diabetes():
+    ds = pytest.importorskip("sklearn.datasets")
+    X, y = ds.load_diabetes(return_X_y=True)
+    for alpha in (0.01, 1.0):
+        ours = Ridge(alpha=alpha, tol=1e-10, backend="cpu").fit(X, y)
+        ref = sklm.Ridge(alpha=alpha).fit(X, y)
+        assert _rel(ours.coef_, ref.coef_) <= 1e-4
+        assert ours.score(X, y) == pytest.approx(ref.score(X, y), rel=1e-8)
+
+
+def test_per_target_alpha(rng):
+    X, y = _data(rng, m=2)
+    ours = Ridge(alpha=[0.5, 10.0], tol=1e-10, backend="cpu").fit(X, y)
+    for j, a in enumerate([0.5, 10.0]):
+        ref = sklm.Ridge(alpha=a).fit(X, y[:, j])
+        assert _rel(ours.coef_[j], ref.coef_) <= 1e-6
+
+
+def test_backends_formats_torch_and_repeated_rows(rng):
+    X, y = _data(rng, n=100, d=5)
+    X[rng.uniform(size=X.shape) < 0.4] = 0.0
+    ref = Ridge(alpha=1.0, tol=1e-10, backend="cpu").fit(X, y)
+    for backend in ("ops", "fused"):
+        for Xi in (X, sp.csr_matrix(X)):
+            m = Ridge(alpha=1.0, tol=1e-10, backend=backend).fit(Xi, y)
+            assert m.n_iter_ == ref.n_iter_ and _rel(m.coef_, ref.coef_) <= 1e-9
+    mt = Ridge(alpha=1.0, tol=1e-10, backend="cpu").fit(torch.from_numpy(X), torch.from_numpy(y))
+    assert isinstance(mt.coef_, torch.Tensor) and isinstance(mt.predict(torch.from_numpy(X)), torch.Tensor)
+    np.testing.assert_allclose(mt.coef_.numpy(), ref.coef_, rtol=1e-10)
+    rep = rng.integers(0, 4, size=len(y))
+    a = Ridge(alpha=1.0, tol=1e-12, backend="cpu").fit(X, y, sample_weight=rep)
+    b = Ridge(alpha=1.0, tol=1e-12, backend="cpu").fit(np.repeat(X, rep, 0), np.repeat(y, rep))
+    assert _rel(a.coef_, b.coef_) <= 1e-8
+
+
+def test_float32(rng):
+    X, y = _data(rng)
+    m = Ridge(alpha=1.0, tol=1e-5, backend="cpu").fit(X.astype(np.float32), y.astype(np.float32))
+    ref = sklm.Ridge(alpha=1.0).fit(X, y)
+    assert m.coef_.dtype == np.float32 and _rel(m.coef_, ref.coef_) <= 1e-4
