@@ -275,7 +275,7 @@ def _svmlight_dask(path, n_features, chunks, zero_based, dtype, task, name):
     pieces, rows, lo, hi, ys = [], [], None, -1, []
     for start, end, line in _line_chunks(path, chunks):
         # zero_based is resolved globally below, so parse this pass as zero-based.
-        ip, ix, _, y, l, h = _parse_svmlight_bytes(_read_range(path, start, end), first_line=line,
+        _, _, _, y, l, h = _parse_svmlight_bytes(_read_range(path, start, end), first_line=line,
                                                    zero_based=True, dtype=dtype, path=path)
         if y.size == 0:
             continue

@@ -109,7 +109,7 @@ def _check_task(task, n_classes):
         raise ValueError(f"multiclass needs n_classes >= 3, got {n_classes!r}")
 
 
-def _finish_y(y, task, X_dtype, return_torch):
+def _finish_y(y, task, return_torch):
     if task not in ("binary", "multiclass"):
         y = y.to(torch.float64)
     return y if return_torch else y.cpu().numpy()
@@ -168,7 +168,7 @@ def make_dense(n_samples: int, n_features: int, task: str = "binary", *, n_class
     name = f"synthetic-dense:{n_samples}x{n_features}"
     desc = (f"Synthetic dense N(0, 1) features, {task} targets from a known linear model "
             f"(signal={signal}, seed={seed}).")
-    return Dataset(X, _finish_y(y, task, dt, return_torch), name, task, desc, truth=truth)
+    return Dataset(X, _finish_y(y, task, return_torch), name, task, desc, truth=truth)
 
 
 def make_classification(n_samples: int, n_features: int, n_classes: int = 2, **kw) -> Dataset:
@@ -359,7 +359,7 @@ def make_csr(n_samples: int, n_features: int, nnz_per_row: float = 32, profile: 
             raise TypeError("numpy has no bfloat16: use return_torch=True for bfloat16 data")
         X = sp.csr_matrix((val.numpy(), col.numpy(), crow.numpy()), shape=(n_samples, n_features))
         truth = {"coef": coef.numpy(), "intercept": intercept.numpy(), "row_lengths": L.numpy()}
-    return Dataset(X, _finish_y(y, task, dt, return_torch), name, task, desc, truth=truth)
+    return Dataset(X, _finish_y(y, task, return_torch), name, task, desc, truth=truth)
 
 
 def make_gmm(n_samples: int, n_features: int, n_components: int = 3, *, separation: float = 4.0,

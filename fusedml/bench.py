@@ -140,7 +140,17 @@ class DataSpec:
     path: str = ""
 
     def with_n(self, n: int) -> "DataSpec":
-        """The same synthetic spec with ``n`` rows."""
+        """The same synthetic spec with ``n`` rows (other kinds are returned unchanged).
+
+        Parameters
+        ----------
+        n : int
+            New row count.
+
+        Returns
+        -------
+        DataSpec
+        """
         if self.kind not in ("dense", "csr", "gmm"):
             return self
         parts = self.text.split(":")
@@ -511,7 +521,17 @@ def _history(est, max_points=2000):
 
 
 def device_name(device: str) -> str:
-    """Human-readable name of the device the fusedml backends run on."""
+    """Human-readable name of the device the fusedml backends run on.
+
+    Parameters
+    ----------
+    device : {"cpu", "cuda"}
+
+    Returns
+    -------
+    str
+        The GPU's name, or the CPU's architecture and core count.
+    """
     if device != "cpu":
         import torch
 
@@ -520,7 +540,14 @@ def device_name(device: str) -> str:
 
 
 def versions() -> dict:
-    """Versions of the libraries that matter for the timings."""
+    """Versions of the libraries that matter for the timings.
+
+    Returns
+    -------
+    dict
+        ``{library: version or None}`` for python, fusedml, torch, triton, numpy, scipy,
+        scikit-learn, dask, and the CUDA runtime torch was built with.
+    """
     out = {"python": platform.python_version()}
     for mod in ("fusedml", "torch", "triton", "numpy", "scipy", "sklearn", "dask"):
         try:
