@@ -18,9 +18,9 @@ Initialisation follows scikit-learn: responsibilities from k-means labels (``"km
 uniform random numbers (``"random"``), or one-hot on ``K`` rows picked at random
 (``"random_from_data"``) or by k-means++ (``"k-means++"``), then one M-step. Here the
 responsibilities are never materialised either: hard labels are turned into statistics by
-``index_add_`` over row blocks, random responsibilities are drawn block by block from the same
-``numpy.random.RandomState`` stream scikit-learn uses (so a seeded ``"random"`` init gives the same
-start as scikit-learn's).
+per-label sums over row blocks (``index_add_`` on CUDA), random responsibilities are drawn block
+by block from the same ``numpy.random.RandomState`` stream scikit-learn uses (so a seeded
+``"random"`` init gives the same start as scikit-learn's).
 
 Two deliberate differences from scikit-learn's initialisation (both only where its responsibilities
 do not sum to one per row, i.e. the one-hot ``"random_from_data"`` / ``"k-means++"`` starts):
@@ -35,7 +35,8 @@ row blocks; for a streamed (dask) matrix, whose blocks may come out of row order
 :class:`KMeans` is Lloyd's algorithm as scikit-learn's ``_kmeans_single_lloyd``. Its assignment
 step is the fused :func:`fusedml.gmm_score` with equal weights and unit spherical precision: then
 ``argmax_k log pi_k N(x | c_k, I) = argmin_k ||x - c_k||^2`` and no ``N x K`` distance matrix
-exists. The centre update is one blocked pass of ``index_add_`` over the labels (residuals about
+exists. The centre update is one blocked pass of per-label sums (``index_add_`` on CUDA; a sort and
+``segment_reduce`` on the host, where ``index_add_`` is slow) over the labels (residuals about
 the old centres accumulated in float64, so data far from the origin does not cancel). Empty
 clusters are relocated to the farthest points as scikit-learn does. Seeding: scikit-learn's
 greedy k-means++ (``2 + log K`` local trials) on the device, drawing from the same RandomState
@@ -112,6 +113,28 @@ def _for_rows(X, fn, per_row):
     else:
         for sl in _row_blocks(X.shape[0], per_row):
             fn(X[sl], sl)
+
+
+class _Segments:
+    """Per-label sums ``acc[k] += sum_{n: labels_n = k} src[n]`` for one row block.
+
+    CUDA: ``index_add_`` (atomics, one pass). Host: a stable sort of the labels and
+    ``segment_reduce`` (``index_add_`` along dim 0 pays a per-row cost on the CPU, several times
+    slower); the sort is shared by every sum over the same labels.
+    """
+
+    def __init__(self, labels, K):
+        self.labels = labels
+        self.cuda = labels.device.type == "cuda"
+        if not self.cuda:
+            self.order = torch.argsort(labels, stable=True)
+            self.lengths = torch.bincount(labels, minlength=K)
+
+    def add_(self, acc, src):
+        if self.cuda:
+            acc.index_add_(0, self.labels, src)
+        else:
+            acc.add_(torch.segment_reduce(src[self.order], "sum", lengths=self.lengths, axis=0))
 
 
 def _take_rows(X, index):
@@ -273,7 +296,7 @@ def _kmeans_tolerance(X, tol):
 def _lloyd_update(X, labels, centers):
     """One centre update from ``labels`` (the M-part of scikit-learn's ``lloyd_iter``), one pass.
 
-    Residuals about the old centres are accumulated in float64 with ``index_add_``; empty
+    Residuals about the old centres are accumulated in float64 per label (:class:`_Segments`); empty
     clusters take the farthest points (``_relocate_empty_clusters_dense``); clusters still empty
     sit on the largest cluster's centre (``_average_centers``).
 
@@ -295,7 +318,7 @@ def _lloyd_update(X, labels, centers):
     def block(Xb, rows):
         lab = labels[rows]
         d = Xb.to(_F64) - c64[lab]  # [B, D]
-        res.index_add_(0, lab, d)
+        _Segments(lab, K).add_(res, d)
         dist[rows] = (d * d).sum(1)
 
     _for_rows(X, block, D)
@@ -391,7 +414,7 @@ def _make_stats(covariance_type, nk, center, s1, s2):
 def _hard_stats(X, labels, K, center, covariance_type):
     """float64 statistics of one-hot responsibilities ``r_nk = [l_n == k]`` about ``center`` [K, D].
 
-    One blocked pass of ``index_add_`` (``X`` may be a tensor or a streamed matrix).
+    One blocked pass of per-label sums (:class:`_Segments`; ``X`` may be a tensor or a streamed matrix).
     """
     D = X.shape[1]
     c64 = center.to(_F64)
@@ -405,11 +428,12 @@ def _hard_stats(X, labels, K, center, covariance_type):
 
     def block(Xb, rows):
         lab = labels[rows]
+        seg = _Segments(lab, K)
         d = Xb.to(_F64) - c64[lab]  # [B, D]
-        s1.index_add_(0, lab, d)
+        seg.add_(s1, d)
         if covariance_type == "full":
             if outer:
-                s2.index_add_(0, lab, d[:, :, None] * d[:, None, :])
+                seg.add_(s2, d[:, :, None] * d[:, None, :])
             else:
                 rd = torch.zeros((d.shape[0], K, D), dtype=_F64, device=dev)
                 rd[torch.arange(d.shape[0], device=dev), lab] = d  # [B, K, D]
@@ -417,9 +441,9 @@ def _hard_stats(X, labels, K, center, covariance_type):
         elif covariance_type == "tied":
             s2.add_(d.T @ d)
         elif covariance_type == "diag":
-            s2.index_add_(0, lab, d * d)
+            seg.add_(s2, d * d)
         else:
-            s2.index_add_(0, lab, (d * d).sum(1))
+            seg.add_(s2, (d * d).sum(1))
 
     _for_rows(X, block, (D * D if outer else K * D) if covariance_type == "full" else D)
     nk = torch.bincount(labels, minlength=K).to(_F64)
@@ -526,7 +550,7 @@ class KMeans(BaseEstimator):
     stop changing, empty clusters relocated to the farthest points, ``n_init`` runs keeping the
     lowest inertia. The assignment is :func:`fusedml.gmm_score` (equal weights, unit spherical
     precision: the arg-max component is the nearest centre), so no ``N x K`` matrix is formed;
-    the centre update is one ``index_add_`` pass over the labels.
+    the centre update is one pass of per-label sums (``index_add_`` on CUDA).
 
     Parameters
     ----------
@@ -593,7 +617,8 @@ class KMeans(BaseEstimator):
         return tags
 
     def _check_params(self):
-        if isinstance(self.n_clusters, bool) or not isinstance(self.n_clusters, numbers.Integral) or self.n_clusters < 1:
+        k = self.n_clusters
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"n_clusters must be an int >= 1, got {self.n_clusters!r}")
         if isinstance(self.n_init, bool) or not isinstance(self.n_init, numbers.Integral) or self.n_init < 1:
             raise ValueError(f"n_init must be an int >= 1, got {self.n_init!r}")
@@ -1009,7 +1034,8 @@ class GaussianMixture(BaseEstimator):
             if self.verbose >= 1:
                 msg = "converged" if converged else "did not converge"
                 print(f"Initialization {msg}." if self.verbose == 1 else
-                      f"Initialization {msg}. time lapse {time.perf_counter() - t0:.5f}s\t lower bound {lower_bound:.5f}.")
+                      f"Initialization {msg}. time lapse {time.perf_counter() - t0:.5f}s\t "
+                      f"lower bound {lower_bound:.5f}.")
             if lower_bound > max_lower_bound or max_lower_bound == -math.inf:
                 max_lower_bound = lower_bound
                 best, best_n_iter, best_lbs, best_hist = (w, m, cov, pc), n_iter, lbs, hist
@@ -1190,7 +1216,8 @@ class GaussianMixture(BaseEstimator):
         if not hasattr(self, "means_"):
             raise NotFittedError("This GaussianMixture instance is not fitted yet; call 'fit' first.")
         if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
-            raise ValueError(f"Invalid value for 'n_samples': {n_samples!r}. The sampling requires at least one sample.")
+            raise ValueError(f"Invalid value for 'n_samples': {n_samples!r}. "
+                             "The sampling requires at least one sample.")
         as_torch = isinstance(self.means_, torch.Tensor)
         host = (lambda a: a.detach().cpu().numpy().astype(np.float64) if isinstance(a, torch.Tensor)
                 else np.asarray(a, dtype=np.float64))
