@@ -285,6 +285,9 @@ def main(argv=None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"fusedml: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # pragma: no cover - output piped into `head` & co.
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:  # pragma: no cover - interactive
         print("fusedml: interrupted", file=sys.stderr)
         return 130
