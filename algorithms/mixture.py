@@ -209,18 +209,24 @@ def _assign(X, centers, backend):
     return labels.long()
 
 
-def _sq_dist_to_rows(X, C):
-    """``[M, N]`` float64 squared distances from the rows of ``C`` [M, D] to every row of X."""
+def _sq_dist_to_rows(X, C, shift):
+    """``[M, N]`` float64 squared distances from the rows of ``C`` [M, D] to every row of X.
+
+    ``||x - c||^2 = ||x'||^2 - 2 x'.c' + ||c'||^2`` on data centred by ``shift`` (the data mean, as
+    scikit-learn's k-means): one GEMM per row block, temporaries ``[B, D]`` and ``[B, M]``.
+    """
     M = C.shape[0]
     N, D = X.shape
-    C64 = C.to(_F64)
+    Cc = C.to(_F64) - shift  # [M, D]
+    c_sq = (Cc * Cc).sum(1)
     out = torch.empty((M, N), dtype=_F64, device=C.device)
 
     def block(Xb, rows):
-        diff = Xb.to(_F64)[None, :, :] - C64[:, None, :]  # [M, B, D]
-        out[:, rows] = (diff * diff).sum(-1)
+        xc = Xb.to(_F64) - shift  # [B, D]
+        d = (xc * xc).sum(1)[:, None] - 2.0 * (xc @ Cc.T) + c_sq[None, :]  # [B, M]
+        out[:, rows] = d.clamp_(min=0.0).T
 
-    _for_rows(X, block, M * D)
+    _for_rows(X, block, D + M)
     return out
 
 
@@ -229,10 +235,10 @@ def _kmeans_plusplus(X, n_clusters, random_state):
 
     Draws the same numbers from ``random_state`` as scikit-learn (first centre by
     ``choice(N, p=uniform)``, then ``2 + int(log K)`` candidates per centre by D^2 sampling,
-    keeping the candidate that lowers the potential most). Distances are float64 and exact
-    (``||x - c||^2``, not the expanded form), so on float64 data the seeds equal scikit-learn's
-    except for ties at a sampling boundary. Each centre costs one pass over X for the
-    candidates' distances (as in scikit-learn).
+    keeping the candidate that lowers the potential most). Distances are float64 on mean-centred
+    data (as scikit-learn's), so on float64 data the seeds equal scikit-learn's except for
+    rounding ties at a sampling boundary. Each centre costs one pass over X for the candidates'
+    distances (as in scikit-learn).
 
     Returns
     -------
@@ -244,14 +250,15 @@ def _kmeans_plusplus(X, n_clusters, random_state):
     sw = np.ones(N, dtype=_np_dtype(X))
     first = int(random_state.choice(N, p=sw / sw.sum()))
     indices = [first]
-    closest = _sq_dist_to_rows(X, _take_rows(X, [first]))[0]  # [N]
+    shift = _data_mean(X)
+    closest = _sq_dist_to_rows(X, _take_rows(X, [first]), shift)[0]  # [N]
     pot = float(closest.sum())
     for _ in range(1, n_clusters):
         rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials) * pot, dtype=_F64,
                                     device=closest.device)
         cand = torch.searchsorted(torch.cumsum(closest, 0), rand_vals).clamp_(max=N - 1)
         cand_np = cand.cpu().numpy()
-        dist = _sq_dist_to_rows(X, _take_rows(X, cand_np))  # [L, N]
+        dist = _sq_dist_to_rows(X, _take_rows(X, cand_np), shift)  # [L, N]
         torch.minimum(dist, closest[None, :], out=dist)
         pots = dist.sum(1)
         best = int(torch.argmin(pots))
