@@ -4,8 +4,9 @@ Two strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see READM
 
 * ``_mmchain_onchip_kernel`` -- a persistent program loops over row tiles ``pid, pid + P, ...``;
   each ``[BLOCK_N, D]`` tile is loaded once, ``t = X_b y`` and ``X_b^T p`` are computed while it
-  sits in registers, and ``X^T p`` accumulates in a register accumulator ``[M_PAD, BLOCK_D]`` for
-  the whole run. At the end: one atomic add per element of the accumulator (P x D x m atomics), or,
+  sits in registers, and ``X^T p`` accumulates in a register accumulator for the whole run
+  (m = 1: ``[BLOCK_N, BLOCK_D]`` of ``x * p``, reduced over rows once at the end, so no tile pays
+  a cross-warp reduction; m > 1: ``[M_PAD, BLOCK_D]``). At the end: one atomic add per element of the accumulator (P x D x m atomics), or,
   with ``DETERMINISTIC``, a plain store into row ``pid`` of a ``[P, Dx*m]`` partials buffer that
   ``_reduce_partials_kernel`` sums in a fixed order.
 * ``_mmchain_chunked_kernel`` -- wide D: pass 1 over the tile's D chunks computes t; pass 2 walks
@@ -115,7 +116,10 @@ def _mmchain_onchip_kernel(
         yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)  # [M_PAD, BD], kept on chip
         if INTERCEPT:
             yi = tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)
-    acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
+    if MODE == 0:  # [BLOCK_N, BLOCK_D]: no cross-warp reduction per tile, one at the end
+        acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    else:
+        acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
     psum = tl.zeros([M_PAD], dtype=ACC)
     for tile in range(pid, n_tiles, nprog):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
@@ -127,9 +131,14 @@ def _mmchain_onchip_kernel(
             if INTERCEPT:
                 t += yi[None, :]
         p = _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha, XTY, HAS_V, SOFTMAX, ACC)
-        acc = _xtp(acc, x, p, MODE)
+        if MODE == 0:
+            acc += x * p
+        else:
+            acc = _xtp(acc, x, p, MODE)
         if INTERCEPT:
             psum += tl.sum(p, axis=0)
+    if MODE == 0:
+        acc = tl.sum(acc, axis=0, keep_dims=True)  # [1, BLOCK_D]
     offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
     omask = (cols[None, :] < D) & (jm[:, None] < M)
     if DETERMINISTIC:

@@ -149,7 +149,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        + ``tl.sum`` (fp64 ``tl.dot`` does not compile for the GPU).
     2. **Registers.** A program of ``32 * num_warps`` threads holds its tile ``block_n x
        block_d`` (converted to the accumulation dtype; x m_pad for the 3-D elementwise mode), and,
-       for "onchip", the accumulator ``m_pad x block_d``. Per thread this must stay under
+       for "onchip", the accumulator (``block_n x block_d`` for m == 1, ``m_pad x block_d``
+       otherwise). Per thread this must stay under
        ``REG_DATA`` 32-bit words (fp64 words count double).
     3. **Strategy.** "onchip" when a whole row (block_d = next power of two >= D) fits with the
        minimum block_n (1, or 16 for ``tl.dot``) and at most 16 warps: then the accumulator lives
@@ -162,10 +163,16 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        ``N / block_n * D * m`` (ratio 1/block_n to the elements of X): for very wide rows (one
        row > L2 / (2 P)) block_n drops to 1 and the atomics land in L2 (w is small and stays
        there) at one per element of X.
-    4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2).
+    4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2);
+       rows shorter than 2 KB take half that (the H200 sweep of ``bench_mmchain.py`` preferred
+       8 KB tiles with 32 bytes per thread for 8M x 32 and 2M x 128), ``tl.dot`` tiles twice it.
+       Chunked (wide) tiles keep at least 4 rows even when that overflows the L2 budget: with one
+       row per tile the atomics (one per element of X) cost more than re-reading from DRAM
+       (4k x 65536 on the H200: 0.89 ms at 1 row, 0.57 ms at 4).
        Column-major X (stride_xn == 1) needs block_n >= 32 so that each column segment of a tile
        is a full 128-byte line.
-    5. **Warps and grid.** num_warps so that each thread holds ~32 tile elements (4..16);
+    5. **Warps and grid.** num_warps so that each thread holds ~32 tile elements (32 bytes for
+       short rows; 4..16 warps, at most 8 for chunked);
        programs per SM from the register file (estimated registers = data + 40) and the thread
        limit, capped at 4; a persistent grid of ``sm_count * programs_per_sm`` programs.
 
@@ -202,32 +209,43 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     expand = m_pad if mode == "elementwise" else 1
 
     def regs(bn, bd, warps, onchip):
-        words = bn * bd * expand + (m_pad * bd if onchip else 0) + 2 * bn * m_pad
+        acc = (bn * bd if mode == "vector" else m_pad * bd) if onchip else 0  # vector: [bn, bd] acc
+        words = bn * bd * expand + acc + 2 * bn * m_pad
         return words * w_acc / (32 * warps)
 
     bd_full = max(bd_min, _pow2_ceil(D))
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
+    short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 32 B/thread
+    tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
+    ept = 32 // b if short_rows else 32  # tile elements per thread
+    if mode == "dot":  # measured: 64-row tiles with 4 warps amortise the tl.dot layout conversions
+        tile_bytes, ept = 2 * TILE_BYTES, 64
+    bn_chunk_min = 4 if mode == "vector" else bn_min  # atomics per X element <= 1/4
     if onchip:
         bd = bd_full
-        bn = max(bn_min, min(256, _pow2_floor(TILE_BYTES / (bd * b))))
+        bn = max(bn_min, min(256, _pow2_floor(tile_bytes / (bd * b))))
     else:
         # rows per tile from the L2 budget of pass 2's re-read, assuming 2 programs per SM
-        # (re-checked below with the real grid); then a D chunk of ~TILE_BYTES per tile
-        bn = max(bn_min, min(64, _pow2_floor(L2_FRACTION * gpu.l2_bytes / (2 * gpu.sm_count * D * b))))
-        bd = max(bd_min, min(bd_full // 2, _pow2_floor(2 * TILE_BYTES / (bn * b))))
-        while regs(bn, bd, 16, False) > REG_DATA and bd > bd_min:
+        # (re-checked below with the real grid), but at least bn_chunk_min: measured on the
+        # H200 (4k x 65536), atomics cost more than a partial DRAM re-read. Chunks of 8 tiles.
+        bn = max(bn_chunk_min, min(64, _pow2_floor(L2_FRACTION * gpu.l2_bytes / (2 * gpu.sm_count * D * b))))
+        chunk_bytes = (8 if mode == "vector" else 2) * TILE_BYTES
+        bd = max(bd_min, min(bd_full // 2, _pow2_floor(chunk_bytes / (bn * b))))
+        while regs(bn, bd, 16, False) > 2 * REG_DATA and bd > bd_min:
             bd //= 2
     if mode == "elementwise":
         bn = min(bn, max(bn_min, _pow2_floor(4096 / (bd * m_pad))))
 
+    budget = REG_DATA if onchip else 2 * REG_DATA  # chunked: no accumulator, the tile may take more
+
     def fit_warps(bn, bd):
-        warps = max(4, min(16, _pow2_ceil(bn * bd * expand / (32 * 32))))
-        while regs(bn, bd, warps, onchip) > REG_DATA and warps < 16:
+        warps = max(4, min(16 if onchip else 8, _pow2_ceil(bn * bd * expand / (32 * ept))))
+        while regs(bn, bd, warps, onchip) > budget and warps < 16:
             warps *= 2
         return warps
 
     warps = fit_warps(bn, bd)
-    while regs(bn, bd, warps, onchip) > REG_DATA and bn > bn_min:
+    while regs(bn, bd, warps, onchip) > budget and bn > bn_min:
         bn //= 2
         warps = fit_warps(bn, bd)
     threads = 32 * warps
@@ -235,14 +253,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     per_sm = min(4, gpu.max_threads_per_sm // threads, int(gpu.regs_per_sm // (threads * reg_est)))
     if mode == "dot":  # tl.dot operands go through shared memory
         per_sm = min(per_sm, max(1, gpu.smem_per_sm // (2 * (bn * bd + 16 * bd) * 4)))
-    if not onchip:  # fewer programs rather than in-flight tiles that overflow L2
-        per_sm = min(per_sm, int(L2_FRACTION * gpu.l2_bytes // (gpu.sm_count * bn * D * b)))
+    if not onchip:  # 2 per SM (measured best on 4k x 65536), fewer only for the thread limit
+        per_sm = min(2, gpu.max_threads_per_sm // threads)
     per_sm = max(1, per_sm)
     programs = gpu.sm_count * per_sm
     if not onchip:
-        # in-flight row tiles must fit in L2 for pass 2's re-read: programs * bn * D * b <= frac * L2
+        # in-flight row tiles should fit in L2 for pass 2's re-read: programs * bn * D * b <= frac * L2
         bn_l2 = _pow2_floor(L2_FRACTION * gpu.l2_bytes / max(1, programs * D * b))
-        bn = max(bn_min, min(bn, bn_l2))
+        bn = max(bn_chunk_min, min(bn, bn_l2))
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
                        mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs))
 
