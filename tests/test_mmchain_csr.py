@@ -4,6 +4,8 @@ References are the literal float64 formula on the densified matrix; every buffer
 fully overwrite is NaN-poisoned (csr.POISON_OUTPUTS).
 """
 import importlib
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -291,3 +293,85 @@ def test_public_api_fused(rng):
     assert relerr(w1, reference(A, y[:d, :1], v[:, None], None, 1.0, 0.0)[:, 0]) < TOL[torch.float32]
     t = fusedml.matvec(A, y, intercept=True, backend="fused")
     assert relerr(t, dense64(A, True) @ y.double()) < TOL[torch.float32]
+
+
+# ------------------------------------------------------------------------------------------------
+# Ahead-of-time compilation for the H200 (sm_90) without a GPU: catches kernels that run in the
+# interpreter but do not compile (fp64, 3-D tiles, loops), and checks that the scatter is a RED.
+# Runs this file as a script in a subprocess (the interpreter must be off before triton loads).
+# ------------------------------------------------------------------------------------------------
+def _aot_compile_variants():
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    k_rows = csr._csr_rows_kernel
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    target = GPUTarget("cuda", 90, 32)
+
+    def build(fn, types, consts, warps):
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        return triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=warps))
+
+    def types(idx, val, acc):
+        return dict(crow_ptr=f"*{idx}", col_ptr=f"*{idx}", val_ptr=f"*{val}", vperm_ptr=f"*{idx}", rows_ptr="*i32",
+                    y_ptr=f"*{acc}", v_ptr=f"*{acc}", out_ptr=f"*{acc}", ipart_ptr=f"*{acc}", slot_lo="i64",
+                    slot_hi="i64", prog_base="i64", n_cols="i32", alpha_ptr=f"*{acc}", long_rows_ptr="*i32",
+                    chunk_row_ptr="*i32", chunk_first_ptr="*i32", part_ptr=f"*{acc}", CHUNK="i64")
+
+    base = dict(M=1, MP=1, VM=1, BLOCK_R=32, L=32, SINGLE=True, HAS_Y=True, HAS_V=True, INTERCEPT=False,
+                SOFTMAX=False, MODE=1, ROW_PERM=False, VAL_PERM=False, WIDE=False, ACC64=False)
+    variants = [
+        ("rows m1 fp32/i32", k_rows, ("i32", "fp32", "fp32"), {}),
+        ("rows m1 binned intercept", k_rows, ("i32", "fp32", "fp32"), dict(L=8, BLOCK_R=128, ROW_PERM=True, INTERCEPT=True)),
+        ("rows loop i64 fp64", k_rows, ("i64", "fp64", "fp64"), dict(SINGLE=False, L=64, BLOCK_R=16, ACC64=True)),
+        ("rows m3 softmax loop", k_rows, ("i32", "fp32", "fp32"), dict(M=3, MP=4, VM=3, L=16, BLOCK_R=8, SINGLE=False, SOFTMAX=True)),
+        ("rows m16 bf16", k_rows, ("i32", "bf16", "fp32"), dict(M=16, MP=16, VM=16, L=32, BLOCK_R=2)),
+        ("rows matvec valperm fp16", k_rows, ("i32", "fp16", "fp32"), dict(MODE=0, VAL_PERM=True, ROW_PERM=True)),
+        ("long partial m4 fp64", csr._csr_long_partial_kernel, ("i64", "fp64", "fp64"),
+         dict(M=4, MP=4, PIECE=128, VAL_PERM=False, WIDE=False, ACC64=True)),
+        ("long finish m1", csr._csr_long_finish_kernel, ("i32", "fp32", "fp32"),
+         dict(M=1, MP=1, VM=1, PIECE=1024, HAS_Y=True, HAS_V=True, INTERCEPT=True, SOFTMAX=False, MODE=1,
+              VAL_PERM=False, WIDE=False, ACC64=False)),
+    ]
+    for name, fn, (idx, val, acc), over in variants:
+        consts = dict(base, **over) if fn is k_rows else over
+        k = build(fn, types(idx, val, acc), consts, 4)
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+        os.unlink(f.name)
+        stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        scatters = consts.get("MODE", 1) == 1 and fn is not csr._csr_long_partial_kernel
+        has_red = re.search(r"\bREDG?\.E\.ADD\.F(32|64)", sass) is not None
+        print(f"AOT {name}: regs={regs} stack={stack} red={has_red}")
+        assert stack == 0, f"{name}: register spills (stack {stack} B)"
+        assert has_red or not scatters, f"{name}: the scatter did not compile to RED"
+
+
+def test_kernels_compile_for_sm90():
+    import subprocess
+    import sys
+
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bindir, "ptxas")) or not os.path.exists(os.path.join(bindir, "cuobjdump")):
+        pytest.skip("triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("AOT ") == 8
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    _aot_compile_variants()

@@ -88,6 +88,28 @@ POISON_OUTPUTS = os.environ.get("FUSEDML_POISON", "0") not in ("", "0")
 # Kernels
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
+    """``[BLOCK_R, MP]`` row sums of ``vals * y[cols, :]`` for a ``[BLOCK_R, L]`` tile."""
+    if MP == 1:  # m = 1: stay 2-D (no 3-D layouts or conversions)
+        yg = tl.load(y_ptr + cols, mask=nz_mask, other=0.0, eviction_policy="evict_last")
+        return tl.sum(vals * yg, axis=1)[:, None]
+    else:
+        yg = tl.load(y_ptr + cols[:, :, None] * M + j[None, None, :],
+                     mask=nz_mask[:, :, None] & jmask[None, None, :], other=0.0, eviction_policy="evict_last")
+        return tl.sum(vals[:, :, None] * yg, axis=1)
+
+
+@triton.jit
+def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
+    """``out[cols, :] += vals * p`` for a ``[BLOCK_R, L]`` tile and ``p`` ``[BLOCK_R, MP]`` (RED)."""
+    if MP == 1:
+        tl.atomic_add(out_ptr + cols, vals * p, mask=nz_mask, sem="relaxed")
+    else:
+        tl.atomic_add(out_ptr + cols[:, :, None] * M + j[None, None, :], vals[:, :, None] * p[:, None, :],
+                      mask=nz_mask[:, :, None] & jmask[None, None, :], sem="relaxed")
+
+
+@triton.jit
 def _csr_rows_kernel(
     crow_ptr,  # [R + 1] row pointers (int32/int64) of the structure being read
     col_ptr,  # [nnz] column indices
@@ -134,8 +156,6 @@ def _csr_rows_kernel(
     jmask = j < M
     rj_mask = rmask[:, None] & jmask[None, :]  # [BLOCK_R, MP]
     lane = tl.arange(0, L)
-    j3 = j[None, None, :]
-    jmask3 = jmask[None, None, :]
 
     t = tl.zeros([BLOCK_R, MP], dtype=acc_t)
     if SINGLE:
@@ -151,8 +171,7 @@ def _csr_rows_kernel(
         else:
             vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
         if HAS_Y:
-            yg = tl.load(y_ptr + cols[:, :, None] * M + j3, mask=nz_mask[:, :, None] & jmask3, other=0.0)
-            t = tl.sum(vals[:, :, None] * yg, axis=1)
+            t = _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
     else:
         max_len = tl.max(length, axis=0)
         if HAS_Y:
@@ -167,8 +186,7 @@ def _csr_rows_kernel(
                     vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
                 else:
                     vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
-                yg = tl.load(y_ptr + cols[:, :, None] * M + j3, mask=nz_mask[:, :, None] & jmask3, other=0.0)
-                t += tl.sum(vals[:, :, None] * yg, axis=1)
+                t += _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
     if HAS_Y:
         if INTERCEPT:
             y_last = tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
@@ -194,8 +212,7 @@ def _csr_rows_kernel(
             # Pre-aggregated over the block: one [MP] partial per program, no atomics.
             tl.store(ipart_ptr + (prog_base + pid) * MP + j, tl.sum(p, axis=0))
         if SINGLE:
-            tl.atomic_add(out_ptr + cols[:, :, None] * M + j3, vals[:, :, None] * p[:, None, :],
-                          mask=nz_mask[:, :, None] & jmask3, sem="relaxed")
+            _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
         else:
             for k in range(0, max_len, L):
                 nz_mask = (k + lane)[None, :] < length[:, None]
@@ -208,8 +225,7 @@ def _csr_rows_kernel(
                     vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
                 else:
                     vals = tl.load(val_ptr + off, mask=nz_mask, other=0).to(acc_t)
-                tl.atomic_add(out_ptr + cols[:, :, None] * M + j3, vals[:, :, None] * p[:, None, :],
-                              mask=nz_mask[:, :, None] & jmask3, sem="relaxed")
+                _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
 
 
 @triton.jit
@@ -1036,3 +1052,128 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     if intercept:
         w[d] += isum[:m]
     return w
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU benchmark of this module alone (the lead runs it): python -m fusedml.mmchain.csr --help
+# ------------------------------------------------------------------------------------------------
+def _bench_matrix(n, d, lengths, *, idx=torch.int32, dtype=torch.float32, device="cuda", seed=0):
+    """CSR with the given row lengths, built on the device: row r's k columns are stratified
+    (one uniform draw in each of k equal slices of [0, d)), hence sorted and unique."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    crow[1:] = torch.cumsum(lengths, 0)
+    nnz = int(crow[-1])
+    row = torch.repeat_interleave(torch.arange(n, device=device), lengths)
+    jloc = torch.arange(nnz, device=device) - crow[row]
+    u = torch.rand(nnz, generator=g, device=device, dtype=torch.float64)
+    col = ((jloc + u) * d / lengths[row]).floor().clamp_(max=d - 1).to(torch.int64)
+    val = torch.randn(nnz, generator=g, device=device).to(dtype)
+    return CSRMatrix(crow.to(idx), col.to(idx), val, (n, d))
+
+
+def _bench_main(argv=None):
+    import argparse
+    import json
+    import time
+
+    ap = argparse.ArgumentParser(description="fused CSR mmchain vs torch sparse (cuSPARSE), H200 targets")
+    ap.add_argument("--quick", action="store_true", help="1/8 of the sizes")
+    ap.add_argument("--sweep", action="store_true", help="also time csr_sweep_configs (model vs best)")
+    ap.add_argument("--cases", default="uniform32,uniform100,powerlaw,uniform32_m4,uniform32_bf16")
+    ap.add_argument("--json", default=None, help="write result rows here")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny sizes on the CPU under TRITON_INTERPRET=1 (checks this script, times nothing)")
+    args = ap.parse_args(argv)
+    import sys
+
+    if args.dry_run:
+        dev, s = torch.device("cpu"), 20000
+
+        def do_bench(fn, rep=0):
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+    else:
+        from triton.testing import do_bench
+
+        dev = torch.device("cuda")
+        s = 8 if args.quick else 1
+    bw = 4.28e12
+    cases = {
+        "uniform32": dict(n=4_000_000 // s, d=100_000, kind="const", k=32, m=1, dtype=torch.float32, target_ms=0.40),
+        "uniform100": dict(n=1_000_000 // s, d=1_000_000, kind="const", k=100, m=1, dtype=torch.float32, target_ms=0.35),
+        "powerlaw": dict(n=4_000_000 // s, d=1_000_000, kind="power", k=5, m=1, dtype=torch.float32, target_ms=None),
+        "uniform32_m4": dict(n=4_000_000 // s, d=100_000, kind="const", k=32, m=4, dtype=torch.float32, target_ms=None),
+        "uniform32_bf16": dict(n=4_000_000 // s, d=100_000, kind="const", k=32, m=1, dtype=torch.bfloat16, target_ms=None),
+    }
+    rows_out = []
+    for name in args.cases.split(","):
+        c = cases[name]
+        n, d, m = c["n"], c["d"], c["m"]
+        if args.dry_run:
+            d = max(d // 500, 2000)
+        if c["kind"] == "const":
+            lengths = torch.full((n,), c["k"], dtype=torch.int64)
+        else:  # most rows 5 nonzeros, 20 rows of 1e5, a Zipf tail in between
+            lengths = torch.full((n,), c["k"], dtype=torch.int64)
+            tail = torch.randint(0, n, (n // 100,))
+            lengths[tail] = torch.randint(6, 2000, (tail.numel(),))
+            lengths[torch.randint(0, n, (20,))] = min(100_000, d)
+        A = _bench_matrix(n, d, lengths, dtype=c["dtype"], device=dev)
+        y = torch.randn(d, m, device=dev)
+        v = torch.rand(n, m, device=dev)
+        cfg = csr_config(A, m, A.val.dtype)
+        fused = lambda config=None: csr_mmchain_fused(A, y, v, None, 1.0, 0.0, config=config)  # noqa: E731
+        t0 = time.perf_counter()
+        fused()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0  # includes compile + schedule (cached afterwards)
+        ms = do_bench(fused, rep=200)
+        ms_det = do_bench(lambda: csr_mmchain_fused(A, y, v, None, 1.0, 0.0, deterministic=True), rep=200)
+        X = torch.sparse_csr_tensor(A.crow, A.col, A.val.float(), A.shape)
+        XT = X.t().to_sparse_csr()  # the pre-built transpose (2x memory), built once
+        ops = lambda: XT @ (v * (X @ y))  # noqa: E731
+        ms_ops = do_bench(ops, rep=200)
+        ms_spmv = do_bench(lambda: X @ y, rep=200)
+        X64 = torch.sparse_csr_tensor(A.crow, A.col, A.val.double(), A.shape)
+        ref = X64.t().to_sparse_csr() @ (v.double() * (X64 @ y.double()))
+        err = float((fused().double() - ref).norm() / ref.norm())
+        err_det = float((csr_mmchain_fused(A, y, v, None, deterministic=True).double() - ref).norm() / ref.norm())
+        bytes_x = A.nnz * (A.val.element_size() + A.col.element_size()) + (n + 1) * A.crow.element_size()
+        floor = bytes_x / bw * 1e3
+        row = dict(case=name, n=n, d=d, nnz=A.nnz, m=m, dtype=str(c["dtype"]).replace("torch.", ""),
+                   ms=round(ms, 4), floor_ms=round(floor, 4), x_floor=round(ms / floor, 3),
+                   gbps=round(bytes_x / ms / 1e6, 1), target_ms=c["target_ms"],
+                   ms_deterministic=round(ms_det, 4), ms_ops_pretransposed=round(ms_ops, 4),
+                   speedup_vs_ops=round(ms_ops / ms, 2), ms_torch_spmv_only=round(ms_spmv, 4),
+                   rel_err=err, rel_err_det=err_det, first_call_s=round(first_s, 2), config=dataclasses.asdict(cfg))
+        if args.sweep:
+            best = (ms, "model")
+            for i, alt in enumerate(csr_sweep_configs(A, m)[1:]):
+                try:
+                    t = do_bench(lambda: fused(alt), rep=50)
+                except Exception as e:  # a variant that does not compile is reported, not fatal
+                    print(f"  sweep {i}: {alt} failed: {e}")
+                    continue
+                if t < best[0]:
+                    best = (t, dataclasses.asdict(alt))
+            row.update(sweep_best_ms=round(best[0], 4), model_vs_best=round(ms / best[0], 3), sweep_best=best[1])
+        print(json.dumps(row), flush=True)
+        rows_out.append(row)
+        del A, X, XT, X64
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    meta = dict(gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter dry run)",
+                torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv if argv is None else argv)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows_out), f, indent=1)
+    return rows_out
+
+
+if __name__ == "__main__":
+    _bench_main()
