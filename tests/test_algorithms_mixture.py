@@ -283,6 +283,32 @@ def test_gmm_data_far_from_origin(iris):
     np.testing.assert_array_equal(far.predict((iris + shift).astype(np.float32)), base.predict(iris))
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_precision_storage(iris, half):
+    """fp16 / bf16 storage is read as stored and computed in float32: the model of the upcast data."""
+    Xh = torch.from_numpy(iris).to(getattr(torch, half))
+    kw = dict(covariance_type="diag", random_state=0, backend="cpu")
+    mh = GaussianMixture(3, **kw).fit(Xh)
+    mf = GaussianMixture(3, **kw).fit(Xh.float())
+    assert mh.means_.dtype == torch.float32
+    assert mh.lower_bound_ == pytest.approx(mf.lower_bound_, rel=1e-12)
+    torch.testing.assert_close(mh.predict_proba(Xh), mf.predict_proba(Xh.float()))
+    kh = KMeans(3, random_state=0, backend="cpu").fit(Xh)
+    assert kh.inertia_ == pytest.approx(KMeans(3, random_state=0, backend="cpu").fit(Xh.float()).inertia_, rel=1e-12)
+
+
+def test_verbose_and_history(iris, capsys):
+    m = GaussianMixture(2, random_state=0, backend="cpu", verbose=2, verbose_interval=1, tol=1e-2).fit(iris)
+    out = capsys.readouterr().out
+    assert "Initialization 0" in out and "Iteration 1" in out and "lower bound" in out
+    assert len(m.history_) == m.n_iter_
+    assert m.history_[0]["step"] == np.inf and all(h["time"] >= 0 for h in m.history_)
+    k = KMeans(2, random_state=0, backend="cpu", verbose=1).fit(iris)
+    assert "inertia" in capsys.readouterr().out
+    assert [h["iter"] for h in k.history_] == list(range(1, k.n_iter_ + 1))
+    assert k.history_[-1]["objective"] >= k.inertia_ - 1e-9  # Lloyd never increases the inertia
+
+
 def test_torch_input_gives_torch_attributes(iris):
     Xt = torch.from_numpy(iris)
     kw = dict(covariance_type="tied", random_state=0, backend="cpu")
