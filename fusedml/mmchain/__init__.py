@@ -122,7 +122,7 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
         Treat X as ``[X, 1]``.
     backend : {"auto", "fused", "ops", "cpu"}
     config : dict, optional
-        Dense fused launch overrides (see :func:`mmchain`).
+        Fused launch overrides (dense or CSR; see :func:`mmchain`).
 
     Returns
     -------
@@ -142,7 +142,7 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
 
         t = matvec_cpu(P)
     elif P.is_csr:
-        t = _csr_module().csr_matvec_fused(P.X, P.y, intercept=P.intercept)
+        t = _csr_module().csr_matvec_fused(P.X, P.y, intercept=P.intercept, config=config)
     else:
         from .dense import dense_matvec_fused
 
