@@ -238,7 +238,8 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny CPU smoke run under the Triton interpreter")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32x3", "tf32", "bf16"])
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32x3", "tf32", "bf16"],
+                    help="operand precision; auto = the library default (tf32x3 on CUDA, fp32 on the CPU)")
     ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--sweep", action="store_true", help="launch-parameter sweep on the target shapes")
     ap.add_argument("--sweep-precisions", default="fp32,tf32x3,tf32")
@@ -246,6 +247,8 @@ def main():
     args = ap.parse_args()
     quick = args.quick
     dev = torch.device("cpu" if quick else "cuda")
+    if args.precision == "auto":
+        args.precision = "tf32x3" if dev.type == "cuda" else "fp32"
     if not quick and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --quick for the CPU smoke run")
     meta = {"gpu": gpu_info(dev)["name"], "torch": torch.__version__, "triton": triton.__version__,

@@ -76,12 +76,19 @@ class GMMStats:
 def _check_options(path, precision):
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}, got {precision!r}")
+
+
+def _resolve_precision(precision, device) -> str:
+    """``"auto"``: tf32x3 on CUDA (tensor cores, fp32-level error), fp32 elsewhere."""
+    if precision != "auto":
+        return precision
+    return "tf32x3" if torch.device(device).type == "cuda" else "fp32"
 
 
 def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample_weight=None, center=None,
-              return_log_prob=False, backend="auto", path="auto", precision="fp32", check_finite=True) -> GMMStats:
+              return_log_prob=False, backend="auto", path="auto", precision="auto", check_finite=True) -> GMMStats:
     """One E-step: log-likelihood and the M-step's sufficient statistics, without N x K.
 
     Parameters
@@ -107,11 +114,13 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
     path : {"auto", "single", "two_pass"}
         Fused backend only: force the single-sweep or the two-pass kernels (``"auto"``: the
         applicability model in :mod:`fusedml.gmm.model`).
-    precision : {"fp32", "tf32x3", "tf32", "bf16"}
+    precision : {"auto", "fp32", "tf32x3", "tf32", "bf16"}
         Fused backend only: operand precision of the distance and statistics products.
-        ``"fp32"`` (default) exact fp32 FMA products; ``"tf32x3"`` tensor cores with split operands
-        (about fp32 accuracy); ``"tf32"`` / ``"bf16"`` faster, with relative errors of about 1e-3 /
-        1e-2 in the statistics. Accumulation is always fp32 (partials combined in float64).
+        ``"fp32"``: fp32 FMA products; ``"tf32x3"``: tensor cores with each fp32 operand split
+        into a tf32 high and low part (three products; fp32-level error, about 1e-6 relative on
+        the H200); ``"auto"`` (default): tf32x3 on CUDA, fp32 elsewhere. ``"tf32"`` / ``"bf16"``
+        are faster, with relative errors of about 1e-3 / 1e-2 in the statistics: an explicit
+        speed/accuracy trade. Accumulation is always fp32 (partials combined in float64).
     check_finite : bool
         Check X for NaN/inf (one extra read of X).
 
@@ -136,7 +145,8 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
     if be == "fused":
         from .fused import estep_fused
 
-        lp, ll, nk, s1, s2 = estep_fused(prep, return_log_prob, path=path, precision=precision)
+        lp, ll, nk, s1, s2 = estep_fused(prep, return_log_prob, path=path,
+                                         precision=_resolve_precision(precision, prep.device))
     elif be == "ops":
         from .ops import estep_ops
 
@@ -248,6 +258,8 @@ def gmm_score(X, weights, means, precisions_cholesky, covariance_type, *, backen
     labels : torch.Tensor
         ``[N]`` int64 ``argmax_k (log pi_k + log N(x_n | mu_k, Sigma_k))`` (scikit-learn's ``predict``).
     """
+    if hasattr(X, "_fusedml_gmm_score"):
+        return X._fusedml_gmm_score(weights, means, precisions_cholesky, covariance_type, backend=backend, path=path)
     _check_options(path, "fp32")
     prep = validate(X, weights, means, precisions_cholesky, covariance_type)
     be = resolve_backend(backend, prep.device)

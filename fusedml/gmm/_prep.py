@@ -104,28 +104,51 @@ def validate(X, weights, means, precisions_cholesky, covariance_type, *, sample_
         raise ValueError(
             f"precisions_cholesky for covariance_type={covariance_type!r} must have shape {exp_shape}, got {tuple(pc.shape)}"
         )
-    for t, name in ((means, "means"), (weights, "weights"), (pc, "precisions_cholesky")):
-        _check_finite(t, name)
-    if check_finite and not bool(torch.isfinite(X.sum(dtype=f64))):
-        # one read-only reduction decides (a float64 sum of fp32/fp16 values cannot overflow);
+    if sample_weight is not None:
+        sample_weight = to_tensor(sample_weight, "sample_weight", ndim=1, dtype=f64, device=dev)
+        if sample_weight.shape[0] != N:
+            raise ValueError(f"sample_weight must have shape [{N}], got {tuple(sample_weight.shape)}")
+    if center is None:
+        center = means
+    else:
+        center = to_tensor(center, "center", ndim=2, dtype=f64, device=dev)
+        if tuple(center.shape) != (K, D):
+            raise ValueError(f"center must have shape [{K}, {D}], got {tuple(center.shape)}")
+    full_like = covariance_type in ("full", "tied")
+    # Every value check is computed on the device and read back in ONE transfer: an EM iteration
+    # calls this once, and a host sync per check would cost more than the E-step kernel itself.
+    fin = lambda t: torch.isfinite(t).all().to(f64)  # noqa: E731
+    diag = torch.diagonal(pc, dim1=-2, dim2=-1) if full_like else pc
+    zero = torch.zeros((), dtype=f64, device=dev)
+    probe = torch.stack([
+        fin(means), fin(weights), fin(pc),
+        X.sum(dtype=f64) if check_finite else zero,  # one read-only reduction decides
+        weights.min(), weights.sum(), diag.min(),
+        torch.tril(pc, diagonal=-1).abs().max() if full_like else zero,
+        pc.abs().max(),
+        fin(sample_weight) if sample_weight is not None else zero + 1,
+        sample_weight.min() if sample_weight is not None else zero,
+        fin(center),
+    ]).tolist()
+    (ok_means, ok_weights, ok_pc, x_sum, w_min, wsum, d_min, lower_max, scale, ok_sw, sw_min, ok_center) = probe
+    for ok, t, name in ((ok_means, means, "means"), (ok_weights, weights, "weights"), (ok_pc, pc, "precisions_cholesky")):
+        if not ok:
+            _check_finite(t, name)
+    if check_finite and not math.isfinite(x_sum):
         # the full elementwise check only runs to name the problem (or for float64 overflow)
         _check_finite(X, "X")
-    if bool((weights < 0).any()):
-        raise ValueError(f"weights must be non-negative, got min {float(weights.min()):.3g}")
+    if w_min < 0:
+        raise ValueError(f"weights must be non-negative, got min {w_min:.3g}")
     atol = max(1e-6, 4 * K * torch.finfo(w_in.dtype).eps)
-    wsum = float(weights.sum())
     if abs(wsum - 1.0) > atol:
         raise ValueError(f"weights must sum to one (tolerance {atol:.1e}), got sum {wsum:.8g}")
-    if covariance_type in ("full", "tied"):
-        diag = torch.diagonal(pc, dim1=-2, dim2=-1)
-        if bool((diag <= 0).any()):
+    if full_like:
+        if d_min <= 0:
             raise ValueError(
                 f"precisions_cholesky ({covariance_type}) is not positive definite: its diagonal must be > 0, "
-                f"got min {float(diag.min()):.3g}"
+                f"got min {d_min:.3g}"
             )
-        lower = torch.tril(pc, diagonal=-1)
-        scale = float(pc.abs().max())
-        if float(lower.abs().max()) > 1e-6 * scale:
+        if lower_max > 1e-6 * scale:
             raise ValueError(
                 f"precisions_cholesky ({covariance_type}) must be upper triangular (scikit-learn's convention: "
                 "the transposed inverse of the covariance's lower Cholesky factor)"
@@ -135,22 +158,15 @@ def validate(X, weights, means, precisions_cholesky, covariance_type, *, sample_
         if covariance_type == "tied":
             logdet = logdet.expand(K)
     else:
-        if bool((pc <= 0).any()):
-            raise ValueError(f"precisions_cholesky ({covariance_type}) must be positive, got min {float(pc.min()):.3g}")
+        if d_min <= 0:
+            raise ValueError(f"precisions_cholesky ({covariance_type}) must be positive, got min {d_min:.3g}")
         logdet = torch.log(pc).sum(1) if covariance_type == "diag" else D * torch.log(pc)
     if sample_weight is not None:
-        sample_weight = to_tensor(sample_weight, "sample_weight", ndim=1, dtype=f64, device=dev)
-        if sample_weight.shape[0] != N:
-            raise ValueError(f"sample_weight must have shape [{N}], got {tuple(sample_weight.shape)}")
-        _check_finite(sample_weight, "sample_weight")
-        if bool((sample_weight < 0).any()):
+        if not ok_sw:
+            _check_finite(sample_weight, "sample_weight")
+        if sw_min < 0:
             raise ValueError("sample_weight must be non-negative")
-    if center is None:
-        center = means
-    else:
-        center = to_tensor(center, "center", ndim=2, dtype=f64, device=dev)
-        if tuple(center.shape) != (K, D):
-            raise ValueError(f"center must have shape [{K}, {D}], got {tuple(center.shape)}")
+    if not ok_center:
         _check_finite(center, "center")
     logw = torch.where(weights > 0, torch.log(weights.clamp_min(1e-300)), torch.full_like(weights, LOG_ZERO))
     const = logw + logdet - 0.5 * D * math.log(2 * math.pi)
