@@ -111,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the full run's row counts (GPU runs)")
     args = ap.parse_args(argv)
     quick = args.quick or not torch.cuda.is_available()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -121,9 +122,10 @@ def main(argv=None):
         gmm_shape, gmm_k, gmm_chunk = (20_000, 8), 4, 2_500
         block = 1 << 16
     else:
-        dense_shape, dense_chunk = (8_000_000, 128), 500_000      # 4.1 GB fp32, 16 chunks
-        csr_shape, csr_nnz, csr_chunk = (8_000_000, 100_000), 32, 500_000  # 2.0 GB + row pointers
-        gmm_shape, gmm_k, gmm_chunk = (32_000_000, 16), 16, 2_000_000      # 2.0 GB
+        sc = lambda n: max(1, int(n * args.scale))  # noqa: E731
+        dense_shape, dense_chunk = (sc(8_000_000), 128), sc(500_000)      # 4.1 GB fp32, 16 chunks
+        csr_shape, csr_nnz, csr_chunk = (sc(8_000_000), 100_000), 32, sc(500_000)  # 2.0 GB + row pointers
+        gmm_shape, gmm_k, gmm_chunk = (sc(32_000_000), 16), 16, sc(2_000_000)      # 2.0 GB
         block = 64 << 20
     pin_bw, page_bw = h2d_bandwidth(1 << 30, 5) if not quick else (float("nan"), float("nan"))
     print(f"H2D bandwidth: pinned {pin_bw:.1f} GB/s, pageable {page_bw:.1f} GB/s", file=sys.stderr)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The one batched GPU session that produced benchmarks/results/*-H200-*.json (run through the
+# device tool on one H200; see README "Benchmarks"). Each part has its own time limit so one slow
+# part cannot starve the rest; JSON results land in OUTDIR, logs in OUTDIR/../logs.
+#   bash benchmarks/gpu_session.sh OUTDIR [check] [mmchain] [gmm] [e2e] [streaming]
+set -uo pipefail
+out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
+parts=${*:-check mmchain gmm e2e streaming}
+log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
+export PYTHONUNBUFFERED=1
+run() {  # name seconds command...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" >"$log/$name.log" 2>&1
+  echo "== $name rc=$? $((SECONDS - t0))s"
+}
+for p in $parts; do
+  case $p in
+    check) run check 75 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
+           grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
+    mmchain) run mmchain 130 python3 benchmarks/bench_mmchain.py --out "$out/mmchain.json" ;;
+    gmm) run gmm 100 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
+    e2e) run e2e 170 python3 benchmarks/bench_end_to_end.py --repeat 2 --sklearn-budget 8 --out "$out/end_to_end.json" ;;
+    streaming) run streaming 100 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
+  esac
+done
+for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
