@@ -318,25 +318,38 @@ def _aot_compile_variants():
         return triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=warps))
 
     def types(idx, val, acc):
-        return dict(crow_ptr=f"*{idx}", col_ptr=f"*{idx}", val_ptr=f"*{val}", vperm_ptr=f"*{idx}", rows_ptr="*i32",
-                    y_ptr=f"*{acc}", v_ptr=f"*{acc}", out_ptr=f"*{acc}", ipart_ptr=f"*{acc}", slot_lo="i64",
-                    slot_hi="i64", prog_base="i64", n_cols="i32", alpha_ptr=f"*{acc}", long_rows_ptr="*i32",
+        return dict(crow_ptr=f"*{idx}", col_ptr=f"*{idx}", val_ptr=f"*{val}", rows_ptr="*i32",
+                    y_ptr=f"*{acc}", v_ptr=f"*{acc}", z_ptr=f"*{acc}", out_ptr=f"*{acc}", ipart_ptr=f"*{acc}",
+                    slot_lo="i64", slot_hi="i64", prog_base="i64", n_cols="i32", coef_ptr=f"*{acc}", long_rows_ptr="*i32",
                     chunk_row_ptr="*i32", chunk_first_ptr="*i32", part_ptr=f"*{acc}", CHUNK="i64")
 
-    base = dict(M=1, MP=1, VM=1, BLOCK_R=32, L=32, SINGLE=True, HAS_Y=True, HAS_V=True, INTERCEPT=False,
-                SOFTMAX=False, MODE=1, ROW_PERM=False, VAL_PERM=False, WIDE=False, ACC64=False)
+    base = dict(M=1, MP=1, VM=1, BLOCK_R=32, L=32, SINGLE=True, HAS_Y=True, HAS_V=True, HAS_Z=False,
+                INTERCEPT=False, SOFTMAX=False, MODE=1, ROW_PERM=False, WIDE=False, ACC64=False)
     variants = [
         ("rows m1 fp32/i32", k_rows, ("i32", "fp32", "fp32"), {}),
         ("rows m1 binned intercept", k_rows, ("i32", "fp32", "fp32"), dict(L=8, BLOCK_R=128, ROW_PERM=True, INTERCEPT=True)),
         ("rows loop i64 fp64", k_rows, ("i64", "fp64", "fp64"), dict(SINGLE=False, L=64, BLOCK_R=16, ACC64=True)),
         ("rows m3 softmax loop", k_rows, ("i32", "fp32", "fp32"), dict(M=3, MP=4, VM=3, L=16, BLOCK_R=8, SINGLE=False, SOFTMAX=True)),
         ("rows m16 bf16", k_rows, ("i32", "bf16", "fp32"), dict(M=16, MP=16, VM=16, L=32, BLOCK_R=2)),
-        ("rows matvec valperm fp16", k_rows, ("i32", "fp16", "fp32"), dict(MODE=0, VAL_PERM=True, ROW_PERM=True)),
+        ("rows matvec binned fp16", k_rows, ("i32", "fp16", "fp32"), dict(MODE=0, ROW_PERM=True)),
+        # gather strategy: pass 1 writes p (MODE 2), pass 2 sums over the CSC copy with the z epilogue
+        ("rows p-pass m4 softmax intercept", k_rows, ("i32", "fp32", "fp32"),
+         dict(M=4, MP=4, VM=4, L=16, BLOCK_R=64, MODE=2, SOFTMAX=True, INTERCEPT=True)),
+        ("rows csc-pass m1 z loop", k_rows, ("i32", "fp32", "fp32"),
+         dict(MODE=0, HAS_V=False, HAS_Z=True, SINGLE=False, L=256, BLOCK_R=4)),
+        ("rows csc-pass m3 z fp64", k_rows, ("i64", "fp64", "fp64"),
+         dict(M=3, MP=4, VM=3, MODE=0, HAS_V=False, HAS_Z=True, ROW_PERM=True, L=8, BLOCK_R=64, ACC64=True)),
         ("long partial m4 fp64", csr._csr_long_partial_kernel, ("i64", "fp64", "fp64"),
-         dict(M=4, MP=4, PIECE=128, VAL_PERM=False, WIDE=False, ACC64=True)),
+         dict(M=4, MP=4, PIECE=128, WIDE=False, ACC64=True)),
         ("long finish m1", csr._csr_long_finish_kernel, ("i32", "fp32", "fp32"),
-         dict(M=1, MP=1, VM=1, PIECE=1024, HAS_Y=True, HAS_V=True, INTERCEPT=True, SOFTMAX=False, MODE=1,
-              VAL_PERM=False, WIDE=False, ACC64=False)),
+         dict(M=1, MP=1, VM=1, PIECE=1024, HAS_Y=True, HAS_V=True, HAS_Z=False, INTERCEPT=True, SOFTMAX=False,
+              MODE=1, WIDE=False, ACC64=False)),
+        ("long finish p-pass m2", csr._csr_long_finish_kernel, ("i32", "fp32", "fp32"),
+         dict(M=2, MP=2, VM=2, PIECE=1024, HAS_Y=True, HAS_V=True, HAS_Z=False, INTERCEPT=True, SOFTMAX=True,
+              MODE=2, WIDE=False, ACC64=False)),
+        ("long finish csc-pass z", csr._csr_long_finish_kernel, ("i32", "fp32", "fp32"),
+         dict(M=1, MP=1, VM=1, PIECE=1024, HAS_Y=True, HAS_V=False, HAS_Z=True, INTERCEPT=False, SOFTMAX=False,
+              MODE=0, WIDE=False, ACC64=False)),
     ]
     for name, fn, (idx, val, acc), over in variants:
         consts = dict(base, **over) if fn is k_rows else over
@@ -351,10 +364,12 @@ def _aot_compile_variants():
         stack = int(re.search(r"STACK:(\d+)", usage).group(1))
         regs = int(re.search(r"REG:(\d+)", usage).group(1))
         scatters = consts.get("MODE", 1) == 1 and fn is not csr._csr_long_partial_kernel
+        has_atom = re.search(r"\b(RED|ATOM)G?\.", sass) is not None
         has_red = re.search(r"\bREDG?\.E\.ADD\.F(32|64)", sass) is not None
         print(f"AOT {name}: regs={regs} stack={stack} red={has_red}")
         assert stack == 0, f"{name}: register spills (stack {stack} B)"
         assert has_red or not scatters, f"{name}: the scatter did not compile to RED"
+        assert scatters or not has_atom, f"{name}: atomics in an atomic-free (gather) pass"
 
 
 def test_kernels_compile_for_sm90():
@@ -370,7 +385,7 @@ def test_kernels_compile_for_sm90():
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("AOT ") == 8
+    assert r.stdout.count("AOT ") == 13
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

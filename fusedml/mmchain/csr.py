@@ -1,4 +1,5 @@
-r"""Fused CSR kernels for ``w = alpha * A^T (v ⊙ (A y)) + beta * z`` (one read of A).
+r"""Fused CSR kernels for ``w = alpha * A^T (v ⊙ (A y)) + beta * z``: one read of A with atomics
+("scatter"), or two atomic-free passes over A and a cached CSC copy ("gather").
 
 Math
 ----
@@ -13,8 +14,8 @@ For a CSR matrix ``A`` [N, D] (optionally ``[A, 1]`` with an implicit ones colum
 
 With ``y=None`` the gather is skipped and ``p_n = alpha * v_n``.
 
-Kernel design (the PPoPP'15 "one read" pattern for sparse)
----------------------------------------------------------
+Scatter strategy: kernel design (the PPoPP'15 "one read" pattern for sparse)
+----------------------------------------------------------------------------
 * **Row-block kernel** (``_csr_rows_kernel``): a program owns ``BLOCK_R`` rows and gathers their
   nonzeros as one ``[BLOCK_R, L]`` tile (``L`` a power of two covering the rows' lengths): ``t`` is a
   tile reduction, ``p`` is computed in registers, and ``val * p`` is scattered into ``w[col]`` with
@@ -42,14 +43,29 @@ Kernel design (the PPoPP'15 "one read" pattern for sparse)
   ``w[col, :]`` m-vector (contiguous, one ``RED`` per element). ``A``'s values and indices are
   loaded with ``evict_first`` so the stream does not push ``y`` and ``w`` (``(D+1) * m`` words,
   the atomics' and gathers' targets) out of L2.
-* **deterministic=True**: no float atomics. ``t`` comes from the row kernel (row sums have a fixed
-  order; long rows combine their partials in a fixed order), ``p`` from torch elementwise ops,
-  and ``A^T p`` from the same row kernel run over the transposed structure (columns sorted by
-  ``(col, row)`` once and cached: ``colptr`` [D+1], the row of each entry and the permutation
-  into ``val`` [nnz]), i.e. a fixed-order segment reduction per column. Extra cost per call: the
-  second pass reads the permutation and row index (4 + 4 B/nnz with int32) and gathers the value
-  and ``p`` rows (random, sector-granular), so about 2.5-3x the fused path's bytes; the one-off
-  sort costs ~16 B/nnz of extra memory while cached.
+* **deterministic=True** uses the gather strategy below (no float atomics anywhere).
+
+Gather strategy (``strategy="gather"``; the model's usual pick, see :func:`csr_config`)
+--------------------------------------------------------------------------------------
+The scatter above is bound by its per-nonzero REDs (~57 G/s measured on an H200, ~9x the time of
+the one read), so the alternative pays a second read instead of atomics:
+
+* Once per matrix (cached with the structure, weakly keyed on ``A.crow``; rebuilt when ``A.val``
+  is another tensor or changed in place, checked by identity + ``_version``): the **CSC copy** of
+  A -- column pointers [D+1], the row id of each entry (int32 while N, nnz < 2^31) and a copy of
+  the values, column-major (stable sort of the column indices: rows ascending within a column).
+  That is a full transposed copy, 2x the memory of A, exactly what the "ops" baseline's cached
+  transpose also pays.
+* Per call, pass 1 = the row kernel over A in MODE 2: ``t = A y`` and ``p = alpha v ⊙ t`` (or the
+  softmax form), written to a ``[N, m]`` buffer, the intercept's ``Σ_n p_n`` as per-program
+  partials (summed in a fixed order). Pass 2 = the same row kernel over the copy in MODE 0:
+  ``w_c = Σ_{n in column c} A_nc p_n`` (+ ``beta z_c`` in the epilogue), one fixed-order sum per
+  column, no atomics: the result is bitwise reproducible. ``y=None`` skips pass 1 (pass 2 gathers
+  ``v`` and scales by alpha). The copy's column-length profile has its own statistics, bins and
+  long-column split (a power-law matrix's popular columns).
+* Bytes: ``2 (b_val + b_idx) nnz`` + pointers + ``p`` written and read: ~2.1x the one-read floor
+  for m = 1 against the scatter's atomic bound of ~9x.
+
 * Indices: ``crow`` int64 -> all nonzero offsets in int64; int32 indices are loaded as int32 and
   only widened where ``(D+1) * m`` could pass 2^31. Every gather is masked (the interpreter does
   not catch out-of-bounds loads).
@@ -111,21 +127,21 @@ def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M: tl.constexpr, MP: tl.
 
 @triton.jit
 def _csr_rows_kernel(
-    crow_ptr,  # [R + 1] row pointers (int32/int64) of the structure being read
-    col_ptr,  # [nnz] column indices
-    val_ptr,  # [nnz] values (storage dtype); gathered through vperm_ptr when VAL_PERM
-    vperm_ptr,  # [nnz] value permutation (VAL_PERM), else unused
+    crow_ptr,  # [R + 1] row pointers (int32/int64) of the structure being read (A, or its CSC copy)
+    col_ptr,  # [nnz] column indices (row indices of A for the CSC copy)
+    val_ptr,  # [nnz] values (storage dtype)
     rows_ptr,  # [n_slots] row ids of the schedule (ROW_PERM), else unused
-    y_ptr,  # [C(+1), M] accumulation dtype (HAS_Y)
+    y_ptr,  # [C(+1), M] accumulation dtype (HAS_Y); p [N, M] for the gather pass over the CSC
     v_ptr,  # [R, M] or [R, 1] broadcast over the m columns (HAS_V)
-    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
-    ipart_ptr,  # [n_programs_total, MP] per-program intercept partial sums (MODE 1, INTERCEPT)
+    z_ptr,  # [R, M] (MODE 0, HAS_Z): out = coef[0] * t + coef[1] * z
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M] (scatter); MODE 2: p [R, M]
+    ipart_ptr,  # [n_programs_total, MP] per-program intercept partial sums (MODE 1/2, INTERCEPT)
     slot_lo,  # first schedule slot of this launch
     slot_hi,  # one past the last slot
     prog_base,  # this launch's first row in ipart
     n_cols,  # C: row index of the intercept entry of y / w
-    alpha_ptr,  # [1] alpha in the accumulation dtype (a float argument would be fp32)
-    M: tl.constexpr,  # m (row stride of y, t, w)
+    coef_ptr,  # [2] (alpha, beta) in the accumulation dtype (a float argument would be fp32)
+    M: tl.constexpr,  # m (row stride of y, t, w, p, z)
     MP: tl.constexpr,  # next power of two >= M
     VM: tl.constexpr,  # row stride of v: M, or 1 for a [R, 1] v broadcast over the columns
     BLOCK_R: tl.constexpr,
@@ -133,11 +149,11 @@ def _csr_rows_kernel(
     SINGLE: tl.constexpr,  # every row of the launch has <= L nonzeros: one tile, kept in registers
     HAS_Y: tl.constexpr,
     HAS_V: tl.constexpr,
+    HAS_Z: tl.constexpr,
     INTERCEPT: tl.constexpr,
     SOFTMAX: tl.constexpr,
-    MODE: tl.constexpr,  # 0: store t = A y; 1: scatter w += A^T p
+    MODE: tl.constexpr,  # 0: store coef0 * (A y) (+ coef1 * z); 1: scatter w += A^T p; 2: store p
     ROW_PERM: tl.constexpr,
-    VAL_PERM: tl.constexpr,
     WIDE: tl.constexpr,  # (C+1) * M may pass 2^31: widen int32 column indices
     ACC64: tl.constexpr,
 ):
@@ -165,11 +181,7 @@ def _csr_rows_kernel(
         cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
         if WIDE:
             cols = cols.to(tl.int64)
-        if VAL_PERM:
-            vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
-            vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
-        else:
-            vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+        vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
         if HAS_Y:
             t = _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
     else:
@@ -181,11 +193,7 @@ def _csr_rows_kernel(
                 cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
                 if WIDE:
                     cols = cols.to(tl.int64)
-                if VAL_PERM:
-                    vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
-                    vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
-                else:
-                    vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+                vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
                 t += _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
     if HAS_Y:
         if INTERCEPT:
@@ -193,6 +201,10 @@ def _csr_rows_kernel(
             t += y_last[None, :]
 
     if MODE == 0:
+        t = t * tl.load(coef_ptr)
+        if HAS_Z:
+            zz = tl.load(z_ptr + rows[:, None] * M + j[None, :], mask=rj_mask, other=0.0)
+            t += tl.load(coef_ptr + 1) * zz
         tl.store(out_ptr + rows[:, None] * M + j[None, :], t, mask=rj_mask)
     else:
         if HAS_V:
@@ -207,11 +219,13 @@ def _csr_rows_kernel(
                 p = vv * t
         else:
             p = vv
-        p = tl.where(rj_mask, p * tl.load(alpha_ptr), 0.0)
+        p = tl.where(rj_mask, p * tl.load(coef_ptr), 0.0)
         if INTERCEPT:
             # Pre-aggregated over the block: one [MP] partial per program, no atomics.
             tl.store(ipart_ptr + (prog_base + pid) * MP + j, tl.sum(p, axis=0))
-        if SINGLE:
+        if MODE == 2:
+            tl.store(out_ptr + rows[:, None] * M + j[None, :], p, mask=rj_mask)
+        elif SINGLE:
             _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
         else:
             for k in range(0, max_len, L):
@@ -220,11 +234,7 @@ def _csr_rows_kernel(
                 cols = tl.load(col_ptr + off, mask=nz_mask, other=0)
                 if WIDE:
                     cols = cols.to(tl.int64)
-                if VAL_PERM:
-                    vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
-                    vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
-                else:
-                    vals = tl.load(val_ptr + off, mask=nz_mask, other=0).to(acc_t)
+                vals = tl.load(val_ptr + off, mask=nz_mask, other=0).to(acc_t)
                 _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
 
 
@@ -233,7 +243,6 @@ def _csr_long_partial_kernel(
     crow_ptr,  # [R + 1]
     col_ptr,  # [nnz]
     val_ptr,  # [nnz]
-    vperm_ptr,  # [nnz] (VAL_PERM)
     long_rows_ptr,  # [n_long] row ids of the long rows
     chunk_row_ptr,  # [n_chunks] int32: index into long_rows of each chunk
     chunk_first_ptr,  # [n_long + 1] int32: first chunk of each long row
@@ -243,7 +252,6 @@ def _csr_long_partial_kernel(
     M: tl.constexpr,
     MP: tl.constexpr,
     PIECE: tl.constexpr,  # nonzeros per loop step
-    VAL_PERM: tl.constexpr,
     WIDE: tl.constexpr,
     ACC64: tl.constexpr,
 ):
@@ -266,11 +274,7 @@ def _csr_long_partial_kernel(
         cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last")
         if WIDE:
             cols = cols.to(tl.int64)
-        if VAL_PERM:
-            vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last")
-            vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
-        else:
-            vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last").to(acc_t)
+        vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last").to(acc_t)
         yg = tl.load(y_ptr + cols[:, None] * M + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0)
         acc += vals[:, None] * yg
     tl.store(part_ptr + c * MP + j, tl.sum(acc, axis=0))
@@ -281,18 +285,18 @@ def _csr_long_finish_kernel(
     crow_ptr,  # [R + 1]
     col_ptr,  # [nnz]
     val_ptr,  # [nnz]
-    vperm_ptr,  # [nnz] (VAL_PERM)
     long_rows_ptr,  # [n_long]
     chunk_row_ptr,  # [n_chunks] int32
     chunk_first_ptr,  # [n_long + 1] int32
     part_ptr,  # [n_chunks, MP] partial t (HAS_Y)
     y_ptr,  # [C(+1), M] (HAS_Y)
     v_ptr,  # [R, VM] (HAS_V)
-    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]
+    z_ptr,  # [R, M] (MODE 0, HAS_Z)
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]; MODE 2: p [R, M]
     ipart_ptr,  # [n_programs_total, MP]
     prog_base,
     n_cols,
-    alpha_ptr,  # [1]
+    coef_ptr,  # [2] (alpha, beta)
     CHUNK,
     M: tl.constexpr,
     MP: tl.constexpr,
@@ -300,10 +304,10 @@ def _csr_long_finish_kernel(
     PIECE: tl.constexpr,
     HAS_Y: tl.constexpr,
     HAS_V: tl.constexpr,
+    HAS_Z: tl.constexpr,
     INTERCEPT: tl.constexpr,
     SOFTMAX: tl.constexpr,
     MODE: tl.constexpr,
-    VAL_PERM: tl.constexpr,
     WIDE: tl.constexpr,
     ACC64: tl.constexpr,
 ):
@@ -323,6 +327,9 @@ def _csr_long_finish_kernel(
         if INTERCEPT:
             t += tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
     if MODE == 0:
+        t = t * tl.load(coef_ptr)
+        if HAS_Z:
+            t += tl.load(coef_ptr + 1) * tl.load(z_ptr + row * M + j, mask=jmask, other=0.0)
         tl.store(out_ptr + row * M + j, t, mask=jmask & is_first)
     else:
         if HAS_V:
@@ -336,28 +343,26 @@ def _csr_long_finish_kernel(
                 p = vv * t
         else:
             p = vv
-        p = tl.where(jmask, p * tl.load(alpha_ptr), 0.0)
+        p = tl.where(jmask, p * tl.load(coef_ptr), 0.0)
         if INTERCEPT:
             tl.store(ipart_ptr + (prog_base + c) * MP + j, tl.where(is_first, p, 0.0))
-        start = tl.load(crow_ptr + row).to(tl.int64)
-        end = tl.load(crow_ptr + row + 1).to(tl.int64)
-        lo = start + (c - first) * CHUNK
-        hi = tl.minimum(lo + CHUNK, end)
-        lane = tl.arange(0, PIECE)
-        for k in range(lo, hi, PIECE):
-            off = k + lane
-            nz_mask = off < hi
-            cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
-            if WIDE:
-                cols = cols.to(tl.int64)
-            if VAL_PERM:
-                vidx = tl.load(vperm_ptr + off, mask=nz_mask, other=0)
-                vals = tl.load(val_ptr + vidx, mask=nz_mask, other=0).to(acc_t)
-            else:
+        if MODE == 2:
+            tl.store(out_ptr + row * M + j, p, mask=jmask & is_first)
+        else:
+            start = tl.load(crow_ptr + row).to(tl.int64)
+            end = tl.load(crow_ptr + row + 1).to(tl.int64)
+            lo = start + (c - first) * CHUNK
+            hi = tl.minimum(lo + CHUNK, end)
+            lane = tl.arange(0, PIECE)
+            for k in range(lo, hi, PIECE):
+                off = k + lane
+                nz_mask = off < hi
+                cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+                if WIDE:
+                    cols = cols.to(tl.int64)
                 vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
-            tl.atomic_add(out_ptr + cols[:, None] * M + j[None, :], vals[:, None] * p[None, :],
-                          mask=nz_mask[:, None] & jmask[None, :], sem="relaxed")
-
+                tl.atomic_add(out_ptr + cols[:, None] * M + j[None, :], vals[:, None] * p[None, :],
+                              mask=nz_mask[:, None] & jmask[None, :], sem="relaxed")
 
 # ------------------------------------------------------------------------------------------------
 # The analytical launch model
@@ -455,10 +460,16 @@ class CSRStats:
 
 @dataclass(frozen=True)
 class CSRConfig:
-    """Launch parameters of the CSR kernels (chosen by :func:`csr_config`).
+    """Launch parameters of the CSR kernels and the strategy (chosen by :func:`csr_config`).
 
     Attributes
     ----------
+    strategy : {"scatter", "gather"}
+        ``"scatter"``: one read of A, ``w`` accumulated with per-nonzero float atomics.
+        ``"gather"``: a cached CSC copy of A (2x memory); ``p`` is written by a row pass over A and
+        ``w`` by an atomic-free row pass over the copy (deterministic).
+    pred_scatter_ms, pred_gather_ms : float
+        The model's predicted times (ms) of both strategies (not compared, not hashed).
     ordered : bool
         True: one launch over the rows in storage order; False: power-of-two length bins.
     block_r, lanes : int
@@ -479,8 +490,15 @@ class CSRConfig:
     num_warps : int
         Warps per program of the row kernel (the long kernels use ``long_warps``).
     long_warps : int
+    gather : CSRConfig or None
+        ``strategy="gather"``: launch parameters of the pass over the CSC copy (its "rows" are
+        A's columns; the fields above describe the pass over A's rows). None: the model's pick
+        for the copy's column-length profile, chosen at run time.
     """
 
+    strategy: str
+    pred_scatter_ms: float = dataclasses.field(compare=False)
+    pred_gather_ms: float = dataclasses.field(compare=False)
     ordered: bool
     block_r: int
     lanes: int
@@ -492,10 +510,15 @@ class CSRConfig:
     chunk: int
     num_warps: int
     long_warps: int
+    gather: "CSRConfig | None" = None
 
     def bin_block_r(self, width: int) -> int:
         """Rows per program for the bin of width ``width``."""
         return max(1, self.tile // width)
+
+    def launch_key(self) -> "CSRConfig":
+        """The launch fields only (strategy and the CSC pass dropped): the schedule cache key."""
+        return dataclasses.replace(self, strategy="scatter", gather=None)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -506,33 +529,43 @@ def _pow2_floor(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x).bit_length() - 1)
 
 
-def csr_stats(A: CSRMatrix) -> CSRStats:
-    """Row-length statistics of ``A`` (one device-to-host sync; cached per matrix).
+def csr_stats(A: CSRMatrix, axis: int = 0) -> CSRStats:
+    """Row-length (``axis=0``) or column-length (``axis=1``) statistics of ``A`` (cached per matrix).
 
     Parameters
     ----------
     A : CSRMatrix
         ``[N, D]``.
+    axis : {0, 1}
+        0: lengths of A's rows; 1: lengths of A's columns (the rows of its CSC copy, computed by a
+        ``bincount`` of the column indices; no copy is built).
 
     Returns
     -------
     CSRStats
+        For ``axis=1``, ``n_rows`` is D, ``n_cols`` is N and ``index_bytes`` that of the CSC copy.
     """
-    return _structure(A).stats
+    st = _structure(A)
+    return st.stats if axis == 0 else _col_stats(A, st)
 
 
-def _compute_stats(A: CSRMatrix) -> CSRStats:
-    n, d = A.shape
-    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+def _hist_stats(lengths: torch.Tensor, n_cols: int, index_bytes: int) -> CSRStats:
+    """CSRStats of a vector of segment lengths (one device-to-host sync)."""
+    n = lengths.numel()
     if n == 0:
-        return CSRStats(0, d, 0, 0, (0,), A.crow.element_size())
+        return CSRStats(0, n_cols, 0, 0, (0,), index_bytes)
     # bin b: 0 for empty rows, else 1 + ceil(log2(len)); integer arithmetic, exact.
     b = torch.zeros_like(lengths)
     nz = lengths > 0
     b[nz] = 1 + _ceil_log2(lengths[nz])
     hist = torch.bincount(b, minlength=1)
-    packed = torch.cat([hist, lengths.max().reshape(1)]).cpu().tolist()
-    return CSRStats(n, d, A.nnz, int(packed[-1]), tuple(int(c) for c in packed[:-1]), A.crow.element_size())
+    packed = torch.cat([hist, lengths.max().reshape(1), lengths.sum().reshape(1)]).cpu().tolist()
+    return CSRStats(n, n_cols, int(packed[-1]), int(packed[-2]), tuple(int(c) for c in packed[:-2]), index_bytes)
+
+
+def _compute_stats(A: CSRMatrix) -> CSRStats:
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    return _hist_stats(lengths, A.shape[1], A.crow.element_size())
 
 
 def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
@@ -547,53 +580,20 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return r
 
 
-def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None) -> CSRConfig:
-    """The analytical launch model of the CSR kernels.
+# Scatter throughput: fp32 RED.ADD to distinct addresses of an L2-resident w, MEASURED on one H200
+# (132 SMs): 128M atomics in 2.28 ms, 100M in 1.70 ms -> ~57 G/s whatever the schedule. Scaled by
+# SM count for other GPUs (an assumption); fp64 REDs taken at half the rate (not measured).
+ATOMIC_RATE_H200 = 57e9
+ATOMIC_RATE_SMS = 132
+STRATEGIES = ("auto", "scatter", "gather")
 
-    Parameters
-    ----------
-    A : CSRMatrix or CSRStats
-        The matrix or its row-length statistics (:func:`csr_stats`).
-    m : int
-        Columns of ``y`` (1..16).
-    dtype : torch.dtype
-        Value storage dtype (sets the bytes per nonzero).
-    gpu : dict or object, optional
-        SM count, registers/SM, shared memory/SM, L2 bytes, DRAM bandwidth (``gpu_info``); the
-        device's own (or an H200-like profile) when None.
 
-    Returns
-    -------
-    CSRConfig
+def _csc_index_bytes(n_rows: int, nnz: int) -> int:
+    return 4 if max(n_rows, nnz) < 2**31 else 8
 
-    Notes
-    -----
-    The model (all quantities per nonzero are bytes of values + indices, ``b = b_val + b_idx``):
 
-    1. *Bytes in flight.* Little's law: to stream at bandwidth ``B`` with DRAM latency
-       ``λ ≈ 800 ns`` every SM needs ``B λ / n_SM`` bytes of loads outstanding (≈ 26 KB on an
-       H200). With ``P = 4`` resident programs per SM, one program's tile must cover
-       ``B λ / (n_SM P b)`` nonzeros: ``tile = pow2_ceil`` of that (1024 nonzeros for fp32/int32).
-    2. *Registers.* A tile element holds ~``2 + 2 MP`` 32-bit registers (value, index, the
-       gathered ``y`` m-vector and the product). Keeping ``P`` programs of ``32 w`` threads
-       resident under ``regs_per_sm`` with half the registers for addresses and masks caps
-       ``tile * (2 + 2 MP)`` at ``regs_per_sm / (2 P)`` words per program → smaller tiles for
-       large ``m`` (the gathers and ``m`` atomics per nonzero then bound the time anyway, not
-       DRAM). ``num_warps = 4``, 8 when the tile exceeds 2048 elements.
-    3. *Tile shape.* ``L`` = power of two covering the rows; ``BLOCK_R = tile / L``. Ordered mode
-       (rows in storage order: perfect streaming, no permutation bytes) when the profile is
-       homogeneous: ``pow2(max_len) <= 2 pow2(mean)`` (then ``L = pow2(max_len)``, lanes ≥ 50 %
-       busy on average, one tile, single read) or ``max_len <= 4 pow2(q90)`` (``L = pow2(q90)``,
-       at most 4 loop steps per block). Otherwise binned: power-of-two bins from
-       ``l_min = max(4, pow2(q10))`` to ``long_threshold = tile`` (bins ≥ 50 % lane-busy), the
-       permutation costs ``b_idx`` bytes per row.
-    4. *Long rows* (> ``long_threshold``): ``piece = tile`` nonzeros per step; ``chunk`` is
-       the largest multiple of ``piece`` (power of two, ≤ 64 pieces) that still gives the
-       long-row launch ``4 n_SM`` programs, so a few rows of 10^5-10^7 nonzeros fill the GPU.
-    """
-    stats = A if isinstance(A, CSRStats) else csr_stats(A)
-    prof = _gpu_profile(gpu, None if isinstance(A, CSRStats) else A.device)
-    m = int(m)
+def _launch_params(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> dict:
+    """Tile, bins and long-row split for the row kernel over a structure with ``stats``."""
     mp = _pow2_ceil(m)
     b_val = torch.empty((), dtype=dtype).element_size()
     b = b_val + stats.index_bytes
@@ -618,29 +618,156 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None) -> C
         ordered, single, lanes = False, False, q90
     lanes = max(1, min(lanes, tile))
     block_r = max(1, tile // lanes)
-
     long_threshold = tile
     piece = tile
-    long_nnz = stats.nnz  # upper bound; the schedule refines the chunk with the real long nnz
-    chunk = _long_chunk(long_nnz, piece, prof["sm_count"])
-    return CSRConfig(
-        ordered=ordered,
-        block_r=block_r,
-        lanes=lanes,
-        single=single,
-        tile=tile,
-        l_min=max(4, min(q10, tile)),
-        long_threshold=long_threshold,
-        piece=piece,
-        chunk=chunk,
-        num_warps=num_warps,
-        long_warps=num_warps,
-    )
+    chunk = _long_chunk(stats.nnz, piece, prof["sm_count"])  # refined by the schedule (real long nnz)
+    return dict(ordered=ordered, block_r=block_r, lanes=lanes, single=single, tile=tile,
+                l_min=max(4, min(q10, tile)), long_threshold=long_threshold, piece=piece, chunk=chunk,
+                num_warps=num_warps, long_warps=num_warps)
+
+
+def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> tuple:
+    """(scatter ms, gather ms) of the model (see :func:`csr_config`)."""
+    n, d, nnz = stats.n_rows, stats.n_cols, stats.nnz
+    b_val = torch.empty((), dtype=dtype).element_size()
+    b_acc = 8 if dtype == torch.float64 else 4
+    b_csc = _csc_index_bytes(n, nnz)
+    bw = prof["bandwidth"]
+    rate = ATOMIC_RATE_H200 * prof["sm_count"] / ATOMIC_RATE_SMS / (2 if dtype == torch.float64 else 1)
+    a_bytes = nnz * (b_val + stats.index_bytes) + (n + 1) * stats.index_bytes
+    w_bytes = (d + 1) * m * b_acc
+    # scatter: one read of A (+ v) and the w init, or the per-nonzero REDs, whichever binds.
+    scatter = max((a_bytes + n * m * b_acc + 2 * w_bytes) / bw, nnz * m / rate)
+    # gather: A, then the copy (values + row ids + column pointers), p written and read back.
+    csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
+    gather = (a_bytes + n * m * b_acc + csc_bytes + 2 * n * m * b_acc + w_bytes) / bw
+    return scatter * 1e3, gather * 1e3
+
+
+def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, strategy: str = "auto",
+               memory: str = "normal", col_stats: CSRStats | None = None) -> CSRConfig:
+    """The analytical launch model of the CSR kernels, and the scatter/gather choice.
+
+    Parameters
+    ----------
+    A : CSRMatrix or CSRStats
+        The matrix or its row-length statistics (:func:`csr_stats`).
+    m : int
+        Columns of ``y`` (1..16).
+    dtype : torch.dtype
+        Value storage dtype (sets the bytes per nonzero).
+    gpu : dict or object, optional
+        SM count, registers/SM, shared memory/SM, L2 bytes, DRAM bandwidth (``gpu_info``); the
+        device's own (or an H200-like profile) when None.
+    strategy : {"auto", "scatter", "gather"}
+        Force a strategy, or let the model pick the faster one.
+    memory : {"normal", "low"}
+        ``"low"`` forbids the CSC copy (2x the memory of A): ``strategy="auto"`` then picks scatter.
+    col_stats : CSRStats, optional
+        Column-length statistics (``csr_stats(A, axis=1)``); taken from A when it is a matrix.
+        Without them (A given as CSRStats) the CSC pass's launch is chosen at run time.
+
+    Returns
+    -------
+    CSRConfig
+        ``strategy`` and both predicted times are in its repr (first fields).
+
+    Notes
+    -----
+    **Strategy** (bytes ``b = b_val + b_idx`` per nonzero; ``BW`` the DRAM bandwidth):
+
+    * scatter (one read of A, float atomics)::
+
+          T_s = max((bytes(A) + bytes(v) + 2 bytes(w)) / BW,  nnz * m / R_atomic)
+
+      ``R_atomic = 57e9/s`` is MEASURED on one H200 (fp32 RED to distinct addresses of an
+      L2-resident w; ~57 G/s for every schedule tried), scaled by SM count / 132 for other GPUs and
+      halved for fp64 (both assumptions). One RED per nonzero and column of ``y`` (``m_eff = m``:
+      Triton emits scalar REDs). With 8 B per nonzero the atomic term is ~9x the byte term, so
+      scatter is atomic-bound on every profile measured.
+    * gather (CSC copy of A, cached; no atomics)::
+
+          T_g = (bytes(A) + bytes(v) + bytes(CSC) + 2 bytes(p) + bytes(w)) / BW
+
+      ``bytes(CSC) = nnz (b_val + b_idx') + (D+1) b_idx'`` (``b_idx'`` = 4 while N, nnz < 2^31),
+      ``bytes(p) = N m b_acc`` (written by the pass over A, read by the pass over the copy):
+      ~2.1x the read-once floor for m = 1. Not modelled: the random sector reads of ``y[col]`` and
+      ``p[row]`` (both L2-resident on the benchmark shapes; the scatter pays the ``y`` ones too)
+      and the one-off build of the copy (a stable sort of the column indices, ~10-30 calls' worth;
+      at run time ``"auto"`` builds it only from the second call on the same matrix object).
+
+    ``"auto"`` picks the smaller prediction unless ``memory="low"``. Small D does NOT favour the
+    scatter: its REDs then hit few addresses and serialise at L2, while the copy has few long
+    columns (split long-row kernels, fully parallel).
+
+    **Launch** (each pass: the row kernel over A's rows, and for gather over A's columns):
+
+    1. *Bytes in flight.* Little's law: to stream at bandwidth ``B`` with DRAM latency
+       ``λ ≈ 800 ns`` every SM needs ``B λ / n_SM`` bytes of loads outstanding (≈ 26 KB on an
+       H200). With ``P = 4`` resident programs per SM, one program's tile must cover
+       ``B λ / (n_SM P b)`` nonzeros: ``tile = pow2_ceil`` of that (1024 nonzeros for fp32/int32).
+    2. *Registers.* A tile element holds ~``2 + 2 MP`` 32-bit registers (value, index, the
+       gathered ``y`` m-vector and the product). Keeping ``P`` programs of ``32 w`` threads
+       resident under ``regs_per_sm`` with half the registers for addresses and masks caps
+       ``tile * (2 + 2 MP)`` at ``regs_per_sm / (2 P)`` words per program → smaller tiles for
+       large ``m``. ``num_warps = 4``, 8 when the tile exceeds 2048 elements.
+    3. *Tile shape.* ``L`` = power of two covering the rows; ``BLOCK_R = tile / L``. Ordered mode
+       (rows in storage order: perfect streaming, no permutation bytes) when the profile is
+       homogeneous: ``pow2(max_len) <= 2 pow2(mean)`` (then ``L = pow2(max_len)``, lanes ≥ 50 %
+       busy on average, one tile, single read) or ``max_len <= 4 pow2(q90)`` (``L = pow2(q90)``,
+       at most 4 loop steps per block). Otherwise binned: power-of-two bins from
+       ``l_min = max(4, pow2(q10))`` to ``long_threshold = tile`` (bins ≥ 50 % lane-busy), the
+       permutation costs ``b_idx`` bytes per row. The CSC copy of a power-law matrix is binned by
+       its own column-length profile.
+    4. *Long rows* (> ``long_threshold``): ``piece = tile`` nonzeros per step; ``chunk`` is
+       the largest multiple of ``piece`` (power of two, ≤ 64 pieces) that still gives the
+       long-row launch ``4 n_SM`` programs, so a few rows of 10^5-10^7 nonzeros fill the GPU.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if memory not in ("normal", "low"):
+        raise ValueError(f"memory must be 'normal' or 'low', got {memory!r}")
+    is_stats = isinstance(A, CSRStats)
+    stats = A if is_stats else csr_stats(A)
+    if col_stats is None and not is_stats:
+        col_stats = csr_stats(A, axis=1)
+    prof = _gpu_profile(gpu, None if is_stats else A.device)
+    m = int(m)
+    t_s, t_g = (float(f"{t:.4g}") for t in _predict_ms(stats, m, dtype, prof))
+    if strategy == "auto":
+        strategy = "gather" if memory == "normal" and t_g < t_s else "scatter"
+    gather = None
+    if strategy == "gather" and col_stats is not None:
+        gather = CSRConfig(strategy="gather", pred_scatter_ms=t_s, pred_gather_ms=t_g,
+                           **_launch_params(col_stats, m, dtype, prof))
+    return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g,
+                     gather=gather, **_launch_params(stats, m, dtype, prof))
 
 
 def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
     target = max(1, long_nnz // (4 * sm_count))
     return piece * max(1, min(64, _pow2_floor(max(1, target // piece))))
+
+
+def _variants(base: CSRConfig, max_len: int) -> list:
+    """Tile / warps / ordered-or-binned variants of one pass's launch fields."""
+    out = []
+    for tile in (256, 512, 1024, 2048, 4096):
+        for warps in (2, 4, 8):
+            for ordered in (True, False):
+                if ordered and base.lanes > tile:
+                    continue
+                lanes = min(base.lanes, tile)
+                cfg = dataclasses.replace(
+                    base, tile=tile, num_warps=warps, long_warps=warps, ordered=ordered,
+                    lanes=lanes, block_r=max(1, tile // lanes),
+                    single=base.single and lanes >= _pow2_ceil(max_len),
+                    long_threshold=max(tile, base.long_threshold if not ordered else tile), piece=min(base.piece, tile),
+                )
+                if not ordered and cfg.lanes > cfg.long_threshold:
+                    continue
+                out.append(cfg)
+    return out
 
 
 def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
@@ -658,47 +785,42 @@ def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
     Returns
     -------
     list of CSRConfig
-        The model's pick first, then variants of tile size, warps, ordered/binned and chunk.
+        The model's pick first; then both strategies' pick (whichever the model did not choose);
+        then scatter variants (tile size, warps, ordered/binned) and gather variants (the same
+        around the CSC pass's pick, the pass over A's rows at the model's pick).
     """
     dtype = A.val.dtype if dtype is None else dtype
     base = csr_config(A, m, dtype, gpu)
+    sc = csr_config(A, m, dtype, gpu, strategy="scatter")
+    ga = csr_config(A, m, dtype, gpu, strategy="gather")
     out = [base]
     seen = {base}
-    for tile in (256, 512, 1024, 2048, 4096):
-        for warps in (2, 4, 8):
-            for ordered in (True, False):
-                if ordered and base.lanes > tile:
-                    continue
-                lanes = min(base.lanes, tile)
-                cfg = dataclasses.replace(
-                    base, tile=tile, num_warps=warps, long_warps=warps, ordered=ordered,
-                    lanes=lanes, block_r=max(1, tile // lanes),
-                    single=base.single and lanes >= _pow2_ceil(csr_stats(A).max_len),
-                    long_threshold=max(tile, base.long_threshold if not ordered else tile), piece=min(base.piece, tile),
-                )
-                if not ordered and cfg.lanes > cfg.long_threshold:
-                    continue
-                if cfg not in seen:
-                    seen.add(cfg)
-                    out.append(cfg)
+    cands = [sc, ga] + _variants(sc, csr_stats(A).max_len)
+    cands += [dataclasses.replace(ga, gather=g) for g in _variants(ga.gather, csr_stats(A, axis=1).max_len)]
+    for cfg in cands:
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append(cfg)
     return out
 
 
 # ------------------------------------------------------------------------------------------------
-# Per-matrix cache: statistics, schedules, transposed structure
+# Per-matrix cache: statistics, schedules, the CSC copy
 # ------------------------------------------------------------------------------------------------
 class _Structure:
     """Everything derived from a matrix's sparsity structure, cached on the crow tensor."""
 
-    def __init__(self, A: CSRMatrix):
+    def __init__(self, A: CSRMatrix, stats: CSRStats | None = None):
         self.crow_ref = weakref.ref(A.crow)
         self.col_ref = weakref.ref(A.col)
         self.versions = (A.crow._version, A.col._version)
         self.shape = tuple(A.shape)
         self.nnz = A.nnz
-        self.stats = _compute_stats(A)
+        self.stats = _compute_stats(A) if stats is None else stats
+        self.col_stats = None  # CSRStats of the columns (bincount of col), on demand
         self.schedules = {}
-        self.transpose = None  # (CSRMatrix-like structure, value permutation, _Structure)
+        self.csc = None  # _CSC: the gather strategy's copy, on demand
+        self.calls = 0  # csr_mmchain_fused calls seen (auto builds the copy from the second on)
 
     def valid_for(self, A: CSRMatrix) -> bool:
         return (self.crow_ref() is A.crow and self.col_ref() is A.col
@@ -720,6 +842,51 @@ def _structure(A: CSRMatrix) -> _Structure:
     return ent
 
 
+def _col_lengths(A: CSRMatrix) -> torch.Tensor:
+    return torch.bincount(A.col.to(torch.int64), minlength=A.shape[1])[: A.shape[1]]
+
+
+def _col_stats(A: CSRMatrix, st: _Structure) -> CSRStats:
+    if st.col_stats is None:
+        st.col_stats = _hist_stats(_col_lengths(A), A.shape[0], _csc_index_bytes(A.shape[0], A.nnz))
+    return st.col_stats
+
+
+@dataclass
+class _CSC:
+    """The gather strategy's copy of A: ``AT`` = A^T in CSR form (colptr, row ids, values)."""
+
+    AT: CSRMatrix  # [D, N]: crow = colptr [D+1], col = row ids [nnz], val = values [nnz] (copies)
+    st: _Structure  # AT's own statistics and schedules (column-length profile)
+    val_ref: weakref.ref  # the value tensor the copy was taken from
+    val_version: int
+
+
+def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
+    """The CSC copy of ``A`` (cached with A's structure; rebuilt when ``A.val`` is another tensor
+    or was changed in place). Costs ``nnz (b_val + b_idx) + (D+1) b_idx`` bytes while cached (the
+    2x memory the "ops" baseline's cached transpose also pays); building it sorts the column
+    indices once (~32 B/nnz of temporaries)."""
+    c = st.csc
+    if c is not None and c.val_ref() is A.val and c.val_version == A.val._version:
+        return c
+    st.csc = None  # drop a stale copy before allocating the new one
+    n, d = A.shape
+    idx = torch.int32 if _csc_index_bytes(n, A.nnz) == 4 else torch.int64
+    col = A.col.to(torch.int64)
+    order = torch.sort(col, stable=True).indices  # (col, row) order: CSR is row-major
+    del col
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    rows_t = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=idx), lengths)[order]
+    val_t = A.val[order]
+    del order
+    colptr = torch.zeros(d + 1, dtype=torch.int64, device=A.device)
+    colptr[1:] = torch.cumsum(_col_lengths(A), 0)
+    AT = CSRMatrix(colptr.to(idx), rows_t.contiguous(), val_t.contiguous(), (d, n))
+    st.csc = _CSC(AT, _Structure(AT, _col_stats(A, st)), weakref.ref(A.val), A.val._version)
+    return st.csc
+
+
 @dataclass
 class _Schedule:
     """Launch plan for one (matrix, config)."""
@@ -736,7 +903,7 @@ class _Schedule:
 
 
 def _schedule(A: CSRMatrix, st: _Structure, cfg: CSRConfig, sm_count: int) -> _Schedule:
-    key = cfg
+    key = cfg.launch_key()
     sch = st.schedules.get(key)
     if sch is not None:
         return sch
@@ -795,30 +962,6 @@ def _schedule(A: CSRMatrix, st: _Structure, cfg: CSRConfig, sm_count: int) -> _S
     return sch
 
 
-def _transpose(A: CSRMatrix, st: _Structure):
-    """``(AT, vperm, st_T)``: the structure of ``A^T`` in CSR form, cached (deterministic path).
-
-    ``AT.val`` is A's value tensor itself (gathered through ``vperm`` at run time, so later value
-    changes of ``A`` are seen); ``AT.col`` holds row ids.
-    """
-    if st.transpose is not None:
-        return st.transpose
-    n, d = A.shape
-    col = A.col.to(torch.int64)
-    order = torch.sort(col, stable=True).indices  # (col, row) order: CSR is row-major
-    idx_dtype = A.crow.dtype if max(n, A.nnz) < 2**31 or A.crow.dtype == torch.int64 else torch.int64
-    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
-    row_of = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=torch.int64), lengths)
-    rows_t = row_of[order].to(idx_dtype).contiguous()
-    colptr = torch.zeros(d + 1, dtype=torch.int64, device=A.device)
-    colptr[1:] = torch.cumsum(torch.bincount(col, minlength=d), 0)
-    AT = CSRMatrix(colptr.to(idx_dtype).contiguous(), rows_t, A.val, (d, n))
-    vperm = order.to(idx_dtype).contiguous()
-    st_t = _Structure(AT)
-    st.transpose = (AT, vperm, st_t)
-    return st.transpose
-
-
 # ------------------------------------------------------------------------------------------------
 # Launch wrappers
 # ------------------------------------------------------------------------------------------------
@@ -829,22 +972,60 @@ def _alloc(shape, dtype, device) -> torch.Tensor:
     return out
 
 
-def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> CSRConfig:
+def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
+    """``(cfg, explicit, gather_overrides)``: the launch config, whether the caller fixed the
+    strategy, and a dict of field overrides for the CSC pass's launch (or None)."""
     if isinstance(config, CSRConfig):
-        return config
-    base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device))
-    if config is None:
-        return base
-    if isinstance(config, dict):
-        fields = {f.name for f in dataclasses.fields(CSRConfig)}
-        extra = {k: v for k, v in config.items() if k in fields}
-        return dataclasses.replace(base, **extra) if extra else base
-    raise TypeError(f"config must be None, a dict or a CSRConfig, got {type(config).__name__}")
+        return config, True, None
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"config must be None, a dict or a CSRConfig, got {type(config).__name__}")
+    config = config or {}
+    strategy = config.get("strategy", "auto")
+    memory = config.get("memory", "normal")
+    base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device), strategy=strategy,
+                      memory=memory, col_stats=st.col_stats)
+    fields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather", "pred_scatter_ms",
+                                                                 "pred_gather_ms"}
+    extra = {k: v for k, v in config.items() if k in fields}
+    if extra:
+        base = dataclasses.replace(base, **extra)
+    g = config.get("gather")
+    if g is not None and not isinstance(g, (dict, CSRConfig)):
+        raise TypeError(f"config['gather'] must be a dict or a CSRConfig, got {type(g).__name__}")
+    if isinstance(g, CSRConfig):
+        base, g = dataclasses.replace(base, gather=g), None
+    return base, strategy != "auto", g
 
 
-def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, alpha, config,
-         vperm=None) -> torch.Tensor | None:
-    """Launch the row and long-row kernels over ``A``; returns the intercept sum [MP] or None."""
+def _gather_pass_config(csc: _CSC, cfg: CSRConfig, m: int, dtype, prof: dict, g=None) -> CSRConfig:
+    """Launch config of the pass over the CSC copy: ``cfg.gather``, or the model's pick for the
+    copy's column-length profile (the dict ``g`` overrides fields of that pick)."""
+    if cfg.gather is not None:
+        return cfg.gather
+    pick = CSRConfig(strategy="gather", pred_scatter_ms=cfg.pred_scatter_ms, pred_gather_ms=cfg.pred_gather_ms,
+                     **_launch_params(csc.st.stats, m, dtype, prof))
+    if g:
+        fields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
+        pick = dataclasses.replace(pick, **{k: v for k, v in g.items() if k in fields})
+    return pick
+
+
+def _copy_fits(A: CSRMatrix) -> bool:
+    """Whether building the CSC copy (and its sort temporaries) takes under half the free memory."""
+    if A.device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(A.device)
+    free += torch.cuda.memory_reserved(A.device) - torch.cuda.memory_allocated(A.device)
+    need = A.nnz * (A.val.element_size() + 4 + 32) + 8 * (A.shape[1] + 1)
+    return need < 0.5 * free
+
+
+def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, intercept, softmax,
+         alpha, beta=0.0) -> torch.Tensor | None:
+    """Launch the row and long-row kernels over ``A``; returns the intercept sum [MP] or None.
+
+    mode 0: ``out = alpha * (A y) + beta * z``; 1: ``out += A^T p`` (scatter); 2: ``out = p``.
+    """
     n, d = A.shape
     ref = y if y is not None else v
     m = ref.shape[1]
@@ -852,48 +1033,44 @@ def _run(A: CSRMatrix, st: _Structure, y, v, out, *, mode, intercept, softmax, a
         raise ValueError(f"v must have 1 or m={m} columns, got shape {tuple(v.shape)}")
     mp = _pow2_ceil(m)
     acc64 = ref.dtype == torch.float64
-    cfg = _resolve_config(A, st, m, config)
     prof = _gpu_profile(None, A.device)
     sch = _schedule(A, st, cfg, prof["sm_count"])
     dev = A.device
-    has_y, has_v = y is not None, v is not None
+    has_y, has_v, has_z = y is not None, v is not None, z is not None
     wide = A.col.dtype == torch.int32 and (d + 1) * m >= 2**31
     dummy = A.crow
     y_arg = y if has_y else ref
     v_arg = v if has_v else ref
+    z_arg = z if has_z else ref
     vm = v.shape[1] if has_v else m
     n_prog_total = sch.n_short_programs + sch.n_chunks
-    need_ipart = mode == 1 and intercept
+    need_ipart = mode in (1, 2) and intercept
     ipart = _alloc((max(n_prog_total, 1), mp), ref.dtype, dev) if need_ipart else ref
     rows_arg = sch.rows if sch.rows is not None else dummy
-    alpha_t = torch.full((1,), alpha, dtype=ref.dtype, device=dev)
+    coef = torch.tensor([alpha, beta], dtype=ref.dtype, device=dev)
     prog_base = 0
     for lo, hi, L, br, single in sch.bins:
         grid = (triton.cdiv(hi - lo, br),)
         _csr_rows_kernel[grid](
-            A.crow, A.col, A.val, vperm if vperm is not None else dummy, rows_arg,
-            y_arg, v_arg, out, ipart, lo, hi, prog_base, d, alpha_t,
-            M=m, MP=mp, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v,
+            A.crow, A.col, A.val, rows_arg, y_arg, v_arg, z_arg, out, ipart, lo, hi, prog_base, d, coef,
+            M=m, MP=mp, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
             INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
-            VAL_PERM=vperm is not None, WIDE=wide, ACC64=acc64,
-            num_warps=_warps(cfg.num_warps, br * L * mp),
+            WIDE=wide, ACC64=acc64, num_warps=_warps(cfg.num_warps, br * L * mp),
         )
         prog_base += grid[0]
     if sch.n_chunks:
         part = ref
-        common = dict(M=m, MP=mp, PIECE=cfg.piece, VAL_PERM=vperm is not None, WIDE=wide, ACC64=acc64)
+        common = dict(M=m, MP=mp, PIECE=cfg.piece, WIDE=wide, ACC64=acc64)
         if has_y:
             part = _alloc((sch.n_chunks, mp), ref.dtype, dev)
             _csr_long_partial_kernel[(sch.n_chunks,)](
-                A.crow, A.col, A.val, vperm if vperm is not None else dummy, sch.long_rows,
-                sch.chunk_row, sch.chunk_first, y_arg, part, sch.chunk,
+                A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, y_arg, part, sch.chunk,
                 num_warps=cfg.long_warps, **common,
             )
         _csr_long_finish_kernel[(sch.n_chunks,)](
-            A.crow, A.col, A.val, vperm if vperm is not None else dummy, sch.long_rows,
-            sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, out, ipart, prog_base, d, alpha_t,
-            sch.chunk, VM=vm, HAS_Y=has_y, HAS_V=has_v, INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode,
-            num_warps=cfg.long_warps, **common,
+            A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, z_arg,
+            out, ipart, prog_base, d, coef, sch.chunk, VM=vm, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
+            INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, num_warps=cfg.long_warps, **common,
         )
     if need_ipart:
         return ipart[:n_prog_total].sum(0) if n_prog_total else torch.zeros(mp, dtype=ref.dtype, device=dev)
@@ -969,8 +1146,9 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     _check_dense(y, "y", d + int(bool(intercept)), acc, A.device)
     y = y.contiguous()
     st = _structure(A)
+    cfg = _resolve_config(A, st, y.shape[1], config)[0]
     out = _alloc((n, y.shape[1]), acc, A.device)
-    _run(A, st, y, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0, config=config)
+    _run(A, st, cfg, y, None, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0)
     return out
 
 
@@ -994,9 +1172,14 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     v_op : {"mul", "softmax"}
         ``p = v ⊙ t`` or ``p_nj = v_nj (t_nj − Σ_l v_nl t_nl)``.
     deterministic : bool
-        Bitwise reproducible: no float atomics (transposed-structure pass, see module docstring).
+        Bitwise reproducible: always the gather strategy (no float atomics; builds the CSC copy).
     config : CSRConfig or dict, optional
-        Override the launch model (a dict replaces the named fields of the model's pick).
+        Override the launch model. A dict may hold ``"strategy"`` (``"auto"`` | ``"scatter"`` |
+        ``"gather"``), ``"memory"`` (``"normal"`` | ``"low"``: no CSC copy, so scatter unless
+        ``deterministic``), ``"gather"`` (a dict of launch fields for the pass over the CSC copy)
+        and any :class:`CSRConfig` launch field (the pass over A's rows). Other keys are ignored.
+        ``"auto"`` builds the copy from the second call on the same matrix object only, and only
+        when it takes under half the free device memory.
 
     Returns
     -------
@@ -1023,35 +1206,41 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     alpha = float(alpha)
     beta = float(beta)
     st = _structure(A)
-
-    if deterministic:
-        if y is not None:
-            t = _alloc((n, m), acc, A.device)
-            _run(A, st, y, None, t, mode=0, intercept=intercept, softmax=False, alpha=1.0, config=config)
-            vv = v if v is not None else torch.ones_like(t)
-            if softmax:
-                p = vv * (t - (vv * t).sum(1, keepdim=True))
-            else:
-                p = vv * t
-        else:
-            p = v
-        p = (p * alpha).contiguous()
-        AT, vperm, st_t = _transpose(A, st)
-        w = _alloc((dx, m), acc, A.device)
-        wd = w[:d]
-        _run(AT, st_t, p, None, wd, mode=0, intercept=False, softmax=False, alpha=1.0,
-             config=None if not isinstance(config, dict) else config, vperm=vperm)
+    cfg, explicit, g_over = _resolve_config(A, st, m, config)
+    gather = deterministic or cfg.strategy == "gather"
+    if gather and not deterministic and not explicit and not _csc_cached(A, st):
+        # auto: a one-off call never pays the copy's sort; nor is it built when memory is short.
+        gather = st.calls > 0 and _copy_fits(A)
+    st.calls += 1
+    if not gather:  # scatter: one read of A, float atomics into w
+        w = beta * z if z is not None else torch.zeros((dx, m), dtype=acc, device=A.device)
+        isum = _run(A, st, cfg, y, v, None, w, mode=1, intercept=intercept, softmax=softmax, alpha=alpha)
         if intercept:
-            w[d] = p.sum(0)
-        if z is not None:
-            w += beta * z
+            w[d] += isum[:m]
         return w
 
-    w = beta * z if z is not None else torch.zeros((dx, m), dtype=acc, device=A.device)
-    isum = _run(A, st, y, v, w, mode=1, intercept=intercept, softmax=softmax, alpha=alpha, config=config)
+    # gather: p = alpha v ⊙ (A y) by the pass over A's rows, then w = A^T p (+ beta z) by the pass
+    # over the CSC copy's rows: fixed-order sums, no atomics (deterministic).
+    csc = _csc(A, st)
+    gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, _gpu_profile(None, A.device), g_over)
+    w = _alloc((dx, m), acc, A.device)
+    if y is not None:
+        p = _alloc((n, m), acc, A.device)
+        isum = _run(A, st, cfg, y, v, None, p, mode=2, intercept=intercept, softmax=softmax, alpha=alpha)
+        src, scale = p, 1.0
+    else:  # p = alpha v: alpha applied in the second pass
+        isum = alpha * v.sum(0) if intercept else None
+        src, scale = v, alpha
+    _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
+         softmax=False, alpha=scale, beta=beta)
     if intercept:
-        w[d] += isum[:m]
+        w[d] = isum[:m] if z is None else isum[:m] + beta * z[d]
     return w
+
+
+def _csc_cached(A: CSRMatrix, st: _Structure) -> bool:
+    c = st.csc
+    return c is not None and c.val_ref() is A.val and c.val_version == A.val._version
 
 
 # ------------------------------------------------------------------------------------------------
