@@ -749,11 +749,11 @@ def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
     return piece * max(1, min(64, _pow2_floor(max(1, target // piece))))
 
 
-def _variants(base: CSRConfig, max_len: int) -> list:
+def _variants(base: CSRConfig, max_len: int, tiles=(256, 512, 1024, 2048, 4096), warps_set=(2, 4, 8)) -> list:
     """Tile / warps / ordered-or-binned variants of one pass's launch fields."""
     out = []
-    for tile in (256, 512, 1024, 2048, 4096):
-        for warps in (2, 4, 8):
+    for tile in tiles:
+        for warps in warps_set:
             for ordered in (True, False):
                 if ordered and base.lanes > tile:
                     continue
@@ -796,7 +796,9 @@ def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
     out = [base]
     seen = {base}
     cands = [sc, ga] + _variants(sc, csr_stats(A).max_len)
-    cands += [dataclasses.replace(ga, gather=g) for g in _variants(ga.gather, csr_stats(A, axis=1).max_len)]
+    # the CSC pass: a smaller grid (every point compiles new kernels; GPU time is shared)
+    cands += [dataclasses.replace(ga, gather=g)
+              for g in _variants(ga.gather, csr_stats(A, axis=1).max_len, (512, 1024, 2048, 4096), (4, 8))]
     for cfg in cands:
         if cfg not in seen:
             seen.add(cfg)
@@ -1267,7 +1269,8 @@ def _bench_main(argv=None):
     import json
     import time
 
-    ap = argparse.ArgumentParser(description="fused CSR mmchain vs torch sparse (cuSPARSE), H200 targets")
+    ap = argparse.ArgumentParser(
+        description="fused CSR mmchain (model pick, scatter, gather) vs torch sparse (cuSPARSE), H200 targets")
     ap.add_argument("--quick", action="store_true", help="1/8 of the sizes")
     ap.add_argument("--sweep", action="store_true", help="also time csr_sweep_configs (model vs best)")
     ap.add_argument("--cases", default="uniform32,uniform100,powerlaw,uniform32_m4,uniform32_bf16")
@@ -1315,12 +1318,16 @@ def _bench_main(argv=None):
         v = torch.rand(n, m, device=dev)
         cfg = csr_config(A, m, A.val.dtype)
         fused = lambda config=None: csr_mmchain_fused(A, y, v, None, 1.0, 0.0, config=config)  # noqa: E731
-        t0 = time.perf_counter()
-        fused()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        first_s = time.perf_counter() - t0  # includes compile + schedule (cached afterwards)
-        ms = do_bench(fused, rep=200)
+        first_s = {}
+        for strat in ("scatter", "gather"):  # compile; gather's first call also builds the CSC copy
+            t0 = time.perf_counter()
+            fused({"strategy": strat})
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            first_s[strat] = round(time.perf_counter() - t0, 3)
+        ms = do_bench(fused, rep=200)  # the model's pick (auto)
+        ms_sc = do_bench(lambda: fused({"strategy": "scatter"}), rep=200)
+        ms_ga = do_bench(lambda: fused({"strategy": "gather"}), rep=200)
         ms_det = do_bench(lambda: csr_mmchain_fused(A, y, v, None, 1.0, 0.0, deterministic=True), rep=200)
         X = torch.sparse_csr_tensor(A.crow, A.col, A.val.float(), A.shape)
         XT = X.t().to_sparse_csr()  # the pre-built transpose (2x memory), built once
@@ -1329,16 +1336,18 @@ def _bench_main(argv=None):
         ms_spmv = do_bench(lambda: X @ y, rep=200)
         X64 = torch.sparse_csr_tensor(A.crow, A.col, A.val.double(), A.shape)
         ref = X64.t().to_sparse_csr() @ (v.double() * (X64 @ y.double()))
-        err = float((fused().double() - ref).norm() / ref.norm())
-        err_det = float((csr_mmchain_fused(A, y, v, None, deterministic=True).double() - ref).norm() / ref.norm())
+        errs = {k: float((fused({"strategy": k}).double() - ref).norm() / ref.norm()) for k in ("scatter", "gather")}
         bytes_x = A.nnz * (A.val.element_size() + A.col.element_size()) + (n + 1) * A.crow.element_size()
         floor = bytes_x / bw * 1e3
         row = dict(case=name, n=n, d=d, nnz=A.nnz, m=m, dtype=str(c["dtype"]).replace("torch.", ""),
-                   ms=round(ms, 4), floor_ms=round(floor, 4), x_floor=round(ms / floor, 3),
+                   strategy=cfg.strategy, ms=round(ms, 4), floor_ms=round(floor, 4), x_floor=round(ms / floor, 3),
                    gbps=round(bytes_x / ms / 1e6, 1), target_ms=c["target_ms"],
+                   ms_scatter=round(ms_sc, 4), pred_scatter_ms=cfg.pred_scatter_ms,
+                   ms_gather=round(ms_ga, 4), pred_gather_ms=cfg.pred_gather_ms,
                    ms_deterministic=round(ms_det, 4), ms_ops_pretransposed=round(ms_ops, 4),
                    speedup_vs_ops=round(ms_ops / ms, 2), ms_torch_spmv_only=round(ms_spmv, 4),
-                   rel_err=err, rel_err_det=err_det, first_call_s=round(first_s, 2), config=dataclasses.asdict(cfg))
+                   rel_err_scatter=errs["scatter"], rel_err_gather=errs["gather"], first_call_s=first_s,
+                   config=repr(cfg))
         if args.sweep:
             best = (ms, "model")
             for i, alt in enumerate(csr_sweep_configs(A, m)[1:]):
@@ -1348,7 +1357,7 @@ def _bench_main(argv=None):
                     print(f"  sweep {i}: {alt} failed: {e}")
                     continue
                 if t < best[0]:
-                    best = (t, dataclasses.asdict(alt))
+                    best = (t, repr(alt))
             row.update(sweep_best_ms=round(best[0], 4), model_vs_best=round(ms / best[0], 3), sweep_best=best[1])
         print(json.dumps(row), flush=True)
         rows_out.append(row)
