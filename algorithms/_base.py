@@ -425,6 +425,26 @@ def as_sample_weight(sample_weight, info: DataInfo):
     return sw
 
 
+def normalised_weights(sw, info: DataInfo):
+    """Total sample weight and the per-sample weights divided by it.
+
+    Parameters
+    ----------
+    sw : torch.Tensor [N] or None
+        From :func:`as_sample_weight` (None: unit weights).
+    info : DataInfo
+
+    Returns
+    -------
+    total : float
+        ``sum_i s_i`` (``N`` for unit weights), summed in float64.
+    weights : float or torch.Tensor
+        ``1 / total`` for unit weights, else ``sw / total`` [N].
+    """
+    total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
+    return total, (1.0 / total if sw is None else sw / total)
+
+
 def encode_labels(y, info: DataInfo):
     """Encode class labels (numbers or strings) as integer indices into sorted ``classes_``.
 
@@ -511,6 +531,34 @@ def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
     return per if sample_weight is None else per * sample_weight
 
 
+def classification_data(X, y, sample_weight, class_weight, backend):
+    """Validate a classifier's ``fit`` inputs.
+
+    Parameters
+    ----------
+    X : design matrix accepted by :func:`as_design_matrix`, shape [N, D]
+    y : array-like, shape [N]
+        Class labels.
+    sample_weight : array-like, shape [N], or None
+    class_weight : None, "balanced" or dict
+    backend : str
+
+    Returns
+    -------
+    M : torch.Tensor, CSRMatrix or StreamedMatrix
+    info : DataInfo
+    classes : numpy.ndarray or torch.Tensor, shape [K]
+    y_idx : torch.Tensor, shape [N] int64
+    sw : torch.Tensor [N] or None
+        Sample weights times class weights (None: all 1).
+    """
+    M, info = as_design_matrix(X, backend=backend)
+    classes, y_idx = encode_labels(y, info)
+    sw = as_sample_weight(sample_weight, info)
+    sw = class_weights(class_weight, classes, y_idx, sw, info)
+    return M, info, classes, y_idx, sw
+
+
 def to_output(t: torch.Tensor, kind: str):
     """Return ``t`` as a torch tensor (``kind == "torch"``) or a numpy array."""
     if kind == "torch":
@@ -577,13 +625,41 @@ class History:
             )
 
 
-def warn_not_converged(name: str, max_iter: int, reason: str | None = None):
-    """Emit a :class:`ConvergenceWarning` for an estimator."""
+def warn_not_converged(name: str, max_iter: int, reason: str | None = None, *, stacklevel: int = 3):
+    """Emit a :class:`ConvergenceWarning` for an estimator.
+
+    ``stacklevel`` 3 points at the caller of the estimator method that calls this function.
+    """
     msg = reason or (
         f"{name} did not converge within max_iter={max_iter} iterations; increase max_iter "
         "or loosen tol (the result is the last iterate)"
     )
-    warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+    warnings.warn(msg, ConvergenceWarning, stacklevel=stacklevel)
+
+
+def warn_solver_status(name: str, status, max_iter: int, tol: float, dtype):
+    """Warn (from an estimator's ``fit``) unless every solver problem converged.
+
+    Parameters
+    ----------
+    name : str
+        Estimator name for the messages.
+    status : list of str
+        ``SolverResult.status``: "converged", "max_iter" or "stalled" per problem.
+    max_iter : int
+    tol : float
+    dtype : torch.dtype
+        Working precision, named when the solver stalled.
+
+    Any problem stopped by ``max_iter`` gives the generic warning; otherwise a stalled problem
+    gives the working-precision one.
+    """
+    if "max_iter" in status:
+        warn_not_converged(name, max_iter, stacklevel=4)
+    elif "stalled" in status:
+        warn_not_converged(name, max_iter,
+                           f"{name}: the solver stopped making progress at working "
+                           f"precision ({dtype}) before reaching tol={tol:g}", stacklevel=4)
 
 
 def check_positive(value, name, *, strict=True, allow_inf=False):
@@ -649,3 +725,31 @@ class LinearPredictMixin:
             self.coef_ = to_output(coef, info.kind)
             self.intercept_ = to_output(icpt, info.kind)
         self.n_features_in_ = D
+
+    def _store_linear_fit(self, obj, res, info: DataInfo, hist, *, vector=False, **fit_info):
+        """Store what every solver-trained linear model keeps after ``fit``.
+
+        ``_fit_info`` (counts from the objective ``obj``, the solver status, dtype, device, plus
+        ``fit_info``), ``coef_`` / ``intercept_`` / ``n_features_in_`` from ``res.W`` and
+        ``history_`` from ``hist``.
+        """
+        self._fit_info = {"intercept": bool(self.fit_intercept), "n_matvec": obj.n_matvec,
+                          "n_mmchain": obj.n_mmchain, "status": res.status, "dtype": info.dtype,
+                          "device": info.device, **fit_info}
+        self._set_linear_attributes(res.W, info, self.fit_intercept, vector=vector)
+        self.history_ = hist.records
+
+
+class LinearClassifierMixin(LinearPredictMixin):
+    """Decision values and labels of a fitted linear classifier (``classes_``, one column if binary)."""
+
+    def _decision_values(self, X):
+        """[N] (one column: positive means ``classes_[1]``) or [N, K] linear predictor."""
+        eta, kind, _ = self._linear_predictor(X)
+        return to_output(eta[:, 0] if eta.shape[1] == 1 else eta, kind)
+
+    def _predict_labels(self, X):
+        """[N] labels: sign of the single column, else the arg-max column."""
+        eta, kind, _ = self._linear_predictor(X)
+        idx = (eta[:, 0] > 0).to(torch.int64) if eta.shape[1] == 1 else eta.argmax(1)
+        return take_labels(self.classes_, idx, kind)

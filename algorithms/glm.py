@@ -16,8 +16,9 @@ from ._base import (
     as_target,
     check_max_iter,
     check_positive,
+    normalised_weights,
     to_output,
-    warn_not_converged,
+    warn_solver_status,
 )
 from ._loss import GLMLoss, LinearObjective, default_link, get_family, get_link
 from ._solvers import lbfgs, tron
@@ -58,8 +59,7 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         yt = as_target(y, info)
         family.check_target(yt)
         sw = as_sample_weight(sample_weight, info)
-        total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
-        weights = 1.0 / total if sw is None else sw / total
+        total, weights = normalised_weights(sw, info)
         loss = GLMLoss(family, link)
         obj = LinearObjective(M, loss, yt.unsqueeze(1), weights, alpha, n_cols=1,
                               fit_intercept=self.fit_intercept, backend=self.backend,
@@ -84,19 +84,9 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                     + " or another link"
                 ) from None
             raise
-        self._fit_info = {"intercept": bool(self.fit_intercept), "n_matvec": obj.n_matvec,
-                          "n_mmchain": obj.n_mmchain, "status": res.status, "dtype": info.dtype,
-                          "device": info.device, "family": family, "link": link}
-        self._set_linear_attributes(res.W, info, self.fit_intercept, vector=True)
+        self._store_linear_fit(obj, res, info, hist, vector=True, family=family, link=link)
         self.n_iter_ = int(res.n_iter[0])
-        self.history_ = hist.records
-        if not res.converged:
-            if "stalled" in res.status:
-                warn_not_converged(type(self).__name__, max_iter,
-                                   f"{type(self).__name__}: the solver stopped making progress at working "
-                                   f"precision ({info.dtype}) before reaching tol={tol:g}")
-            else:
-                warn_not_converged(type(self).__name__, max_iter)
+        warn_solver_status(type(self).__name__, res.status, max_iter, tol, info.dtype)  # one problem: one status
         return self
 
     def _family_link_fitted(self):
@@ -274,65 +264,51 @@ class TweedieRegressor(_GLMBase):
         return fam, get_link(default_link(fam) if self.link == "auto" else self.link)
 
 
-class PoissonRegressor(_GLMBase):
+_LOG_LINK_DOC = """
+    Parameters
+    ----------
+    alpha : float, default=1.0
+    fit_intercept : bool, default=True
+    tol : float, default=1e-4
+    max_iter : int, default=100
+    solver : {"newton-cg", "lbfgs"}, default="newton-cg"
+    backend : {"auto", "fused", "ops", "cpu"}, default="auto"
+    verbose : int, default=0
+
+    Attributes
+    ----------
+    coef_, intercept_, n_iter_, n_features_in_, history_ : as :class:`GeneralizedLinearRegressor`
+    """
+
+
+class _LogLinkGLM(_GLMBase):
+    """A GLM of the family ``_FAMILY`` with log link; the parameters of ``_LOG_LINK_DOC``."""
+
+    _FAMILY = None
+
+    def __init__(self, alpha=1.0, fit_intercept=True, tol=1e-4, max_iter=100, solver="newton-cg",
+                 backend="auto", verbose=0):
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+        self.tol = tol
+        self.max_iter = max_iter
+        self.solver = solver
+        self.backend = backend
+        self.verbose = verbose
+
+    def _family_link(self):
+        return get_family(self._FAMILY), get_link("log")
+
+
+class PoissonRegressor(_LogLinkGLM):
     __doc__ = """Poisson GLM with log link (scikit-learn's ``PoissonRegressor``); targets y >= 0.
-""" + _COMMON_DOC + """
-    Parameters
-    ----------
-    alpha : float, default=1.0
-    fit_intercept : bool, default=True
-    tol : float, default=1e-4
-    max_iter : int, default=100
-    solver : {"newton-cg", "lbfgs"}, default="newton-cg"
-    backend : {"auto", "fused", "ops", "cpu"}, default="auto"
-    verbose : int, default=0
+""" + _COMMON_DOC + _LOG_LINK_DOC
 
-    Attributes
-    ----------
-    coef_, intercept_, n_iter_, n_features_in_, history_ : as :class:`GeneralizedLinearRegressor`
-    """
-
-    def __init__(self, alpha=1.0, fit_intercept=True, tol=1e-4, max_iter=100, solver="newton-cg",
-                 backend="auto", verbose=0):
-        self.alpha = alpha
-        self.fit_intercept = fit_intercept
-        self.tol = tol
-        self.max_iter = max_iter
-        self.solver = solver
-        self.backend = backend
-        self.verbose = verbose
-
-    def _family_link(self):
-        return get_family("poisson"), get_link("log")
+    _FAMILY = "poisson"
 
 
-class GammaRegressor(_GLMBase):
+class GammaRegressor(_LogLinkGLM):
     __doc__ = """Gamma GLM with log link (scikit-learn's ``GammaRegressor``); targets y > 0.
-""" + _COMMON_DOC + """
-    Parameters
-    ----------
-    alpha : float, default=1.0
-    fit_intercept : bool, default=True
-    tol : float, default=1e-4
-    max_iter : int, default=100
-    solver : {"newton-cg", "lbfgs"}, default="newton-cg"
-    backend : {"auto", "fused", "ops", "cpu"}, default="auto"
-    verbose : int, default=0
+""" + _COMMON_DOC + _LOG_LINK_DOC
 
-    Attributes
-    ----------
-    coef_, intercept_, n_iter_, n_features_in_, history_ : as :class:`GeneralizedLinearRegressor`
-    """
-
-    def __init__(self, alpha=1.0, fit_intercept=True, tol=1e-4, max_iter=100, solver="newton-cg",
-                 backend="auto", verbose=0):
-        self.alpha = alpha
-        self.fit_intercept = fit_intercept
-        self.tol = tol
-        self.max_iter = max_iter
-        self.solver = solver
-        self.backend = backend
-        self.verbose = verbose
-
-    def _family_link(self):
-        return get_family("gamma"), get_link("log")
+    _FAMILY = "gamma"

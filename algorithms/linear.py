@@ -17,6 +17,7 @@ from ._base import (
     as_target,
     check_max_iter,
     check_positive,
+    normalised_weights,
     to_output,
     warn_not_converged,
 )
@@ -72,8 +73,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                 raise ValueError("alpha must be finite and non-negative")
             alpha_t = torch.as_tensor(a, dtype=info.dtype, device=info.device)
         sw = as_sample_weight(sample_weight, info)
-        total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
-        c = None if sw is None else sw / total  # [N] normalised weights (None: 1/N each)
+        total, weights = normalised_weights(sw, info)
+        c = None if sw is None else weights  # [N] normalised weights (None: 1/N each)
         cscale = 1.0 / total if sw is None else 1.0
         alpha_s = alpha_t / total
         be = self.backend

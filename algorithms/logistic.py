@@ -8,16 +8,13 @@ from ._base import (
     BaseEstimator,
     ClassifierMixin,
     History,
-    LinearPredictMixin,
-    as_design_matrix,
-    as_sample_weight,
+    LinearClassifierMixin,
     check_max_iter,
     check_positive,
-    class_weights,
-    encode_labels,
-    take_labels,
+    classification_data,
+    normalised_weights,
     to_output,
-    warn_not_converged,
+    warn_solver_status,
 )
 from ._loss import BinomialLoss, LinearObjective, MultinomialLoss
 from ._solvers import lbfgs, tron
@@ -32,7 +29,7 @@ def _max_abs_grad_stop(tol):
     return lambda g, gnorm, gnorm0: (g.abs().amax() <= tol).reshape(1)
 
 
-class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
+class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
     """L2-regularised logistic regression, binary or multinomial (softmax), on fused kernels.
 
     Minimises scikit-learn's objective
@@ -125,10 +122,7 @@ class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         max_iter = check_max_iter(self.max_iter)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
-        M, info = as_design_matrix(X, backend=self.backend)
-        classes, y_idx = encode_labels(y, info)
-        sw = as_sample_weight(sample_weight, info)
-        sw = class_weights(self.class_weight, classes, y_idx, sw, info)
+        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)
         K = len(classes)
         if K == 2:
             target = (y_idx == 1).to(info.dtype).unsqueeze(1)
@@ -136,8 +130,7 @@ class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         else:
             target = torch.nn.functional.one_hot(y_idx, K).to(info.dtype)
             loss, n_cols = MultinomialLoss(), K
-        total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
-        weights = 1.0 / total if sw is None else sw / total
+        total, weights = normalised_weights(sw, info)
         obj = LinearObjective(M, loss, target, weights, 1.0 / (C * total), n_cols=n_cols,
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
@@ -145,19 +138,9 @@ class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         solve = tron if self.solver == "newton-cg" else lbfgs
         res = solve(obj, obj.zeros(), max_iter=max_iter, stop=_max_abs_grad_stop(tol), history=hist)
         self.classes_ = classes
-        self._fit_info = {"intercept": bool(self.fit_intercept), "n_matvec": obj.n_matvec,
-                          "n_mmchain": obj.n_mmchain, "status": res.status, "dtype": info.dtype,
-                          "device": info.device}
-        self._set_linear_attributes(res.W, info, self.fit_intercept)
+        self._store_linear_fit(obj, res, info, hist)
         self.n_iter_ = np.asarray([max(res.n_iter)], dtype=np.int32)
-        self.history_ = hist.records
-        if not res.converged:
-            if "stalled" in res.status:
-                warn_not_converged(type(self).__name__, max_iter,
-                                   f"{type(self).__name__}: the solver stopped making progress at working "
-                                   f"precision ({info.dtype}) before reaching tol={tol:g}")
-            else:
-                warn_not_converged(type(self).__name__, max_iter)
+        warn_solver_status(type(self).__name__, res.status, max_iter, tol, info.dtype)  # one problem: one status
         return self
 
     def decision_function(self, X):
@@ -172,8 +155,7 @@ class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         ndarray or Tensor
             [N] for two classes (log-odds of ``classes_[1]``), [N, K] otherwise.
         """
-        eta, kind, _ = self._linear_predictor(X)
-        return to_output(eta[:, 0] if eta.shape[1] == 1 else eta, kind)
+        return self._decision_values(X)
 
     def predict_proba(self, X):
         """Class probabilities.
@@ -215,6 +197,4 @@ class LogisticRegression(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         -------
         ndarray or Tensor, shape [N]
         """
-        eta, kind, _ = self._linear_predictor(X)
-        idx = (eta[:, 0] > 0).to(torch.int64) if eta.shape[1] == 1 else eta.argmax(1)
-        return take_labels(self.classes_, idx, kind)
+        return self._predict_labels(X)

@@ -7,16 +7,12 @@ from ._base import (
     BaseEstimator,
     ClassifierMixin,
     History,
-    LinearPredictMixin,
-    as_design_matrix,
-    as_sample_weight,
+    LinearClassifierMixin,
     check_max_iter,
     check_positive,
-    class_weights,
-    encode_labels,
-    take_labels,
-    to_output,
-    warn_not_converged,
+    classification_data,
+    normalised_weights,
+    warn_solver_status,
 )
 from ._loss import LinearObjective, SquaredHingeLoss
 from ._solvers import tron
@@ -24,7 +20,7 @@ from ._solvers import tron
 __all__ = ["LinearSVC"]
 
 
-class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
+class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
     """Linear support vector classifier: L2-regularised squared hinge loss (L2-SVM), primal.
 
     Minimises, for each one-vs-rest problem k (a single problem for two classes),
@@ -98,10 +94,7 @@ class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         C = check_positive(self.C, "C")
         tol = check_positive(self.tol, "tol")
         max_iter = check_max_iter(self.max_iter)
-        M, info = as_design_matrix(X, backend=self.backend)
-        classes, y_idx = encode_labels(y, info)
-        sw = as_sample_weight(sample_weight, info)
-        sw = class_weights(self.class_weight, classes, y_idx, sw, info)
+        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)
         K = len(classes)
         if K == 2:
             pos = (y_idx == 1).unsqueeze(1)
@@ -111,8 +104,7 @@ class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         n_pos = pos.sum(0).double()
         tol_scale = torch.clamp(torch.minimum(n_pos, info.n_samples - n_pos), min=1.0) / info.n_samples
         tol_scale = (tol * tol_scale).to(info.dtype)
-        total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
-        weights = 1.0 / total if sw is None else sw / total
+        total, weights = normalised_weights(sw, info)
         obj = LinearObjective(M, SquaredHingeLoss(), target, weights, 1.0 / (C * total), n_cols=target.shape[1],
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
@@ -120,18 +112,9 @@ class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         res = tron(obj, obj.zeros(), max_iter=max_iter, history=hist,
                    stop=lambda g, gnorm, gnorm0: gnorm <= tol_scale * gnorm0)
         self.classes_ = classes
-        self._fit_info = {"intercept": bool(self.fit_intercept), "n_matvec": obj.n_matvec,
-                          "n_mmchain": obj.n_mmchain, "status": res.status, "dtype": info.dtype,
-                          "device": info.device}
-        self._set_linear_attributes(res.W, info, self.fit_intercept)
+        self._store_linear_fit(obj, res, info, hist)
         self.n_iter_ = int(max(res.n_iter))
-        self.history_ = hist.records
-        if "max_iter" in res.status:
-            warn_not_converged(type(self).__name__, max_iter)
-        elif "stalled" in res.status:
-            warn_not_converged(type(self).__name__, max_iter,
-                               f"LinearSVC: the solver stopped making progress at working precision "
-                               f"({info.dtype}) before reaching tol={tol:g}")
+        warn_solver_status(type(self).__name__, res.status, max_iter, tol, info.dtype)
         return self
 
     def decision_function(self, X):
@@ -146,8 +129,7 @@ class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         ndarray or Tensor
             [N] for two classes (positive: ``classes_[1]``), [N, K] otherwise.
         """
-        eta, kind, _ = self._linear_predictor(X)
-        return to_output(eta[:, 0] if eta.shape[1] == 1 else eta, kind)
+        return self._decision_values(X)
 
     def predict(self, X):
         """Predicted class labels, shape [N].
@@ -160,8 +142,6 @@ class LinearSVC(LinearPredictMixin, ClassifierMixin, BaseEstimator):
         -------
         ndarray or Tensor, shape [N]
         """
-        eta, kind, _ = self._linear_predictor(X)
-        idx = (eta[:, 0] > 0).to(torch.int64) if eta.shape[1] == 1 else eta.argmax(1)
-        return take_labels(self.classes_, idx, kind)
+        return self._predict_labels(X)
 
 
