@@ -182,6 +182,36 @@ def _param_tensor(a, name, device):
     return to_tensor(a, name, allow_int=True).to(device=device, dtype=_F64)
 
 
+def _check_int(value, name, lo):
+    """Validate an integer hyper-parameter ``>= lo`` (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+
+
+def _check_fitted(estimator, name, fitted_attr):
+    """Raise :class:`NotFittedError` unless ``estimator`` has ``fitted_attr``."""
+    if not hasattr(estimator, fitted_attr):
+        raise NotFittedError(f"This {name} instance is not fitted yet; call 'fit' first.")
+
+
+def _fitted_data(estimator, X, name, fitted_attr):
+    """Validate a predict-time ``X`` for a fitted ``estimator``; return ``(X, info)`` as ``_as_data``."""
+    _check_fitted(estimator, name, fitted_attr)
+    X, info = _as_data(X, name, estimator.backend)
+    if X.shape[1] != estimator.n_features_in_:
+        raise ValueError(f"X has {X.shape[1]} features, but {name} was fitted with "
+                         f"{estimator.n_features_in_} features")
+    return X, info
+
+
+def _unsupervised_tags(tags, estimator_type):
+    """scikit-learn tags of an estimator without target that reads dense data only."""
+    tags.estimator_type = estimator_type
+    tags.target_tags.required = False
+    tags.input_tags.sparse = False
+    return tags
+
+
 def _gmm_ops():
     """The operator layer (imported lazily so the module loads without it)."""
     from fusedml import gmm
@@ -617,20 +647,11 @@ class KMeans(BaseEstimator):
 
     def __sklearn_tags__(self):
         """Tags for scikit-learn >= 1.6 (a clusterer; no target)."""
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "clusterer"
-        tags.target_tags.required = False
-        tags.input_tags.sparse = False
-        return tags
+        return _unsupervised_tags(super().__sklearn_tags__(), "clusterer")
 
     def _check_params(self):
-        k = self.n_clusters
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise ValueError(f"n_clusters must be an int >= 1, got {self.n_clusters!r}")
-        if isinstance(self.n_init, bool) or not isinstance(self.n_init, numbers.Integral) or self.n_init < 1:
-            raise ValueError(f"n_init must be an int >= 1, got {self.n_init!r}")
-        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 1:
-            raise ValueError(f"max_iter must be an int >= 1, got {self.max_iter!r}")
+        for name in ("n_clusters", "n_init", "max_iter"):
+            _check_int(getattr(self, name), name, 1)
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
             raise ValueError(f"tol must be a float >= 0, got {self.tol!r}")
         if isinstance(self.init, str) and self.init not in ("k-means++", "random"):
@@ -715,11 +736,7 @@ class KMeans(BaseEstimator):
         return self.fit(X).labels_
 
     def _check_fitted_X(self, X):
-        if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError("This KMeans instance is not fitted yet; call 'fit' first.")
-        X, info = _as_data(X, "KMeans", self.backend)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but KMeans was fitted with {self.n_features_in_} features")
+        X, info = _fitted_data(self, X, "KMeans", "cluster_centers_")
         centers = _param_tensor(self.cluster_centers_, "cluster_centers_", info.device)
         return X, info, centers, resolve_backend(self.backend, info.device)
 
@@ -853,11 +870,7 @@ class GaussianMixture(BaseEstimator):
 
     def __sklearn_tags__(self):
         """Tags for scikit-learn >= 1.6 (a density estimator; no target)."""
-        tags = super().__sklearn_tags__()
-        tags.estimator_type = "density_estimator"
-        tags.target_tags.required = False
-        tags.input_tags.sparse = False
-        return tags
+        return _unsupervised_tags(super().__sklearn_tags__(), "density_estimator")
 
     # -- validation --------------------------------------------------------------------------
     def _check_parameters(self, D, device):
@@ -870,9 +883,7 @@ class GaussianMixture(BaseEstimator):
             (None where not given).
         """
         for name, lo in (("n_components", 1), ("max_iter", 0), ("n_init", 1), ("verbose_interval", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            _check_int(getattr(self, name), name, lo)
         for name in ("tol", "reg_covar"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0 or math.isinf(v):
@@ -1080,12 +1091,7 @@ class GaussianMixture(BaseEstimator):
         return w, m, pc
 
     def _check_fitted_X(self, X):
-        if not hasattr(self, "means_"):
-            raise NotFittedError("This GaussianMixture instance is not fitted yet; call 'fit' first.")
-        X, info = _as_data(X, "GaussianMixture", self.backend)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but GaussianMixture was fitted with "
-                             f"{self.n_features_in_} features")
+        X, info = _fitted_data(self, X, "GaussianMixture", "means_")
         return X, info, resolve_backend(self.backend, info.device)
 
     def _score(self, X):
@@ -1220,8 +1226,7 @@ class GaussianMixture(BaseEstimator):
         y : array of shape (n_samples,), int64
             Component of each sample.
         """
-        if not hasattr(self, "means_"):
-            raise NotFittedError("This GaussianMixture instance is not fitted yet; call 'fit' first.")
+        _check_fitted(self, "GaussianMixture", "means_")
         if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
             raise ValueError(f"Invalid value for 'n_samples': {n_samples!r}. "
                              "The sampling requires at least one sample.")
