@@ -56,6 +56,43 @@ def _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D):
     return tl.where(mask, x, 0.0)
 
 
+@triton.jit
+def _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr):
+    """Single sweep: [BN, BK] (sample-weighted) responsibilities from log2-unit logits lg holding
+    every component (0 on rows >= N), and acc_ll + the rows' (weighted) natural-log normalisers."""
+    m = tl.max(lg, axis=1)
+    e = tl.exp2(lg - m[:, None])
+    l = tl.sum(e, axis=1)
+    lse = (m + tl.log2(l)) * 0.6931471805599453  # [BN] natural log
+    r = e * (1.0 / l)[:, None]
+    if HAS_SW:
+        sw = tl.load(SW + rows, mask=nmask, other=0.0)
+        r = r * sw[:, None]
+        acc_ll += tl.where(nmask, sw * lse, 0.0)
+    else:
+        acc_ll += tl.where(nmask, lse, 0.0)
+    if WRITE_LOGP:
+        tl.store(LOGP + rows, lse, mask=nmask)
+    r = tl.where(nmask[:, None], r, 0.0)
+    return r, acc_ll
+
+
+@triton.jit
+def _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr):
+    """Pass 1 / scoring: store the rows' log-normaliser (from the online max m and sum l, log2
+    units) and arg-max label; return acc_ll + the (weighted) log-normalisers."""
+    lse = (m + tl.log2(l)) * 0.6931471805599453
+    tl.store(LOGP + rows, lse, mask=nmask)
+    if WRITE_LABEL:
+        tl.store(LABEL + rows, arg.to(tl.int64), mask=nmask)
+    if HAS_SW:
+        sw = tl.load(SW + rows, mask=nmask, other=0.0)
+        acc_ll += tl.where(nmask, sw * lse, 0.0)
+    else:
+        acc_ll += tl.where(nmask, lse, 0.0)
+    return acc_ll
+
+
 # ----------------------------------------------------------------------------------------------
 # diag / spherical
 # ----------------------------------------------------------------------------------------------
@@ -71,6 +108,27 @@ def _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN: tl.constexpr, BK: t
     acc = _mm(x, w1, acc, PREC)
     acc = _mm(x2, w2, acc, PREC)
     return acc + cst[None, :]
+
+
+@triton.jit
+def _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC: tl.constexpr):
+    """Add the block's r^T 1, r^T x, r^T x^2 ([BK], [BK, BD], [BK, BD]) to the accumulators."""
+    acc_nk += tl.sum(r, axis=0)
+    rt = tl.trans(r)  # [BK, BN]
+    acc_s1 = _mm(rt, x, acc_s1, PREC)
+    acc_s2 = _mm(rt, x2, acc_s2, PREC)
+    return acc_nk, acc_s1, acc_s2
+
+
+@triton.jit
+def _diag_store(PNK, PS1, PS2, slot, ks, offs_d, K, D, acc_nk, acc_s1, acc_s2):
+    """Store the partial statistics of components ks into row slot ``slot`` of PNK [., K], PS1/PS2 [., K, D]."""
+    kmask = ks < K
+    smask = kmask[:, None] & (offs_d[None, :] < D)
+    tl.store(PNK + slot * K + ks, acc_nk, mask=kmask)
+    base = slot.to(tl.int64) * K * D
+    tl.store(PS1 + base + ks[:, None] * D + offs_d[None, :], acc_s1, mask=smask)
+    tl.store(PS2 + base + ks[:, None] * D + offs_d[None, :], acc_s2, mask=smask)
 
 
 @triton.jit
@@ -100,30 +158,9 @@ def _diag_single_kernel(
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)  # [BN, BD]
         x2 = x * x
         lg = _diag_logits(x, x2, W1, W2, CONST, offs_k, offs_d, D, K, BN, BK, PREC)  # [BN, BK]
-        m = tl.max(lg, axis=1)
-        e = tl.exp2(lg - m[:, None])
-        l = tl.sum(e, axis=1)
-        lse = (m + tl.log2(l)) * 0.6931471805599453  # [BN] natural log
-        r = e * (1.0 / l)[:, None]
-        if HAS_SW:
-            sw = tl.load(SW + rows, mask=nmask, other=0.0)
-            r = r * sw[:, None]
-            acc_ll += tl.where(nmask, sw * lse, 0.0)
-        else:
-            acc_ll += tl.where(nmask, lse, 0.0)
-        if WRITE_LOGP:
-            tl.store(LOGP + rows, lse, mask=nmask)
-        r = tl.where(nmask[:, None], r, 0.0)
-        acc_nk += tl.sum(r, axis=0)
-        rt = tl.trans(r)  # [BK, BN]
-        acc_s1 = _mm(rt, x, acc_s1, PREC)
-        acc_s2 = _mm(rt, x2, acc_s2, PREC)
-    kmask = offs_k < K
-    smask = kmask[:, None] & (offs_d[None, :] < D)
-    tl.store(PNK + pid * K + offs_k, acc_nk, mask=kmask)
-    base = pid.to(tl.int64) * K * D
-    tl.store(PS1 + base + offs_k[:, None] * D + offs_d[None, :], acc_s1, mask=smask)
-    tl.store(PS2 + base + offs_k[:, None] * D + offs_d[None, :], acc_s2, mask=smask)
+        r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
+        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC)
+    _diag_store(PNK, PS1, PS2, pid, offs_k, offs_d, K, D, acc_nk, acc_s1, acc_s2)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
 
@@ -165,15 +202,7 @@ def _diag_lse_kernel(
             m_new = tl.maximum(m, tmax)
             l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(lg - m_new[:, None]), axis=1)
             m = m_new
-        lse = (m + tl.log2(l)) * 0.6931471805599453
-        tl.store(LOGP + rows, lse, mask=nmask)
-        if WRITE_LABEL:
-            tl.store(LABEL + rows, arg.to(tl.int64), mask=nmask)
-        if HAS_SW:
-            sw = tl.load(SW + rows, mask=nmask, other=0.0)
-            acc_ll += tl.where(nmask, sw * lse, 0.0)
-        else:
-            acc_ll += tl.where(nmask, lse, 0.0)
+        acc_ll = _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW, WRITE_LABEL)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
 
@@ -210,16 +239,8 @@ def _diag_stats_kernel(
             sw = tl.load(SW + rows, mask=nmask, other=0.0)
             r = r * sw[:, None]
         r = tl.where(nmask[:, None], r, 0.0)
-        acc_nk += tl.sum(r, axis=0)
-        rt = tl.trans(r)
-        acc_s1 = _mm(rt, x, acc_s1, PREC)
-        acc_s2 = _mm(rt, x2, acc_s2, PREC)
-    kmask = ks < K
-    smask = kmask[:, None] & (offs_d[None, :] < D)
-    tl.store(PNK + chunk * K + ks, acc_nk, mask=kmask)
-    base = chunk.to(tl.int64) * K * D
-    tl.store(PS1 + base + ks[:, None] * D + offs_d[None, :], acc_s1, mask=smask)
-    tl.store(PS2 + base + ks[:, None] * D + offs_d[None, :], acc_s2, mask=smask)
+        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC)
+    _diag_store(PNK, PS1, PS2, chunk, ks, offs_d, K, D, acc_nk, acc_s1, acc_s2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +257,14 @@ def _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN: tl.constexpr, BD: 
     y = _mm(d, pk, tl.zeros((BN, BD), dtype=tl.float32), PREC)
     q = tl.sum(y * y, axis=1)
     return tl.load(CONST + k) - 0.7213475204444817 * q  # 0.5 * log2(e)
+
+
+@triton.jit
+def _full_centred(x, ck, rk, nmask, dmask):
+    """Rows centred on c_k, 0 outside [N, D] (ev [BN, BD]), and ev weighted by rk [BN] (re)."""
+    ev = tl.where(nmask[:, None] & dmask[None, :], x - ck[None, :], 0.0)
+    re = ev * rk[:, None]
+    return ev, re
 
 
 @triton.jit
@@ -272,26 +301,12 @@ def _full_single_kernel(
         for k in range(K):
             lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
             lg = tl.where(offs_k[None, :] == k, lgk[:, None], lg)
-        m = tl.max(lg, axis=1)
-        e = tl.exp2(lg - m[:, None])
-        l = tl.sum(e, axis=1)
-        lse = (m + tl.log2(l)) * 0.6931471805599453
-        r = e * (1.0 / l)[:, None]
-        if HAS_SW:
-            sw = tl.load(SW + rows, mask=nmask, other=0.0)
-            r = r * sw[:, None]
-            acc_ll += tl.where(nmask, sw * lse, 0.0)
-        else:
-            acc_ll += tl.where(nmask, lse, 0.0)
-        if WRITE_LOGP:
-            tl.store(LOGP + rows, lse, mask=nmask)
-        r = tl.where(nmask[:, None], r, 0.0)
+        r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
         acc_nk += tl.sum(r, axis=0)
         for k in range(K):
             rk = tl.sum(tl.where(offs_k[None, :] == k, r, 0.0), axis=1)  # [BN]
             ck = tl.load(C + k * D + offs_d, mask=dmask, other=0.0)
-            ev = tl.where(nmask[:, None] & dmask[None, :], x - ck[None, :], 0.0)  # centred rows
-            re = ev * rk[:, None]
+            ev, re = _full_centred(x, ck, rk, nmask, dmask)
             s1p = PS1 + (p64 * K + k) * D + offs_d
             tl.store(s1p, tl.load(s1p, mask=dmask, other=0.0) + tl.sum(re, axis=0), mask=dmask)
             s2k = _mm(tl.trans(re), ev, tl.zeros((BD, BD), dtype=tl.float32), PREC)
@@ -335,15 +350,7 @@ def _full_lse_kernel(
             m_new = tl.maximum(m, lgk)
             l = l * tl.exp2(m - m_new) + tl.exp2(lgk - m_new)
             m = m_new
-        lse = (m + tl.log2(l)) * 0.6931471805599453
-        tl.store(LOGP + rows, lse, mask=nmask)
-        if WRITE_LABEL:
-            tl.store(LABEL + rows, arg.to(tl.int64), mask=nmask)
-        if HAS_SW:
-            sw = tl.load(SW + rows, mask=nmask, other=0.0)
-            acc_ll += tl.where(nmask, sw * lse, 0.0)
-        else:
-            acc_ll += tl.where(nmask, lse, 0.0)
+        acc_ll = _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW, WRITE_LABEL)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
 
@@ -379,8 +386,7 @@ def _full_stats_kernel(
         if HAS_SW:
             rk = rk * tl.load(SW + rows, mask=nmask, other=0.0)
         rk = tl.where(nmask, rk, 0.0)
-        ev = tl.where(nmask[:, None] & dmask[None, :], x - ck[None, :], 0.0)
-        re = ev * rk[:, None]
+        ev, re = _full_centred(x, ck, rk, nmask, dmask)
         acc_nk += rk
         acc_s1 += tl.sum(re, axis=0)
         acc_s2 = _mm(tl.trans(re), ev, acc_s2, PREC)
