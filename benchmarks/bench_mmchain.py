@@ -161,8 +161,12 @@ def run_case(name, spec, args, dev):
 
         row["model"] = repr(csr_mod.csr_config(X, m, dtype))[:80]
         grid = list(csr_mod.csr_sweep_configs(X, m, dtype)) if args.sweep else []
-        if args.quick:
-            grid = grid[:2]
+        # every point compiles new kernels: the model's pick, the other strategy, then the nearest
+        # variants of each (csr_sweep_configs orders them so)
+        head, rest = grid[:2], grid[2:]
+        by = [[c for c in rest if c.strategy == st] for st in ("gather", "scatter")]
+        rest = [c for pair in zip(*by) for c in pair] + by[0][len(by[1]):] + by[1][len(by[0]):]
+        grid = head if args.quick else (head + rest)[:args.max_csr_sweep]
     if grid:
         sweep = []
         for cfg in grid:
@@ -190,6 +194,7 @@ def main(argv=None):
     ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): " + ",".join(FULL))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/mmchain-<gpu>-<date>.json)")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the config sweep")
+    ap.add_argument("--max-csr-sweep", type=int, default=14, help="sweep points per CSR case (each compiles)")
     args = ap.parse_args(argv)
     dev = _common.device()
     if dev.type == "cpu" and not fusedml.interpret_mode():
