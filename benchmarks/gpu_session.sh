@@ -24,5 +24,5 @@ for p in $parts; do
     streaming) run streaming 70 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
   esac
 done
-for p in $parts; do tail -n 40 "$log/$p.log"; done > "$out/logs.txt" 2>/dev/null
+for p in $parts; do echo "#### $p"; cat "$log/$p.log"; done > "$out/logs.txt" 2>/dev/null
 for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
