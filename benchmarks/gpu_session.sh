@@ -12,7 +12,9 @@ run() {  # name seconds command...
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS
   timeout "$secs" "$@" >"$log/$name.log" 2>&1
-  echo "== $name rc=$? $((SECONDS - t0))s"
+  local rc=$?
+  { echo "#### $name rc=$rc"; cat "$log/$name.log"; } >> "$out/logs.txt"
+  echo "== $name rc=$rc $((SECONDS - t0))s"
 }
 for p in $parts; do
   case $p in
@@ -24,5 +26,4 @@ for p in $parts; do
     streaming) run streaming 70 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
   esac
 done
-for p in $parts; do echo "#### $p"; cat "$log/$p.log"; done > "$out/logs.txt" 2>/dev/null
 for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
