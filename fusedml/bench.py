@@ -706,7 +706,7 @@ def _run_fusedml(cls, algo, backend, params, X, y, Xh, yh, repeat, device, progr
     for r in range(repeat):
         est = _make_estimator(cls, backend, params)
         times.append(_timed_fit(est, X, y))
-        _progress(progress, t0, f"    {backend}: fit {r + 1}/{repeat} {times[-1]:.3f} s")
+        _progress(progress, t0, f"    {backend}: fit {r + 1}/{repeat} {times[-1]:.3f} s, {_n_iter(est)} iterations")
     obj, score = objective(algo, est, Xh, yh, params, X_fit=X)
     return {"times": times, "time": float(np.median(times)), "iterations": _n_iter(est),
             "objective": obj, "score": score, "history": _history(est)}
