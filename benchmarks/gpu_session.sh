@@ -18,12 +18,12 @@ run() {  # name seconds command...
 }
 for p in $parts; do
   case $p in
-    check) run check 55 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
+    check) run check 45 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
            grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
-    mmchain) run mmchain 100 python3 benchmarks/bench_mmchain.py --out "$out/mmchain.json" ;;
-    gmm) run gmm 75 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
-    e2e) run e2e 150 python3 benchmarks/bench_end_to_end.py --repeat 2 --sklearn-budget 8 --out "$out/end_to_end.json" ;;
-    streaming) run streaming 70 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
+    mmchain) run mmchain 85 python3 benchmarks/bench_mmchain.py --max-csr-sweep 8 --out "$out/mmchain.json" ;;
+    gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
+    e2e) run e2e 120 python3 benchmarks/bench_end_to_end.py --repeat 2 --sklearn-budget 8 --out "$out/end_to_end.json" ;;
+    streaming) run streaming 50 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
   esac
 done
 for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
