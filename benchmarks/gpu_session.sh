@@ -20,9 +20,9 @@ for p in $parts; do
   case $p in
     check) run check 45 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
            grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
-    mmchain) run mmchain 85 python3 benchmarks/bench_mmchain.py --max-csr-sweep 8 --out "$out/mmchain.json" ;;
-    gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
-    e2e) run e2e 120 python3 benchmarks/bench_end_to_end.py --repeat 2 --sklearn-budget 8 --out "$out/end_to_end.json" ;;
+    mmchain) run mmchain 60 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json" ;;
+    gmm) run gmm 45 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
+    e2e) run e2e 110 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 50 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
   esac
 done
