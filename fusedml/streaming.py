@@ -681,6 +681,12 @@ class StreamedMatrix:
                 if t is not None:
                     _check_finite_tensor(t, name)
 
+        if self.is_sparse:
+            # the fused CSR "gather" strategy caches a transposed copy per block (2x its bytes),
+            # which would break the max_gpu_bytes plan: blocks use the copy-free scatter unless
+            # the caller's config says otherwise
+            kw = {**kw, "config": {"memory": "low", **(kw.get("config") or {})}}
+
         def block(Xb, rows):
             vb = v[rows] if v is not None else None
             return mmchain(Xb, y, vb, None, alpha, 0.0, intercept=intercept, check_finite=False, **kw)
