@@ -177,7 +177,18 @@ class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         return to_output(P, kind)
 
     def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`, computed stably. Shape [N, K]."""
+        """Logarithm of :meth:`predict_proba`, computed stably.
+
+        Parameters
+        ----------
+        X : array-like or sparse, shape [N, D]
+
+        Returns
+        -------
+        ndarray or Tensor, shape [N, K]
+            Log-probabilities in the order of ``classes_`` (K = 2 for binary); the same output
+            type as :meth:`predict_proba`.
+        """
         eta, kind, _ = self._linear_predictor(X)
         if eta.shape[1] == 1:
             e = eta[:, 0]

@@ -26,7 +26,14 @@ class BackendUnavailableError(RuntimeError):
 
 
 def interpret_mode() -> bool:
-    """Return True when Triton kernels run on the CPU through the Triton interpreter."""
+    """Return True when Triton kernels run on the CPU through the Triton interpreter.
+
+    Returns
+    -------
+    bool
+        True when the ``TRITON_INTERPRET`` environment variable is set to a value other than
+        ``""`` or ``"0"``.
+    """
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

@@ -75,7 +75,15 @@ def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=Fal
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise ``ValueError`` if the floating tensor ``t`` holds NaN or infinity."""
+    """Raise ``ValueError`` if the floating tensor ``t`` holds NaN or infinity.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        Any shape; integer and bool tensors are accepted unchecked.
+    name : str
+        The argument's name, used in the error message (with the NaN and inf counts).
+    """
     if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(torch.isinf(t).sum())
@@ -105,18 +113,34 @@ class CSRMatrix:
 
     @property
     def device(self) -> torch.device:
+        """torch.device: the device of the values (crow and col live there too)."""
         return self.val.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """torch.dtype: the dtype of the stored values."""
         return self.val.dtype
 
     @property
     def nnz(self) -> int:
+        """int: the number of stored entries."""
         return int(self.val.numel())
 
     def to(self, device=None, dtype=None) -> "CSRMatrix":
-        """Return a copy on ``device`` and/or with values of ``dtype``."""
+        """Return the matrix on ``device`` and/or with values of ``dtype`` (self is unchanged).
+
+        Parameters
+        ----------
+        device : torch.device or str, optional
+            Target device for crow, col and val; None keeps the current one.
+        dtype : torch.dtype, optional
+            Dtype of the values; the index dtype is kept. None keeps the current one.
+
+        Returns
+        -------
+        CSRMatrix
+            Same ``shape``; tensors that need no move or cast are shared, not copied.
+        """
         val = self.val
         if dtype is not None:
             val = val.to(dtype)
@@ -125,15 +149,34 @@ class CSRMatrix:
                          val.to(device) if device is not None else val, self.shape)
 
     def row_lengths(self) -> torch.Tensor:
-        """``[N]`` number of stored entries per row."""
+        """Number of stored entries per row.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N]``, the index dtype of ``crow`` (``crow[1:] - crow[:-1]``).
+        """
         return self.crow[1:] - self.crow[:-1]
 
     def to_dense(self) -> torch.Tensor:
-        """Densify (for tests and references only)."""
+        """Densify (for tests and references only).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, D]`` dense, the dtype and device of ``val``.
+        """
         return torch.sparse_csr_tensor(self.crow.long(), self.col.long(), self.val, self.shape).to_dense()
 
     def to_scipy(self):
-        """Return a ``scipy.sparse.csr_matrix`` on the host (values copied to float64 if half)."""
+        """Return a ``scipy.sparse.csr_matrix`` on the host.
+
+        Returns
+        -------
+        scipy.sparse.csr_matrix
+            ``[N, D]``; float32/float64 values keep their dtype, bfloat16/float16 values are
+            converted to float32 (numpy has no bfloat16).
+        """
         import scipy.sparse as sp
 
         val = self.val.cpu()
@@ -142,7 +185,13 @@ class CSRMatrix:
         return sp.csr_matrix((val.numpy(), self.col.cpu().numpy(), self.crow.cpu().numpy()), shape=self.shape)
 
     def to_torch(self) -> torch.Tensor:
-        """Return a ``torch.sparse_csr_tensor`` sharing this matrix's memory."""
+        """Return a ``torch.sparse_csr_tensor`` sharing this matrix's memory.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, D]`` with layout ``torch.sparse_csr`` over the same crow/col/val storage.
+        """
         return torch.sparse_csr_tensor(self.crow, self.col, self.val, self.shape)
 
 
@@ -177,6 +226,21 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
 
     Other sparse formats (COO, CSC, BSR, ...) are rejected with a clear message rather than
     converted implicitly: a conversion would copy the whole matrix behind the caller's back.
+
+    Parameters
+    ----------
+    X : scipy.sparse.csr_matrix, torch sparse CSR tensor or CSRMatrix
+        ``[N, D]``, floating values; a CSRMatrix is returned as is.
+    name : str
+        The argument's name, used in error messages.
+    check_structure : bool
+        Check the row pointers and that columns are in range, sorted and unique within rows.
+
+    Returns
+    -------
+    CSRMatrix
+        Contiguous int32 or int64 indices (int64 if the two differ) and the input's values,
+        shared with the input where no conversion is needed.
     """
     if isinstance(X, CSRMatrix):
         return X
@@ -214,7 +278,17 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
 
 
 def is_sparse(X) -> bool:
-    """True for the sparse inputs fusedml accepts or must reject (scipy sparse, torch sparse, CSRMatrix)."""
+    """True for the sparse inputs fusedml accepts or must reject (scipy sparse, torch sparse, CSRMatrix).
+
+    Parameters
+    ----------
+    X : object
+        Any input.
+
+    Returns
+    -------
+    bool
+    """
     return isinstance(X, CSRMatrix) or _is_scipy_sparse(X) or (
         isinstance(X, torch.Tensor) and X.layout != torch.strided
     )
@@ -225,6 +299,21 @@ def as_matrix(X, name: str = "X", *, check_structure: bool = True):
 
     Dense inputs keep their strides (the kernels take strides; callers decide whether to copy).
     Empty matrices (N == 0 or D == 0) are rejected: no operator has a meaningful result on them.
+
+    Parameters
+    ----------
+    X : array-like [N, D] or sparse CSR
+        Dense tensor/array or a CSR input accepted by :func:`as_csr`; other sparse formats raise
+        ``TypeError``.
+    name : str
+        The argument's name, used in error messages.
+    check_structure : bool
+        Passed to :func:`as_csr`.
+
+    Returns
+    -------
+    torch.Tensor or CSRMatrix
+        ``[N, D]``, floating dtype.
     """
     if is_sparse(X):
         M = as_csr(X, name, check_structure=check_structure)

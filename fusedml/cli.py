@@ -60,7 +60,18 @@ def _check_device(device):
 
 
 def cmd_demo(args) -> int:
-    """Train every estimator on the bundled data with each backend and print a table."""
+    """Train every estimator on the bundled data with each backend and print a table.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``demo`` arguments.
+
+    Returns
+    -------
+    int
+        Process exit status.
+    """
     from . import bench
 
     device = args.device or _default_device()
@@ -98,7 +109,18 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Run the end-to-end grid and write JSON, markdown and PNG plots."""
+    """Run the end-to-end grid and write JSON, markdown and PNG plots.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``bench`` arguments.
+
+    Returns
+    -------
+    int
+        Process exit status.
+    """
     from . import bench
 
     device = args.device or _default_device()
@@ -136,7 +158,18 @@ def cmd_bench(args) -> int:
 
 
 def cmd_info(args) -> int:
-    """Print the GPU, the launch model's choice for a shape, the dispatch rule's choice, versions."""
+    """Print the GPU, the launch model's choice for a shape, the dispatch rule's choice, versions.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``info`` arguments.
+
+    Returns
+    -------
+    int
+        Process exit status.
+    """
     import torch
 
     from . import bench
@@ -196,7 +229,18 @@ def cmd_info(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    """List the bundled data sets with their shapes, tasks and sources."""
+    """List the bundled data sets with their shapes, tasks and sources.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``datasets`` arguments.
+
+    Returns
+    -------
+    int
+        Process exit status.
+    """
     import datasets
 
     for name in datasets.list_datasets():
@@ -206,7 +250,12 @@ def cmd_datasets(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fusedml`` argument parser (subcommands demo, bench, info, datasets)."""
+    """The ``fusedml`` argument parser (subcommands demo, bench, info, datasets).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
     from .bench import ALGORITHMS, BACKENDS
 
     p = _Parser(prog="fusedml", description="Whole ML algorithms on the GPU through fused Triton kernels.")

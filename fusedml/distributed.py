@@ -315,14 +315,26 @@ class DistributedDesign:
         return futs[0].result()
 
     def wait(self):
-        """Block until every partition is materialised on the workers; returns self."""
+        """Block until every partition is materialised on the workers.
+
+        Returns
+        -------
+        DistributedDesign
+            ``self``, for chaining.
+        """
         from distributed import wait
 
         wait(self._parts)
         return self
 
     def sample_weight_sum(self) -> float:
-        """``sum_n s_n`` (N without sample weights)."""
+        """``sum_n s_n`` (N without sample weights).
+
+        Returns
+        -------
+        float
+            Computed once on the cluster, then cached.
+        """
         if self._sw_sum is None:
             import dask.array as da
 
@@ -331,7 +343,13 @@ class DistributedDesign:
         return self._sw_sum
 
     def classes(self) -> np.ndarray:
-        """Sorted unique labels of y."""
+        """Sorted unique labels of y.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n_classes]``; ``ValueError`` if the design has no y.
+        """
         import dask.array as da
 
         if self._y_dask is None:
@@ -408,7 +426,20 @@ class DistributedDesign:
                         log_prob=None, nk=t["nk"], center=torch.from_numpy(args[1]), s1=t["s1"], s2=t["s2"])
 
     def sample_rows(self, n, random_state=None) -> np.ndarray:
-        """About ``n`` rows drawn uniformly without replacement (gathered to the client, dense)."""
+        """``min(n, N)`` rows drawn uniformly without replacement (gathered to the client, dense).
+
+        Parameters
+        ----------
+        n : int
+            Number of rows wanted.
+        random_state : int or numpy.random.Generator, optional
+            Seed of the row choice.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[min(n, N), D]``, rows in increasing row order.
+        """
         rng = np.random.default_rng(random_state)
         n = min(int(n), self.shape[0])
         idx = np.sort(rng.choice(self.shape[0], size=n, replace=False))

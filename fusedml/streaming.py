@@ -799,7 +799,13 @@ class StreamedMatrix:
         return t.to(self.acc_dtype)
 
     def to_dask(self):
-        """The (row-chunked) Dask array this engine streams."""
+        """The (row-chunked) Dask array this engine streams.
+
+        Returns
+        -------
+        dask.array.Array
+            ``[N, D]``, the array the engine was built from (after any rechunking), not a copy.
+        """
         return self._dask
 
     @property

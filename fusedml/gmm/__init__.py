@@ -60,7 +60,18 @@ class GMMStats:
     s2: torch.Tensor
 
     def merge(self, other: "GMMStats") -> "GMMStats":
-        """Sum with the statistics of other rows about the same centres (log_prob concatenated)."""
+        """Sum with the statistics of other rows about the same centres (log_prob concatenated).
+
+        Parameters
+        ----------
+        other : GMMStats
+            Same covariance type and identical ``center``; otherwise ``ValueError``.
+
+        Returns
+        -------
+        GMMStats
+            New statistics; ``log_prob`` is ``[N_self + N_other]`` when both have it, else None.
+        """
         if other.covariance_type != self.covariance_type:
             raise ValueError("cannot merge statistics of different covariance types")
         if not torch.equal(other.center.to(self.center.device), self.center):

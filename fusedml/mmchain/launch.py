@@ -113,7 +113,17 @@ class DenseConfig:
     num_stages: int = 1
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
-        """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored)."""
+        """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
+
+        Parameters
+        ----------
+        overrides : dict or None
+            Field name -> value; None or empty returns ``self``.
+
+        Returns
+        -------
+        DenseConfig
+        """
         if not overrides:
             return self
         names = {f.name for f in fields(self)}
@@ -267,6 +277,15 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
     """Launch parameters of the dense ``X y`` kernel: the mmchain model's tile, one program per tile.
+
+    Parameters
+    ----------
+    N, D, m : int
+        ``X`` is ``[N, D]``, ``y`` is ``[D]`` (m = 1) or ``[D, m]``.
+    dtype : torch.dtype
+        Storage dtype of X.
+    gpu : GPUInfo, optional
+        Default :func:`gpu_info`.
 
     Returns
     -------

@@ -79,7 +79,20 @@ def mmchain_reference(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=Fa
 
 
 def matvec_reference(X, y, *, intercept=False):
-    """float64 ``[X, 1] y`` (ones column only with intercept=True), on the CPU."""
+    """float64 ``[X, 1] y`` (ones column only with intercept=True), on the CPU.
+
+    Parameters
+    ----------
+    X : array-like [N, D] or sparse CSR
+    y : array-like [D(+1)] or [D(+1), m]
+    intercept : bool
+        Append a column of ones to X.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N]`` or ``[N, m]`` float64 on the CPU.
+    """
     Xd = _dense64(X)
     if intercept:
         Xd = torch.cat([Xd, torch.ones(Xd.shape[0], 1, dtype=torch.float64)], dim=1)
