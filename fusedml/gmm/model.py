@@ -42,15 +42,25 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 def gpu_info(device) -> dict:
-    """``{"name", "sm_count", "regs_per_sm", "smem_per_sm"}`` for a CUDA device; a small stand-in
-    (CPU count SMs) for the interpreter on the host."""
+    """The GPU description the plan uses.
+
+    Parameters
+    ----------
+    device : torch.device or str
+
+    Returns
+    -------
+    dict
+        ``{"name", "sm_count", "regs_per_sm", "smem_per_sm"}``: a CUDA device's properties (from
+        :func:`fusedml.mmchain.launch.gpu_info`), or a small stand-in for the interpreter on the
+        host (at most 4 "SMs", so persistent grids stay small there).
+    """
     device = torch.device(device)
     if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        smem = getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)
-        regs = getattr(p, "regs_per_multiprocessor", _REGS_PER_SM)
-        return {"name": p.name, "sm_count": int(p.multi_processor_count), "regs_per_sm": int(regs),
-                "smem_per_sm": int(smem)}
+        from ..mmchain.launch import gpu_info as _launch_gpu_info
+
+        g = _launch_gpu_info(device)
+        return {"name": g.name, "sm_count": g.sm_count, "regs_per_sm": g.regs_per_sm, "smem_per_sm": g.smem_per_sm}
     return {"name": "cpu-interpreter", "sm_count": max(1, min(4, os.cpu_count() or 1)), "regs_per_sm": _REGS_PER_SM,
             "smem_per_sm": 228 * 1024}
 

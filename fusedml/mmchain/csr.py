@@ -367,8 +367,8 @@ def _csr_long_finish_kernel(
 # ------------------------------------------------------------------------------------------------
 # The analytical launch model
 # ------------------------------------------------------------------------------------------------
-# H200-like profile used when no CUDA device is present (the interpreter) and as a fallback when
-# fusedml.mmchain.launch.gpu_info is not available.
+# Keys of the profile the model reads; the DRAM bandwidth is not in gpu_info (the H200's measured
+# copy bandwidth is the default).
 _DEFAULT_GPU = {
     "sm_count": 132,
     "regs_per_sm": 65536,
@@ -381,24 +381,14 @@ _DEFAULT_GPU = {
 def _gpu_profile(gpu=None, device=None) -> dict:
     """Normalise a GPU description to the keys of ``_DEFAULT_GPU``.
 
-    ``gpu`` may be None (ask ``fusedml.mmchain.launch.gpu_info(device)``, else torch, else the
-    H200-like default), a dict, or an object with attributes (any of the usual spellings).
+    ``gpu`` may be None (``fusedml.mmchain.launch.gpu_info(device)``: the CUDA device's properties,
+    or the fixed H200 profile under the interpreter), a dict, or an object with attributes (any
+    of the usual spellings).
     """
     if gpu is None:
-        try:
-            from fusedml.mmchain.launch import gpu_info  # owned by the dense helper
+        from .launch import gpu_info
 
-            gpu = gpu_info(device if device is not None else torch.device("cpu"))
-        except Exception:  # launch.py absent or no device: local fallback below
-            gpu = None
-    if gpu is None and device is not None and torch.device(device).type == "cuda":
-        prop = torch.cuda.get_device_properties(device)
-        gpu = {
-            "sm_count": prop.multi_processor_count,
-            "regs_per_sm": getattr(prop, "regs_per_multiprocessor", 65536),
-            "smem_per_sm": getattr(prop, "shared_memory_per_multiprocessor", 228 * 1024),
-            "l2_bytes": getattr(prop, "L2_cache_size", 50 * 1024 * 1024),
-        }
+        gpu = gpu_info(device if device is not None else torch.device("cpu"))
     out = dict(_DEFAULT_GPU)
     if gpu is None:
         return out
