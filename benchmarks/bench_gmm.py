@@ -17,11 +17,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,13 +29,14 @@ if "--quick" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
 import fusedml  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
 from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
-from fusedml.gmm.model import gpu_info, plan_launch  # noqa: E402
+from fusedml.gmm.model import plan_launch  # noqa: E402
 from fusedml.gmm.ops import estep_ops  # noqa: E402
 
 BW = 4.28e12  # measured H200 read bandwidth, bytes/s (shared/PERFORMANCE.md)
@@ -69,14 +68,8 @@ TARGETS = {(4 << 20, 16, 16, "diag"): 0.30, (1 << 20, 64, 64, "diag"): 0.20, (1 
 
 
 def _bench(fn, quick):
-    if quick:
-        ts = []
-        for _ in range(3):
-            t = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(ts)
-    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+    """Median ms (``do_bench`` on CUDA; a single timed call in the CPU smoke run)."""
+    return _common.bench_ms(fn, warmup=10, rep=60)
 
 
 def make_problem(N, D, K, ct, device, seed=0):
@@ -218,21 +211,8 @@ def sweep(args, dev):
     return rows
 
 
-def table(rows):
-    cols = ["N", "D", "K", "cov", "path", "ms", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
-            "single_over_two", "ms_call", "err_nk", "err_s1", "err_s2", "err_ll"]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        return str(v)
-
-    for r in rows:
-        out.append("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |")
-    return "\n".join(out)
+TABLE_COLUMNS = ["N", "D", "K", "cov", "path", "ms", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
+                 "single_over_two", "ms_call", "err_nk", "err_s1", "err_s2", "err_ll"]
 
 
 def main():
@@ -243,7 +223,7 @@ def main():
     ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--sweep", action="store_true", help="launch-parameter sweep on the target shapes")
     ap.add_argument("--sweep-precisions", default="fp32,tf32x3,tf32")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gmm_<date>.json)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gmm-<gpu>-<date>.json)")
     args = ap.parse_args()
     quick = args.quick
     dev = torch.device("cpu" if quick else "cuda")
@@ -251,9 +231,6 @@ def main():
         args.precision = "tf32x3" if dev.type == "cuda" else "fp32"
     if not quick and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --quick for the CPU smoke run")
-    meta = {"gpu": gpu_info(dev)["name"], "torch": torch.__version__, "triton": triton.__version__,
-            "fusedml": fusedml.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv}
     t0 = time.time()
     if args.sweep:
         rows = sweep(args, dev)
@@ -265,17 +242,14 @@ def main():
         for cfg in cfgs:
             rows.append(run_config(cfg, args, dev, quick))
             print(json.dumps(rows[-1]), flush=True)
-    meta["seconds"] = time.time() - t0
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"gmm{'_sweep' if args.sweep else ''}{'_quick' if quick else ''}_{args.precision}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"wrote {out} ({meta['seconds']:.0f} s)")
+    seconds = time.time() - t0
+    out = _common.write_json("gmm_sweep" if args.sweep else "gmm", rows, out=args.out,
+                             extra={"args": vars(args), "fusedml": fusedml.__version__, "seconds": seconds})
+    print(f"wrote {out} ({seconds:.0f} s)")
     if not args.sweep:
         sp = [r["single_over_two"] for r in rows if r["single_over_two"] is not None]
         print(f"median single/two-pass speed-up: {statistics.median(sp):.2f}x")
-        print(table(rows))
+        print(_common.markdown_table(rows, TABLE_COLUMNS))
 
 
 if __name__ == "__main__":
