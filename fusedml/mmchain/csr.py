@@ -435,10 +435,21 @@ class CSRStats:
 
     @property
     def mean_len(self) -> float:
+        """Mean stored entries per row (``nnz / N``; 0 for an empty matrix)."""
         return self.nnz / max(self.n_rows, 1)
 
     def quantile_cover(self, q: float) -> int:
-        """Smallest power of two covering the row lengths of a fraction ``q`` of the rows."""
+        """Smallest power of two covering the row lengths of a fraction ``q`` of the rows.
+
+        Parameters
+        ----------
+        q : float
+            Fraction of rows in ``[0, 1]``.
+
+        Returns
+        -------
+        int
+        """
         need = q * self.n_rows
         acc = 0
         for b, cnt in enumerate(self.hist):
@@ -503,7 +514,17 @@ class CSRConfig:
     gather: "CSRConfig | None" = None
 
     def bin_block_r(self, width: int) -> int:
-        """Rows per program for the bin of width ``width``."""
+        """Rows per program for the bin of width ``width``.
+
+        Parameters
+        ----------
+        width : int
+            The bin's tile width (a power of two).
+
+        Returns
+        -------
+        int
+        """
         return max(1, self.tile // width)
 
     def launch_key(self) -> "CSRConfig":
