@@ -42,6 +42,8 @@ clusters are relocated to the farthest points as scikit-learn does. Seeding: sci
 greedy k-means++ (``2 + log K`` local trials) on the device, drawing from the same RandomState
 calls as scikit-learn so seeded runs start from the same centres on float64 data.
 
+``sample_weight`` (both estimators' ``fit``): weighted statistics in every pass (see the classes).
+
 Inputs: numpy arrays, torch tensors (CPU or CUDA: everything stays on that device), dask arrays
 (streamed through :class:`fusedml.streaming.StreamedMatrix`). Sparse input raises ``TypeError``
 (as scikit-learn's ``GaussianMixture``). Fitted arrays are numpy arrays, or torch tensors on the
@@ -60,7 +62,7 @@ import torch
 from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor
 
-from ._base import BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix
+from ._base import BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight
 
 __all__ = ["GaussianMixture", "KMeans"]
 
@@ -223,6 +225,31 @@ def _np_dtype(X):
     return np.float64 if X.dtype == torch.float64 else np.float32
 
 
+def _sample_weight(sample_weight, info):
+    """Validated ``[N]`` float64 sample weights on the data's device, or None (unit weights).
+
+    ``algorithms._base.as_sample_weight`` (shape ``[N]`` or a scalar, finite, non-negative, not
+    all zero: ``ValueError`` otherwise); cast through the compute dtype first, as scikit-learn casts
+    ``sample_weight`` to X's dtype.
+    """
+    sw = as_sample_weight(sample_weight, info)
+    return None if sw is None else sw.to(_F64)
+
+
+def _choice_p(N, sw, np_dtype):
+    """Row probabilities ``s / sum(s)`` in X's numpy dtype (scikit-learn's ``p=`` of ``choice``)."""
+    s = np.ones(N, dtype=np_dtype) if sw is None else sw.detach().cpu().numpy().astype(np_dtype)
+    return s / s.sum()
+
+
+def _check_positive_rows(sw, K, what):
+    """``ValueError`` when fewer than ``K`` rows have positive weight (``what`` needs K distinct rows)."""
+    if sw is not None:
+        n_pos = int((sw > 0).sum())
+        if n_pos < K:
+            raise ValueError(f"{what} needs at least {K} samples with positive sample_weight, got {n_pos}")
+
+
 # ----------------------------------------------------------------------------------------------
 # k-means building blocks (all on X's device; centres float64)
 # ----------------------------------------------------------------------------------------------
@@ -260,15 +287,24 @@ def _sq_dist_to_rows(X, C, shift):
     return out
 
 
-def _kmeans_plusplus(X, n_clusters, random_state):
+def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None):
     """Greedy k-means++ seeding (scikit-learn's ``_kmeans_plusplus``), on X's device.
 
     Draws the same numbers from ``random_state`` as scikit-learn (first centre by
-    ``choice(N, p=uniform)``, then ``2 + int(log K)`` candidates per centre by D^2 sampling,
-    keeping the candidate that lowers the potential most). Distances are float64 on mean-centred
+    ``choice(N, p=s / sum(s))``, then ``2 + int(log K)`` candidates per centre by D^2 sampling
+    weighted by ``s`` (``s`` = ``sample_weight``, ones if None), keeping the candidate that lowers
+    the weighted potential ``sum_n s_n min_j ||x_n - c_j||^2`` most; scikit-learn >= 1.3). Distances are float64 on mean-centred
     data (as scikit-learn's), so on float64 data the seeds equal scikit-learn's except for
     rounding ties at a sampling boundary. Each centre costs one pass over X for the candidates'
     distances (as in scikit-learn).
+
+    Parameters
+    ----------
+    X : torch.Tensor or StreamedMatrix, shape [N, D]
+    n_clusters : int
+    random_state : numpy.random.RandomState
+    sample_weight : torch.Tensor, shape [N], optional
+        float64 non-negative weights on X's device.
 
     Returns
     -------
@@ -277,31 +313,37 @@ def _kmeans_plusplus(X, n_clusters, random_state):
     """
     N = X.shape[0]
     n_local_trials = 2 + int(np.log(n_clusters))
-    sw = np.ones(N, dtype=_np_dtype(X))
-    first = int(random_state.choice(N, p=sw / sw.sum()))
+    sw = sample_weight
+    first = int(random_state.choice(N, p=_choice_p(N, sw, _np_dtype(X))))
     indices = [first]
     shift = _data_mean(X)
     closest = _sq_dist_to_rows(X, _take_rows(X, [first]), shift)[0]  # [N]
-    pot = float(closest.sum())
+    wclosest = closest if sw is None else closest * sw
+    pot = float(wclosest.sum())
     for _ in range(1, n_clusters):
         rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials) * pot, dtype=_F64,
                                     device=closest.device)
-        cand = torch.searchsorted(torch.cumsum(closest, 0), rand_vals).clamp_(max=N - 1)
+        cand = torch.searchsorted(torch.cumsum(wclosest, 0), rand_vals).clamp_(max=N - 1)
         cand_np = cand.cpu().numpy()
         dist = _sq_dist_to_rows(X, _take_rows(X, cand_np), shift)  # [L, N]
         torch.minimum(dist, closest[None, :], out=dist)
-        pots = dist.sum(1)
+        pots = dist.sum(1) if sw is None else dist @ sw
         best = int(torch.argmin(pots))
         pot = float(pots[best])
         closest = dist[best]
+        wclosest = closest if sw is None else closest * sw
         indices.append(int(cand_np[best]))
     return np.asarray(indices, dtype=np.int64)
 
 
-def _random_rows(N, n_clusters, random_state, np_dtype):
-    """scikit-learn's k-means ``init="random"``: K distinct rows (same RandomState calls)."""
-    sw = np.ones(N, dtype=np_dtype)
-    return np.asarray(random_state.choice(N, size=n_clusters, replace=False, p=sw / sw.sum()), dtype=np.int64)
+def _random_rows(N, n_clusters, random_state, np_dtype, sample_weight=None):
+    """scikit-learn's k-means ``init="random"``: K distinct rows drawn with ``p = s / sum(s)``.
+
+    Same RandomState call as scikit-learn; ``sample_weight`` [N] float64 tensor or None (uniform).
+    """
+    _check_positive_rows(sample_weight, n_clusters, "init='random'")
+    p = _choice_p(N, sample_weight, np_dtype)
+    return np.asarray(random_state.choice(N, size=n_clusters, replace=False, p=p), dtype=np.int64)
 
 
 def _data_mean(X):
@@ -330,12 +372,14 @@ def _kmeans_tolerance(X, tol):
     return float((sq / X.shape[0]).mean()) * tol
 
 
-def _lloyd_update(X, labels, centers):
+def _lloyd_update(X, labels, centers, sample_weight=None):
     """One centre update from ``labels`` (the M-part of scikit-learn's ``lloyd_iter``), one pass.
 
-    Residuals about the old centres are accumulated in float64 per label (:class:`_Segments`); empty
-    clusters take the farthest points (``_relocate_empty_clusters_dense``); clusters still empty
-    sit on the largest cluster's centre (``_average_centers``).
+    Weighted residuals ``s_n (x_n - old_{l_n})`` are accumulated in float64 per label
+    (:class:`_Segments`) and divided by the cluster weight ``sum s_n``; clusters of zero weight
+    take the farthest points (unweighted distance, ``_relocate_empty_clusters_dense``); clusters
+    still empty (or relocated to a zero-weight point) sit on the heaviest cluster's centre
+    (``_average_centers``). ``sample_weight``: ``[N]`` float64 or None (ones).
 
     Returns
     -------
@@ -344,22 +388,23 @@ def _lloyd_update(X, labels, centers):
     shift_sq : float
         ``sum_k ||new_k - old_k||^2``.
     inertia_old : float
-        ``sum_n ||x_n - old_{l_n}||^2``.
+        ``sum_n s_n ||x_n - old_{l_n}||^2``.
     """
     N, D = X.shape
     K = centers.shape[0]
     c64 = centers.to(_F64)
+    sw = sample_weight
     res = torch.zeros((K, D), dtype=_F64, device=c64.device)
     dist = torch.empty(N, dtype=_F64, device=c64.device)
 
     def block(Xb, rows):
         lab = labels[rows]
         d = Xb.to(_F64) - c64[lab]  # [B, D]
-        _Segments(lab, K).add_(res, d)
+        _Segments(lab, K).add_(res, d if sw is None else d * sw[rows, None])
         dist[rows] = (d * d).sum(1)
 
     _for_rows(X, block, D)
-    counts = torch.bincount(labels, minlength=K).to(_F64)
+    counts = torch.bincount(labels, weights=sw, minlength=K).to(_F64)  # cluster weights [K]
     empty = torch.nonzero(counts == 0).flatten().tolist()
     relocated = {}
     if empty and float(dist.max()) > 0:
@@ -367,37 +412,41 @@ def _lloyd_update(X, labels, centers):
         rows = _take_rows(X, far)
         for j, f, xf in zip(empty, far, rows):
             old = int(labels[f])
-            res[old] -= xf - c64[old]
-            counts[old] -= 1
-            counts[j] = 1
-            relocated[j] = xf
-    new = c64 + res / counts.clamp(min=1.0)[:, None]
+            wf = 1.0 if sw is None else float(sw[f])
+            res[old] -= wf * (xf - c64[old])
+            counts[old] -= wf
+            counts[j] = wf
+            if wf > 0:
+                relocated[j] = xf
+    new = c64 + res / torch.where(counts > 0, counts, 1.0)[:, None]
     for j, xf in relocated.items():
         new[j] = xf
-    still = counts == 0
+    still = counts <= 0
     if bool(still.any()):
         new[still] = new[int(torch.argmax(counts))].clone()
     shift_sq = float(((new - c64) ** 2).sum())
-    return new, shift_sq, float(dist.sum())
+    return new, shift_sq, float(dist.sum() if sw is None else dist @ sw)
 
 
-def _inertia(X, labels, centers):
-    """``sum_n ||x_n - c_{l_n}||^2`` in float64, one blocked pass."""
+def _inertia(X, labels, centers, sample_weight=None):
+    """``sum_n s_n ||x_n - c_{l_n}||^2`` in float64 (``s`` ones if None), one blocked pass."""
     c64 = centers.to(_F64)
     total = torch.zeros((), dtype=_F64, device=c64.device)
 
     def block(Xb, rows):
         d = Xb.to(_F64) - c64[labels[rows]]
-        total.add_((d * d).sum())
+        dd = (d * d).sum(1)
+        total.add_(dd.sum() if sample_weight is None else dd @ sample_weight[rows])
 
     _for_rows(X, block, X.shape[1])
     return float(total)
 
 
-def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None):
+def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None):
     """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
 
-    Per iteration: one fused assignment pass (``gmm_score``) and one update pass.
+    Per iteration: one fused assignment pass (``gmm_score``) and one update pass (weighted by
+    ``sample_weight`` [N] float64, or unweighted if None; the assignment never depends on it).
 
     Returns
     -------
@@ -410,7 +459,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     n_iter = 0
     for i in range(max_iter):
         labels = _assign(X, centers, backend)
-        new, shift_sq, inertia_old = _lloyd_update(X, labels, centers)
+        new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
         if verbose:
             print(f"Iteration {i}, inertia {inertia_old}.")
         if history is not None:
@@ -431,7 +480,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
         labels_old = labels
     if not strict:  # labels consistent with the final centres
         labels = _assign(X, centers, backend)
-    return centers, labels, _inertia(X, labels, centers), n_iter, converged
+    return centers, labels, _inertia(X, labels, centers, sample_weight), n_iter, converged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,10 +497,11 @@ def _make_stats(covariance_type, nk, center, s1, s2):
                                log_prob=None, nk=nk, center=center, s1=s1, s2=s2)
 
 
-def _hard_stats(X, labels, K, center, covariance_type):
+def _hard_stats(X, labels, K, center, covariance_type, sample_weight=None):
     """float64 statistics of one-hot responsibilities ``r_nk = [l_n == k]`` about ``center`` [K, D].
 
-    One blocked pass of per-label sums (:class:`_Segments`; ``X`` may be a tensor or a streamed matrix).
+    One blocked pass of per-label sums (:class:`_Segments`; ``X`` may be a tensor or a streamed
+    matrix), each row weighted by ``sample_weight`` ([N] float64; ones if None).
     """
     D = X.shape[1]
     c64 = center.to(_F64)
@@ -467,31 +517,32 @@ def _hard_stats(X, labels, K, center, covariance_type):
         lab = labels[rows]
         seg = _Segments(lab, K)
         d = Xb.to(_F64) - c64[lab]  # [B, D]
-        seg.add_(s1, d)
+        sd = d if sample_weight is None else d * sample_weight[rows, None]  # s_n (x_n - c)
+        seg.add_(s1, sd)
         if covariance_type == "full":
             if outer:
-                seg.add_(s2, d[:, :, None] * d[:, None, :])
+                seg.add_(s2, sd[:, :, None] * d[:, None, :])
             else:
                 rd = torch.zeros((d.shape[0], K, D), dtype=_F64, device=dev)
-                rd[torch.arange(d.shape[0], device=dev), lab] = d  # [B, K, D]
+                rd[torch.arange(d.shape[0], device=dev), lab] = sd  # [B, K, D]
                 s2.add_((rd.reshape(d.shape[0], K * D).T @ d).view(K, D, D))
         elif covariance_type == "tied":
-            s2.add_(d.T @ d)
+            s2.add_(sd.T @ d)
         elif covariance_type == "diag":
-            seg.add_(s2, d * d)
+            seg.add_(s2, sd * d)
         else:
-            seg.add_(s2, (d * d).sum(1))
+            seg.add_(s2, (sd * d).sum(1))
 
     _for_rows(X, block, (D * D if outer else K * D) if covariance_type == "full" else D)
-    nk = torch.bincount(labels, minlength=K).to(_F64)
+    nk = torch.bincount(labels, weights=sample_weight, minlength=K).to(_F64)
     return _make_stats(covariance_type, nk, c64, s1, s2)
 
 
-def _random_resp_stats(X, K, random_state, covariance_type):
+def _random_resp_stats(X, K, random_state, covariance_type, sample_weight=None):
     """float64 statistics of scikit-learn's ``init_params="random"`` responsibilities.
 
-    ``resp = uniform(size=(N, K))`` in X's dtype, normalised by rows, accumulated about the data
-    mean. In-memory data: drawn block by block in row order from the RandomState (the same
+    ``resp = uniform(size=(N, K))`` in X's dtype, normalised by rows, times ``sample_weight``
+    ([N] float64, if given), accumulated about the data mean. In-memory data: drawn block by block in row order from the RandomState (the same
     numbers as one ``(N, K)`` draw). Streamed data: the ``(N, K)`` draw is made once on the host
     (blocks may arrive out of row order).
     """
@@ -511,6 +562,8 @@ def _random_resp_stats(X, K, random_state, covariance_type):
             r = pre[rows].copy()
         r /= r.sum(axis=1)[:, None]
         r = torch.from_numpy(r).to(device=dev, dtype=_F64)
+        if sample_weight is not None:
+            r = r * sample_weight[rows, None]
         d = Xb.to(_F64) - mean  # [B, D]
         nk.add_(r.sum(0))
         s1.add_(r.T @ d)
@@ -657,7 +710,7 @@ class KMeans(BaseEstimator):
         if isinstance(self.init, str) and self.init not in ("k-means++", "random"):
             raise ValueError(f"init must be 'k-means++', 'random' or an array of centres, got {self.init!r}")
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, sample_weight=None):
         """Cluster ``X``.
 
         Parameters
@@ -665,6 +718,11 @@ class KMeans(BaseEstimator):
         X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
             Dense data.
         y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            Non-negative, finite, not all zero (``ValueError`` otherwise). As scikit-learn: the
+            centres are weighted means, ``inertia_`` is weighted, k-means++ samples the first
+            centre with ``p = s / sum(s)`` and candidates by ``s``-weighted D^2, ``init="random"``
+            draws rows with ``p = s / sum(s)``; the tolerance stays unweighted.
 
         Returns
         -------
@@ -676,6 +734,7 @@ class KMeans(BaseEstimator):
         K = self.n_clusters
         if N < K:
             raise ValueError(f"n_samples={N} should be >= n_clusters={K}")
+        sw = _sample_weight(sample_weight, info)
         backend = resolve_backend(self.backend, info.device)
         rs = _check_random_state(self.random_state)
         n_init = self.n_init
@@ -697,11 +756,11 @@ class KMeans(BaseEstimator):
             if init_centers is not None:
                 c0 = init_centers
             elif self.init == "k-means++":
-                c0 = _take_rows(X, _kmeans_plusplus(X, K, rs))
+                c0 = _take_rows(X, _kmeans_plusplus(X, K, rs, sw))
             else:
-                c0 = _take_rows(X, _random_rows(N, K, rs, _np_dtype(X)))
+                c0 = _take_rows(X, _random_rows(N, K, rs, _np_dtype(X), sw))
             hist = []
-            res = _lloyd(X, c0, self.max_iter, tol_abs, backend, self.verbose, t0, hist)
+            res = _lloyd(X, c0, self.max_iter, tol_abs, backend, self.verbose, t0, hist, sw)
             if best is None or res[2] < best[0][2]:
                 best = (res, hist)
         (centers, labels, inertia, n_iter, converged), hist = best
@@ -721,19 +780,21 @@ class KMeans(BaseEstimator):
         self.history_ = hist
         return self
 
-    def fit_predict(self, X, y=None):
+    def fit_predict(self, X, y=None, sample_weight=None):
         """Fit and return ``labels_``.
 
         Parameters
         ----------
         X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
         y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            As in :meth:`fit`.
 
         Returns
         -------
         labels : array of shape (n_samples,), int64
         """
-        return self.fit(X).labels_
+        return self.fit(X, sample_weight=sample_weight).labels_
 
     def _check_fitted_X(self, X):
         X, info = _fitted_data(self, X, "KMeans", "cluster_centers_")
@@ -754,21 +815,24 @@ class KMeans(BaseEstimator):
         X, info, centers, backend = self._check_fitted_X(X)
         return _out(_assign(X, centers, backend), info.kind)
 
-    def score(self, X, y=None):
-        """Opposite of the inertia of ``X`` under the fitted centres.
+    def score(self, X, y=None, sample_weight=None):
+        """Opposite of the (weighted) inertia of ``X`` under the fitted centres (scikit-learn's).
 
         Parameters
         ----------
         X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
         y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            Validated as in :meth:`fit`.
 
         Returns
         -------
         float
-            ``-sum_n min_k ||x_n - c_k||^2``.
+            ``-sum_n s_n min_k ||x_n - c_k||^2`` (``s_n = 1`` if None).
         """
         X, info, centers, backend = self._check_fitted_X(X)
-        return -_inertia(X, _assign(X, centers, backend), centers)
+        sw = _sample_weight(sample_weight, info)
+        return -_inertia(X, _assign(X, centers, backend), centers, sw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -836,6 +900,18 @@ class GaussianMixture(BaseEstimator):
     -----
     ``predict_proba`` returns an ``N x K`` matrix by definition: it is computed in row blocks from
     :func:`fusedml.gmm_score`'s per-row log-likelihood and per-block component log-densities.
+
+    ``fit(X, sample_weight=s)`` (scikit-learn's ``GaussianMixture`` has no sample weights; this is
+    the weighted likelihood ``sum_n s_n log p(x_n)``): every E-step passes ``s`` to
+    :func:`fusedml.gmm_estep` (dask input: sliced per block by the streamed hook), the M-step is
+    unchanged, ``lower_bound_`` is ``sum_n s_n log p(x_n) / sum_n s_n``. Initialisation with
+    weights: ``"kmeans"`` runs weighted :class:`KMeans` (weighted k-means++ and Lloyd) and takes
+    weighted statistics of its labels; ``"random"`` weights the random responsibilities by ``s``;
+    ``"random_from_data"`` draws its ``K`` rows with ``p = s / sum(s)`` (constant weights: the
+    unweighted draw, so they give the unweighted start) and ``"k-means++"`` by
+    weighted k-means++, after which the start is the one of those rows (the weights only choose
+    them). Explicit ``*_init`` parameters are used as given. ``score``, ``bic``, ``aic`` take no
+    weights (as scikit-learn).
 
     Examples
     --------
@@ -927,31 +1003,41 @@ class GaussianMixture(BaseEstimator):
         return tuple(None if t is None else t.to(device) for t in (w, m, p))
 
     # -- initialisation ----------------------------------------------------------------------
-    def _initial_stats(self, X, rs, backend):
-        """Statistics of scikit-learn's initial responsibilities (see the module docstring)."""
+    def _initial_stats(self, X, rs, backend, sw=None):
+        """Statistics of scikit-learn's initial responsibilities (see the module docstring).
+
+        With ``sw`` ([N] float64 sample weights): weighted k-means labels and weighted statistics
+        (``"kmeans"``), weighted statistics of the random responsibilities (``"random"``), rows
+        drawn with ``p = s / sum(s)`` / by weighted k-means++ (the one-hot starts).
+        """
         K, ct = self.n_components, self.covariance_type
         if self.init_params == "kmeans":
             # scikit-learn: KMeans(n_clusters=K, n_init=1, random_state=rs) -> labels (k-means++
-            # seeding, Lloyd, default max_iter/tol), on the same device and backend.
-            c0 = _take_rows(X, _kmeans_plusplus(X, K, rs))
-            centers, labels, _, _, _ = _lloyd(X, c0, 300, _kmeans_tolerance(X, 1e-4), backend)
-            return _hard_stats(X, labels, K, centers, ct)
+            # seeding, Lloyd, default max_iter/tol), on the same device and backend; weighted
+            # KMeans with the sample weights.
+            c0 = _take_rows(X, _kmeans_plusplus(X, K, rs, sw))
+            centers, labels, _, _, _ = _lloyd(X, c0, 300, _kmeans_tolerance(X, 1e-4), backend, sample_weight=sw)
+            return _hard_stats(X, labels, K, centers, ct, sw)
         if self.init_params == "random":
-            return _random_resp_stats(X, K, rs, ct)
+            return _random_resp_stats(X, K, rs, ct, sw)
         if self.init_params == "random_from_data":
-            idx = rs.choice(X.shape[0], size=K, replace=False)
+            if sw is None or bool((sw == sw[0]).all()):  # constant weights: the unweighted draw
+                idx = rs.choice(X.shape[0], size=K, replace=False)
+            else:
+                _check_positive_rows(sw, K, "init_params='random_from_data'")
+                idx = rs.choice(X.shape[0], size=K, replace=False, p=_choice_p(X.shape[0], sw, np.float64))
         else:  # "k-means++"
-            idx = _kmeans_plusplus(X, K, rs)
+            idx = _kmeans_plusplus(X, K, rs, sw)
         rows = _take_rows(X, idx)  # one-hot responsibilities on K rows: statistics of those rows
         return _hard_stats(rows, torch.arange(K, device=rows.device), K, rows, ct)
 
-    def _initialize_parameters(self, X, rs, backend, inits):
+    def _initialize_parameters(self, X, rs, backend, inits, sw=None):
         """float64 ``(weights, means, covariances, precisions_cholesky)`` of one initialisation."""
         w_init, m_init, p_init = inits
         ct = self.covariance_type
         w = m = cov = pc = None
         if w_init is None or m_init is None or p_init is None:
-            stats = self._initial_stats(X, rs, backend)
+            stats = self._initial_stats(X, rs, backend, sw)
             w, m, cov, pc = _gmm_ops().gmm_mstep(stats, reg_covar=self.reg_covar)
         if w_init is not None:
             w = w_init
@@ -963,7 +1049,7 @@ class GaussianMixture(BaseEstimator):
         return w, m, cov, pc
 
     # -- fit -----------------------------------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, sample_weight=None):
         """Estimate the parameters with EM.
 
         Parameters
@@ -971,32 +1057,39 @@ class GaussianMixture(BaseEstimator):
         X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
             Dense data.
         y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            Non-negative, finite, not all zero (``ValueError`` otherwise). Row ``n`` counts
+            ``s_n`` times: the E-step statistics are ``sum_n s_n r_nk (...)`` and the lower bound is
+            ``sum_n s_n log p(x_n) / sum_n s_n`` (integer weights give the model of the data with
+            repeated rows, from the same start). Initialisation: see the class Notes.
 
         Returns
         -------
         self
         """
-        self._fit(X)
+        self._fit(X, sample_weight)
         return self
 
-    def fit_predict(self, X, y=None):
+    def fit_predict(self, X, y=None, sample_weight=None):
         """Fit, then return the most probable component of every row.
 
         Parameters
         ----------
         X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
         y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            As in :meth:`fit`.
 
         Returns
         -------
         labels : array of shape (n_samples,), int64
         """
-        X, info, backend = self._fit(X)
+        X, info, backend = self._fit(X, sample_weight)
         w, m, pc = self._param_tensors(info.device)
         _, labels = _score_op(X, w, m, pc, self.covariance_type, backend)
         return _out(labels.long(), info.kind)
 
-    def _fit(self, X):
+    def _fit(self, X, sample_weight=None):
         X, info = _as_data(X, "GaussianMixture", self.backend)
         N, D = X.shape
         if N < 2:
@@ -1005,6 +1098,8 @@ class GaussianMixture(BaseEstimator):
             raise ValueError(f"Expected n_samples >= n_components but got n_components = "
                              f"{self.n_components}, n_samples = {N}")
         inits = self._check_parameters(D, info.device)
+        sw = _sample_weight(sample_weight, info)
+        total_weight = N if sw is None else float(sw.sum())  # lower bound = weighted mean log-likelihood
         backend = resolve_backend(self.backend, info.device)
         gmm = _gmm_ops()
         ct = self.covariance_type
@@ -1021,7 +1116,7 @@ class GaussianMixture(BaseEstimator):
             if self.verbose >= 1:
                 print(f"Initialization {init}")
             if do_init:
-                params = self._initialize_parameters(X, rs, backend, inits)
+                params = self._initialize_parameters(X, rs, backend, inits, sw)
             else:
                 params = self._param_tensors(info.device, with_cov=True)
             if self.max_iter == 0:  # scikit-learn: keep the initialisation, lower bound -inf
@@ -1034,8 +1129,8 @@ class GaussianMixture(BaseEstimator):
             t_iter = time.perf_counter()
             for n_iter in range(1, self.max_iter + 1):
                 prev = lower_bound
-                stats = gmm.gmm_estep(X, w, m, pc, ct, backend=backend, check_finite=False)
-                lower_bound = float(stats.log_likelihood) / N
+                stats = gmm.gmm_estep(X, w, m, pc, ct, sample_weight=sw, backend=backend, check_finite=False)
+                lower_bound = float(stats.log_likelihood) / total_weight
                 w, m, cov, pc = gmm.gmm_mstep(stats, reg_covar=self.reg_covar)
                 change = lower_bound - prev
                 now = time.perf_counter()

@@ -478,3 +478,162 @@ def test_clone_pickle_params(Est, iris):
     est2 = pickle.loads(pickle.dumps(est))
     np.testing.assert_array_equal(est2.predict(iris), est.predict(iris))
     assert est2.score(iris) == est.score(iris)
+
+
+# ------------------------------------------------------------------------------------------------
+# sample_weight
+# ------------------------------------------------------------------------------------------------
+def _int_weights(n, seed=0):
+    """Integer weights in {0, 1, 2, 3} (zeros drop rows, the others repeat them)."""
+    w = np.random.default_rng(seed).integers(0, 4, size=n)
+    w[:3] = (1, 2, 3)
+    return w
+
+
+def _gmm_assert_same(a, b, rtol):
+    assert a.n_iter_ == b.n_iter_
+    assert abs(a.lower_bound_ - b.lower_bound_) <= rtol * abs(b.lower_bound_)
+    np.testing.assert_allclose(a.lower_bounds_, b.lower_bounds_, rtol=rtol)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        assert _rel(getattr(a, name), getattr(b, name)) <= rtol, name
+
+
+@pytest.mark.filterwarnings("ignore::algorithms._base.ConvergenceWarning")
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_gmm_integer_weights_equal_repeated_rows(iris, ct):
+    w = _int_weights(len(iris))
+    kw = dict(covariance_type=ct, tol=0.0, max_iter=15, backend="cpu", **_explicit_init(iris, ct))
+    weighted = GaussianMixture(3, **kw).fit(iris, sample_weight=w)
+    repeated = GaussianMixture(3, **kw).fit(np.repeat(iris, w, axis=0))
+    _gmm_assert_same(weighted, repeated, 1e-8)
+    # uniform weights 2.0: the unweighted model (float64 data)
+    unweighted = GaussianMixture(3, **kw).fit(iris)
+    _gmm_assert_same(GaussianMixture(3, **kw).fit(iris, sample_weight=np.full(len(iris), 2.0)), unweighted, 1e-10)
+    # the weights matter: non-uniform weights move the model away from the unweighted one
+    assert _rel(weighted.means_, unweighted.means_) > 1e-3
+
+
+@pytest.mark.filterwarnings("ignore::algorithms._base.ConvergenceWarning")
+@pytest.mark.parametrize("init", ["kmeans", "random", "random_from_data", "k-means++"])
+def test_gmm_weighted_initialisations(iris, init):
+    """Seeded starts: uniform weights 2.0 = unweighted; zero-weight rows never pick a start."""
+    kw = dict(covariance_type="diag", init_params=init, random_state=3, max_iter=0, backend="cpu")
+    unweighted = GaussianMixture(3, **kw).fit(iris)
+    twice = GaussianMixture(3, **kw).fit(iris, sample_weight=2.0 * np.ones(len(iris)))
+    for name in ("weights_", "means_", "covariances_"):
+        assert _rel(getattr(twice, name), getattr(unweighted, name)) <= 1e-12, name
+    # only rows 100.. weighted: a one-hot / k-means start takes its means from those rows only
+    w = np.zeros(len(iris))
+    w[100:] = 1.0
+    sub = GaussianMixture(3, **kw).fit(iris, sample_weight=w)
+    lo, hi = iris[100:].min(0), iris[100:].max(0)
+    if init != "random":  # random responsibilities: weighted means of all weighted rows
+        assert np.all(sub.means_ >= lo - 1e-12) and np.all(sub.means_ <= hi + 1e-12)
+    else:  # scikit-learn's random responsibilities (same RandomState draw), times the weights
+        r = np.random.RandomState(3).uniform(size=(len(iris), 3))
+        r = r / r.sum(1)[:, None] * w[:, None]
+        np.testing.assert_allclose(sub.means_, (r.T @ iris) / r.sum(0)[:, None], rtol=1e-10)
+        np.testing.assert_allclose(sub.weights_, r.sum(0) / r.sum(), rtol=1e-10)
+    if init == "kmeans":  # = the statistics of weighted KMeans' clusters of those rows
+        km = KMeans(3, random_state=3, backend="cpu").fit(iris, sample_weight=w)
+        ref = GaussianMixture(3, **kw).fit(iris[100:])
+        np.testing.assert_allclose(np.sort(km.cluster_centers_[:, 0]), np.sort(ref.means_[:, 0]), rtol=1e-10)
+    # EM from the weighted start: the lower bound is the weighted mean log-likelihood of the data
+    fit = GaussianMixture(3, covariance_type="diag", init_params=init, random_state=3, max_iter=3, tol=0.0,
+                          backend="cpu").fit(iris, sample_weight=w + 0.5)
+    assert np.isfinite(fit.lower_bound_)
+    assert fit.lower_bounds_[-1] == fit.lower_bound_
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_gmm_weighted_backends_and_dask(iris):
+    """Weighted E-steps on the fused (interpreter) / ops backends and through a dask stream."""
+    X = iris[:, :3].astype(np.float32)
+    w = _int_weights(len(X), seed=1).astype(np.float64) * 0.5
+    full = _explicit_init(iris[:, :3], "full", K=2)
+    kw = dict(covariance_type="full", max_iter=3, tol=0.0, **full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fits = {be: GaussianMixture(2, backend=be, **kw).fit(X, sample_weight=w) for be in ("cpu", "ops", "fused")}
+        for be in ("ops", "fused"):
+            assert fits[be].lower_bound_ == pytest.approx(fits["cpu"].lower_bound_, rel=1e-5)
+            assert _rel(fits[be].means_, fits["cpu"].means_) <= 1e-4
+        da = pytest.importorskip("dask.array")
+        pytest.importorskip("fusedml.streaming")
+        Xd = da.from_array(iris, chunks=(40, 4))
+        w = _int_weights(len(iris), seed=2)
+        for init in ("kmeans", "random"):
+            kwd = dict(covariance_type="diag", init_params=init, random_state=0, max_iter=5, tol=0.0, backend="cpu")
+            md = GaussianMixture(3, **kwd).fit(Xd, sample_weight=w)
+            mn = GaussianMixture(3, **kwd).fit(iris, sample_weight=w)
+            assert md.lower_bound_ == pytest.approx(mn.lower_bound_, rel=1e-12)
+            assert _rel(md.means_, mn.means_) <= 1e-10
+        kd = KMeans(3, random_state=0, backend="cpu").fit(Xd, sample_weight=w)
+        kn = KMeans(3, random_state=0, backend="cpu").fit(iris, sample_weight=w)
+        assert kd.inertia_ == pytest.approx(kn.inertia_, rel=1e-12)
+        np.testing.assert_array_equal(kd.labels_, kn.labels_)
+
+
+def test_kmeans_integer_weights_equal_repeated_rows(iris):
+    w = _int_weights(len(iris))
+    init = iris[[3, 70, 140]]
+    weighted = KMeans(3, init=init, backend="cpu").fit(iris, sample_weight=w)
+    repeated = KMeans(3, init=init, backend="cpu").fit(np.repeat(iris, w, axis=0))
+    assert weighted.inertia_ == pytest.approx(repeated.inertia_, rel=1e-10)
+    np.testing.assert_allclose(weighted.cluster_centers_, repeated.cluster_centers_, rtol=1e-10)
+    assert weighted.n_iter_ == repeated.n_iter_
+    # uniform weights 2.0: the unweighted centres, twice the inertia; seeded k-means++ too
+    for kw in (dict(init=init), dict(init="k-means++", random_state=1), dict(init="random", random_state=1)):
+        u = KMeans(3, backend="cpu", **kw).fit(iris)
+        t = KMeans(3, backend="cpu", **kw).fit(iris, sample_weight=np.full(len(iris), 2.0))
+        np.testing.assert_allclose(t.cluster_centers_, u.cluster_centers_, rtol=1e-12)
+        assert t.inertia_ == pytest.approx(2 * u.inertia_, rel=1e-12)
+        np.testing.assert_array_equal(t.labels_, u.labels_)
+
+
+@pytest.mark.parametrize("init", ["explicit", "k-means++", "random"])
+def test_kmeans_weighted_matches_sklearn(iris, init):
+    w = np.random.default_rng(7).uniform(0.0, 3.0, size=len(iris))
+    w[::11] = 0.0
+    kw = dict(init=iris[[3, 70, 140]]) if init == "explicit" else dict(init=init, random_state=4)
+    ours = KMeans(3, n_init=1, backend="cpu", **kw).fit(iris, sample_weight=w)
+    ref = SkKMeans(3, n_init=1, **kw).fit(iris, sample_weight=w)
+    assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-10)
+    np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-10)
+    np.testing.assert_array_equal(ours.labels_, ref.labels_)
+    assert ours.n_iter_ == ref.n_iter_
+    assert ours.score(iris, sample_weight=w) == pytest.approx(ref.score(iris, sample_weight=w), rel=1e-10)
+    np.testing.assert_array_equal(ours.fit_predict(iris, sample_weight=w), ref.labels_)
+
+
+def test_kmeans_weighted_empty_cluster_matches_sklearn(iris):
+    init = np.r_[iris[[3, 70]], [[100.0, 100.0, 100.0, 100.0]]]  # third centre attracts nothing
+    w = np.random.default_rng(8).uniform(0.5, 2.0, size=len(iris))
+    for max_iter in (1, 300):  # right after the relocation, and converged
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            ours = KMeans(3, init=init, max_iter=max_iter, backend="cpu").fit(iris, sample_weight=w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = SkKMeans(3, init=init, n_init=1, max_iter=max_iter).fit(iris, sample_weight=w)
+        assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-10)
+        np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("Est", [GaussianMixture, KMeans])
+def test_bad_sample_weight(Est, iris):
+    est = Est(3, backend="cpu", random_state=0)
+    n = len(iris)
+    cases = [(np.ones(n - 1), "shape"), (np.ones((n, 1)), "shape"), (-np.ones(n), "non-negative"),
+             (np.zeros(n), "zero"), (np.r_[np.nan, np.ones(n - 1)], "NaN"), (np.r_[np.inf, np.ones(n - 1)], "infinite")]
+    for sw, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            est.fit(iris, sample_weight=sw)
+    with pytest.raises(TypeError, match="numeric"):
+        est.fit(iris, sample_weight=np.array(["a"] * n))
+    few = np.zeros(n)
+    few[:2] = 1.0  # two positive rows cannot seed three distinct random rows
+    bad_init = GaussianMixture(3, init_params="random_from_data", backend="cpu") if Est is GaussianMixture \
+        else KMeans(3, init="random", backend="cpu")
+    with pytest.raises(ValueError, match="positive sample_weight"):
+        bad_init.fit(iris, sample_weight=few)
