@@ -442,11 +442,31 @@ def _inertia(X, labels, centers, sample_weight=None):
     return float(total)
 
 
+def _lloyd_fused_iter(X, centers, sample_weight, shift):
+    """One fused Lloyd step (:func:`fusedml.lloyd_step`): labels, new centres, shift, inertia.
+
+    Returns ``new = None`` when a cluster came out empty: the caller then runs the
+    relocation of :func:`_lloyd_update` with these labels (scikit-learn's rule).
+    """
+    from fusedml import lloyd_step
+
+    r = lloyd_step(X, centers, sample_weight=sample_weight, shift=shift, backend="fused", check_finite=False)
+    c64 = centers.to(_F64)
+    new = r.sums / r.counts.clamp(min=torch.finfo(_F64).tiny)[:, None]
+    empty, shift_sq, inertia = torch.stack([(r.counts <= 0).any().to(_F64), ((new - c64) ** 2).sum(),
+                                            r.inertia]).tolist()  # one host sync
+    if empty:
+        return r.labels, None, None, None
+    return r.labels, new, shift_sq, inertia
+
+
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None):
     """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
 
     Per iteration: one fused assignment pass (``gmm_score``) and one update pass (weighted by
     ``sample_weight`` [N] float64, or unweighted if None; the assignment never depends on it).
+    With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass
+    (:func:`fusedml.lloyd_step`, no ``[N, K]`` and no contended atomics).
 
     Returns
     -------
@@ -457,9 +477,14 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     labels_old = None
     strict = converged = False
     n_iter = 0
+    fused = backend == "fused" and isinstance(X, torch.Tensor) and X.dtype != _F64
+    shift = _data_mean(X) if fused else None
     for i in range(max_iter):
-        labels = _assign(X, centers, backend)
-        new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
+        if fused:  # assignment and centre sums in one pass (fusedml.lloyd_step)
+            labels, new, shift_sq, inertia_old = _lloyd_fused_iter(X, centers, sample_weight, shift)
+        if not fused or new is None:
+            labels = _assign(X, centers, backend) if not fused else labels
+            new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
         if verbose:
             print(f"Iteration {i}, inertia {inertia_old}.")
         if history is not None:

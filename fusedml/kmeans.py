@@ -1,0 +1,256 @@
+"""Fused Lloyd step for k-means: assignment and centre statistics in one pass over X.
+
+One Lloyd iteration needs, for the current centres ``c_k``, every row's nearest centre and the
+per-cluster sums of the rows assigned to it. The operator-level way materialises the ``[N, K]``
+distance matrix, takes its arg-min and scatters the rows into ``[K, D]`` sums with ``index_add_``
+(one global atomic per element of X onto only ``K * D`` addresses: heavily contended on a GPU).
+The fused kernel (the GMM single sweep with one-hot responsibilities) reads a row tile once,
+computes its distances to all K centres on chip, takes the arg-min, and accumulates the one-hot
+product ``onehot^T x`` in registers; each program writes one ``[K, D]`` partial at the end, summed
+in float64 on the host side (deterministic, no atomics).
+
+Distances use the expanded form ``|x'|^2 - 2 x'.c' + |c'|^2`` on data shifted by ``shift`` (the data
+mean, as scikit-learn's k-means centres X), so float32 does not cancel for data far from the
+origin. Products run in IEEE float32 (``input_precision="ieee"``): tf32 would move points near a
+boundary to the wrong cluster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import resolve_backend
+from ._validation import check_finite as _check_finite
+from ._validation import to_tensor
+
+__all__ = ["LloydStep", "lloyd_step"]
+
+_F64 = torch.float64
+# Register budget of the fused kernel: the [K, D] accumulator and the [BLOCK_N, K] / [BLOCK_N, D]
+# tiles each hold at most this many fp32 elements per program.
+_MAX_TILE = 8192
+_BLOCK_ELEMS = 1 << 22  # rows per block of the torch path: temporaries of about this many elements
+
+
+@dataclass
+class LloydStep:
+    """Result of one Lloyd step (tensors on X's device).
+
+    Attributes
+    ----------
+    labels : torch.Tensor
+        ``[N]`` int64, the nearest centre of every row (the first one on ties).
+    sums : torch.Tensor
+        ``[K, D]`` float64, ``sum_{n: labels_n = k} s_n x_n``.
+    counts : torch.Tensor
+        ``[K]`` float64, ``sum_{n: labels_n = k} s_n``.
+    inertia : torch.Tensor
+        0-d float64, ``sum_n s_n min_k |x_n - c_k|^2`` (distances to the centres given).
+    backend : str
+        ``"fused"``, ``"ops"`` or ``"cpu"``: what ran.
+    """
+
+    labels: torch.Tensor
+    sums: torch.Tensor
+    counts: torch.Tensor
+    inertia: torch.Tensor
+    backend: str
+
+
+@triton.jit
+def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, PSUM, PCNT, PINR, N, D, K, n_tiles,
+                  HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_n = tl.arange(0, BLOCK_N)
+    dmask = offs_d < D
+    kmask = offs_k < K
+    # centres (shifted) [BK, BD] and |c'|^2 [BK] (+inf on padding: never the arg-min)
+    c = tl.load(C + offs_k[:, None] * D + offs_d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+    csq = tl.load(CSQ + offs_k, mask=kmask, other=float("inf"))
+    shift = tl.load(SHIFT + offs_d, mask=dmask, other=0.0)
+    acc = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
+    cnt = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    inr = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for t in range(pid, n_tiles, nprog):
+        rows = (t * BLOCK_N + offs_n).to(tl.int64)  # int64: rows * stride can pass 2^31
+        rmask = rows < N
+        m2 = rmask[:, None] & dmask[None, :]
+        x = tl.load(X + rows[:, None] * sx0 + offs_d[None, :] * sx1, mask=m2, other=0.0).to(tl.float32)
+        xs = tl.where(m2, x - shift[None, :], 0.0)  # [BN, BD]
+        xsq = tl.sum(xs * xs, 1)
+        dots = tl.dot(xs, tl.trans(c), input_precision="ieee")  # [BN, BK]
+        d2 = tl.maximum(xsq[:, None] - 2.0 * dots + csq[None, :], 0.0)
+        mind = tl.min(d2, 1)
+        lab = tl.argmin(d2, 1)
+        if HAS_W:
+            w = tl.load(W + rows, mask=rmask, other=0.0).to(tl.float32)
+        else:
+            w = tl.where(rmask, 1.0, 0.0)
+        oh = tl.where(offs_k[None, :] == lab[:, None], w[:, None], 0.0)  # [BN, BK]
+        acc += tl.dot(tl.trans(oh), xs, input_precision="ieee")  # [BK, BD]
+        cnt += tl.sum(oh, 0)
+        inr += tl.where(rmask, w * mind, 0.0)
+        tl.store(LAB + rows, lab.to(tl.int32), mask=rmask)
+    base = pid.to(tl.int64) * BLOCK_K
+    tl.store(PSUM + (base + offs_k[:, None]) * BLOCK_D + offs_d[None, :], acc)
+    tl.store(PCNT + base + offs_k, cnt)
+    tl.store(PINR + pid, tl.sum(inr, 0))
+
+
+def _pow2(n, lo):
+    return max(lo, triton.next_power_of_2(int(n)))
+
+
+def lloyd_plan(N, D, K, device=None):
+    """Block sizes of the fused Lloyd kernel, or None when K and D are too large for it.
+
+    The ``[BLOCK_K, BLOCK_D]`` accumulator, the ``[BLOCK_N, BLOCK_K]`` distance tile and the
+    ``[BLOCK_N, BLOCK_D]`` row tile must each fit ``_MAX_TILE`` fp32 registers of a program;
+    ``tl.dot`` needs every dimension >= 16. Programs: a persistent grid of four per SM.
+
+    Parameters
+    ----------
+    N, D, K : int
+        Rows, features, clusters.
+    device : torch.device, optional
+        Where the kernel runs (its SM count sizes the grid; 132 when unknown).
+
+    Returns
+    -------
+    dict or None
+        ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``num_warps``, ``programs``, ``n_tiles``.
+    """
+    bd, bk = _pow2(D, 16), _pow2(K, 16)
+    if bd * bk > _MAX_TILE:
+        return None
+    bn = 128
+    while bn > 16 and (bn * bk > _MAX_TILE or bn * bd > _MAX_TILE):
+        bn //= 2
+    n_tiles = triton.cdiv(int(N), bn)
+    sms = 132
+    if device is not None and torch.device(device).type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "num_warps": 8 if bd * bk > 2048 else 4,
+            "programs": max(1, min(n_tiles, 4 * sms)), "n_tiles": n_tiles}
+
+
+def _lloyd_fused(X, Cs, csq, shift, w, plan):
+    N, D = X.shape
+    K = Cs.shape[0]
+    P, bk, bd = plan["programs"], plan["BLOCK_K"], plan["BLOCK_D"]
+    dev = X.device
+    labels = torch.empty(N, dtype=torch.int32, device=dev)
+    psum = torch.empty((P, bk, bd), dtype=torch.float32, device=dev)
+    pcnt = torch.empty((P, bk), dtype=torch.float32, device=dev)
+    pinr = torch.empty(P, dtype=torch.float32, device=dev)
+    _lloyd_kernel[(P,)](X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else pinr,
+                        labels, psum, pcnt, pinr, N, D, K, plan["n_tiles"], HAS_W=w is not None,
+                        BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd, BLOCK_K=bk, num_warps=plan["num_warps"])
+    sums = psum.sum(0, dtype=_F64)[:K, :D]
+    return labels.long(), sums, pcnt.sum(0, dtype=_F64)[:K], pinr.sum(dtype=_F64)
+
+
+def _lloyd_torch(X, Cs, csq, shift, w):
+    """Operator-level Lloyd step: blocked GEMM distances, ``argmin``, ``index_add_`` sums."""
+    N, D = X.shape
+    K = Cs.shape[0]
+    ct = torch.float64 if X.dtype == _F64 else torch.float32
+    Cs, csq, shift = Cs.to(ct), csq.to(ct), shift.to(ct)
+    labels = torch.empty(N, dtype=torch.int64, device=X.device)
+    sums = torch.zeros((K, D), dtype=_F64, device=X.device)
+    counts = torch.zeros(K, dtype=_F64, device=X.device)
+    inertia = torch.zeros((), dtype=_F64, device=X.device)
+    step = max(1, _BLOCK_ELEMS // (D + K))
+    for s in range(0, N, step):
+        xs = X[s:s + step].to(ct) - shift  # [B, D]
+        d2 = ((xs * xs).sum(1, keepdim=True) - 2.0 * (xs @ Cs.T) + csq).clamp_(min=0.0)  # [B, K]
+        mind, lab = d2.min(1)
+        labels[s:s + step] = lab
+        wb = None if w is None else w[s:s + step].to(ct)
+        sums.index_add_(0, lab, (xs if wb is None else xs * wb[:, None]).to(_F64))
+        counts += torch.bincount(lab, weights=None if wb is None else wb.to(_F64), minlength=K).to(_F64)
+        inertia += (mind if wb is None else mind * wb).sum(dtype=_F64)
+    return labels, sums, counts, inertia
+
+
+def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", check_finite=True):
+    """One Lloyd step of k-means: nearest centres and per-cluster sums, in one pass over X.
+
+    Parameters
+    ----------
+    X : torch.Tensor or numpy.ndarray, shape [N, D]
+        Dense data (float16, bfloat16, float32 or float64; any strides). Not modified.
+    centers : torch.Tensor or numpy.ndarray, shape [K, D]
+        The current centres.
+    sample_weight : torch.Tensor or numpy.ndarray, shape [N], optional
+        Non-negative row weights ``s_n`` (ones if None).
+    shift : torch.Tensor or numpy.ndarray, shape [D], optional
+        Vector subtracted from X and the centres before the expanded distances (pass the data
+        mean; default: the mean of the centres). Any value gives the same answer up to rounding.
+    backend : {"auto", "fused", "ops", "cpu"}
+        ``"fused"``: the Triton kernel (float64 X, or ``K`` and ``D`` too large for the kernel's
+        register budget (:func:`lloyd_plan`), run the operator-level path instead);
+        ``"ops"``/``"cpu"``: blocked torch (GEMM distances, ``argmin``, ``index_add_``).
+    check_finite : bool
+        Reject NaN/inf in X, the centres and the weights (one device pass).
+
+    Returns
+    -------
+    LloydStep
+        ``labels`` [N] int64, ``sums`` [K, D] float64, ``counts`` [K] float64, ``inertia`` 0-d
+        float64, ``backend``. The new centres of the non-empty clusters are ``sums / counts``.
+
+    Examples
+    --------
+    >>> import torch, fusedml
+    >>> X = torch.tensor([[0.0, 0.0], [0.0, 1.0], [10.0, 10.0]])
+    >>> r = fusedml.lloyd_step(X, torch.tensor([[0.0, 0.0], [9.0, 9.0]]), backend="cpu")
+    >>> r.labels.tolist(), r.counts.tolist()
+    ([0, 0, 1], [2.0, 1.0])
+    """
+    X = to_tensor(X, "X", ndim=2)
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"X must be non-empty, got shape {tuple(X.shape)}")
+    N, D = X.shape
+    C = to_tensor(centers, "centers", ndim=2, device=X.device)
+    if C.shape[1] != D or C.shape[0] == 0:
+        raise ValueError(f"centers must have shape [K >= 1, D={D}], got {tuple(C.shape)}")
+    K = C.shape[0]
+    w = None
+    if sample_weight is not None:
+        w = to_tensor(sample_weight, "sample_weight", ndim=1, device=X.device)
+        if w.shape[0] != N:
+            raise ValueError(f"sample_weight must have shape [N={N}], got {tuple(w.shape)}")
+    sh = C.to(_F64).mean(0) if shift is None else to_tensor(shift, "shift", ndim=1, device=X.device)
+    if sh.shape[0] != D:
+        raise ValueError(f"shift must have shape [D={D}], got {tuple(sh.shape)}")
+    if check_finite:
+        _check_finite(X, "X")
+        _check_finite(C, "centers")
+        _check_finite(sh, "shift")
+        if w is not None:
+            _check_finite(w, "sample_weight")
+            if bool((w < 0).any()):
+                raise ValueError("sample_weight must be non-negative")
+    be = resolve_backend(backend, X.device)
+    plan = lloyd_plan(N, D, K, X.device) if be == "fused" and X.dtype != _F64 else None
+    sh = sh.to(_F64) if plan is None else sh.to(torch.float32).to(_F64)  # the shift the kernel uses
+    Cs = C.to(_F64) - sh  # [K, D]
+    csq = (Cs * Cs).sum(1)
+    if plan is not None:
+        f32 = torch.float32
+        labels, sums_s, counts, inertia = _lloyd_fused(
+            X, Cs.to(f32).contiguous(), csq.to(f32).contiguous(), sh.to(f32).contiguous(),
+            None if w is None else w.to(f32).contiguous(), plan)
+    else:
+        labels, sums_s, counts, inertia = _lloyd_torch(X, Cs, csq, sh, w)
+        be = be if be != "fused" else "ops"
+    sums = sums_s + counts[:, None] * sh[None, :]  # undo the shift: sum s_n x_n
+    return LloydStep(labels=labels, sums=sums, counts=counts, inertia=inertia, backend=be)

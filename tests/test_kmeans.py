@@ -1,0 +1,146 @@
+"""fusedml.lloyd_step (the fused k-means step) and KMeans on it: against float64 references."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import fusedml
+from fusedml import kmeans as km
+
+
+def _reference(X, C, w):
+    """float64 nearest centres, sums, counts, inertia by brute force."""
+    X, C = X.double(), C.double()
+    d2 = ((X[:, None, :] - C[None, :, :]) ** 2).sum(-1)  # [N, K]
+    mind, lab = d2.min(1)
+    w = torch.ones(X.shape[0], dtype=torch.float64) if w is None else w.double()
+    K = C.shape[0]
+    sums = torch.zeros_like(C).index_add_(0, lab, X * w[:, None])
+    counts = torch.zeros(K, dtype=torch.float64).index_add_(0, lab, w)
+    return lab, sums, counts, (mind * w).sum()
+
+
+def _relerr(a, b):
+    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-300))
+
+
+@pytest.mark.parametrize("N,D,K,weighted,offset", [
+    (1000, 5, 3, False, 0.0), (777, 16, 16, True, 0.0), (300, 33, 20, False, 1e4),
+    (5, 2, 1, True, 0.0), (1, 1, 1, False, 0.0), (257, 1, 7, True, 50.0), (200, 64, 128, False, 0.0)])
+def test_fused_matches_float64(rng, N, D, K, weighted, offset):
+    X = torch.from_numpy(rng.standard_normal((N, D)) * 2 + offset).float()
+    C = X[torch.from_numpy(rng.choice(N, size=K, replace=K > N))].clone() + 0.01
+    w = torch.from_numpy(rng.random(N)).float() if weighted else None
+    X0 = X.clone()
+    r = fusedml.lloyd_step(X, C, sample_weight=w, shift=X.double().mean(0), backend="fused")
+    assert torch.equal(X, X0)  # inputs never modified
+    assert r.backend == "fused"
+    lab, sums, counts, inertia = _reference(X, C, w)
+    assert torch.equal(r.labels, lab)
+    assert r.labels.dtype == torch.int64 and r.sums.dtype == torch.float64
+    assert _relerr(r.sums, sums) < 1e-5
+    assert _relerr(r.counts, counts) < 1e-5
+    assert abs(float(r.inertia) / max(float(inertia), 1e-300) - 1) < 1e-4 or float(inertia) < 1e-9
+
+
+def test_torch_path_and_strided_half_input(rng):
+    X = torch.from_numpy(rng.standard_normal((400, 24))).half()
+    Xt = X.t().contiguous().t()  # column-major view, read without a copy
+    C = X[:6].float() + 0.1
+    ref = _reference(X.double(), C, None)
+    for backend in ("fused", "cpu"):
+        r = fusedml.lloyd_step(Xt, C, backend=backend)
+        assert torch.equal(r.labels, ref[0]), backend
+        assert _relerr(r.sums, ref[1]) < 1e-5
+
+
+def test_large_k_d_runs_operator_path(rng):
+    assert km.lloyd_plan(1000, 256, 64) is None  # the [K, D] accumulator does not fit registers
+    X = torch.from_numpy(rng.standard_normal((80, 256))).float()
+    r = fusedml.lloyd_step(X, X[:64], backend="fused")
+    assert r.backend == "ops"
+    ref = _reference(X, X[:64], None)
+    assert torch.equal(r.labels, ref[0])
+    assert _relerr(r.sums, ref[1]) < 1e-5
+
+
+def test_bad_inputs():
+    X = torch.randn(10, 3)
+    with pytest.raises(ValueError, match="centers must have shape"):
+        fusedml.lloyd_step(X, torch.randn(2, 4), backend="cpu")
+    with pytest.raises(ValueError, match="non-empty"):
+        fusedml.lloyd_step(torch.empty(0, 3), torch.randn(2, 3), backend="cpu")
+    bad = X.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="X"):
+        fusedml.lloyd_step(bad, torch.randn(2, 3), backend="fused")
+    with pytest.raises(ValueError, match="non-negative"):
+        fusedml.lloyd_step(X, torch.randn(2, 3), sample_weight=-torch.ones(10), backend="cpu")
+    with pytest.raises(ValueError, match="sample_weight must have shape"):
+        fusedml.lloyd_step(X, torch.randn(2, 3), sample_weight=torch.ones(9), backend="cpu")
+    with pytest.raises(TypeError, match="floating"):
+        fusedml.lloyd_step(X.long(), torch.randn(2, 3), backend="cpu")
+
+
+def test_kmeans_fused_equals_reference_path(rng):
+    from algorithms import KMeans
+
+    centres = rng.standard_normal((5, 8)) * 6
+    X = np.concatenate([c + rng.standard_normal((300, 8)) for c in centres]).astype(np.float32)
+    w = rng.random(X.shape[0]).astype(np.float32)
+    a = KMeans(5, random_state=0, backend="fused").fit(X, sample_weight=w)
+    b = KMeans(5, random_state=0, backend="cpu").fit(X, sample_weight=w)
+    assert np.array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert a.n_iter_ == b.n_iter_
+    assert abs(a.inertia_ / b.inertia_ - 1) < 1e-5
+
+
+def test_kmeans_fused_relocates_empty_cluster():
+    from algorithms import KMeans
+
+    X = np.array([[0, 0], [0, 1], [1, 0], [10, 10], [10, 11]], dtype=np.float32)
+    init = np.array([[0, 0], [10, 10], [100, 100]], dtype=np.float32)  # third centre gets no point
+    a = KMeans(3, init=init, n_init=1, backend="fused").fit(X)
+    b = KMeans(3, init=init, n_init=1, backend="cpu").fit(X)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, atol=1e-5)
+    assert len(set(a.labels_.tolist())) == 3
+
+
+def _aot():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    fn = km._lloyd_kernel
+    types = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp32", CSQ="*fp32", SHIFT="*fp32", W="*fp32",
+                 LAB="*i32", PSUM="*fp32", PCNT="*fp32", PINR="*fp32", N="i32", D="i32", K="i32",
+                 n_tiles="i32")
+    for (D, K) in [(16, 16), (64, 64), (2, 128), (128, 8)]:
+        p = km.lloyd_plan(1 << 20, D, K)
+        consts = dict(HAS_W=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"])
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
+        assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
+        print("AOT", D, K, k.metadata.shared)
+
+
+def test_kernel_compiles_for_sm90():
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bindir, "ptxas")):
+        pytest.skip("triton's NVIDIA backend tools (ptxas) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("AOT ") == 4
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _aot()
