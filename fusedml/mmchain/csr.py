@@ -378,6 +378,9 @@ _DEFAULT_GPU = {
 }
 
 
+_PROFILES: dict = {}
+
+
 def _gpu_profile(gpu=None, device=None) -> dict:
     """Normalise a GPU description to the keys of ``_DEFAULT_GPU``.
 
@@ -386,9 +389,13 @@ def _gpu_profile(gpu=None, device=None) -> dict:
     of the usual spellings).
     """
     if gpu is None:
-        from .launch import gpu_info
+        dkey = str(device)
+        if dkey not in _PROFILES:  # per call otherwise: host time on every launch
+            from .launch import gpu_info
 
-        gpu = gpu_info(device if device is not None else torch.device("cpu"))
+            info = gpu_info(device if device is not None else torch.device("cpu"))
+            _PROFILES[dkey] = dict(_DEFAULT_GPU) if info is None else _gpu_profile(info)
+        return _PROFILES[dkey]
     out = dict(_DEFAULT_GPU)
     if gpu is None:
         return out
@@ -832,6 +839,7 @@ class _Structure:
         self.stats = _compute_stats(A) if stats is None else stats
         self.col_stats = None  # CSRStats of the columns (bincount of col), on demand
         self.schedules = {}
+        self.configs = {}  # (m, dtype, strategy, memory, has col stats) -> the model's CSRConfig
         self.csc = None  # _CSC: the gather strategy's copy, on demand
         self.calls = 0  # csr_mmchain_fused calls seen (auto builds the copy from the second on)
 
@@ -995,8 +1003,14 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
     config = config or {}
     strategy = config.get("strategy", "auto")
     memory = config.get("memory", "normal")
-    base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device), strategy=strategy,
-                      memory=memory, col_stats=st.col_stats)
+    # The model's pick is cached per (matrix, m, strategy, memory): a solver calls this every
+    # iteration, and host time between launches is GPU idle time on short calls.
+    key = (m, A.val.dtype, strategy, memory, st.col_stats is not None)
+    base = st.configs.get(key)
+    if base is None:
+        base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device), strategy=strategy,
+                          memory=memory, col_stats=st.col_stats)
+        st.configs[key] = base
     fields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather", "pred_scatter_ms",
                                                                  "pred_gather_ms"}
     extra = {k: v for k, v in config.items() if k in fields}
@@ -1015,11 +1029,16 @@ def _gather_pass_config(csc: _CSC, cfg: CSRConfig, m: int, dtype, prof: dict, g=
     copy's column-length profile (the dict ``g`` overrides fields of that pick)."""
     if cfg.gather is not None:
         return cfg.gather
+    key = ("gather-pass", cfg.launch_key(), m, dtype)
+    if not g and key in csc.st.configs:
+        return csc.st.configs[key]
     pick = CSRConfig(strategy="gather", pred_scatter_ms=cfg.pred_scatter_ms, pred_gather_ms=cfg.pred_gather_ms,
                      **_launch_params(csc.st.stats, m, dtype, prof))
     if g:
         fields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
         pick = dataclasses.replace(pick, **{k: v for k, v in g.items() if k in fields})
+    else:
+        csc.st.configs[key] = pick
     return pick
 
 
@@ -1031,6 +1050,29 @@ def _copy_fits(A: CSRMatrix) -> bool:
     free += torch.cuda.memory_reserved(A.device) - torch.cuda.memory_allocated(A.device)
     need = A.nnz * (A.val.element_size() + 4 + 32) + 8 * (A.shape[1] + 1)
     return need < 0.5 * free
+
+
+_COEFS: dict = {}
+
+
+def _coef(alpha: float, beta: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[alpha, beta]`` on the device, built WITHOUT a host-device sync and cached.
+
+    ``torch.tensor([alpha, beta], device="cuda")`` copies from pageable host memory and
+    synchronises the stream: the GPU then idles while the host enqueues the next launches (it
+    made the power-law benchmark case 0.70 ms instead of ~0.27 ms). ``fill_`` with a Python scalar
+    is a kernel argument (exact in fp64), so nothing waits; the (few) distinct pairs are reused.
+    """
+    key = (float(alpha), float(beta), dtype, str(device))
+    c = _COEFS.get(key)
+    if c is None:
+        if len(_COEFS) >= 64:  # e.g. a line search's many alphas: keep the cache small
+            _COEFS.clear()
+        c = torch.empty(2, dtype=dtype, device=device)
+        c[0].fill_(key[0])
+        c[1].fill_(key[1])
+        _COEFS[key] = c
+    return c
 
 
 def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, intercept, softmax,
@@ -1060,7 +1102,7 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
     need_ipart = mode in (1, 2) and intercept
     ipart = _alloc((max(n_prog_total, 1), mp), ref.dtype, dev) if need_ipart else ref
     rows_arg = sch.rows if sch.rows is not None else dummy
-    coef = torch.tensor([alpha, beta], dtype=ref.dtype, device=dev)
+    coef = _coef(alpha, beta, ref.dtype, dev)
     prog_base = 0
     for lo, hi, L, br, single in sch.bins:
         grid = (triton.cdiv(hi - lo, br),)
