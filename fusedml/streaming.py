@@ -39,8 +39,9 @@ import math
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -139,8 +140,8 @@ class _Chunk:
     row0: int           # first global row
     rows: int
     nbytes: int         # bytes of the chunk in its storage format (-1: not known yet)
+    nnz: int = 0        # stored entries (CSR chunks)
     resident: bool = False
-    device_matrix: object = None     # resident: tensor [rows, D] or CSRMatrix on the device
     host_blocks: list = None         # host cache: list of _HostBlock (pinned on CUDA)
     checked: bool = False            # finiteness verified
 
@@ -282,6 +283,9 @@ class StreamedMatrix:
         self._val_bytes = torch.empty((), dtype=self.dtype).element_size()
         self._pin = self.device.type == "cuda"
         self._lock = threading.Lock()
+        self._resident = None       # the resident row prefix as ONE device matrix (see _plan)
+        self._resident_rows = 0
+        self._upload = None         # pinned staging of the one-off resident upload (CUDA)
 
         # Chunk table and sizes in the storage format.
         chunks, row0 = [], 0
@@ -293,6 +297,7 @@ class StreamedMatrix:
         if self.is_sparse:
             nnz = self._chunk_nnz()
             for c, z in zip(chunks, nnz):
+                c.nnz = z
                 c.nbytes = z * (self._val_bytes + self._idx_bytes) + (c.rows + 1) * self._idx_bytes
         self.nbytes = sum(c.nbytes for c in chunks)
         self._plan(max_gpu_bytes, host_cache)
@@ -343,6 +348,12 @@ class StreamedMatrix:
                 break  # resident chunks form a prefix: a simple, predictable plan
         self.resident_bytes = used
         self.streamed_bytes = total - used
+        self._resident_rows = sum(c.rows for c in self._chunks if c.resident)
+        # CSR: the fused operator's "gather" strategy caches a transposed copy of its matrix (2x
+        # its bytes). The resident matrix may use it (as an in-memory matrix would) when the
+        # caller set no budget (the operator then checks the free memory itself) or when the
+        # copy fits in the budget; otherwise, and for every streamed block, the copy-free scatter.
+        self._resident_copy_ok = max_gpu_bytes is None or 2 * used + reserve <= budget
         streamed = [c for c in self._chunks if not c.resident]
         if host_cache == "auto":
             try:
@@ -355,23 +366,134 @@ class StreamedMatrix:
         self.host_cache = bool(host_cache) and bool(streamed)
         # Materialise resident and cached chunks once, a few at a time (bounded host memory).
         todo = [c for c in self._chunks if c.resident or self.host_cache]
+        if self._resident_rows:
+            self._alloc_resident()
         batch, batch_bytes = [], 0
-        for c in todo:
-            batch.append(c)
-            batch_bytes += max(c.nbytes, 0)
-            if batch_bytes >= (256 << 20):
+        try:
+            for c in todo:
+                batch.append(c)
+                batch_bytes += max(c.nbytes, 0)
+                if batch_bytes >= (256 << 20):
+                    self._materialise(batch)
+                    batch, batch_bytes = [], 0
+            if batch:
                 self._materialise(batch)
-                batch, batch_bytes = [], 0
-        if batch:
-            self._materialise(batch)
+        finally:
+            self._finish_upload()
+        if self.is_sparse and self._resident_rows and self._resident_filled != self._resident.nnz:
+            raise RuntimeError("internal error: the resident CSR prefix was not completely written")
 
     def _materialise(self, batch):
         arrays = self._compute(*[self._delayed[c.index] for c in batch])
         for c, a in zip(batch, arrays):
             if c.resident:
-                c.device_matrix = self._upload_whole(c, a)
+                self._upload_resident(c, a)
             else:
                 c.host_blocks = self._to_host_blocks(c, a, pin=self._pin)
+
+    # ------------------------------------------------------------------ the resident prefix
+    def _alloc_resident(self):
+        """Preallocate the resident prefix as ONE device matrix (chunks are copied into it).
+
+        Dense: ``[R, D]``. CSR: row pointers ``[R + 1]`` and ``[nnz]`` columns/values, int32
+        indices while nnz and D stay below 2^31, int64 otherwise.
+        """
+        R, d = self._resident_rows, self.shape[1]
+        if not self.is_sparse:
+            self._resident = torch.empty((R, d), dtype=self.dtype, device=self.device)
+            return
+        nnz = sum(c.nnz for c in self._chunks if c.resident)
+        idx = torch.int32 if nnz < 2**31 and d < 2**31 else torch.int64
+        crow = torch.empty(R + 1, dtype=idx, device=self.device)
+        self._resident = CSRMatrix(crow, torch.empty(nnz, dtype=idx, device=self.device),
+                                   torch.empty(nnz, dtype=self.dtype, device=self.device), (R, d))
+        self._resident_filled = 0  # nnz written so far
+
+    def _upload_resident(self, c, a):
+        """Copy one resident chunk (validated once, here, on the host) into the resident matrix."""
+        r0, r1 = c.row0, c.row0 + c.rows  # resident chunks are the prefix: global rows = local rows
+        if self.is_sparse:
+            if not _is_sparse_meta(a):
+                raise TypeError(f"chunk {c.index} of X is {type(a).__name__}, expected scipy CSR")
+            M = as_csr(a, f"X chunk {c.index}")  # rejects COO/CSC/..., unsorted indices
+            self._check_chunk(c, a)
+            R = self._resident
+            s = self._resident_filled
+            if M.nnz != c.nnz or s + M.nnz > R.nnz:
+                raise ValueError(f"chunk {c.index} of X has {M.nnz} stored entries, {c.nnz} when first counted "
+                                 "(the Dask graph must give the same chunks on every compute)")
+            crow = (M.crow.to(torch.int64) + s).to(R.crow.dtype)
+            self._h2d(R.crow[r0:r1 + 1], crow)
+            self._h2d(R.col[s:s + M.nnz], M.col.to(R.col.dtype))
+            self._h2d(R.val[s:s + M.nnz], M.val.to(self.dtype))
+            self._resident_filled = s + M.nnz
+            return
+        if _is_sparse_meta(a):
+            raise TypeError(f"chunk {c.index} of X is a scipy {a.format!r} sparse matrix but X's meta is dense; "
+                            "build X with CSR chunks and a sparse meta (only CSR is supported)")
+        a = np.asarray(a)
+        self._check_chunk(c, a)
+        t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))
+        self._h2d(self._resident[r0:r1], t.to(self.dtype))
+
+    # Pieces of the one-off resident upload: pinned staging keeps it at the pinned bandwidth.
+    _UPLOAD_PIECE_BYTES = 32 << 20
+
+    def _h2d(self, dst, src):
+        """``dst.copy_(src)`` for a contiguous device slice ``dst`` and a host tensor ``src``.
+
+        On CUDA through two pinned staging buffers (the host fills one while the other copies);
+        ``_finish_upload`` waits for the last copy.
+        """
+        src = src.contiguous().reshape(-1)
+        dst = dst.reshape(-1)  # a contiguous slice: a view
+        if self.device.type != "cuda":
+            dst.copy_(src)
+            return
+        if self._upload is None:
+            self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0}
+        up = self._upload
+        per = max(1, self._UPLOAD_PIECE_BYTES // src.element_size())
+        for lo in range(0, src.numel(), per):
+            piece = src[lo:lo + per]
+            k = up["i"] % 2
+            up["i"] += 1
+            up["events"][k].synchronize()  # the staging buffer's previous copy is done
+            nbytes = piece.numel() * piece.element_size()
+            buf = up["bufs"][k]
+            if buf is None or buf.numel() < nbytes:
+                buf = torch.empty(max(nbytes, min(self._UPLOAD_PIECE_BYTES, self.resident_bytes)),
+                                  dtype=torch.uint8, pin_memory=True)
+                up["bufs"][k] = buf
+            stage = buf[:nbytes].view(piece.dtype)
+            stage.copy_(piece)
+            dst[lo:lo + piece.numel()].copy_(stage, non_blocking=True)
+            up["events"][k].record(torch.cuda.current_stream(self.device))
+
+    def _finish_upload(self):
+        """Wait for the resident upload's last copies and release the staging buffers."""
+        if self._upload is not None:
+            for ev in self._upload["events"]:
+                ev.synchronize()
+            self._upload = None
+
+    @property
+    def resident_matrix(self):
+        """The resident row prefix as ONE device matrix, or None when no chunk is resident.
+
+        Returns
+        -------
+        torch.Tensor or CSRMatrix or None
+            Dense ``[R, D]`` tensor or :class:`fusedml.CSRMatrix` of the first ``R`` rows
+            (``R = resident_rows``), in the storage dtype on ``device``. Every operator call runs
+            ONE kernel launch over it (plus one per streamed block).
+        """
+        return self._resident
+
+    @property
+    def resident_rows(self) -> int:
+        """Rows of X kept on the device (a prefix)."""
+        return self._resident_rows
 
     # ------------------------------------------------------------------ conversion
     def _check_chunk(self, c, a):
@@ -448,24 +570,6 @@ class StreamedMatrix:
             return CSRMatrix(parts["crow"], parts["col"], parts["val"], (rows, self.shape[1]))
         return parts["val"].view(rows, self.shape[1])
 
-    def _upload_whole(self, c, a):
-        """A resident chunk as one device matrix (one kernel launch per call)."""
-        if self.is_sparse:
-            if not _is_sparse_meta(a):
-                raise TypeError(f"chunk {c.index} of X is {type(a).__name__}, expected scipy CSR")
-            M = as_csr(a, f"X chunk {c.index}")
-            self._check_chunk(c, a)
-            idx = torch.int32 if M.nnz < 2**31 and self.shape[1] < 2**31 else torch.int64
-            return CSRMatrix(M.crow.to(device=self.device, dtype=idx), M.col.to(device=self.device, dtype=idx),
-                             M.val.to(device=self.device, dtype=self.dtype), (c.rows, self.shape[1]))
-        if _is_sparse_meta(a):
-            raise TypeError(f"chunk {c.index} of X is a scipy {a.format!r} sparse matrix but X's meta is dense; "
-                            "build X with CSR chunks and a sparse meta (only CSR is supported)")
-        a = np.asarray(a)
-        self._check_chunk(c, a)
-        t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))
-        return t.to(device=self.device, dtype=self.dtype, copy=True).contiguous()
-
     # ------------------------------------------------------------------ the pipeline
     def _read_chunk(self, c):
         """Re-read one chunk from the Dask graph (reader thread): host blocks, unpinned."""
@@ -490,7 +594,9 @@ class StreamedMatrix:
                     # Grow: wait until the slot's last user is done before dropping it.
                     self._compute_done[j].synchronize()
                     cap = max(need, self._capacity(k, v.dtype))
-                    self._slots[j][k] = torch.empty(cap, dtype=v.dtype, device=self.device)
+                    slot = torch.empty(cap, dtype=v.dtype, device=self.device)
+                    slot.record_stream(self._copy_stream)  # written there, read on the compute stream
+                    self._slots[j][k] = slot
 
     def _capacity(self, name, dtype):
         esz = torch.empty((), dtype=dtype).element_size()
@@ -500,21 +606,13 @@ class StreamedMatrix:
             return 1
         return self.block_bytes // (self._val_bytes + self._idx_bytes)
 
-    def _blocks(self):
-        """Yield (operand on the device, global row0, row1) for every block, in a fixed order.
+    def _host_blocks(self):
+        """Yield ``(host block, global row0, cached)`` for every streamed block, in row order.
 
-        Resident chunks first (their kernels overlap the first copies), then the streamed ones.
+        Re-read chunks come from the reader thread, one chunk ahead of the consumer.
         """
         st = self.stats
-        st.calls += 1
-        st.blocks = st.h2d_bytes = st.reread_chunks = 0
-        for c in self._chunks:
-            if c.resident:
-                st.blocks += 1
-                yield c.device_matrix, c.row0, c.row0 + c.rows
         streamed = [c for c in self._chunks if not c.resident]
-        if not streamed:
-            return
         reread = [c for c in streamed if c.host_blocks is None]
         pending = {}
         if reread:
@@ -522,8 +620,6 @@ class StreamedMatrix:
                 self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedml-reader")
             pending[reread[0].index] = self._reader.submit(self._read_chunk, reread[0])
         nxt = {a.index: b for a, b in zip(reread[:-1], reread[1:])}
-        cuda = self.device.type == "cuda"
-        slot_i = 0
         for c in streamed:
             if c.host_blocks is not None:
                 blocks, cached = c.host_blocks, True
@@ -535,18 +631,63 @@ class StreamedMatrix:
                     pending[nxt[c.index].index] = self._reader.submit(self._read_chunk, nxt[c.index])
             r = c.row0
             for b in blocks:
-                st.blocks += 1
-                if not cuda:
-                    yield self._matrix(b.parts, b.rows), r, r + b.rows
-                else:
-                    yield self._stream_block(b, slot_i, cached), r, r + b.rows
-                    # The consumer has enqueued its kernels on the current stream.
-                    self._compute_done[slot_i % self.n_buffers].record(torch.cuda.current_stream(self.device))
-                    slot_i += 1
-                st.h2d_bytes += b.nbytes if cuda else 0
+                yield b, r, cached
                 r += b.rows
 
+    def _blocks(self):
+        """Yield (operand on the device, global row0, row1) for every block, in a fixed order.
+
+        The resident prefix first, as ONE matrix (its kernel overlaps the first copies), then the
+        streamed blocks. On CUDA the copies run ``n_buffers`` blocks ahead of the consumer: the
+        copy of block ``i + 1`` is already queued on the copy stream when block ``i`` is handed
+        out, so the copy engine never waits for the host (even if the consumer synchronises).
+        The consumer must enqueue all its work on ``Xb`` on the current stream before asking for
+        the next block; the slot is recycled only after an event recorded at that point.
+        """
+        st = self.stats
+        st.calls += 1
+        st.blocks = st.h2d_bytes = st.reread_chunks = 0
+        if self._resident is not None:
+            st.blocks += 1
+            yield self._resident, 0, self._resident_rows
+        if self.streamed_bytes == 0 and all(c.resident for c in self._chunks):
+            return
+        src = self._host_blocks()
+        if self.device.type != "cuda":
+            for b, r, _ in src:
+                st.blocks += 1
+                yield self._matrix(b.parts, b.rows), r, r + b.rows
+            return
+        cur = torch.cuda.current_stream(self.device)
+        nb = self.n_buffers
+        queue = deque()  # (device operand, row0, rows, slot) whose copies are enqueued
+        issued = 0
+        exhausted = False
+        while True:
+            while not exhausted and len(queue) < nb:
+                item = next(src, None)
+                if item is None:
+                    exhausted = True
+                    break
+                b, r, cached = item
+                queue.append((self._stream_block(b, issued, cached), r, b.rows, issued % nb))
+                st.h2d_bytes += b.nbytes
+                issued += 1
+            if not queue:
+                return
+            M, r, rows, j = queue.popleft()
+            cur.wait_event(self._h2d_done[j])
+            st.blocks += 1
+            yield M, r, r + rows
+            # The consumer has enqueued its kernels on the current stream: slot j is free after them.
+            self._compute_done[j].record(cur)
+
     def _stream_block(self, b, i, cached):
+        """Enqueue the copy of host block ``b`` into slot ``i % n_buffers`` on the copy stream.
+
+        The copy waits for the event recorded after the last kernel that read the slot, and
+        records ``_h2d_done[slot]``; the caller makes the compute stream wait on that event.
+        """
         j = i % self.n_buffers
         self._ensure_slots(b)
         src = b.parts
@@ -565,12 +706,11 @@ class StreamedMatrix:
         cs.wait_event(self._compute_done[j])
         dst = {}
         with torch.cuda.stream(cs):
-            for k, v in src.items():
+            for k, v in src.items():  # pinned source: asynchronous DMA copies
                 d = self._slots[j][k][:v.numel()].view(v.shape)
                 d.copy_(v, non_blocking=True)
                 dst[k] = d
         self._h2d_done[j].record(cs)
-        torch.cuda.current_stream(self.device).wait_event(self._h2d_done[j])
         return self._matrix(dst, b.rows)
 
     def map_blocks(self, fn, reduce="sum"):
@@ -618,6 +758,11 @@ class StreamedMatrix:
         return results
 
     # ------------------------------------------------------------------ operator hooks
+    # Every hook validates its arguments ONCE per call (against a zero-stride stand-in of X of
+    # the full shape), resolves the backend once, then calls the operator's implementation on
+    # each block with the validated problem re-pointed at the block: no per-block validation,
+    # no per-block host synchronisation from the wrappers. X's chunks were validated when they
+    # were materialised.
     def _vec(self, a, name, dtype):
         if a is None:
             return None
@@ -633,13 +778,24 @@ class StreamedMatrix:
         t = to_tensor(a, name)
         return t.to(device=self.device, dtype=self.acc_dtype if t.is_floating_point() else t.dtype)
 
+    def _standin(self):
+        """``[N, D]`` zero-stride view of one zero (storage dtype, device): validates shapes only."""
+        return torch.zeros((1, 1), dtype=self.dtype, device=self.device).expand(*self.shape)
+
     @property
     def acc_dtype(self) -> torch.dtype:
         """Accumulation dtype of the fused operators on this matrix (fp64 for fp64 storage)."""
         return torch.float64 if self.dtype == torch.float64 else torch.float32
 
-    def _fusedml_mmchain(self, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False,
-                         check_finite=False, **kw):
+    def _csr_config(self, Xb, config):
+        """CSR blocks: the copy-free scatter (``memory="low"``) unless the caller's config says
+        otherwise; the resident matrix as in memory when its transposed copy is allowed."""
+        if not self.is_sparse or (Xb is self._resident and self._resident_copy_ok):
+            return config
+        return {"memory": "low", **(config or {})}
+
+    def _fusedml_mmchain(self, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, v_op="mul",
+                         backend="auto", deterministic=False, check_finite=False, config=None):
         """``w = alpha X^T (v ⊙ (X y)) + beta z`` summed over blocks (hook of fusedml.mmchain).
 
         Parameters
@@ -653,18 +809,22 @@ class StreamedMatrix:
         alpha, beta : float
         intercept : bool
             X treated as ``[X, 1]``.
+        v_op, backend, deterministic, config
+            As :func:`fusedml.mmchain` (config applies to every block; CSR blocks default to
+            the copy-free scatter, see ``max_gpu_bytes``).
         check_finite : bool
             Reject NaN/inf in y, v, z (X is checked when its chunks are read).
-        **kw
-            Passed to :func:`fusedml.mmchain` for every block (v_op, backend, deterministic,
-            config).
 
         Returns
         -------
         torch.Tensor
             ``[D(+1)]`` or ``[D(+1), m]`` on ``self.device``.
         """
-        from fusedml.mmchain import mmchain
+        from dataclasses import replace
+
+        from ._dispatch import resolve_backend
+        from .mmchain import _run_mmchain
+        from .mmchain._checks import prepare_mmchain
 
         n, d = self.shape
         dd = d + int(bool(intercept))
@@ -680,25 +840,22 @@ class StreamedMatrix:
             for t, name in ((y, "y"), (v, "v"), (z, "z")):
                 if t is not None:
                     _check_finite_tensor(t, name)
-
-        if self.is_sparse:
-            # the fused CSR "gather" strategy caches a transposed copy per block (2x its bytes),
-            # which would break the max_gpu_bytes plan: blocks use the copy-free scatter unless
-            # the caller's config says otherwise
-            kw = {**kw, "config": {"memory": "low", **(kw.get("config") or {})}}
+        P0 = prepare_mmchain(self._standin(), y, v, z, alpha, beta, intercept=intercept, v_op=v_op,
+                             check_finite=False)
+        be = resolve_backend(backend, self.device)
+        det = bool(deterministic)
 
         def block(Xb, rows):
-            vb = v[rows] if v is not None else None
-            return mmchain(Xb, y, vb, None, alpha, 0.0, intercept=intercept, check_finite=False, **kw)
+            P = replace(P0, X=Xb, N=rows.stop - rows.start, v=None if P0.v is None else P0.v[rows],
+                        z=None, beta=0.0)
+            return _run_mmchain(P, be, key=Xb, deterministic=det, config=self._csr_config(Xb, config))
 
         w = self.map_blocks(block, "sum")
-        if z is not None:
-            if z.shape != w.shape:
-                raise ValueError(f"z must have shape {tuple(w.shape)}, got {tuple(z.shape)}")
-            w = w + beta * z
-        return w
+        if P0.z is not None and P0.beta != 0.0:
+            w = w + P0.beta * P0.z
+        return P0.finish(w)
 
-    def _fusedml_matvec(self, y, *, intercept=False, **kw):
+    def _fusedml_matvec(self, y, *, intercept=False, backend="auto", config=None):
         """``X y`` (+ ``y[D]`` with intercept) as a full ``[N]`` / ``[N, m]`` tensor on the device.
 
         Parameters
@@ -706,23 +863,57 @@ class StreamedMatrix:
         y : array-like
             ``[D(+1)]`` or ``[D(+1), m]``.
         intercept : bool
-        **kw
-            Passed to :func:`fusedml.matvec` (backend).
+        backend : {"auto", "fused", "ops", "cpu"}
+        config : dict, optional
+            Fused launch overrides, as :func:`fusedml.matvec`.
 
         Returns
         -------
         torch.Tensor
         """
-        from fusedml.mmchain import matvec
+        from dataclasses import replace
+
+        from ._dispatch import resolve_backend
+        from .mmchain import _csr_module
+        from .mmchain._checks import prepare_matvec
 
         d = self.shape[1] + int(bool(intercept))
         y = self._vec(y, "y", self.acc_dtype)
         if y is None or y.shape[0] != d:
             raise ValueError(f"y must have {d} rows, got {None if y is None else tuple(y.shape)}")
-        return self.map_blocks(lambda Xb, rows: matvec(Xb, y, intercept=intercept, **kw), "concat")
+        P0 = prepare_matvec(self._standin(), y, intercept=intercept)
+        be = resolve_backend(backend, self.device)
+
+        def block(Xb, rows):
+            P = replace(P0, X=Xb, N=rows.stop - rows.start)
+            if be == "ops":
+                from .mmchain.ops import matvec_ops
+
+                return matvec_ops(P)
+            if be == "cpu":
+                from .mmchain.cpu import matvec_cpu
+
+                return matvec_cpu(P)
+            if P.is_csr:
+                return _csr_module().csr_matvec_fused(Xb, P.y, intercept=P.intercept, config=config)
+            from .mmchain.dense import dense_matvec_fused
+
+            return dense_matvec_fused(P, config=config)
+
+        return P0.finish(self.map_blocks(block, "concat"))
+
+    def _gmm_prepare(self, weights, means, precisions_cholesky, covariance_type, sample_weight, center):
+        """Validate the GMM parameters once (one host sync, as one in-memory call)."""
+        from .gmm._prep import validate
+
+        if self.is_sparse:
+            raise TypeError("the GMM operators need dense data; X streams scipy CSR chunks")
+        return validate(self._standin(), weights, means, precisions_cholesky, covariance_type,
+                        sample_weight=sample_weight, center=center, check_finite=False)
 
     def _fusedml_gmm_estep(self, weights, means, precisions_cholesky, covariance_type, *,
-                           sample_weight=None, center=None, return_log_prob=False, **kw):
+                           sample_weight=None, center=None, return_log_prob=False, backend="auto",
+                           path="auto", precision="auto", check_finite=True):
         """GMM sufficient statistics summed over blocks (hook of fusedml.gmm_estep).
 
         All blocks accumulate about the same centre (``center`` or the current means), so their
@@ -738,41 +929,71 @@ class StreamedMatrix:
         center : array-like, optional
             ``[K, D]``.
         return_log_prob : bool
-        **kw
-            Passed to :func:`fusedml.gmm_estep` (backend, path, precision, check_finite).
+        backend, path, precision
+            As :func:`fusedml.gmm_estep`.
+        check_finite : bool
+            Accepted for the signature: X's chunks are checked once, when read (``check_finite``
+            of the StreamedMatrix), never per call.
 
         Returns
         -------
         fusedml.gmm.GMMStats
         """
-        from fusedml.gmm import gmm_estep
+        from dataclasses import replace
 
-        if self.is_sparse:
-            raise TypeError("gmm_estep needs dense data; X streams scipy CSR chunks")
-        acc = self.acc_dtype
-        weights, means, precisions_cholesky = (self._param(a, nm) for a, nm in (
-            (weights, "weights"), (means, "means"), (precisions_cholesky, "precisions_cholesky")))
-        center = means if center is None else self._param(center, "center")
-        sw = self._vec(sample_weight, "sample_weight", acc)
-        if sw is not None and tuple(sw.shape) != (self.shape[0],):
-            raise ValueError(f"sample_weight must have shape ({self.shape[0]},), got {tuple(sw.shape)}")
-        parts = self.map_blocks(
-            lambda Xb, rows: gmm_estep(Xb, weights, means, precisions_cholesky, covariance_type,
-                                       sample_weight=None if sw is None else sw[rows], center=center,
-                                       return_log_prob=return_log_prob, **kw), None)
-        return _sum_gmm_stats(parts)
+        from ._dispatch import resolve_backend
+        from .gmm import GMMStats, _check_options, _resolve_precision
 
-    def _fusedml_gmm_score(self, weights, means, precisions_cholesky, covariance_type, **kw):
+        _check_options(path, precision)
+        prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, sample_weight, center)
+        be = resolve_backend(backend, self.device)
+        if be == "fused":
+            from .gmm.fused import _operands, estep_fused
+
+            prec = _resolve_precision(precision, self.device)
+            ops = _operands(prep0)  # the kernels' parameter tensors, built once per call
+            run = lambda p: estep_fused(p, return_log_prob, path=path, precision=prec, ops=ops)  # noqa: E731
+        elif be == "ops":
+            from .gmm.ops import estep_ops
+
+            run = lambda p: estep_ops(p, return_log_prob)  # noqa: E731
+        else:
+            from .gmm.cpu import estep_cpu
+
+            run = lambda p: estep_cpu(p, return_log_prob)  # noqa: E731
+        sw = prep0.sample_weight
+
+        def block(Xb, rows):
+            return run(replace(prep0, X=Xb, N=rows.stop - rows.start, sample_weight=None if sw is None else sw[rows]))
+
+        parts = self.map_blocks(block, None)
+        lp = None
+        if return_log_prob:
+            lp = torch.cat([p[0] for p in parts], 0).to(torch.float64 if self.dtype == torch.float64 else torch.float32)
+        ll, nk, s1, s2 = (_sum([p[i] for p in parts]) for i in range(1, 5))
+        return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk,
+                        center=prep0.center.clone(), s1=s1, s2=s2)
+
+    def _fusedml_gmm_score(self, weights, means, precisions_cholesky, covariance_type, *, backend="auto",
+                           path="auto"):
         """Per-sample log-likelihood ``[N]`` and labels ``[N]`` (hook of fusedml.gmm_score)."""
-        from fusedml.gmm import gmm_score
+        from dataclasses import replace
 
-        if self.is_sparse:
-            raise TypeError("gmm_score needs dense data; X streams scipy CSR chunks")
-        weights, means, precisions_cholesky = (self._param(a, nm) for a, nm in (
-            (weights, "weights"), (means, "means"), (precisions_cholesky, "precisions_cholesky")))
-        return self.map_blocks(
-            lambda Xb, rows: tuple(gmm_score(Xb, weights, means, precisions_cholesky, covariance_type, **kw)),
-            "concat")
+        from ._dispatch import resolve_backend
+        from .gmm import _check_options
+
+        _check_options(path, "fp32")
+        prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, None, None)
+        be = resolve_backend(backend, self.device)
+        if be == "fused":
+            from .gmm.fused import score_fused as run
+        elif be == "ops":
+            from .gmm.ops import score_ops as run
+        else:
+            from .gmm.cpu import score_cpu as run
+        lp, labels = self.map_blocks(lambda Xb, rows: tuple(run(replace(prep0, X=Xb, N=rows.stop - rows.start))),
+                                     "concat")
+        return lp.to(torch.float64 if self.dtype == torch.float64 else torch.float32), labels
 
     # ------------------------------------------------------------------ helpers
     def take_rows(self, index):
@@ -837,19 +1058,9 @@ class StreamedMatrix:
                 f"{'host-cached' if self.host_cache else 're-read'} streaming)")
 
 
-def _sum_gmm_stats(parts):
-    """Add per-block GMMStats: tensors summed, ``log_prob`` concatenated, centre kept."""
-    first = parts[0]
-    kwargs = {}
-    for f in fields(first):
-        vals = [getattr(p, f.name) for p in parts]
-        if f.name == "log_prob":
-            kwargs[f.name] = None if vals[0] is None else torch.cat(vals, 0)
-        elif f.name == "center" or not isinstance(vals[0], torch.Tensor):
-            kwargs[f.name] = vals[0]
-        else:
-            acc = vals[0].clone()
-            for t in vals[1:]:
-                acc.add_(t)
-            kwargs[f.name] = acc
-    return type(first)(**kwargs)
+def _sum(parts):
+    """Elementwise sum of per-block tensors, in block order (deterministic)."""
+    acc = parts[0].clone()
+    for t in parts[1:]:
+        acc.add_(t)
+    return acc

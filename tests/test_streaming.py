@@ -67,7 +67,8 @@ def test_plan_keeps_resident_prefix_and_rereads_rest(rng):
     y = rng.normal(size=5)
     for _ in range(2):  # an iterative solver: the rest is re-read on every call
         w = mmchain(S, y, backend="cpu")
-        assert S.stats.reread_chunks == 5 and S.stats.blocks == 3 + 5 * 2
+        # the resident prefix is ONE block (one operator call), then 5 chunks of 2 blocks each
+        assert S.stats.reread_chunks == 5 and S.stats.blocks == 1 + 5 * 2
         assert rel(w, A.T @ (A @ y)) < 1e-12
     S.close()
 
