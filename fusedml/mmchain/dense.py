@@ -27,7 +27,9 @@ import triton.language as tl
 from ._checks import Problem
 from .launch import DenseConfig, dense_config, gpu_info, matvec_config
 
-_MODES = {"vector": 0, "dot": 1, "elementwise": 2}
+_MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
+#: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
+SMALL_M_MAX = 4
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -74,14 +76,22 @@ def _xtp(acc, x, p, MODE: tl.constexpr):
 
 
 @triton.jit
-def _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha,
-            XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, ACC: tl.constexpr):
+def _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V: tl.constexpr, ACC: tl.constexpr):
+    # v [BN, M_PAD] (zeros outside; a [1, 1] dummy when not HAS_V)
+    if HAS_V:
+        mask = (rows[:, None] < N) & (jm[None, :] < M)
+        vv = tl.load(V + rows[:, None] * stride_vn + jm[None, :] * stride_vm, mask=mask, other=0.0).to(ACC)
+    else:
+        vv = tl.zeros([1, 1], dtype=ACC)
+    return vv
+
+
+@triton.jit
+def _make_p(t, vv, rows, jm, N, M, alpha, XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr):
     # p [BN, M_PAD] = alpha * (v * t | softmax op | v); zero on rows >= N and padded columns
     rmask = rows[:, None] < N
     cmask = jm[None, :] < M
     if HAS_V:
-        vv = tl.load(V + rows[:, None] * stride_vn + jm[None, :] * stride_vm, mask=rmask & cmask,
-                     other=0.0).to(ACC)
         if XTY:
             p = vv
         elif SOFTMAX:
@@ -105,7 +115,7 @@ def _mmchain_onchip_kernel(
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -121,22 +131,37 @@ def _mmchain_onchip_kernel(
     else:
         acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
     psum = tl.zeros([M_PAD], dtype=ACC)
+    rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
+    if PREFETCH:  # register double buffer: tile i+1's loads are in flight while tile i computes
+        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        v_nxt = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
     for tile in range(pid, n_tiles, nprog):
-        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
-        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        if PREFETCH:
+            x = x_nxt
+            vv = v_nxt
+            rows_nxt = rows + nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
+            x_nxt = _load_x(X, rows_nxt, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+        else:
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         if XTY:
             t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
         else:
             t = _xy(x, yt, MODE)
             if INTERCEPT:
                 t += yi[None, :]
-        p = _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha, XTY, HAS_V, SOFTMAX, ACC)
+        p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         if MODE == 0:
             acc += x * p
         else:
             acc = _xtp(acc, x, p, MODE)
         if INTERCEPT:
             psum += tl.sum(p, axis=0)
+        if PREFETCH:
+            rows = rows_nxt
+        else:
+            rows += nprog * BLOCK_N
     if MODE == 0:
         acc = tl.sum(acc, axis=0, keep_dims=True)  # [1, BLOCK_D]
     offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
@@ -150,6 +175,136 @@ def _mmchain_onchip_kernel(
         tl.atomic_add(W + offs, acc, mask=omask, sem="relaxed")
         if INTERCEPT:
             tl.atomic_add(W + D * M + jm, psum, mask=jm < M, sem="relaxed")
+
+
+@triton.jit
+def _small_col(x, Y, V, rows, cols, j: tl.constexpr, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+               HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M
+    # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
+    if XTY:
+        t = tl.zeros([BLOCK_N], dtype=ACC)
+    else:
+        yj = tl.load(Y + cols * stride_yd + j * stride_ym, mask=(cols < D) & ((cols * 0 + j) < M),
+                     other=0.0).to(ACC)
+        t = tl.sum(x * yj[None, :], axis=1)
+        if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
+            t += tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
+    if HAS_V:
+        vj = tl.load(V + rows * stride_vn + j * stride_vm, mask=(rows < N) & ((rows * 0 + j) < M),
+                     other=0.0).to(ACC)
+    else:
+        vj = tl.where((rows * 0 + j) < M, 1.0, 0.0).to(ACC)
+    return t, vj
+
+
+@triton.jit
+def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, alpha, XTY: tl.constexpr, HAS_V: tl.constexpr,
+             SOFTMAX: tl.constexpr):
+    # p_j [BN] = alpha * (v_j t_j | v_j (t_j - s) | v_j); zero on rows >= N and j >= M
+    if XTY:
+        p = vj
+    elif SOFTMAX:
+        p = vj * (t - s)
+    elif HAS_V:
+        p = vj * t
+    else:
+        p = t
+    return tl.where((rows < N) & ((rows * 0 + j) < M), p * alpha, 0.0)
+
+
+@triton.jit
+def _small_out(acc, psum, W, PART, pid, cols, j: tl.constexpr, D, M,
+               INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
+    # column j of the program's X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
+    a = tl.sum(acc, axis=0)
+    offs = cols.to(tl.int64) * M + j
+    omask = (cols < D) & ((cols * 0 + j) < M)
+    if DETERMINISTIC:
+        base = PART + pid.to(tl.int64) * ((D + INTERCEPT) * M)
+        tl.store(base + offs, a, mask=omask)
+        if INTERCEPT:
+            if j < M:
+                tl.store(base + D * M + j, psum)
+    else:
+        tl.atomic_add(W + offs, a, mask=omask, sem="relaxed")
+        if INTERCEPT:
+            if j < M:
+                tl.atomic_add(W + D * M + j, psum, sem="relaxed")
+
+
+@triton.jit
+def _mmchain_small_kernel(
+    X,  # [N, D] any strides, fp32/fp64/bf16/fp16
+    Y,  # [Dx, M] accumulation dtype (unused when XTY)
+    V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
+    W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
+    PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
+    N, D, M, n_tiles,
+    stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
+    alpha_hi, alpha_lo,
+    XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled, so every
+    # tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
+    # 2 m FMAs per element of X plus one row reduction per right-hand side.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    ps0 = tl.zeros([BLOCK_N], dtype=ACC)
+    ps1 = tl.zeros([BLOCK_N], dtype=ACC)
+    if M_PAD > 2:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        ps2 = tl.zeros([BLOCK_N], dtype=ACC)
+        ps3 = tl.zeros([BLOCK_N], dtype=ACC)
+    rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
+    if PREFETCH:
+        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+    for tile in range(pid, n_tiles, nprog):
+        if PREFETCH:
+            x = x_nxt
+            x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        else:
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        t0, v0 = _small_col(x, Y, V, rows, cols, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+        t1, v1 = _small_col(x, Y, V, rows, cols, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+        s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
+        if M_PAD > 2:
+            t2, v2 = _small_col(x, Y, V, rows, cols, 2, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t3, v3 = _small_col(x, Y, V, rows, cols, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            s += v2 * t2 + v3 * t3
+        p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        acc0 += x * p0[:, None]
+        acc1 += x * p1[:, None]
+        if INTERCEPT:
+            ps0 += p0
+            ps1 += p1
+        if M_PAD > 2:
+            p2 = _small_p(t2, v2, s, rows, 2, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p3 = _small_p(t3, v3, s, rows, 3, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            acc2 += x * p2[:, None]
+            acc3 += x * p3[:, None]
+            if INTERCEPT:
+                ps2 += p2
+                ps3 += p3
+        rows += nprog * BLOCK_N
+    _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
+    if M_PAD > 2:
+        _small_out(acc2, tl.sum(ps2, axis=0), W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc3, tl.sum(ps3, axis=0), W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
 
 
 @triton.jit
@@ -188,7 +343,8 @@ def _mmchain_chunked_kernel(
                 t += _xy(x, yt, MODE)
             if INTERCEPT:
                 t += yi[None, :]
-        p = _make_p(t, V, rows, jm, N, M, stride_vn, stride_vm, alpha, XTY, HAS_V, SOFTMAX, ACC)
+        vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+        p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         for k in range(0, n_chunks):  # pass 2: last chunk first (freshest in L2)
             cols = (n_chunks - 1 - k) * BLOCK_D + arange_d
             x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
@@ -272,6 +428,8 @@ def _config(P: Problem, config: dict | None) -> DenseConfig:
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
     if cfg.strategy == "onchip" and cfg.block_d < P.D:
         raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
+    if cfg.mode == "small" and not (cfg.m_pad in (2, 4) and P.m <= cfg.m_pad):
+        raise ValueError(f"mode='small' needs m <= m_pad in (2, 4); got m={P.m}, m_pad={cfg.m_pad}")
     return cfg
 
 
@@ -312,7 +470,11 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         w = (P.z * P.beta).contiguous() if has_z else torch.zeros((Dx, M), dtype=acc, device=dev)
         part = w  # unused
     a_hi, a_lo = _split(P.alpha)
-    kernel = _mmchain_onchip_kernel if cfg.strategy == "onchip" else _mmchain_chunked_kernel
+    if cfg.strategy == "chunked":
+        kernel, extra = _mmchain_chunked_kernel, {}
+    else:
+        kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
+        extra = {"PREFETCH": bool(cfg.prefetch)}
     kernel[(grid,)](
         X, y, v, w, part, N, D, M, n_tiles,
         X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
@@ -320,7 +482,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
         DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, MODE=_MODES[cfg.mode],
         ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     if deterministic:
         z = P.z.contiguous() if has_z else w

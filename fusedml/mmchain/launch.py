@@ -111,6 +111,7 @@ class DenseConfig:
     num_warps: int
     num_programs: int
     num_stages: int = 1
+    prefetch: bool = False
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
