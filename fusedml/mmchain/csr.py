@@ -47,8 +47,9 @@ Scatter strategy: kernel design (the PPoPP'15 "one read" pattern for sparse)
 
 Gather strategy (``strategy="gather"``; the model's usual pick, see :func:`csr_config`)
 --------------------------------------------------------------------------------------
-The scatter above is bound by its per-nonzero REDs (~57 G/s measured on an H200, ~9x the time of
-the one read), so the alternative pays a second read instead of atomics:
+The scatter above is bound by L2 operations, not bytes: one random ``y`` gather plus one RED per
+nonzero (100 G REDs/s fitted on an H200, ~5x the time of the one read), so the alternative pays a
+second read and a second random gather instead of the atomics (see :func:`csr_config`):
 
 * Once per matrix (cached with the structure, weakly keyed on ``A.crow``; rebuilt when ``A.val``
   is another tensor or changed in place, checked by identity + ``_version``): the **CSC copy** of
@@ -64,7 +65,8 @@ the one read), so the alternative pays a second read instead of atomics:
   ``v`` and scales by alpha). The copy's column-length profile has its own statistics, bins and
   long-column split (a power-law matrix's popular columns).
 * Bytes: ``2 (b_val + b_idx) nnz`` + pointers + ``p`` written and read: ~2.1x the one-read floor
-  for m = 1 against the scatter's atomic bound of ~9x.
+  for m = 1. Time: the two passes' ``2 nnz`` random gathers (one 32-byte L2 sector each, ~120 G/s
+  on an H200) bind, not the bytes: ~8x the floor, the same wall as cuSPARSE's two SpMVs.
 
 * Indices: ``crow`` int64 -> all nonzero offsets in int64; int32 indices are loaded as int32 and
   only widened where ``(D+1) * m`` could pass 2^31. Every gather is masked (the interpreter does
@@ -598,11 +600,24 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return r
 
 
-# Scatter throughput: fp32 RED.ADD to distinct addresses of an L2-resident w, MEASURED on one H200
-# (132 SMs): 128M atomics in 2.28 ms, 100M in 1.70 ms -> ~57 G/s whatever the schedule. Scaled by
-# SM count for other GPUs (an assumption); fp64 REDs taken at half the rate (not measured).
-ATOMIC_RATE_H200 = 57e9
-ATOMIC_RATE_SMS = 132
+# Throughput constants of the strategy model, FITTED to one H200 (132 SMs, 4.28 TB/s) on the
+# 2026-12-02 session-2 sweep (benchmarks/results/mmchain-H200-2026-12-02-s2.json, fp32, m = 1,
+# uniform random columns; every gathered vector L2-resident):
+#   gather strategy 2 x 128M gathers in 2.080 ms (4M x 100k), 2 x 100M in 1.725 ms (1M x 1M)
+#       -> 123 / 116 G gathers/s: GATHER_RATE = 120e9 (cuSPARSE's SpMV alone: 0.945 ms / 128M and
+#       0.775 ms / 100M = 135 / 129 G/s, the same bound); the byte terms are only 0.49 / 0.38 ms.
+#   scatter strategy 128M in 2.345 ms, 100M in 1.834 ms = the y gathers at GATHER_RATE (1.07 /
+#       0.83 ms) plus 1.28 / 1.00 ms of REDs -> ATOMIC_RATE = 100e9 (additive: both are L2 ops).
+# One random gather = one 32-byte L2 sector operation, whatever the 4 useful bytes. Scaled by
+# SM count / 132 for other GPUs and halved for fp64 REDs (assumptions, not measured).
+GATHER_RATE_H200 = 120e9
+ATOMIC_RATE_H200 = 100e9
+RATE_SMS = 132
+# Assumptions (not measured on this machine): a gather that misses L2 moves a 64-byte DRAM burst;
+# the streamed matrix leaves half of L2 to the gathered vector; a back-to-back launch costs 5 us.
+DRAM_BURST = 64
+L2_SHARE = 0.5
+LAUNCH_S = 5e-6
 STRATEGIES = ("auto", "scatter", "gather")
 
 
@@ -644,22 +659,67 @@ def _launch_params(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> d
                 num_warps=num_warps, long_warps=num_warps)
 
 
-def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> tuple:
+def _sectors_per_gather(m: int, b_acc: int) -> float:
+    """Mean 32-byte sectors touched by one gathered ``m``-vector of ``b_acc``-byte words (records
+    of ``s = m b_acc`` bytes at multiples of ``s``): ``1 + (s - gcd(s, 32)) / 32``."""
+    size = m * b_acc
+    return 1.0 + (size - math.gcd(size, 32)) / 32.0
+
+
+def _gather_terms(n_gathers: float, vec_bytes: float, sectors: float, prof: dict) -> tuple:
+    """``(seconds of L2 sector operations, extra DRAM bytes)`` of ``n_gathers`` random gathers from
+    a vector of ``vec_bytes``: every gather is an L2 operation at GATHER_RATE; the fraction of the
+    vector that does not fit in ``L2_SHARE`` of L2 misses and moves a DRAM burst."""
+    rate = GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
+    hit = min(1.0, L2_SHARE * prof["l2_bytes"] / max(vec_bytes, 1.0))
+    return n_gathers * sectors / rate, n_gathers * (1.0 - hit) * max(DRAM_BURST, 32 * sectors)
+
+
+def _n_launches(stats: CSRStats, params: dict) -> int:
+    """Kernel launches of one row pass: 1 when ordered, else one per non-empty length bin plus
+    two for the long rows."""
+    if params["ordered"]:
+        return 1
+    lo, hi = params["l_min"], params["long_threshold"]
+    bins = set()
+    for b, cnt in enumerate(stats.hist):
+        if cnt:
+            cover = 1 if b <= 1 else 1 << (b - 1)
+            bins.add(min(max(cover, lo), 2 * hi))
+    return len({c for c in bins if c <= hi}) + (2 if stats.max_len > hi else 0)
+
+
+def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_stats: CSRStats | None = None,
+                has_y: bool = True) -> tuple:
     """(scatter ms, gather ms) of the model (see :func:`csr_config`)."""
     n, d, nnz = stats.n_rows, stats.n_cols, stats.nnz
     b_val = torch.empty((), dtype=dtype).element_size()
     b_acc = 8 if dtype == torch.float64 else 4
     b_csc = _csc_index_bytes(n, nnz)
     bw = prof["bandwidth"]
-    rate = ATOMIC_RATE_H200 * prof["sm_count"] / ATOMIC_RATE_SMS / (2 if dtype == torch.float64 else 1)
+    a_rate = ATOMIC_RATE_H200 * prof["sm_count"] / RATE_SMS / (2 if dtype == torch.float64 else 1)
+    sec = _sectors_per_gather(m, b_acc)
     a_bytes = nnz * (b_val + stats.index_bytes) + (n + 1) * stats.index_bytes
     w_bytes = (d + 1) * m * b_acc
-    # scatter: one read of A (+ v) and the w init, or the per-nonzero REDs, whichever binds.
-    scatter = max((a_bytes + n * m * b_acc + 2 * w_bytes) / bw, nnz * m / rate)
-    # gather: A, then the copy (values + row ids + column pointers), p written and read back.
+    v_bytes = n * m * b_acc
+    p_bytes = n * m * b_acc
+    launch_a = _n_launches(stats, _launch_params(stats, m, dtype, prof))
+    launch_c = _n_launches(col_stats, _launch_params(col_stats, m, dtype, prof)) if col_stats is not None else 1
+    # scatter: one pass; y gathers (L2 ops) + one RED per nonzero and column (Triton emits scalar
+    # REDs); REDs whose w row misses L2 move a DRAM burst in and out.
+    g_s, extra_y = _gather_terms(nnz if has_y else 0, w_bytes, sec, prof)
+    red_s, extra_w = _gather_terms(nnz * m, w_bytes, 1.0, prof)
+    scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
+                  g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
+    # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
-    gather = (a_bytes + n * m * b_acc + csc_bytes + 2 * n * m * b_acc + w_bytes) / bw
-    return scatter * 1e3, gather * 1e3
+    t1 = 0.0
+    if has_y:
+        g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
+        t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
+    g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
+    t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
+    return scatter * 1e3, (t1 + t2) * 1e3
 
 
 def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, strategy: str = "auto",
@@ -692,27 +752,33 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
 
     Notes
     -----
-    **Strategy** (bytes ``b = b_val + b_idx`` per nonzero; ``BW`` the DRAM bandwidth):
+    **Strategy.** On the H200 neither strategy is bound by its bytes: both are bound by random
+    32-byte L2 sector operations (a gather of ``y[col]`` or ``p[row]`` costs one sector however
+    few of its bytes are used; a float RED is one more L2 operation). Per pass::
 
-    * scatter (one read of A, float atomics)::
+        T_pass = max(bytes / BW,  G s / R_g  [+ nnz m / R_a]) + launches * 5 us
 
-          T_s = max((bytes(A) + bytes(v) + 2 bytes(w)) / BW,  nnz * m / R_atomic)
+    * ``G`` gathers (one per nonzero), ``s = 1 + (m b_acc - gcd(m b_acc, 32)) / 32`` sectors per
+      gathered m-vector (1 for m b_acc <= 32 B);
+    * ``R_g = 120e9/s`` and ``R_a = 100e9/s`` FITTED on one H200 (2026-12-02 session-2 sweep,
+      ``benchmarks/results/mmchain-H200-2026-12-02-s2.json``, fp32, m = 1, uniform random columns):
+      gather 2 x 128M gathers in 2.080 ms and 2 x 100M in 1.725 ms (123 / 116 G/s; cuSPARSE's
+      SpMV alone, 0.945 ms for 128M nonzeros = 135 G/s, hits the same wall); scatter 2.345 /
+      1.834 ms = the y gathers at ``R_g`` plus 1.28 / 1.00 ms of REDs (100 G/s). Scaled by
+      SM count / 132 on other GPUs; ``R_a`` halved for fp64 (assumptions);
+    * a gathered vector larger than ``L2_SHARE = 0.5`` of L2 misses in proportion, each miss
+      adding a 64-byte DRAM burst to ``bytes`` (assumption: every measured case was L2-resident);
+    * launches: 1 for an ordered pass, one per length bin (+2 for long rows) when binned (5 us
+      each, assumption).
 
-      ``R_atomic = 57e9/s`` is MEASURED on one H200 (fp32 RED to distinct addresses of an
-      L2-resident w; ~57 G/s for every schedule tried), scaled by SM count / 132 for other GPUs and
-      halved for fp64 (both assumptions). One RED per nonzero and column of ``y`` (``m_eff = m``:
-      Triton emits scalar REDs). With 8 B per nonzero the atomic term is ~9x the byte term, so
-      scatter is atomic-bound on every profile measured.
-    * gather (CSC copy of A, cached; no atomics)::
-
-          T_g = (bytes(A) + bytes(v) + bytes(CSC) + 2 bytes(p) + bytes(w)) / BW
-
-      ``bytes(CSC) = nnz (b_val + b_idx') + (D+1) b_idx'`` (``b_idx'`` = 4 while N, nnz < 2^31),
-      ``bytes(p) = N m b_acc`` (written by the pass over A, read by the pass over the copy):
-      ~2.1x the read-once floor for m = 1. Not modelled: the random sector reads of ``y[col]`` and
-      ``p[row]`` (both L2-resident on the benchmark shapes; the scatter pays the ``y`` ones too)
-      and the one-off build of the copy (a stable sort of the column indices, ~10-30 calls' worth;
-      at run time ``"auto"`` builds it only from the second call on the same matrix object).
+    scatter = one pass over A (y gathers + nnz m REDs; bytes A, v, w twice); gather = pass 1 over
+    A (y gathers; A, v read, p written) + pass 2 over the cached CSC copy (p gathers; copy and p
+    read, w written). For m = 1 that is ``2/R_g = 16.7`` vs ``1/R_g + 1/R_a = 18.3`` ns per 1000
+    nonzeros: gather by ~9 % (measured 2.08 vs 2.35 ms, 1.73 vs 1.83 ms); for m > 1 the gather's
+    sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
+    (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Not modelled: the
+    one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
+    the second call on the same matrix object).
 
     ``"auto"`` picks the smaller prediction unless ``memory="low"``. Small D does NOT favour the
     scatter: its REDs then hit few addresses and serialise at L2, while the copy has few long
@@ -751,7 +817,7 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
         col_stats = csr_stats(A, axis=1)
     prof = _gpu_profile(gpu, None if is_stats else A.device)
     m = int(m)
-    t_s, t_g = (float(f"{t:.4g}") for t in _predict_ms(stats, m, dtype, prof))
+    t_s, t_g = (float(f"{t:.4g}") for t in _predict_ms(stats, m, dtype, prof, col_stats))
     if strategy == "auto":
         strategy = "gather" if memory == "normal" and t_g < t_s else "scatter"
     gather = None
