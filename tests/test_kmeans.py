@@ -110,6 +110,21 @@ def test_kmeans_fused_relocates_empty_cluster():
     assert len(set(a.labels_.tolist())) == 3
 
 
+def test_benchmark_smoke(tmp_path):
+    import importlib.util
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_kmeans", os.path.join(root, "benchmarks", "bench_kmeans.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "k.json"
+    mod.main(["--quick", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 and all("error" not in r for r in rows)
+    assert all(r["label_agreement"] == 1.0 and r["rel_err_sums"] < 1e-5 and r["path"] == "fused" for r in rows)
+
+
 def _aot():
     import triton
     from triton.backends.compiler import GPUTarget
