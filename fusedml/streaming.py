@@ -39,6 +39,7 @@ import math
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class _HostBlock:
 
     rows: int
     parts: dict  # name -> torch tensor (contiguous; pinned when staged for CUDA)
+    csr_stats: object = None  # CSR: the fused kernels' row statistics, computed on the host once
 
     @property
     def nbytes(self) -> int:
@@ -564,6 +566,20 @@ class StreamedMatrix:
             out[k] = p
         return out
 
+    def _block_operand(self, parts, b):
+        """The operand of a streamed block; CSR: with its row statistics known to the kernels.
+
+        The fused CSR operator derives launch parameters from row-length statistics that it
+        computes on the device and reads back (a host sync) the first time it meets a matrix;
+        a streamed block is a new matrix on every call, so the statistics are computed here
+        once per host block, on the host, by the operator's own routine, and registered in its
+        per-matrix cache for the block's device tensors.
+        """
+        M = self._matrix(parts, b.rows)
+        if self.is_sparse:
+            _seed_csr_structure(M, b, self._matrix(b.parts, b.rows))
+        return M
+
     def _matrix(self, parts, rows):
         """A device/host block as the operand the kernels take (fresh tensor objects)."""
         if self.is_sparse:
@@ -656,7 +672,7 @@ class StreamedMatrix:
         if self.device.type != "cuda":
             for b, r, _ in src:
                 st.blocks += 1
-                yield self._matrix(b.parts, b.rows), r, r + b.rows
+                yield self._block_operand(b.parts, b), r, r + b.rows
             return
         cur = torch.cuda.current_stream(self.device)
         nb = self.n_buffers
@@ -711,7 +727,7 @@ class StreamedMatrix:
                 d.copy_(v, non_blocking=True)
                 dst[k] = d
         self._h2d_done[j].record(cs)
-        return self._matrix(dst, b.rows)
+        return self._block_operand(dst, b)
 
     def map_blocks(self, fn, reduce="sum"):
         """Run ``fn`` on every row block (on the device) and reduce the results.
@@ -1056,6 +1072,27 @@ class StreamedMatrix:
         return (f"StreamedMatrix({kind} {self.shape[0]}x{self.shape[1]} {self.dtype}, {self.n_chunks} chunks, "
                 f"{self.resident_chunks} resident, device={self.device}, "
                 f"{'host-cached' if self.host_cache else 're-read'} streaming)")
+
+
+def _seed_csr_structure(M, b, host_matrix):
+    """Register host-computed row statistics of block ``b`` for its device operand ``M``.
+
+    Uses the CSR module's private cache (``_CACHE``, ``_Structure``, ``_compute_stats``): when
+    those change shape, this does nothing and the operator computes the statistics itself.
+    """
+    try:
+        from .mmchain import csr as _csr
+
+        if b.csr_stats is None:
+            b.csr_stats = _csr._compute_stats(host_matrix)  # host tensors: no device sync
+        key = id(M.crow)
+        ent = _csr._CACHE.get(key)
+        if ent is not None and ent.valid_for(M):  # the same tensors as last call (host blocks)
+            return
+        _csr._CACHE[key] = _csr._Structure(M, b.csr_stats)
+        weakref.finalize(M.crow, _csr._CACHE.pop, key, None)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - private API moved
+        pass
 
 
 def _sum(parts):

@@ -1,4 +1,6 @@
 """StreamedMatrix: streaming the fused operators over row-chunked Dask arrays (CPU engine)."""
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -259,3 +261,179 @@ def test_options_context_sets_defaults(rng):
     assert StreamedMatrix(X, device="cpu").resident_chunks == 4  # restored
     with pytest.raises(TypeError, match="unknown streaming option"):
         options(gpu=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resident prefix as one matrix; results independent of the memory plan and of the chunking
+# ---------------------------------------------------------------------------------------------
+def _plans(nbytes, block):
+    """all resident / about half resident / nothing resident (cached) / nothing resident (re-read)."""
+    return {
+        "all-resident": dict(max_gpu_bytes=None),
+        "half-resident": dict(max_gpu_bytes=nbytes // 2 + 2 * block, host_cache=True, block_bytes=block),
+        "streamed": dict(max_gpu_bytes=2 * block, host_cache=True, block_bytes=block),
+        "streamed-reread": dict(max_gpu_bytes=2 * block, host_cache=False, block_bytes=block),
+    }
+
+
+def _count_calls(monkeypatch, module, name):
+    calls = []
+    orig = getattr(module, name)
+
+    def wrapper(*a, **k):
+        calls.append(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("chunks", [37, 100, 301], ids=lambda c: f"rows{c}")
+def test_dense_plans_agree_with_in_memory(rng, monkeypatch, chunks):
+    mm = sys.modules["fusedml.mmchain"]
+
+    A = dense_data(rng, n=301, d=6)
+    y, v, z = rng.normal(size=6), rng.random(301), rng.normal(size=6)
+    Y = rng.normal(size=(7, 2))
+    ref = mmchain(torch.from_numpy(A), y, v, z, alpha=0.7, beta=0.3, backend="cpu").numpy()
+    refi = mmchain(torch.from_numpy(A), Y, v, intercept=True, backend="cpu").numpy()
+    calls = _count_calls(monkeypatch, mm, "_run_mmchain")
+    for plan, kw in _plans(A.nbytes, 600).items():
+        S = StreamedMatrix(da.from_array(A, chunks=(chunks, 6)), device="cpu", **kw)
+        R = S.resident_rows
+        assert R == sum(S.to_dask().chunks[0][:S.resident_chunks])
+        if R:  # the resident prefix is ONE [R, D] matrix holding X's first R rows
+            assert isinstance(S.resident_matrix, torch.Tensor) and S.resident_matrix.shape == (R, 6)
+            assert np.array_equal(S.resident_matrix.numpy(), A[:R])
+        else:
+            assert S.resident_matrix is None
+        if plan == "all-resident":
+            assert R == 301
+        elif plan == "half-resident":
+            assert 0 < S.resident_chunks < S.n_chunks or S.n_chunks == 1
+        else:
+            assert R == 0
+        calls.clear()
+        w = mmchain(S, y, v, z, alpha=0.7, beta=0.3, backend="cpu")
+        # one operator call for the whole resident prefix, one per streamed block
+        per = max(1, S.block_bytes // (6 * 8))  # rows per streamed block
+        streamed = sum(-(-r // per) for r in S.to_dask().chunks[0][S.resident_chunks:])
+        assert len(calls) == S.stats.blocks == int(R > 0) + streamed
+        if plan == "all-resident":
+            assert len(calls) == 1
+        assert rel(w, ref) < 1e-12, plan
+        assert rel(mmchain(S, Y, v, intercept=True, backend="cpu"), refi) < 1e-12, plan
+        assert rel(matvec(S, y, backend="cpu"), A @ y) < 1e-12, plan
+        S.close()
+
+
+@pytest.mark.parametrize("chunks", [40, 97, 301], ids=lambda c: f"rows{c}")
+def test_csr_plans_agree_with_in_memory(rng, monkeypatch, chunks):
+    mm = sys.modules["fusedml.mmchain"]
+
+    A = csr_data(rng, n=301, d=23)
+    nbytes = A.nnz * 12 + 302 * 4
+    y, v = rng.normal(size=23), rng.random(301)
+    ref = A.T @ (v * (A @ y))
+    calls = _count_calls(monkeypatch, mm, "_run_mmchain")
+    for plan, kw in _plans(nbytes, 400).items():
+        S = StreamedMatrix(da.from_array(A, chunks=(chunks, 23)), device="cpu", **kw)
+        R = S.resident_rows
+        if R:  # ONE CSR matrix with merged row pointers
+            M = S.resident_matrix
+            assert isinstance(M, fusedml.CSRMatrix) and M.shape == (R, 23) and M.crow.dtype == torch.int32
+            assert int(M.crow[0]) == 0 and int(M.crow[-1]) == M.nnz == A[:R].nnz
+            assert (M.to_scipy() != A[:R]).nnz == 0
+        if plan == "all-resident":
+            assert R == 301
+        calls.clear()
+        for backend in ("cpu", "ops"):
+            assert rel(mmchain(S, y, v, backend=backend), ref) < 1e-12, (plan, backend)
+        assert len(calls) == 2 * S.stats.blocks
+        assert rel(matvec(S, y, backend="cpu"), A @ y) < 1e-12, plan
+        # streamed CSR blocks use the copy-free scatter; so does a resident prefix under a budget
+        # too tight for its transposed copy; with no budget the resident matrix is used as in memory
+        configs = [k["config"] for k in calls[:S.stats.blocks]]
+        if plan == "all-resident":
+            assert configs == [None]
+        else:
+            assert all(c == {"memory": "low"} for c in configs)
+        S.close()
+
+
+@pytest.mark.parametrize("chunks", [50, 133, 270], ids=lambda c: f"rows{c}")
+def test_gmm_plans_agree_with_in_memory(rng, monkeypatch, chunks):
+    import fusedml.gmm._prep as prep_mod
+    import fusedml.gmm.cpu as gcpu
+    from fusedml.gmm import gmm_estep
+
+    A = np.concatenate([rng.normal(size=(150, 3)), rng.normal(size=(120, 3)) + 3.0]).astype(np.float32)
+    w = np.array([0.3, 0.7])
+    mu = np.stack([A[:150].mean(0), A[150:].mean(0)]).astype(np.float64)
+    pc = np.full((2, 3), 0.8)
+    sw = rng.random(270)
+    ref = gmm_estep(torch.from_numpy(A), w, mu, pc, "diag", sample_weight=sw, return_log_prob=True, backend="cpu")
+    validations = _count_calls(monkeypatch, prep_mod, "validate")
+    blocks = _count_calls(monkeypatch, gcpu, "estep_cpu")
+    for plan, kw in _plans(A.nbytes, 480).items():
+        S = StreamedMatrix(da.from_array(A, chunks=(chunks, 3)), device="cpu", **kw)
+        validations.clear()
+        blocks.clear()
+        st = gmm_estep(S, w, mu, pc, "diag", sample_weight=sw, return_log_prob=True, backend="cpu")
+        assert len(validations) == 1 and len(blocks) == S.stats.blocks  # parameters checked once per call
+        for name in ("nk", "s1", "s2", "log_likelihood", "log_prob"):
+            assert rel(getattr(st, name), getattr(ref, name)) < 1e-10, (plan, name)
+        assert st.log_prob.dtype == torch.float32 and st.nk.dtype == torch.float64
+        S.close()
+
+
+def test_fused_backend_all_plans_under_interpreter(rng):
+    """Fused kernels on the resident prefix and on streamed blocks agree with the in-memory call."""
+    from fusedml.gmm import gmm_estep
+
+    A = dense_data(rng, n=48, d=3, dtype=np.float32)
+    y, v = rng.normal(size=3).astype(np.float32), rng.random(48).astype(np.float32)
+    ref = mmchain(torch.from_numpy(A), y, v, backend="fused").double()
+    w, mu, pc = np.array([0.5, 0.5]), np.stack([A[:24].mean(0), A[24:].mean(0)]).astype(np.float64), np.ones((2, 3))
+    gref = gmm_estep(torch.from_numpy(A), w, mu, pc, "diag", backend="fused")
+    for kw in (dict(max_gpu_bytes=None), dict(max_gpu_bytes=400, block_bytes=120)):
+        S = StreamedMatrix(da.from_array(A, chunks=(20, 3)), device="cpu", **kw)
+        assert rel(mmchain(S, y, v, backend="fused"), ref) < 1e-5
+        g = gmm_estep(S, w, mu, pc, "diag", backend="fused")
+        assert rel(g.nk, gref.nk) < 1e-5 and rel(g.s2, gref.s2) < 1e-4
+
+
+def test_csr_block_statistics_computed_once_on_host(rng, monkeypatch):
+    """Streamed CSR blocks reach the fused operator with their row statistics already known."""
+    from fusedml.mmchain import csr
+
+    B = csr_data(rng, n=40, d=9)
+    S = StreamedMatrix(da.from_array(B, chunks=(13, 9)), device="cpu", max_gpu_bytes=300, block_bytes=120,
+                       host_cache=True)
+    assert S.resident_rows == 0 and S.n_chunks == 4
+    seen = []
+    S.map_blocks(lambda Xb, rows: seen.append((csr._structure(Xb).stats, csr._compute_stats(Xb))) or Xb.val.sum())
+    assert len(seen) == S.stats.blocks > S.n_chunks and all(a == b for a, b in seen)
+    counted = _count_calls(monkeypatch, csr, "_compute_stats")
+    y, v = rng.normal(size=9), rng.random(40)
+    ref = B.T @ (v * (B @ y))
+    assert rel(mmchain(S, y, v, backend="fused"), ref) < 1e-12
+    assert len(counted) == 0  # already known from the first pass over the (cached) host blocks
+    assert rel(mmchain(S, y, v, backend="fused"), ref) < 1e-12 and len(counted) == 0
+
+
+def test_resident_csr_copy_only_within_budget(rng, monkeypatch):
+    mm = sys.modules["fusedml.mmchain"]
+
+    B = csr_data(rng, n=100, d=12)
+    X = da.from_array(B, chunks=(25, 12))
+    calls = _count_calls(monkeypatch, mm, "_run_mmchain")
+    y = rng.normal(size=12)
+    tight = StreamedMatrix(X, device="cpu", max_gpu_bytes=2000, block_bytes=200)
+    roomy = StreamedMatrix(X, device="cpu", max_gpu_bytes=10 * tight.nbytes, block_bytes=200)
+    assert 0 < tight.resident_rows < 100 and roomy.resident_rows == 100
+    mmchain(tight, y, backend="cpu", config={"strategy": "scatter"})
+    assert calls[0]["config"] == {"memory": "low", "strategy": "scatter"}  # the caller's keys win
+    calls.clear()
+    mmchain(roomy, y, backend="cpu")
+    assert len(calls) == 1 and calls[0]["config"] is None
