@@ -547,10 +547,19 @@ class LinearObjective:
 
     # -- reductions over the problem axis --------------------------------------------------
     def dot(self, A, B):
-        """Inner products per problem: [P] (P = 1 if coupled, K otherwise)."""
+        """Inner products per problem: [P] (P = 1 if coupled, K otherwise).
+
+        Coupled: ONE launch (``vdot`` of the flattened [D~, K] blocks); independent: two.
+        """
         if self.coupled:
-            return (A * B).sum().reshape(1)
+            return torch.vdot(A.reshape(-1), B.reshape(-1)).reshape(1)
         return (A * B).sum(0)
+
+    def _masked(self, W):
+        """``mask * W`` (the intercept row zeroed): one launch, none without an intercept or penalty."""
+        if not self.fit_intercept or self.l2 == 0.0:
+            return W
+        return W * self.mask
 
     def _colsum64(self, M):
         s = M.sum(0, dtype=torch.float64)
@@ -562,13 +571,24 @@ class LinearObjective:
 
     # -- the three passes -----------------------------------------------------------------
     def evaluate(self, W):
-        """Objective at W: a state dict with ``f`` [P] float64 (inf where not finite) and ``eta``."""
-        eta = matvec(self.X, W, intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        """Objective at W: a state dict with ``f`` [P] float64 and ``eta`` (the margins, [N, K]).
+
+        One matvec (the only read of X); ``eta`` is kept in the state and shared by the loss,
+        the gradient and the Hessian weights, never recomputed for the same W. A non-finite
+        ``f`` is left as is (the solvers treat it as +inf on the host).
+        """
+        eta = matvec(self.X, W, intercept=self.fit_intercept, backend=self.backend)
+        if eta.dtype != self.dtype:
+            eta = eta.to(self.dtype)
         self.n_matvec += 1
         L = self.loss.value(self.target, eta)
-        L = L * (self.weights if self.uniform else self.weights[:, None])
-        f = self._colsum64(L) + 0.5 * self.l2 * self._colsum64((self.mask * W) ** 2)
-        f = torch.where(torch.isfinite(f), f, torch.full_like(f, math.inf))
+        if self.uniform:  # sum first, scale the [P] sums (no [N, K] temporary for the weights)
+            f = self._colsum64(L) * self.weights
+        else:
+            f = self._colsum64(L * self.weights[:, None])
+        if self.l2 != 0.0:
+            Wm = W * self.mask if self.fit_intercept else W
+            f = f + (0.5 * self.l2) * self._colsum64(Wm * Wm)
         return {"W": W, "eta": eta, "f": f}
 
     def gradient(self, state):
@@ -579,8 +599,10 @@ class LinearObjective:
         else:
             alpha, c = 1.0, self.weights[:, None]
             G = G * c
-        g = rmatvec(self.X, G, z=self.mask * state["W"], beta=self.l2, alpha=alpha,
-                    intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+        g = rmatvec(self.X, G, z=self._masked(state["W"]), beta=self.l2, alpha=alpha,
+                    intercept=self.fit_intercept, backend=self.backend)
+        if g.dtype != self.dtype:
+            g = g.to(self.dtype)
         self.n_mmchain += 1
         if self.loss.softmax_hessian:
             hstate = {"P": H, "c": c, "alpha": alpha}
@@ -590,11 +612,12 @@ class LinearObjective:
 
     def hessp(self, hstate, S):
         """Hessian (Fisher for non-canonical GLM links) times S [D~, K]: one mmchain."""
-        z = self.mask * S
+        z = self._masked(S)
         self.n_mmchain += 1
         if "h" in hstate:
-            return hessvec(self.X, S, hstate["h"], z=z, beta=self.l2, alpha=hstate["alpha"],
-                           intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+            out = hessvec(self.X, S, hstate["h"], z=z, beta=self.l2, alpha=hstate["alpha"],
+                          intercept=self.fit_intercept, backend=self.backend)
+            return out if out.dtype == self.dtype else out.to(self.dtype)
         P, c = hstate["P"], hstate["c"]
         if c is None and S.shape[1] <= MAX_COLS:
             # fused multinomial Hessian: p_nj = P_nj (t_nj - sum_l P_nl t_nl), one read of X

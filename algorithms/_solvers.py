@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import numpy as np
 import torch
 
 __all__ = ["SolverResult", "conjugate_gradient", "lbfgs", "tron"]
@@ -57,10 +58,60 @@ def _precision(dtype):
 
 
 # --------------------------------------------------------------------------------------------
+# host-side scalars: one small D2H copy per decision, a handful of launches per step
+# --------------------------------------------------------------------------------------------
+def _host(t):
+    """[P] device tensor -> float64 numpy array (ONE host sync)."""
+    return np.asarray(t.tolist(), dtype=np.float64).reshape(-1)
+
+
+def _coef(vals, like):
+    """Per-problem coefficients [P] (float64 numpy) as what :func:`_axpy` takes.
+
+    P == 1: a Python float (no launch, no copy); else a [1, P] tensor on ``like``'s device (one
+    asynchronous H2D copy from pinned memory on CUDA).
+    """
+    if len(vals) == 1:
+        return float(vals[0])
+    t = torch.as_tensor(np.ascontiguousarray(vals), dtype=like.dtype).reshape(1, -1)
+    if like.device.type == "cuda":
+        t = t.pin_memory().to(like.device, non_blocking=True)
+    return t
+
+
+def _axpy(Y, a, X):
+    """``Y + a * X`` in ONE launch (a: float, or [1, P] tensor scaling the columns); new tensor."""
+    if isinstance(a, float):
+        return Y if a == 0.0 else torch.add(Y, X, alpha=a)
+    return torch.addcmul(Y, a, X)
+
+
+# --------------------------------------------------------------------------------------------
 # TRON
 # --------------------------------------------------------------------------------------------
-def _trcg(obj, hstate, g, delta, active, eps_cg, max_cg):
+def _boundary(std, sts, dtd, dsq):
+    # the positive root a of ||S + a D||^2 = delta^2 (LIBLINEAR's trcg), per problem
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rad = np.sqrt(np.maximum(std * std + dtd * (dsq - sts), 0.0))
+        a = np.where(std >= 0, (dsq - sts) / (std + rad), (rad - std) / dtd)
+    return np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
+
+    Scalars live on the host in float64 (numpy [P]); per CG step: ONE ``obj.hessp`` (one
+    mmchain), two host syncs (``d^T H d``, then ``||r||^2``) and five small launches (the dots
+    and three axpys). ``||S||^2``, ``S^T D`` and ``D^T D`` follow Steihaug's recurrences
+    (exact in exact arithmetic); when they say the step may leave the region, the three are
+    recomputed exactly before the boundary step (at most once per solve, one extra sync).
+
+    Parameters
+    ----------
+    gnorm : numpy [P] float64
+        ``||g||`` per problem (known to the caller: no sync here).
+    delta : numpy [P] float64
+    active : numpy [P] bool
 
     Returns
     -------
@@ -68,48 +119,64 @@ def _trcg(obj, hstate, g, delta, active, eps_cg, max_cg):
     R : [D~, K] residual ``-g - H S``
     n_cg : int
         CG iterations run (the maximum over problems).
-    reach : [P] bool
+    reach : numpy [P] bool
         The step hit the trust-region boundary.
     """
     dot = obj.dot
     S = torch.zeros_like(g)
-    R = -g
-    Dv = R.clone()
-    rTr = dot(R, R)
-    cgtol = eps_cg * torch.sqrt(dot(g, g))
+    R = torch.neg(g)
+    Dv = R
+    rTr = gnorm * gnorm
+    cgtol = eps_cg * gnorm
     dsq = delta * delta
-    run = active & (torch.sqrt(rTr) > cgtol)
-    reach = torch.zeros_like(active)
+    sts = np.zeros_like(rTr)
+    std = np.zeros_like(rTr)
+    dtd = rTr.copy()
+    run = active & (np.sqrt(rTr) > cgtol)
+    reach = np.zeros_like(active)
     n_cg = 0
-    while n_cg < max_cg:
-        if not bool(run.any()):  # the one host sync per CG step
-            break
+    while n_cg < max_cg and run.any():
         n_cg += 1
         Hd = obj.hessp(hstate, Dv)
-        dHd = dot(Dv, Hd)
-        alpha = rTr / dHd
-        S_try = S + alpha * Dv
-        over = run & ((torch.sqrt(dot(S_try, S_try)) > delta) | ~(dHd > 0))
-        # boundary step: the positive root of ||S + a D|| = delta
-        std, sts, dtd = dot(S, Dv), dot(S, S), dot(Dv, Dv)
-        rad = torch.sqrt(torch.clamp(std * std + dtd * (dsq - sts), min=0.0))
-        a_b = torch.where(std >= 0, (dsq - sts) / (std + rad), (rad - std) / dtd)
-        alpha = torch.where(over, a_b, torch.where(run, alpha, torch.zeros_like(alpha)))
-        alpha = torch.nan_to_num(alpha, nan=0.0, posinf=0.0, neginf=0.0)
-        S = S + alpha * Dv
-        R = R - alpha * Hd
+        dHd = _host(dot(Dv, Hd))  # sync 1: the curvature along Dv
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alpha = np.where(run, rTr / dHd, 0.0)
+        sts_try = sts + 2.0 * alpha * std + alpha * alpha * dtd
+        over = run & ((sts_try > dsq) | ~(dHd > 0) | ~np.isfinite(alpha))
+        if over.any():
+            # exact S^T D, S^T S, D^T D for the boundary step (LIBLINEAR computes them directly)
+            ex = _host(torch.stack([dot(S, Dv), dot(S, S), dot(Dv, Dv)]).reshape(-1)).reshape(3, -1)
+            std, sts, dtd = np.where(over, ex[0], std), np.where(over, ex[1], sts), np.where(over, ex[2], dtd)
+            sts_try = sts + 2.0 * alpha * std + alpha * alpha * dtd
+            over = run & ((sts_try > dsq) | ~(dHd > 0) | ~np.isfinite(alpha))
+            alpha = np.where(over, _boundary(std, sts, dtd, dsq), alpha)
+        alpha = np.nan_to_num(np.where(run, alpha, 0.0), nan=0.0, posinf=0.0, neginf=0.0)
+        S = _axpy(S, _coef(alpha, S), Dv)
+        R = _axpy(R, _coef(-alpha, R), Hd)
+        sts = sts + 2.0 * alpha * std + alpha * alpha * dtd
         reach = reach | over
         run = run & ~over
-        rnew = dot(R, R)
-        beta = rnew / rTr
-        Dv = torch.where(run, R + beta * Dv, Dv)
-        rTr = torch.where(run, rnew, rTr)
-        run = run & (torch.sqrt(rTr) > cgtol)
+        if not run.any():
+            break
+        rnew = _host(dot(R, R))  # sync 2: the residual (stopping test and beta)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            beta = np.where(run, rnew / rTr, 0.0)
+        beta = np.nan_to_num(beta, nan=0.0, posinf=0.0, neginf=0.0)
+        Dv = _axpy(R, _coef(beta, R), Dv)  # stopped problems: beta 0, Dv = R stays finite
+        std = np.where(run, beta * (std + alpha * dtd), std)
+        dtd = np.where(run, rnew + beta * beta * dtd, dtd)
+        rTr = np.where(run, rnew, rTr)
+        run = run & (np.sqrt(rTr) > cgtol)
     return S, R, n_cg, reach
 
 
 def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     """Trust-region Newton method with truncated CG (LIBLINEAR's TRON).
+
+    Per outer iteration: ONE ``evaluate`` (one matvec) at the trial point, ONE ``gradient``
+    (one mmchain with ``y=None``) when a step is accepted, and one ``hessp`` (one mmchain) per
+    CG step; two host syncs at the outer level (trial objective; gradient norm and the
+    convergence test) besides the two per CG step.
 
     Parameters
     ----------
@@ -119,8 +186,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         Start point.
     max_iter : int
         Cap on outer iterations (accepted or rejected).
-    stop : callable ``(g, gnorm, gnorm0) -> [P] bool``
-        Convergence rule on the gradient.
+    stop : callable ``(g, gnorm, gnorm0) -> [P] bool`` tensor
+        Convergence rule on the gradient (``gnorm``, ``gnorm0``: [P] tensors on g's device).
     history : History, optional
         Receives one record per outer iteration (objective summed over problems, largest
         gradient norm, largest step norm, CG iterations).
@@ -141,64 +208,73 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     thr = _precision(W0.dtype)
 
     st = obj.evaluate(W0)
-    f = st["f"]
-    if not bool(torch.isfinite(f).all()):
+    f = _host(st["f"])
+    if not np.isfinite(f).all():
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
     g, hs = obj.gradient(st)
-    gnorm = torch.sqrt(dot(g, g))
-    gnorm0 = gnorm.clone()
-    delta = gnorm.clone().double()
-    active = ~stop(g, gnorm, gnorm0)
-    n_iter = torch.zeros_like(active, dtype=torch.int64)
-    stalled = torch.zeros_like(active)
+    gnorm0_dev = torch.sqrt(dot(g, g))
+
+    def grad_info(g):
+        gn = torch.sqrt(dot(g, g))
+        conv = stop(g, gn, gnorm0_dev)
+        v = _host(torch.cat([gn.double(), conv.double()]))  # one sync: norm and test
+        P = v.shape[0] // 2
+        return v[:P], v[P:] > 0.5
+
+    gnorm, conv = grad_info(g)
+    active = ~conv
+    n_iter = np.zeros(active.shape, dtype=np.int64)
+    stalled = np.zeros_like(active)
+    delta = gnorm.copy()
     if history is not None:
-        history.add(0, f.sum().item(), gnorm.max().item(), 0.0, cg_iter=0)
-    any_active = bool(active.any())
+        history.add(0, float(f.sum()), float(gnorm.max()), 0.0, cg_iter=0)
     for it in range(1, max_iter + 1):
-        if not any_active:
+        if not active.any():
             break
-        S, R, n_cg, reach = _trcg(obj, hs, g, delta.to(g.dtype), active, eps_cg, max_cg)
-        stn = obj.evaluate(st["W"] + S)
-        fnew = stn["f"]
-        gs = dot(g, S).double()
-        prered = -0.5 * (gs - dot(S, R).double())
+        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg)
+        stn = obj.evaluate(_axpy(st["W"], 1.0, S))
+        # one sync: trial objective, g^T S, S^T R, S^T S
+        red = torch.stack([dot(g, S), dot(S, R), dot(S, S)]).reshape(-1).to(torch.float64)
+        v = _host(torch.cat([stn["f"].reshape(-1), red]))
+        P = f.shape[0]
+        fnew, gs, sR, ss = v[:P], v[P:2 * P], v[2 * P:3 * P], v[3 * P:]
+        fnew = np.where(np.isfinite(fnew), fnew, np.inf)
+        prered = -0.5 * (gs - sR)
         actred = f - fnew
-        snorm = torch.sqrt(dot(S, S)).double()
+        snorm = np.sqrt(np.maximum(ss, 0.0))
         if it == 1:
-            delta = torch.minimum(delta, snorm)
+            delta = np.minimum(delta, snorm)
         denom = fnew - f - gs
-        alpha = torch.where(denom <= 0, torch.full_like(denom, sigma3),
-                            torch.clamp(-0.5 * (gs / denom), min=sigma1))
-        alpha = torch.nan_to_num(alpha, nan=sigma1)
-        d1 = torch.minimum(alpha * snorm, sigma2 * delta)
-        d2 = torch.maximum(sigma1 * delta, d1)
-        d3 = torch.maximum(sigma1 * delta, torch.minimum(alpha * snorm, sigma3 * delta))
-        d4 = torch.where(reach, sigma3 * delta, torch.maximum(delta, torch.minimum(alpha * snorm, sigma3 * delta)))
-        new_delta = torch.where(actred < eta0 * prered, d1,
-                                torch.where(actred < eta1 * prered, d2,
-                                            torch.where(actred < eta2 * prered, d3, d4)))
-        delta = torch.where(active, new_delta, delta)
-        accept = active & (actred > eta0 * prered)
-        n_iter = n_iter + active.to(torch.int64)
-        absf = torch.abs(f)
-        # LIBLINEAR's "no progress" exits; a tiny but accepted step still counts as progress
-        stall = active & ((prered <= 0) | (~accept & (torch.abs(actred) <= thr * absf)
-                                           & (torch.abs(prered) <= thr * absf)))
-        if bool(accept.any()):
-            st = obj.merge(accept, stn, st)
-            f = st["f"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alpha = np.where(denom <= 0, sigma3, np.maximum(-0.5 * (gs / denom), sigma1))
+        alpha = np.nan_to_num(alpha, nan=sigma1)
+        d1 = np.minimum(alpha * snorm, sigma2 * delta)
+        d2 = np.maximum(sigma1 * delta, d1)
+        d3 = np.maximum(sigma1 * delta, np.minimum(alpha * snorm, sigma3 * delta))
+        d4 = np.where(reach, sigma3 * delta, np.maximum(delta, np.minimum(alpha * snorm, sigma3 * delta)))
+        with np.errstate(invalid="ignore"):
+            new_delta = np.where(actred < eta0 * prered, d1,
+                                 np.where(actred < eta1 * prered, d2, np.where(actred < eta2 * prered, d3, d4)))
+            accept = active & (actred > eta0 * prered)
+            absf = np.abs(f)
+            # LIBLINEAR's "no progress" exits; a tiny but accepted step still counts as progress
+            stall = active & ((prered <= 0) | (~accept & (np.abs(actred) <= thr * absf)
+                                               & (np.abs(prered) <= thr * absf)))
+        delta = np.where(active, new_delta, delta)
+        n_iter = n_iter + active.astype(np.int64)
+        if accept.any():
+            if accept.all():
+                st = stn
+            else:
+                st = obj.merge(torch.as_tensor(accept, device=g.device), stn, st)
+            f = np.where(accept, fnew, f)
             g, hs = obj.gradient(st)
-            gnorm = torch.sqrt(dot(g, g))
-        conv = stop(g, gnorm, gnorm0)
+            gnorm, conv = grad_info(g)
         stalled = stalled | (stall & ~conv)
         active = active & ~conv & ~stall
-        vals = torch.stack([f.sum(), gnorm.max().double(), snorm.max(), active.any().double()]).tolist()
-        any_active = bool(vals[3])
         if history is not None:
-            history.add(it, vals[0], vals[1], vals[2], cg_iter=n_cg)
-    conv = stop(g, gnorm, gnorm0)
-    status = ["converged" if c else ("stalled" if s else "max_iter")
-              for c, s in zip(conv.tolist(), stalled.tolist())]
+            history.add(it, float(f.sum()), float(gnorm.max()), float(snorm.max()), cg_iter=n_cg)
+    status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv.tolist(), stalled.tolist())]
     return SolverResult(st["W"], n_iter.tolist(), status, st)
 
 
@@ -399,6 +475,10 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
     one mmchain for all of them); each column stops when ``||r_j|| <= tol * ||b_j||``.
+    Scalars live on the host in float64: per step ONE ``apply_A``, two host syncs (``d^T A d``,
+    then ``||r||^2``) and five small launches; the recorded objective and step norm follow the
+    CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``, ``||D_new||^2 = ||r_new||^2 +
+    beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
 
     Parameters
     ----------
@@ -416,35 +496,41 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
     -------
     SolverResult
     """
-    dot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
+    cdot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
     P = torch.zeros_like(B)
-    R = B.clone()
-    Dv = R.clone()
-    rr = dot(R, R)
-    bnorm = torch.sqrt(dot(B, B))
-    run = torch.sqrt(rr) > tol * bnorm
-    n_iter = torch.zeros_like(run, dtype=torch.int64)
+    R = B
+    Dv = B
+    rr = _host(cdot(B, B))  # the one sync before the loop
+    bnorm = np.sqrt(rr)
+    dd = rr.copy()
+    q = np.zeros_like(rr)  # 0.5 p^T A p - b^T p per column
+    run = np.sqrt(rr) > tol * bnorm
+    n_iter = np.zeros(rr.shape, dtype=np.int64)
     if history is not None:
         history.add(0, float(offset), float(bnorm.max()), 0.0)
     it = 0
-    while it < max_iter and bool(run.any()):
+    while it < max_iter and run.any():
         it += 1
         AD = apply_A(Dv)
-        alpha = torch.where(run, rr / dot(Dv, AD), torch.zeros_like(rr))
-        alpha = torch.nan_to_num(alpha, nan=0.0, posinf=0.0, neginf=0.0)
-        P = P + alpha * Dv
-        R = R - alpha * AD
-        step = (alpha.abs() * torch.sqrt(dot(Dv, Dv))).max()
-        rnew = dot(R, R)
-        beta = rnew / rr
-        Dv = torch.where(run, R + beta * Dv, Dv)
-        rr = torch.where(run, rnew, rr)
-        n_iter = n_iter + run.to(torch.int64)
-        run = run & (torch.sqrt(rr) > tol * bnorm)
+        dAd = _host(cdot(Dv, AD))  # sync 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alpha = np.where(run, rr / dAd, 0.0)
+        alpha = np.nan_to_num(alpha, nan=0.0, posinf=0.0, neginf=0.0)
+        P = _axpy(P, _coef(alpha, P), Dv)
+        R = _axpy(R, _coef(-alpha, R), AD)
+        q = q - 0.5 * alpha * rr
+        step = float((np.abs(alpha) * np.sqrt(dd)).max())
+        rnew = _host(cdot(R, R))  # sync 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            beta = np.nan_to_num(np.where(run, rnew / rr, 0.0), nan=0.0, posinf=0.0, neginf=0.0)
+        n_iter = n_iter + run.astype(np.int64)
+        rr = np.where(run, rnew, rr)
+        run = run & (np.sqrt(rr) > tol * bnorm)
+        if run.any():
+            Dv = _axpy(R, _coef(np.where(run, beta, 0.0), R), Dv)
+            dd = np.where(run, rnew + beta * beta * dd, dd)
         if history is not None:
-            obj = (-0.5 * (P * (B + R)).sum(0, dtype=torch.float64)).sum()
-            vals = torch.stack([obj, torch.sqrt(rr).max().double(), step.double()]).tolist()
-            history.add(it, offset + vals[0], vals[1], vals[2])
-    conv = ~(torch.sqrt(rr) > tol * bnorm)
+            history.add(it, offset + float(q.sum()), float(np.sqrt(rr).max()), step)
+    conv = ~(np.sqrt(rr) > tol * bnorm)
     status = ["converged" if c else "max_iter" for c in conv.tolist()]
     return SolverResult(P, n_iter.tolist(), status)

@@ -92,12 +92,16 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                        for j in range(0, m, MAX_COLS)], dim=1).to(info.dtype)
         n_pass = [0]
 
+        mu_col = None if mu is None else mu[:, None]  # [D, 1]
+
         def apply_A(P):
+            # z = alpha p - mu (mu^T p): two small launches (addmm fuses the outer product)
             z = alpha_s * P
-            if mu is not None:
-                z = z - torch.outer(mu, mu @ P)
+            if mu_col is not None:
+                z = torch.addmm(z, mu_col, mu_col.T @ P, alpha=-1.0)
             n_pass[0] += 1
-            return hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be).to(info.dtype)
+            out = hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be)
+            return out if out.dtype == info.dtype else out.to(info.dtype)
 
         hist = History(type(self).__name__, self.verbose)
         # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
