@@ -1,5 +1,7 @@
 """fusedml.mmchain / matvec against the float64 reference, on every backend (CPU, interpreter)."""
 import gc
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -296,6 +298,7 @@ def test_duck_typed_delegation():
     (8_000_000, 32, 1, torch.float32), (2_000_000, 128, 1, torch.float32), (500_000, 512, 1, torch.float32),
     (125_000, 2048, 1, torch.float32), (16_384, 16_384, 1, torch.float32), (4_096, 65_536, 1, torch.float32),
     (2_000_000, 128, 4, torch.float32), (2_000_000, 128, 1, torch.bfloat16), (100_000, 1000, 5, torch.float64),
+    (2_000_000, 128, 4, torch.bfloat16), (1_000_000, 64, 2, torch.float64), (2_000_000, 128, 8, torch.float32),
     (10, 1, 1, torch.float32), (100_000, 300_000, 1, torch.float32),
 ])
 def test_launch_model_invariants(N, D, m, dtype):
@@ -310,10 +313,17 @@ def test_launch_model_invariants(N, D, m, dtype):
         assert cfg.block_d < D
     if cfg.mode == "dot":
         assert cfg.block_n >= 16 and cfg.block_d >= 16 and cfg.m_pad == 16
-    assert cfg.mode == ("vector" if m == 1 else ("elementwise" if dtype == torch.float64 else "dot"))
+    if m == 1:
+        assert cfg.mode == "vector"
+    elif m <= launch.SMALL_M and D <= 1024:
+        assert cfg.mode == "small" and cfg.m_pad >= m and cfg.prefetch
+    else:
+        assert cfg.mode == ("elementwise" if dtype == torch.float64 else "dot")
     # every program's data (tile + accumulator) fits the register budget
     words = cfg.block_n * cfg.block_d * (cfg.m_pad if cfg.mode == "elementwise" else 1)
-    if cfg.strategy == "onchip":
+    if cfg.mode == "small":
+        words += cfg.m_pad * cfg.block_n * cfg.block_d
+    elif cfg.strategy == "onchip":
         words += cfg.block_n * cfg.block_d if cfg.mode == "vector" else cfg.m_pad * cfg.block_d
     budget = launch.REG_DATA if cfg.strategy == "onchip" else 2 * launch.REG_DATA  # chunked: no accumulator
     assert words * (2 if dtype == torch.float64 else 1) / (32 * cfg.num_warps) <= budget + 1
@@ -329,3 +339,169 @@ def test_gpu_info_profile_on_cpu():
     assert info == launch.H200_PROFILE and info.sm_count == 132
     cfg = launch.dense_config(1000, 64, 1, torch.float32)
     assert cfg.with_overrides({"block_n": 8, "bogus": 1}).block_n == 8
+
+
+def test_launch_model_measured_picks():
+    """The model reproduces the best configurations of the H200 sweep (mmchain-H200-2026-12-02-s2)."""
+    gpu = launch.H200_PROFILE
+    bf16 = launch.dense_config(2_000_000, 128, 1, torch.bfloat16, gpu)
+    assert (bf16.block_n, bf16.block_d, bf16.num_warps, bf16.num_programs) == (32, 128, 16, 396)
+    fp32 = launch.dense_config(2_000_000, 128, 1, torch.float32, gpu)  # unchanged: 94.6 % of the floor
+    assert (fp32.block_n, fp32.num_warps, fp32.num_programs, fp32.prefetch) == (16, 8, 528, False)
+    dot = launch.dense_config(2_000_000, 128, 8, torch.float32, gpu)  # the dot path: 4 programs per SM
+    assert (dot.mode, dot.block_n, dot.num_warps, dot.num_programs) == ("dot", 64, 4, 528)
+
+
+# ----------------------------------------------------------------- small-m and prefetch variants
+SMALL = [
+    # (N, D, m, dtype, layout, intercept, v_op, det, prefetch, block_n, programs)
+    (1, 1, 3, torch.float32, "row", True, "softmax", False, True, 4, 2),
+    (37, 5, 4, torch.float32, "strided", False, "mul", True, True, 8, 3),
+    (45, 24, 2, torch.float32, "col", True, "mul", False, False, 16, 1),
+    (50, 300, 4, torch.float64, "row", True, "softmax", True, True, 2, 5),
+    (33, 16, 3, torch.float16, "row", False, "mul", False, True, 4, 4),
+    (20, 7, 1, torch.float32, "row", False, "mul", False, True, 4, 2),
+]
+
+
+@pytest.mark.parametrize("case", SMALL, ids=[f"{c[0]}x{c[1]}-m{c[2]}-{str(c[3])[6:]}-{c[4]}-icpt{c[5]}-{c[6]}-det{c[7]}-pf{c[8]}"
+                                             for c in SMALL])
+def test_dense_fused_small_m(rng, poison, case):
+    """The unrolled small-m kernel (m <= 4) against float64, forced on odd shapes."""
+    N, D, m, dtype, layout, intercept, v_op, det, prefetch, bn, P = case
+    X = _dense(rng, N, D, dtype, layout)
+    y, v, z = _operands(rng, N, D, m, intercept=intercept)
+    cfg = {"strategy": "onchip", "mode": "small", "m_pad": 2 if m <= 2 else 4, "block_n": bn,
+           "block_d": max(1, 1 << (D - 1).bit_length()), "num_programs": P, "prefetch": prefetch}
+    ref = mmchain_reference(X.double() if dtype != torch.float64 else X, y, v, z, 0.7, -0.4, intercept=intercept,
+                            v_op=v_op)
+    w = fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused",
+                        deterministic=det, config=cfg)
+    assert w.shape == ref.shape
+    assert rel(w, ref) < TOL[dtype]
+    if det:
+        assert torch.equal(w, fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op,
+                                              backend="fused", deterministic=True, config=cfg))
+    # X^T v (y = None) through the same kernel
+    wx = fusedml.mmchain(X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg)
+    refx = mmchain_reference(X.double() if dtype != torch.float64 else X, None, v, z, 1.5, 0.5, intercept=intercept)
+    assert rel(wx, refx) < TOL[dtype]
+
+
+def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
+    """The model's pick for m = 4 on short rows runs the small kernel (and no other)."""
+    launched = []
+    real = dense_mod._mmchain_small_kernel
+    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (lambda *a, **k: (launched.append(k["M_PAD"]), real[grid](*a, **k)))})())
+    X = _dense(rng, 70, 33, torch.float32)
+    y, v, z = _operands(rng, 70, 33, 4)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
+    assert launched == [4]
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 1.0)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("N,D,bn,P", [(1, 1, 4, 3), (61, 13, 4, 3), (100, 64, 8, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_dense_fused_prefetch_vector(rng, poison, N, D, bn, P, dtype):
+    """Register double buffering (the next tile loaded before this one computes), m = 1."""
+    X = _dense(rng, N, D, dtype, "strided")
+    y, v, z = _operands(rng, N, D, None, intercept=True)
+    cfg = {"prefetch": True, "block_n": bn, "num_programs": P}
+    for det in (False, True):
+        w = fusedml.mmchain(X, y, v, z, 0.5, 2.0, intercept=True, backend="fused", deterministic=det, config=cfg)
+        assert rel(w, mmchain_reference(X.double(), y, v, z, 0.5, 2.0, intercept=True)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("m", [5, 16])
+def test_dense_fused_dot_mode(rng, poison, m):
+    """m > 4: the padded ieee tl.dot path (m = 16 fills the pad exactly)."""
+    X = _dense(rng, 40, 20, torch.float32)
+    y, v, z = _operands(rng, 40, 20, m, intercept=True)
+    cfg = launch.dense_config(40, 20, m, torch.float32)
+    assert cfg.mode == "dot"
+    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", backend="fused")
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax")) < TOL[torch.float32]
+
+
+def test_dense_small_mode_rejects_large_m(rng):
+    X = _dense(rng, 10, 4, torch.float32)
+    y, v, _ = _operands(rng, 10, 4, 5)
+    with pytest.raises(ValueError, match="mode='small'"):
+        fusedml.mmchain(X, y, v, backend="fused", config={"mode": "small", "m_pad": 4})
+
+
+# ------------------------------------------------------------------------------------------------
+# Ahead-of-time compilation for the H200 (sm_90) without a GPU (as in test_mmchain_csr.py): the new
+# dense variants compile, do not spill, and load X with 16-byte vector loads.
+# ------------------------------------------------------------------------------------------------
+def _aot_dense_variants():
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    target = GPUTarget("cuda", 90, 32)
+
+    def build(fn, xdt, acc, consts, warps):
+        ints = {"N", "D", "M", "n_tiles", "stride_xn", "stride_yd", "stride_vn", "stride_ym", "stride_vm"}
+        sig, attrs = {}, {}
+        for i, a in enumerate(fn.arg_names):
+            if a in consts:
+                sig[a] = "constexpr"
+                continue
+            sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else ("fp32" if a.startswith("alpha") else f"*{acc}"))
+            if sig[a].startswith("*") or a in ("stride_xn", "stride_yd", "stride_vn", "D"):
+                attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X
+        return triton.compile(ASTSource(fn, sig, consts, attrs), target=target, options=dict(num_warps=warps))
+
+    base = dict(stride_xd=1, XTY=False, HAS_V=True, SOFTMAX=False, INTERCEPT=False, DETERMINISTIC=False,
+                EVEN_D=True, ACC=tl.float32, PREFETCH=True)
+    variants = [
+        ("small m4 fp32 16x128", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4), 8),
+        ("small m4 bf16 32x128 softmax intercept", dense_mod._mmchain_small_kernel, "bf16", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=128, M_PAD=4, SOFTMAX=True, INTERCEPT=True), 16),
+        ("small m2 fp64 2x1024 det", dense_mod._mmchain_small_kernel, "fp64", "fp64",
+         dict(MODE=3, BLOCK_N=2, BLOCK_D=1024, M_PAD=2, ACC=tl.float64, DETERMINISTIC=True), 8),
+        ("onchip m1 bf16 32x128 prefetch", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
+         dict(MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
+    ]
+    for name, fn, xdt, acc, over, warps in variants:
+        k = build(fn, xdt, acc, dict(base, **over), warps)
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+        usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+        os.unlink(f.name)
+        stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        vec = re.search(r"ld\.global(\.\w+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
+        print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec}")
+        assert stack == 0, f"{name}: register spills (stack {stack} B)"
+        assert vec, f"{name}: X is not loaded with vector loads"
+
+
+def test_dense_kernels_compile_for_sm90():
+    import subprocess
+    import sys
+
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bindir, "ptxas")) or not os.path.exists(os.path.join(bindir, "cuobjdump")):
+        pytest.skip("triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("AOT ") == 4
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    _aot_dense_variants()

@@ -91,16 +91,22 @@ class DenseConfig:
         Rows per tile.
     block_d : int
         Columns per tile (>= D for "onchip"), a power of two.
-    mode : {"vector", "dot", "elementwise"}
-        m == 1: broadcast-multiply + ``tl.sum``; fp32 with m > 1: ``tl.dot`` (m padded to 16,
-        ``input_precision="ieee"``); fp64 with m > 1: 3-D broadcast + ``tl.sum`` (no fp64 tl.dot).
+    mode : {"vector", "small", "dot", "elementwise"}
+        m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows): ``"small"``, the
+        right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each (2 m FMAs per
+        element of X); larger m, fp32/bf16/fp16: ``tl.dot`` (m padded to 16,
+        ``input_precision="ieee"``: FMA, fp32-exact, 32 FMAs per element); fp64 with m > 4:
+        3-D broadcast + ``tl.sum`` (no fp64 tl.dot).
     m_pad : int
-        Padded number of right-hand sides (1, 16, or next power of two).
+        Padded number of right-hand sides (1; 2 or 4 for "small"; 16 for "dot"; next power of two).
     num_warps : int
     num_programs : int
         Persistent grid size (programs loop over row tiles ``pid, pid + P, ...``).
     num_stages : int
         Triton software-pipelining depth of the row-tile loop.
+    prefetch : bool
+        "onchip" only: load row tile i + 1 (and its v) into registers before computing tile i, so
+        each program keeps two tiles of loads in flight.
     """
 
     strategy: str
@@ -147,6 +153,8 @@ TILE_BYTES = 16 * 1024
 REG_DATA = 96
 #: Fraction of L2 that the in-flight row tiles of the chunked strategy may occupy.
 L2_FRACTION = 0.5
+#: Largest m served by the unrolled "small" kernel (one accumulator per right-hand side).
+SMALL_M = 4
 
 
 def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None, *,
@@ -155,9 +163,12 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
     The model (memory-bound kernel; every byte of X must be read once at full bandwidth):
 
-    1. **Mode.** m == 1: broadcast + ``tl.sum`` (2 FMAs per element). fp32/bf16/fp16 with m > 1:
-       ``tl.dot`` with m padded to 16 (FMA ``ieee`` dot, no tf32). fp64 with m > 1: 3-D broadcast
-       + ``tl.sum`` (fp64 ``tl.dot`` does not compile for the GPU).
+    1. **Mode.** m == 1: broadcast + ``tl.sum`` (2 FMAs per element). 2 <= m <= ``SMALL_M`` with
+       rows up to 1024 columns: "small", the right-hand sides unrolled over 2-D tiles (sm_90 AOT:
+       ~29 instructions per element of X at m = 4, 16 x 128 tiles, against ~250 and register
+       spills for the padded ``tl.dot``, which measured 27 % of the floor on the H200). Other
+       fp32/bf16/fp16 with m > 1: ``tl.dot`` with m padded to 16 (FMA ``ieee`` dot, no tf32).
+       fp64 with m > 4: 3-D broadcast + ``tl.sum`` (fp64 ``tl.dot`` does not compile for the GPU).
     2. **Registers.** A program of ``32 * num_warps`` threads holds its tile ``block_n x
        block_d`` (converted to the accumulation dtype; x m_pad for the 3-D elementwise mode), and,
        for "onchip", the accumulator (``block_n x block_d`` for m == 1, ``m_pad x block_d``
@@ -175,8 +186,11 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        row > L2 / (2 P)) block_n drops to 1 and the atomics land in L2 (w is small and stays
        there) at one per element of X.
     4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2);
-       rows shorter than 2 KB take half that (the H200 sweep of ``bench_mmchain.py`` preferred
-       8 KB tiles with 32 bytes per thread for 8M x 32 and 2M x 128), ``tl.dot`` tiles twice it.
+       rows shorter than 2 KB take half that with 8 elements per thread, whatever the dtype
+       (H200 sweeps, benchmarks/results/mmchain-H200-2026-12-02-s2.json: 8M x 32 and 2M x 128
+       fp32 best at 8 KB tiles, 8 warps = 32 B per thread; 2M x 128 bf16 best at 32 x 128 tiles
+       with 16 warps = one 16-byte load per thread, 3 programs per SM: 0.145 ms against 0.195 ms
+       with 8 warps), ``tl.dot`` tiles twice it.
        Chunked (wide) tiles keep at least 4 rows even when that overflows the L2 budget: with one
        row per tile the atomics (one per element of X) cost more than re-reading from DRAM
        (4k x 65536 on the H200: 0.89 ms at 1 row, 0.57 ms at 4).
@@ -184,8 +198,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        is a full 128-byte line.
     5. **Warps and grid.** num_warps so that each thread holds ~32 tile elements (32 bytes for
        short rows; 4..16 warps, at most 8 for chunked);
-       programs per SM from the register file (estimated registers = data + 40) and the thread
-       limit, capped at 4; a persistent grid of ``sm_count * programs_per_sm`` programs.
+       programs per SM from the register file (estimated registers = data words + 20, which is
+       what ptxas gives the short-row kernels; "small" adds y, t, v and p per right-hand side) and
+       the thread limit, capped at 4; ``tl.dot`` also by shared memory (tile + y in fp32: the
+       2M x 128, m = 4 sweep preferred 4 programs per SM, 0.716 ms against 0.901 ms at 2);
+       a persistent grid of ``sm_count * programs_per_sm`` programs.
+    6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
+       up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
+       keeps only ~24 KB in flight and the kernel is latency-bound (bf16: 61 % of the floor).
 
     Parameters
     ----------
@@ -208,6 +228,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     w_acc = 2 if fp64 else 1  # 32-bit registers per accumulated value
     if m == 1:
         mode, m_pad = "vector", 1
+    elif m <= SMALL_M and _pow2_ceil(D) * 4 <= 4096:  # short rows: unrolled right-hand sides
+        mode, m_pad = "small", _pow2_ceil(m)
     elif fp64:
         mode, m_pad = "elementwise", _pow2_ceil(m)
     else:
@@ -220,15 +242,18 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     expand = m_pad if mode == "elementwise" else 1
 
     def regs(bn, bd, warps, onchip):
-        acc = (bn * bd if mode == "vector" else m_pad * bd) if onchip else 0  # vector: [bn, bd] acc
+        if mode == "small":  # [bn, bd] accumulator per right-hand side
+            acc = m_pad * bn * bd
+        else:
+            acc = (bn * bd if mode == "vector" else m_pad * bd) if onchip else 0  # vector: [bn, bd] acc
         words = bn * bd * expand + acc + 2 * bn * m_pad
         return words * w_acc / (32 * warps)
 
     bd_full = max(bd_min, _pow2_ceil(D))
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
-    short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 32 B/thread
+    short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
     tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
-    ept = 32 // b if short_rows else 32  # tile elements per thread
+    ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
     if mode == "dot":  # measured: 64-row tiles with 4 warps amortise the tl.dot layout conversions
         tile_bytes, ept = 2 * TILE_BYTES, 64
     bn_chunk_min = 4 if mode == "vector" else bn_min  # atomics per X element <= 1/4
@@ -260,10 +285,16 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
         bn //= 2
         warps = fit_warps(bn, bd)
     threads = 32 * warps
-    reg_est = regs(bn, bd, warps, onchip) + 40
+    # registers = data words + 20 (sm_90 AOT compile: 40 for 16 data words, short-row fp32/bf16);
+    # the small mode holds y, t, v, p per right-hand side too (104 registers at 16 x 128, 8 warps)
+    reg_est = regs(bn, bd, warps, onchip) + 20
+    if mode == "small":
+        reg_est += m_pad * (bd // 32 + 4) + 20
     per_sm = min(4, gpu.max_threads_per_sm // threads, int(gpu.regs_per_sm // (threads * reg_est)))
-    if mode == "dot":  # tl.dot operands go through shared memory
-        per_sm = min(per_sm, max(1, gpu.smem_per_sm // (2 * (bn * bd + 16 * bd) * 4)))
+    if mode == "dot":  # tl.dot operands go through shared memory: ~(tile + y) fp32 words
+        # (45 KB at 64 x 128 in the sm_90 AOT compile; the H200 sweep of 2M x 128, m = 4 preferred
+        # 4 programs per SM: 0.716 ms against 0.901 ms at 2)
+        per_sm = min(per_sm, max(1, gpu.smem_per_sm // ((bn * bd + 16 * bd) * 4 + 4096)))
     if not onchip:  # 2 per SM (measured best on 4k x 65536), fewer only for the thread limit
         per_sm = min(2, gpu.max_threads_per_sm // threads)
     per_sm = max(1, per_sm)
@@ -272,8 +303,12 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
         # in-flight row tiles should fit in L2 for pass 2's re-read: programs * bn * D * b <= frac * L2
         bn_l2 = _pow2_floor(L2_FRACTION * gpu.l2_bytes / max(1, programs * D * b))
         bn = max(bn_chunk_min, min(bn, bn_l2))
+    # register double buffer where a program's tile is small: 2-byte storage and the small mode
+    # (latency-bound at 24 KB in flight per SM); fp32 short rows were at 94-96 % without it
+    prefetch = onchip and mode in ("vector", "small") and (b <= 2 or mode == "small") and bn * bd * b <= TILE_BYTES
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
-                       mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs))
+                       mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs),
+                       prefetch=bool(prefetch))
 
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
