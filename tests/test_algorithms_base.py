@@ -98,6 +98,118 @@ def test_conjugate_gradient_solves_spd_system(rng):
     assert res.converged
 
 
+def test_conjugate_gradient_history_recurrences_equal_direct_values(rng):
+    # the recorded objective / step come from CG recurrences: they must equal direct evaluation
+    A = torch.from_numpy(rng.normal(size=(10, 10)))
+    A = A @ A.T + 0.5 * torch.eye(10, dtype=torch.float64)
+    B = torch.from_numpy(rng.normal(size=(10, 3)))
+    hist = algorithms._base.History("cg")
+    res = conjugate_gradient(lambda P: A @ P, B, tol=1e-10, max_iter=4, history=hist, offset=1.5)
+    assert [r["iter"] for r in hist.records] == list(range(5)) and not res.converged
+    P = torch.zeros_like(B)
+    for k, rec in enumerate(hist.records[1:], start=1):
+        # CG is deterministic: the k-th iterate is the result of k steps
+        Pk = conjugate_gradient(lambda X: A @ X, B, tol=1e-10, max_iter=k).W
+        q = (0.5 * (Pk * (A @ Pk)).sum() - (B * Pk).sum()).item()
+        assert rec["objective"] == pytest.approx(1.5 + q, rel=1e-9, abs=1e-12)
+        assert rec["step"] == pytest.approx((Pk - P).norm(dim=0).max().item(), rel=1e-8)
+        assert rec["grad_norm"] == pytest.approx((B - A @ Pk).norm(dim=0).max().item(), rel=1e-6, abs=1e-12)
+        P = Pk
+    torch.testing.assert_close(res.W, P)
+
+
+def test_tron_cg_step_stays_inside_trust_region(rng):
+    # a tiny trust radius: truncated CG must stop ON the boundary ||S|| = delta (boundary root)
+    from algorithms._solvers import _trcg
+
+    X, obj = _objective(rng, "binomial", False)
+    W = obj.zeros()
+    st = obj.evaluate(W)
+    g, hs = obj.gradient(st)
+    gnorm = np.array([g.norm().item()])
+    for delta in (1e-3 * gnorm, 0.3 * gnorm):
+        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, np.array([True]), 0.1, 50)
+        assert reach[0]
+        assert S.norm().item() == pytest.approx(delta[0], rel=1e-10)
+        # R is the true residual -g - H S
+        torch.testing.assert_close(R, -g - obj.hessp(hs, S), rtol=1e-8, atol=1e-12)
+    # a large radius: the interior CG solution (stops on the residual test, not the boundary)
+    S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, np.array([1e6]), np.array([True]), 1e-8, 50)
+    assert not reach[0]
+    assert R.norm().item() <= 1e-8 * gnorm[0] * 1.0001
+
+
+def _count_operator_calls(monkeypatch):
+    import fusedml
+
+    calls = []
+    mm, mv = fusedml.mmchain, fusedml.matvec
+
+    def mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, **kw):
+        calls.append("gradient" if y is None else "hessp")
+        # the penalty / centring term rides in the same call (beta * z), never a separate pass
+        if y is not None:
+            assert z is not None and beta != 0.0
+        return mm(X, y, v, z, alpha, beta, **kw)
+
+    def matvec(X, y, **kw):
+        calls.append("matvec")
+        return mv(X, y, **kw)
+
+    monkeypatch.setattr(fusedml, "mmchain", mmchain)
+    monkeypatch.setattr(fusedml, "matvec", matvec)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "linearsvc", "linearsvc-ovr", "poisson"])
+def test_newton_reads_of_X_per_iteration(rng, monkeypatch, case):
+    """X is read exactly as designed: per Newton iteration ONE matvec (trial margins, shared by
+    loss, gradient and Hessian weights), ONE gradient mmchain (y=None) when the step is accepted,
+    ONE Hessian mmchain per CG step; nothing else touches X."""
+    X = rng.normal(size=(300, 5))
+    z = X @ np.array([1.0, -0.5, 0.3, 0.0, 0.8])
+    y = {"logistic": z > 0, "linearsvc": z > 0, "multinomial": np.digitize(z, [-0.4, 0.4]),
+         "linearsvc-ovr": np.digitize(z, [-0.4, 0.4]), "poisson": rng.poisson(np.exp(0.3 * z))}[case]
+    est = {"logistic": LogisticRegression(tol=1e-8), "multinomial": LogisticRegression(tol=1e-8),
+           "linearsvc": LinearSVC(tol=1e-6), "linearsvc-ovr": LinearSVC(tol=1e-6),
+           "poisson": PoissonRegressor(alpha=1e-3, tol=1e-8)}[case].set_params(backend="cpu")
+    calls = _count_operator_calls(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y.astype(int) if y.dtype == bool else y)
+    hist = est.history_
+    n_outer = len(hist) - 1
+    n_cg = sum(r["cg_iter"] for r in hist)
+    assert n_outer >= 2 and n_cg >= n_outer
+    assert calls.count("matvec") == 1 + n_outer  # start + one trial point per iteration
+    assert calls.count("hessp") == n_cg  # one mmchain per CG step (all K classes / problems at once)
+    # start + one per accepted step: at most one per iteration, and at least one after the start
+    assert 2 <= calls.count("gradient") <= 1 + n_outer
+    assert len(calls) == calls.count("matvec") + calls.count("hessp") + calls.count("gradient")
+    assert est._fit_info["n_matvec"] == calls.count("matvec")
+    assert est._fit_info["n_mmchain"] == calls.count("hessp") + calls.count("gradient")
+    # the iteration order: each CG block is preceded by a gradient, followed by a trial matvec
+    assert calls[:2] == ["matvec", "gradient"]
+    for a, b in zip(calls, calls[1:]):
+        if a == "hessp":
+            assert b in ("hessp", "matvec")
+
+
+@pytest.mark.parametrize("intercept", [True, False], ids=["intercept", "no-intercept"])
+def test_ridge_reads_of_X_per_iteration(rng, monkeypatch, intercept):
+    """Ridge/least-squares CG: ONE mmchain per CG step (``X^T (X p) + z`` with the penalty and the
+    implicit centring in ``beta * z``), plus the right-hand side (and the column means)."""
+    X = rng.normal(size=(200, 6))
+    Y = X @ rng.normal(size=(6, 2)) + 0.1 * rng.normal(size=(200, 2))
+    calls = _count_operator_calls(monkeypatch)
+    est = Ridge(alpha=0.5, fit_intercept=intercept, tol=1e-10, backend="cpu").fit(X, Y)
+    n_iter = int(np.max(est.n_iter_))
+    assert calls.count("matvec") == 0
+    assert calls.count("hessp") == n_iter
+    assert calls.count("gradient") == 1 + int(intercept)
+    assert est._fit_info["n_mmchain"] == len(calls)
+
+
 ESTIMATORS = [
     (LogisticRegression, "class"), (LinearSVC, "class"), (Ridge, "reg"), (LinearRegression, "reg"),
     (PoissonRegressor, "count"), (GammaRegressor, "pos"), (TweedieRegressor, "count"),
