@@ -9,10 +9,12 @@ reference computed from fresh random inputs.
     python benchmarks/bench_mmchain.py                 # full run on the GPU (~4 min)
     TRITON_INTERPRET=1 python benchmarks/bench_mmchain.py --quick   # CPU smoke run (< 1 min)
     python benchmarks/bench_mmchain.py --cases dense-2Mx128,csr-4Mx100k --no-sweep
+    python benchmarks/bench_mmchain.py --csr-strategies   # CSR: each strategy's best vs the model (~60 s)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -197,6 +199,83 @@ def run_case(name, spec, args, dev):
     return row
 
 
+def csr_strategy_sweep(names, specs, dev, quick=False):
+    """Per CSR case: each strategy's best time over a small launch grid, the model's predictions
+    and pick, cuSPARSE (ops, cached transpose) and one SpMV; one line per case plus a table.
+
+    Built for one GPU call of at most ~60 s (each grid point compiles its kernels once; 3 cases x
+    about 6 points). The model's constants live in ``fusedml.mmchain.csr`` (``csr_config``).
+    """
+    from fusedml.mmchain import csr as csr_mod
+
+    rows = []
+    for name in names:
+        spec = specs[name]
+        if spec[0] != "csr":
+            continue
+        t0 = time.time()
+        X, y, v, nbytes = make_case(spec, dev, seed=1)
+        m = spec[3]
+        y2, v2 = y.reshape(X.shape[1], -1), v.reshape(X.shape[0], -1)
+        model = csr_mod.csr_config(X, m, X.val.dtype)
+        sc = csr_mod.csr_config(X, m, X.val.dtype, strategy="scatter")
+        ga = csr_mod.csr_config(X, m, X.val.dtype, strategy="gather")
+
+        def scaled(c, f=1, warps=None):  # tile x f (rows per program follow), optionally warps
+            if c is None:
+                return None
+            tile = max(64, int(c.tile * f))
+            w = warps or c.num_warps
+            return dataclasses.replace(c, tile=tile, block_r=max(1, tile // c.lanes) if c.ordered else c.block_r,
+                                       num_warps=w, long_warps=w, gather=scaled(c.gather, f, warps))
+
+        grid = {"scatter": [sc], "gather": [ga]}
+        if not quick:
+            grid["scatter"] += [scaled(sc, 1, 8), scaled(sc, 2), scaled(sc, 0.5)]
+            grid["gather"] += [scaled(ga, 1, 8), scaled(ga, 2), scaled(ga, 0.5)]
+        row = {"case": name, "nnz": X.nnz, "floor_ms": nbytes / _common.H200_BANDWIDTH * 1e3,
+               "model_pick": model.strategy, "pred_scatter_ms": model.pred_scatter_ms,
+               "pred_gather_ms": model.pred_gather_ms}
+        for strat, cfgs in grid.items():
+            best = (float("inf"), None)
+            for cfg in cfgs:
+                fn = lambda cfg=cfg: csr_mod.csr_mmchain_fused(X, y2, v2, None, config=cfg)  # noqa: E731
+                try:
+                    fn()  # compile (and for gather, build the cached copy) outside the timing
+                    ms = _common.bench_ms(fn, rep=20 if quick else 60)
+                except Exception as e:  # a grid point that does not launch is reported, not fatal
+                    print(f"  {name}: {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                best = min(best, (ms, f"tile={cfg.tile} w={cfg.num_warps}"
+                                      + (f" csc tile={cfg.gather.tile} w={cfg.gather.num_warps}" if cfg.gather else "")))
+            row[f"{strat}_ms"], row[f"{strat}_best_cfg"] = best
+        fused = lambda: fusedml.mmchain(X, y, v, backend="fused")  # noqa: E731
+        fused()
+        fused()  # auto: the second call on a matrix builds the copy
+        row["auto_ms"] = _common.bench_ms(fused, rep=20 if quick else 60)
+        row["ops_cached_ms"] = _common.bench_ms(
+            lambda: fusedml.mmchain(X, y, v, backend="ops", config={"ops_transpose": "cached"}), rep=20 if quick else 60)
+        At = torch.sparse_csr_tensor(X.crow, X.col, X.val.float(), X.shape)
+        row["spmv_ms"] = _common.bench_ms(lambda: At @ y2, rep=20 if quick else 60)
+        best_strat = min(("scatter", "gather"), key=lambda k: row[f"{k}_ms"])
+        row["best"] = best_strat
+        row["model_ok"] = best_strat == model.strategy
+        row["auto/ops_cached"] = row["auto_ms"] / row["ops_cached_ms"]
+        row["pred/meas_gather"] = model.pred_gather_ms / row["gather_ms"]
+        row["pred/meas_scatter"] = model.pred_scatter_ms / row["scatter_ms"]
+        row["s"] = time.time() - t0
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        rows.append(row)
+        del X, At
+        csr_mod._CACHE.clear()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    cols = ["case", "floor_ms", "scatter_ms", "pred_scatter_ms", "gather_ms", "pred_gather_ms", "best",
+            "model_pick", "model_ok", "auto_ms", "ops_cached_ms", "auto/ops_cached", "spmv_ms", "s"]
+    print(_common.markdown_table(rows, cols))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run under TRITON_INTERPRET=1)")
@@ -204,6 +283,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/mmchain-<gpu>-<date>.json)")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the config sweep")
     ap.add_argument("--max-csr-sweep", type=int, default=14, help="sweep points per CSR case (each compiles)")
+    ap.add_argument("--csr-strategies", action="store_true",
+                    help="only the CSR strategy sweep (each strategy's best vs the model's prediction; ~60 s)")
     args = ap.parse_args(argv)
     dev = _common.device()
     if dev.type == "cpu" and not fusedml.interpret_mode():
@@ -213,6 +294,12 @@ def main(argv=None):
     unknown = [n for n in names if n not in specs]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; choose from {list(specs)}")
+    if args.csr_strategies:
+        csr_names = [n for n in names if specs[n][0] == "csr"]
+        rows = csr_strategy_sweep(csr_names, specs, dev, quick=args.quick)
+        if args.out:
+            _common.write_json("mmchain-csr-strategies", rows, {"args": vars(args)}, args.out)
+        return rows
     rows = []
     t_start = time.time()
     for name in names:

@@ -1087,6 +1087,10 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
         raise TypeError(f"config['gather'] must be a dict or a CSRConfig, got {type(g).__name__}")
     if isinstance(g, CSRConfig):
         base, g = dataclasses.replace(base, gather=g), None
+    elif g and base.gather is not None:  # the model already picked the CSC pass: override its fields
+        gfields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
+        base, g = dataclasses.replace(base, gather=dataclasses.replace(
+            base.gather, **{k: v for k, v in g.items() if k in gfields})), None
     return base, strategy != "auto", g
 
 
