@@ -19,16 +19,25 @@ are re-read from the Dask graph on every call (out-of-core, e.g. a memory-mapped
 reader thread one chunk ahead of the device. Large chunks are cut into row blocks of at most
 ``block_bytes`` so a transfer never waits on a whole chunk.
 
-The CUDA pipeline (double buffering when ``n_buffers=2``)::
+The resident chunks form a row prefix and live in ONE device matrix (dense ``[R, D]``, or one
+CSR matrix with merged row pointers), so a call launches one kernel for all of them, like an
+in-memory call. The CUDA pipeline for the streamed blocks (``n_buffers=2``: double buffering)::
 
     copy stream:    H2D(b0) H2D(b1) [wait done(b0)] H2D(b2) [wait done(b1)] H2D(b3) ...
-    compute stream: resident chunks ... [wait h2d(b0)] K(b0) [wait h2d(b1)] K(b1) ...
+    compute stream: K(resident) [wait h2d(b0)] K(b0) [wait h2d(b1)] K(b1) [wait h2d(b2)] ...
 
 Block ``i`` uses slot ``i % n_buffers``; its copy waits on the event recorded after the kernel
-that last read the slot, its kernel waits on the event recorded after its copy. The compute
-stream is the caller's current stream, so the caller's vectors need no extra synchronisation.
-A streamed call costs at least ``streamed bytes / H2D bandwidth``; with the copies overlapped,
-the kernels (a few % of that time) hide under the transfers.
+that last read the slot, its kernel waits on the event recorded after its copy. Copies are
+enqueued ``n_buffers`` blocks ahead of the kernels (the first ones before the resident kernel),
+so the copy engine always has the next copy queued, whatever the host does in between. The
+compute stream is the caller's current stream, so the caller's vectors need no extra
+synchronisation. A streamed call costs at least ``streamed bytes / H2D bandwidth``; with the
+copies overlapped, the kernels (a few % of that time) hide under the transfers.
+
+The operator hooks validate their arguments once per call and then call the operators'
+implementations on each block directly (no per-block checks, no per-block host sync from the
+wrappers; CSR row statistics of streamed blocks are computed once on the host). X's chunks are
+validated (shape, format, finiteness) once, when they are read from Dask.
 
 On a host without CUDA (``device="cpu"``) the same engine runs without pinned memory or streams;
 the tests cover the plan, the block cutting, the re-reads and the reductions this way.
@@ -547,7 +556,8 @@ class StreamedMatrix:
                 parts = {"crow": (crow[lo:hi + 1] - s).to(torch.int32),
                          "col": M.col[s:e].to(torch.int32),
                          "val": M.val[s:e].to(self.dtype)}
-                blocks.append(_HostBlock(hi - lo, self._stage(parts, pin)))
+                blocks.append(_HostBlock(hi - lo, self._stage(parts, pin),
+                                         _host_csr_stats(parts["crow"].numpy(), self.shape[1])))
         else:
             t = torch.from_numpy(np.ascontiguousarray(a_)) if a_.flags.writeable else torch.from_numpy(
                 np.array(a_, order="C"))
@@ -571,13 +581,13 @@ class StreamedMatrix:
 
         The fused CSR operator derives launch parameters from row-length statistics that it
         computes on the device and reads back (a host sync) the first time it meets a matrix;
-        a streamed block is a new matrix on every call, so the statistics are computed here
-        once per host block, on the host, by the operator's own routine, and registered in its
-        per-matrix cache for the block's device tensors.
+        a streamed block is a new matrix on every call, so the statistics are computed once per
+        host block, on the host (``_host_csr_stats``, when the block is cut), and registered in
+        the operator's per-matrix cache for the block's device tensors.
         """
         M = self._matrix(parts, b.rows)
         if self.is_sparse:
-            _seed_csr_structure(M, b, self._matrix(b.parts, b.rows))
+            _seed_csr_structure(M, b)
         return M
 
     def _matrix(self, parts, rows):
@@ -613,6 +623,9 @@ class StreamedMatrix:
                     slot = torch.empty(cap, dtype=v.dtype, device=self.device)
                     slot.record_stream(self._copy_stream)  # written there, read on the compute stream
                     self._slots[j][k] = slot
+                    # The allocation is ordered on the compute stream only: copies into it must
+                    # also come after the compute work already enqueued (it may reuse freed memory).
+                    self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def _capacity(self, name, dtype):
         esz = torch.empty((), dtype=dtype).element_size()
@@ -663,40 +676,51 @@ class StreamedMatrix:
         st = self.stats
         st.calls += 1
         st.blocks = st.h2d_bytes = st.reread_chunks = 0
-        if self._resident is not None:
-            st.blocks += 1
-            yield self._resident, 0, self._resident_rows
-        if self.streamed_bytes == 0 and all(c.resident for c in self._chunks):
-            return
-        src = self._host_blocks()
+        streams = not all(c.resident for c in self._chunks)
         if self.device.type != "cuda":
-            for b, r, _ in src:
+            if self._resident is not None:
                 st.blocks += 1
-                yield self._block_operand(b.parts, b), r, r + b.rows
+                yield self._resident, 0, self._resident_rows
+            if streams:
+                for b, r, _ in self._host_blocks():
+                    st.blocks += 1
+                    yield self._block_operand(b.parts, b), r, r + b.rows
             return
         cur = torch.cuda.current_stream(self.device)
         nb = self.n_buffers
+        src = self._host_blocks() if streams else iter(())
         queue = deque()  # (device operand, row0, rows, slot) whose copies are enqueued
         issued = 0
         exhausted = False
-        while True:
+
+        def fill():
+            nonlocal issued, exhausted
             while not exhausted and len(queue) < nb:
                 item = next(src, None)
                 if item is None:
                     exhausted = True
-                    break
+                    return
                 b, r, cached = item
                 queue.append((self._stream_block(b, issued, cached), r, b.rows, issued % nb))
                 st.h2d_bytes += b.nbytes
                 issued += 1
-            if not queue:
-                return
+
+        fill()  # the first copies run under the resident prefix's kernel
+        if self._resident is not None:
+            st.blocks += 1
+            yield self._resident, 0, self._resident_rows
+        while queue:
             M, r, rows, j = queue.popleft()
             cur.wait_event(self._h2d_done[j])
             st.blocks += 1
-            yield M, r, r + rows
-            # The consumer has enqueued its kernels on the current stream: slot j is free after them.
-            self._compute_done[j].record(cur)
+            try:
+                yield M, r, r + rows
+            finally:
+                # The consumer has enqueued its kernels on the current stream (or stopped): the
+                # slot is free for a new copy once they are done.
+                self._compute_done[j].record(cur)
+            del M
+            fill()
 
     def _stream_block(self, b, i, cached):
         """Enqueue the copy of host block ``b`` into slot ``i % n_buffers`` on the copy stream.
@@ -1074,17 +1098,49 @@ class StreamedMatrix:
                 f"{'host-cached' if self.host_cache else 're-read'} streaming)")
 
 
-def _seed_csr_structure(M, b, host_matrix):
+def _host_csr_stats(crow, n_cols):
+    """The CSR operator's row statistics (``fusedml.mmchain.csr.CSRStats``) of a host block.
+
+    Same definition as the operator's ``_compute_stats`` (checked against it by the tests), in
+    numpy: row lengths, their maximum and sum, and the histogram of ``0`` (empty row) or
+    ``1 + ceil(log2(len))``; ``ceil(log2(L)) = bit_length(L - 1)`` = the exponent of ``frexp``
+    (exact below 2^53). None when the CSR module's private API is not there.
+
+    Parameters
+    ----------
+    crow : numpy.ndarray
+        ``[n + 1]`` int32 row pointers, rebased to 0 (the block's device index dtype).
+    n_cols : int
+
+    Returns
+    -------
+    CSRStats or None
+    """
+    try:
+        from .mmchain.csr import CSRStats
+
+        lengths = np.diff(crow.astype(np.int64))
+        bins = np.zeros(lengths.shape, dtype=np.int64)
+        nz = lengths > 0
+        bins[nz] = 1 + np.frexp((lengths[nz] - 1).astype(np.float64))[1]
+        hist = np.bincount(bins, minlength=1)
+        return CSRStats(int(lengths.size), int(n_cols), int(lengths.sum()), int(lengths.max()) if lengths.size else 0,
+                        tuple(int(h) for h in hist), crow.itemsize)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - private API moved
+        return None
+
+
+def _seed_csr_structure(M, b):
     """Register host-computed row statistics of block ``b`` for its device operand ``M``.
 
-    Uses the CSR module's private cache (``_CACHE``, ``_Structure``, ``_compute_stats``): when
-    those change shape, this does nothing and the operator computes the statistics itself.
+    Uses the CSR module's private cache (``_CACHE``, ``_Structure``): when those change shape,
+    this does nothing and the operator computes the statistics itself (one host sync per block).
     """
     try:
         from .mmchain import csr as _csr
 
         if b.csr_stats is None:
-            b.csr_stats = _csr._compute_stats(host_matrix)  # host tensors: no device sync
+            return
         key = id(M.crow)
         ent = _csr._CACHE.get(key)
         if ent is not None and ent.valid_for(M):  # the same tensors as last call (host blocks)

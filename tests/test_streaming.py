@@ -437,3 +437,17 @@ def test_resident_csr_copy_only_within_budget(rng, monkeypatch):
     calls.clear()
     mmchain(roomy, y, backend="cpu")
     assert len(calls) == 1 and calls[0]["config"] is None
+
+
+def test_host_csr_stats_match_the_operator():
+    from fusedml.mmchain import csr
+    from fusedml.streaming import _host_csr_stats
+
+    lengths = np.array([0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 0, 1023, 1024, 1025, 4096, 4097])
+    crow = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    nnz = int(crow[-1])
+    A = fusedml.CSRMatrix(torch.from_numpy(crow), torch.zeros(nnz, dtype=torch.int32), torch.zeros(nnz), (18, 50))
+    assert _host_csr_stats(crow, 50) == csr._compute_stats(A)
+    one = np.array([0, 0], dtype=np.int32)  # a block of one empty row
+    A1 = fusedml.CSRMatrix(torch.from_numpy(one), torch.zeros(0, dtype=torch.int32), torch.zeros(0), (1, 50))
+    assert _host_csr_stats(one, 50) == csr._compute_stats(A1)
