@@ -166,7 +166,7 @@ class StreamStats:
     calls : int
         Calls since creation.
     blocks : int
-        Blocks processed in the last call (resident chunks count one each).
+        Blocks processed in the last call (operator calls: the resident prefix counts one).
     h2d_bytes : int
         Bytes copied host to device in the last call.
     reread_chunks : int
@@ -198,7 +198,9 @@ class StreamedMatrix:
 
     max_gpu_bytes : int, optional
         Device memory the engine may use for X (resident chunks plus the streaming slots).
-        None: everything resident (on CUDA capped at 80 % of the free memory).
+        None: everything resident (on CUDA capped at 80 % of the free memory), and a CSR
+        resident matrix may get the fused operator's cached transposed copy (2x its bytes) as
+        an in-memory matrix would; with a budget it gets it only when the copy fits too.
     host_cache : bool or "auto"
         True: chunks that are not resident are materialised once into (pinned) host memory;
         False: they are re-read from the Dask graph on every call (out-of-core); "auto": cache
@@ -226,6 +228,10 @@ class StreamedMatrix:
         True for CSR chunks.
     stats : StreamStats
         Counters of the last call.
+    resident_matrix : torch.Tensor or CSRMatrix or None
+        The resident row prefix as one device matrix (``resident_rows`` rows).
+    resident_rows, resident_chunks, resident_bytes, streamed_bytes : int
+        The memory plan.
 
     Examples
     --------
