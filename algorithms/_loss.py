@@ -542,8 +542,10 @@ class LinearObjective:
         if self.fit_intercept:
             mask[-1] = 0.0
         self.mask = mask
-        self.n_matvec = 0
-        self.n_mmchain = 0
+        self.n_matvec = 0  # matvec calls (one read of X each on every backend)
+        self.n_mmchain = 0  # mmchain calls, of which
+        self.n_xtv = 0  # ... with y=None (X^T v: one read of X on every backend); the others read X
+        # once on "fused" and twice on "ops" (X y, then X^T p)
 
     # -- reductions over the problem axis --------------------------------------------------
     def dot(self, A, B):
@@ -604,6 +606,7 @@ class LinearObjective:
         if g.dtype != self.dtype:
             g = g.to(self.dtype)
         self.n_mmchain += 1
+        self.n_xtv += 1
         if self.loss.softmax_hessian:
             hstate = {"P": H, "c": c, "alpha": alpha}
         else:
@@ -631,6 +634,7 @@ class LinearObjective:
         Pm = Pt - P * Pt.sum(1, keepdim=True)
         if c is not None:
             Pm = Pm * c
+        self.n_xtv += 1  # this mmchain has y=None: one read on every backend
         return rmatvec(self.X, Pm, z=z, beta=self.l2, alpha=hstate["alpha"], intercept=self.fit_intercept,
                        backend=self.backend).to(self.dtype)
 

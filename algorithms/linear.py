@@ -112,6 +112,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
         self._fit_info = {"intercept": True, "n_mmchain": n_pass[0] + 1 + int(self.fit_intercept),
+                          "n_xtv": 1 + int(self.fit_intercept), "n_matvec": 0,
                           "status": res.status, "dtype": info.dtype, "device": info.device}
         self._set_linear_attributes(W, info, True, vector=one_d)
         if not self.fit_intercept:

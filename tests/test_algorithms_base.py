@@ -188,6 +188,7 @@ def test_newton_reads_of_X_per_iteration(rng, monkeypatch, case):
     assert len(calls) == calls.count("matvec") + calls.count("hessp") + calls.count("gradient")
     assert est._fit_info["n_matvec"] == calls.count("matvec")
     assert est._fit_info["n_mmchain"] == calls.count("hessp") + calls.count("gradient")
+    assert est._fit_info["n_xtv"] == calls.count("gradient")
     # the iteration order: each CG block is preceded by a gradient, followed by a trial matvec
     assert calls[:2] == ["matvec", "gradient"]
     for a, b in zip(calls, calls[1:]):
@@ -208,6 +209,29 @@ def test_ridge_reads_of_X_per_iteration(rng, monkeypatch, intercept):
     assert calls.count("hessp") == n_iter
     assert calls.count("gradient") == 1 + int(intercept)
     assert est._fit_info["n_mmchain"] == len(calls)
+    assert est._fit_info["n_xtv"] == calls.count("gradient") and est._fit_info["n_matvec"] == 0
+
+
+def test_bench_operator_counts_match_the_calls(rng, monkeypatch):
+    # benchmarks/bench_end_to_end.py turns _fit_info into X passes per backend
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_end_to_end.py")
+    spec = importlib.util.spec_from_file_location("bench_end_to_end_counts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    X = rng.normal(size=(200, 4))
+    y = (X[:, 0] + 0.5 * rng.normal(size=200) > 0).astype(int)
+    calls = _count_operator_calls(monkeypatch)
+    est = LogisticRegression(tol=1e-8, backend="cpu").fit(X, y)
+    n_h = calls.count("hessp")
+    fused = mod.operator_counts(est._fit_info, "fused", 2.0)
+    ops = mod.operator_counts(est._fit_info, "ops", 2.0)
+    assert fused["x_reads"] == len(calls)
+    assert ops["x_reads"] == len(calls) + n_h  # the ops chain reads X twice
+    assert fused["ms_per_x_read"] == pytest.approx(2e3 / len(calls))
+    assert mod.operator_counts({"n_iter": 3}, "fused", 1.0) == {}
 
 
 ESTIMATORS = [
