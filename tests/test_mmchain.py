@@ -331,7 +331,9 @@ def test_launch_model_invariants(N, D, m, dtype):
     if D <= 2048 and m == 1:
         assert cfg.strategy == "onchip"
     if D >= 65_536:
-        assert cfg.strategy == "chunked"
+        assert cfg.strategy == ("coop" if m == 1 else "chunked")
+    if cfg.strategy == "coop":  # a whole row group is co-resident
+        assert -(-D // cfg.block_d) <= cfg.num_programs and cfg.block_n == 1
 
 
 def test_gpu_info_profile_on_cpu():
@@ -350,6 +352,53 @@ def test_launch_model_measured_picks():
     assert (fp32.block_n, fp32.num_warps, fp32.num_programs, fp32.prefetch) == (16, 8, 528, False)
     dot = launch.dense_config(2_000_000, 128, 8, torch.float32, gpu)  # the dot path: 4 programs per SM
     assert (dot.mode, dot.block_n, dot.num_warps, dot.num_programs) == ("dot", 64, 4, 528)
+
+
+# ----------------------------------------------------------------------- cooperative wide rows
+COOP = [
+    # (N, D, dtype, layout, block_d, programs, intercept, det, two_pass)
+    (5, 70, torch.float32, "row", 16, 8, True, False, False),  # G = 5, R = 1 (interpreter: two launches)
+    (7, 70, torch.float32, "strided", 16, 10, True, True, False),  # R = 2, partial last column block
+    (1, 1, torch.float32, "row", 1, 3, False, False, False),  # G = 1: the one-launch (waiting) path
+    (9, 33, torch.float64, "col", 64, 4, True, True, False),  # G = 1, R = 4
+    (6, 40, torch.float16, "row", 16, 6, False, False, True),  # forced two launches
+    (3, 50, torch.float32, "row", 8, 100, True, False, True),  # R capped by N
+]
+
+
+@pytest.mark.parametrize("case", COOP, ids=[f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}-bd{c[4]}-P{c[5]}-icpt{c[6]}-det{c[7]}"
+                                           f"-2pass{c[8]}" for c in COOP])
+def test_dense_fused_coop(rng, poison, case):
+    """The cooperative wide-row strategy (row split over G column blocks) against float64."""
+    N, D, dtype, layout, bd, P, intercept, det, two_pass = case
+    X = _dense(rng, N, D, dtype, layout)
+    y, v, z = _operands(rng, N, D, None, intercept=intercept)
+    cfg = {"strategy": "coop", "block_d": bd, "num_programs": P, "num_warps": 4, "two_pass": two_pass}
+    X64 = X.double()
+    w = fusedml.mmchain(X, y, v, z, 0.7, 0.3, intercept=intercept, backend="fused", deterministic=det, config=cfg)
+    assert rel(w, mmchain_reference(X64, y, v, z, 0.7, 0.3, intercept=intercept)) < TOL[dtype]
+    if det:
+        assert torch.equal(w, fusedml.mmchain(X, y, v, z, 0.7, 0.3, intercept=intercept, backend="fused",
+                                              deterministic=True, config=cfg))
+    wx = fusedml.mmchain(X, None, v, z, 1.5, -1.0, intercept=intercept, backend="fused", deterministic=det, config=cfg)
+    assert rel(wx, mmchain_reference(X64, None, v, z, 1.5, -1.0, intercept=intercept)) < TOL[dtype]
+
+
+def test_dense_coop_is_the_model_pick_for_wide_rows(rng, poison):
+    """D = 40000 (> one row on chip): the model picks coop; the interpreter runs it in two launches."""
+    cfg = launch.dense_config(3, 40_000, 1, torch.float32)
+    assert cfg.strategy == "coop" and cfg.block_d == 4096
+    X = _dense(rng, 3, 40_000, torch.float32)
+    y, v, z = _operands(rng, 3, 40_000, None)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 1.0)) < TOL[torch.float32]
+
+
+def test_dense_coop_rejects_matrix_y(rng):
+    X = _dense(rng, 10, 4, torch.float32)
+    y, v, _ = _operands(rng, 10, 4, 2)
+    with pytest.raises(ValueError, match="coop"):
+        fusedml.mmchain(X, y, v, backend="fused", config={"strategy": "coop", "block_d": 4})
 
 
 # ----------------------------------------------------------------- small-m and prefetch variants
@@ -449,13 +498,14 @@ def _aot_dense_variants():
     target = GPUTarget("cuda", 90, 32)
 
     def build(fn, xdt, acc, consts, warps):
-        ints = {"N", "D", "M", "n_tiles", "stride_xn", "stride_yd", "stride_vn", "stride_ym", "stride_vm"}
+        ints = {"N", "D", "M", "G", "R", "n_tiles", "stride_xn", "stride_yd", "stride_vn", "stride_ym", "stride_vm"}
         sig, attrs = {}, {}
         for i, a in enumerate(fn.arg_names):
             if a in consts:
                 sig[a] = "constexpr"
                 continue
-            sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else ("fp32" if a.startswith("alpha") else f"*{acc}"))
+            sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else ("fp32" if a.startswith("alpha") else
+                                                                        ("*i32" if a == "CNT" else f"*{acc}")))
             if sig[a].startswith("*") or a in ("stride_xn", "stride_yd", "stride_vn", "D"):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X
         return triton.compile(ASTSource(fn, sig, consts, attrs), target=target, options=dict(num_warps=warps))
@@ -472,8 +522,16 @@ def _aot_dense_variants():
         ("onchip m1 bf16 32x128 prefetch", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
          dict(MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
     ]
+    coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
+                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 22)
+    variants += [
+        ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
+        ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),
+        ("coop fp64 2048", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
+         dict(coop, ACC=tl.float64, BLOCK_D=2048), 8),
+    ]
     for name, fn, xdt, acc, over, warps in variants:
-        k = build(fn, xdt, acc, dict(base, **over), warps)
+        k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps)
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
@@ -485,6 +543,10 @@ def _aot_dense_variants():
         print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec}")
         assert stack == 0, f"{name}: register spills (stack {stack} B)"
         assert vec, f"{name}: X is not loaded with vector loads"
+        if fn is dense_mod._mmchain_coop_kernel:  # the row handshake: release-add, acquire-poll, L2-only reads
+            ptx = k.asm["ptx"]
+            assert re.search(r"(red|atom)\.global\.gpu\.(release|acq_rel)\.add", ptx), name
+            assert re.search(r"\.acquire\.", ptx) and "ld.global.cg" in ptx, name
 
 
 def test_dense_kernels_compile_for_sm90():
@@ -500,7 +562,7 @@ def test_dense_kernels_compile_for_sm90():
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("AOT ") == 4
+    assert r.stdout.count("AOT ") == 7
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

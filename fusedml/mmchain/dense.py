@@ -308,6 +308,109 @@ def _mmchain_small_kernel(
 
 
 @triton.jit
+def _coop_partial(x, y_g, TP, tile, g, G, PHASE: tl.constexpr):
+    # publish this program's part of t_tile = X[tile, cols_g] . y_g (PHASE 0: release to the group)
+    tl.store(TP + tile * G + g, tl.sum(x * y_g, axis=0))
+    if PHASE == 0:
+        tl.debug_barrier()  # every thread's store is ordered before the release below
+
+
+@triton.jit
+def _mmchain_coop_kernel(
+    X,  # [N, D] any strides, fp32/fp64/bf16/fp16
+    Y,  # [Dx, 1] accumulation dtype (unused when XTY)
+    V,  # [N, 1] accumulation dtype
+    W,  # [Dx, 1] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
+    PART,  # [R, Dx] per-row-group partials (DETERMINISTIC)
+    TP,  # [n_tiles, G] accumulation dtype: partial t of each row and column block
+    CNT,  # [n_tiles + 1] int32, zero: arrivals per row (last entry: spin-limit overflows)
+    N, D, G, R,
+    stride_xn, stride_xd, stride_yd, stride_vn,
+    alpha_hi, alpha_lo,
+    XTY: tl.constexpr, HAS_V: tl.constexpr, INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr,
+    EVEN_D: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr, G_PAD: tl.constexpr,
+    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr,
+):
+    # Wide rows, m = 1, one row per tile. Program pid owns column block g = pid % G of row group
+    # pid // G for the whole run: its slice of y and its X^T p accumulator stay in registers. Row
+    # i's t is the sum of the G partial dot products of its group; PHASE 0 (GPU) combines them
+    # through global memory -- each program publishes its partial and waits for the other G - 1
+    # (a counter per row; every program of the grid is co-resident, the launcher sizes it so) --
+    # and then multiplies the part of the row still in its registers: X is read once.
+    # The partial of row i + R is published before waiting on row i, and row i + R's load is in
+    # flight during that wait. PHASE 1 / 2 split the same work into two launches (partials, then
+    # combine + accumulate: X read twice): the Triton interpreter runs programs one after another.
+    pid = tl.program_id(0)
+    g = pid % G
+    r0 = pid // G
+    cols = g * BLOCK_D + tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    cmask = cols < D
+    gg = tl.arange(0, G_PAD)
+    alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    if not XTY:
+        y_g = tl.load(Y + cols.to(tl.int64) * stride_yd, mask=cmask, other=0.0).to(ACC)
+        if INTERCEPT:
+            yi = tl.load(Y + D * stride_yd).to(ACC)
+    acc = tl.zeros([BLOCK_D], dtype=ACC)
+    psum = tl.sum(tl.zeros([BLOCK_D], dtype=ACC), axis=0)
+    col_off = cols.to(tl.int64) * stride_xd
+    lmask = cmask
+    row = r0.to(tl.int64)
+    x_nxt = tl.load(X + row * stride_xn + col_off, mask=lmask & ((cols * 0 + row) < N), other=0.0).to(ACC)
+    if not XTY:
+        if PHASE != 2:
+            if row < N:
+                _coop_partial(x_nxt, y_g, TP, row, g, G, PHASE)
+                if PHASE == 0:
+                    tl.atomic_add(CNT + row, 1, sem="release")
+    for _ in range(r0, N, R):  # row = r0, r0 + R, ... (int64, carried)
+        x = x_nxt
+        nxt = row + R
+        x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
+        if PHASE != 1:
+            if not XTY:
+                if PHASE == 0:  # wait for the group's G partials of this row
+                    cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
+                    spins = 0
+                    while (cnt < G) & (spins < MAX_SPIN):
+                        cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
+                        spins += 1
+                    if cnt < G:  # never expected: count it instead of hanging (host can check)
+                        tl.atomic_add(CNT + N, 1)
+                # fixed order over the G partials (L2 only: the line may sit stale in L1)
+                t = tl.sum(tl.load(TP + row * G + gg, mask=gg < G, other=0.0, cache_modifier=".cg"), axis=0)
+                if INTERCEPT:
+                    t += yi
+            if HAS_V:
+                vv = tl.load(V + row * stride_vn).to(ACC)
+                p = vv if XTY else vv * t
+            else:
+                p = t
+            p = p * alpha
+            acc += x * p
+            psum += p
+        if not XTY:
+            if PHASE != 2:
+                if nxt < N:  # publish row i + R before waiting on it next iteration
+                    _coop_partial(x_nxt, y_g, TP, nxt, g, G, PHASE)
+                    if PHASE == 0:
+                        tl.atomic_add(CNT + nxt, 1, sem="release")
+        row = nxt
+    if PHASE != 1:
+        if DETERMINISTIC:
+            base = PART + r0.to(tl.int64) * (D + INTERCEPT)
+            tl.store(base + cols, acc, mask=cmask)
+            if INTERCEPT:
+                if g == 0:
+                    tl.store(base + D, psum)
+        else:
+            tl.atomic_add(W + cols, acc, mask=cmask, sem="relaxed")
+            if INTERCEPT:
+                if g == 0:
+                    tl.atomic_add(W + D, psum, sem="relaxed")
+
+
+@triton.jit
 def _mmchain_chunked_kernel(
     X,  # [N, D] any strides
     Y,  # [Dx, M] accumulation dtype
@@ -422,15 +525,79 @@ def _config(P: Problem, config: dict | None) -> DenseConfig:
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     cfg = cfg.with_overrides(config)
-    if cfg.strategy not in ("onchip", "chunked") or cfg.mode not in _MODES:
+    if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
     if cfg.strategy == "onchip" and cfg.block_d < P.D:
         raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
+    if cfg.strategy == "coop" and (P.m != 1 or P.v_op != "mul"):
+        raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
     if cfg.mode == "small" and not (cfg.m_pad in (2, 4) and P.m <= cfg.m_pad):
         raise ValueError(f"mode='small' needs m <= m_pad in (2, 4); got m={P.m}, m_pad={cfg.m_pad}")
     return cfg
+
+
+def _coop_capacity(args, consts, warps, dev) -> int | None:
+    """Co-resident programs of the compiled cooperative kernel on ``dev`` (None under the interpreter).
+
+    From the compiled kernel's registers and shared memory, as the Triton fused-softmax tutorial
+    does: every program of the cooperative grid must be resident at once (they wait on each other).
+    """
+    if dev.type != "cuda":
+        return None
+    key = (dev, str(args[0].dtype), tuple(sorted(consts.items())), warps)
+    if key not in _COOP_CAPACITY:
+        k = _mmchain_coop_kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=1, **consts)
+        k._init_handles()
+        gpu = gpu_info(dev)
+        threads = 32 * warps
+        regs = ((max(1, int(k.n_regs)) + 7) // 8) * 8
+        smem = int(k.metadata.shared) + 1024  # sm_90 reserves 1 KB of shared memory per block
+        per_sm = min(gpu.max_threads_per_sm // threads, gpu.regs_per_sm // (regs * threads),
+                     gpu.smem_per_sm // smem, 32)
+        _COOP_CAPACITY[key] = gpu.sm_count * per_sm
+    return _COOP_CAPACITY[key]
+
+
+_COOP_CAPACITY: dict = {}
+#: Spin iterations (each at least one L2 round trip, ~1 us) before a waiting program gives up and
+#: counts an error in ``CNT[N]`` instead of hanging (never reached when the grid is co-resident).
+COOP_MAX_SPIN = 1 << 22
+
+
+def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_lo):
+    """Launch the cooperative wide-row kernel; return (partials buffer or None, its rows R)."""
+    X, N, D, acc, dev = P.X, P.N, P.D, P.acc_dtype, P.X.device
+    G = triton.cdiv(D, cfg.block_d)
+    consts = dict(XTY=P.y is None, HAS_V=P.v is not None, INTERCEPT=P.intercept,
+                  DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, ACC=_TL[acc],
+                  BLOCK_D=cfg.block_d, G_PAD=triton.next_power_of_2(G), MAX_SPIN=COOP_MAX_SPIN)
+    tp = torch.empty((max(N, 1), G), dtype=acc, device=dev)
+    cnt = torch.zeros(N + 1, dtype=torch.int32, device=dev)
+    R = max(1, min(N, cfg.num_programs // G))
+
+    def args(R, part):
+        return (X, y, v, w, part, tp, cnt, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
+                a_hi, a_lo)
+
+    cap = _coop_capacity(args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
+    # one launch when a grid of G x R programs can be co-resident (R shrunk to fit); under the
+    # interpreter, which runs programs one after another, only with one column block (G = 1).
+    # Otherwise two launches (partials, then combine + accumulate): X read twice.
+    if cfg.two_pass:
+        one = False
+    elif cap is None:
+        one = G == 1
+    else:
+        one = cap >= G
+        R = max(1, min(R, cap // G))
+    part = _empty((R, P.Dx), acc, dev) if deterministic else w
+    phases = (0,) if one else (1, 2)
+    for phase in phases:
+        _mmchain_coop_kernel[(G * R,)](*args(R, part), PHASE=phase, **consts,
+                                       num_warps=cfg.num_warps, num_stages=1)
+    return (part, R) if deterministic else (None, R)
 
 
 def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None) -> torch.Tensor:
@@ -461,29 +628,33 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     stride_vm = 0 if v.shape[1] == 1 else v.stride(1)
     L = Dx * M
     if deterministic:
-        if cfg.strategy == "chunked":  # read-modify-write per tile
-            part = torch.zeros((grid, L), dtype=acc, device=dev)
-        else:  # every program stores its whole row
-            part = _empty((grid, L), acc, dev)
         w = _empty((Dx, M), acc, dev)
     else:
         w = (P.z * P.beta).contiguous() if has_z else torch.zeros((Dx, M), dtype=acc, device=dev)
-        part = w  # unused
     a_hi, a_lo = _split(P.alpha)
-    if cfg.strategy == "chunked":
-        kernel, extra = _mmchain_chunked_kernel, {}
+    if cfg.strategy == "coop":
+        part, grid = _launch_coop(P, cfg, y, v, w, deterministic, a_hi, a_lo)
     else:
-        kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-        extra = {"PREFETCH": bool(cfg.prefetch)}
-    kernel[(grid,)](
-        X, y, v, w, part, N, D, M, n_tiles,
-        X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
-        a_hi, a_lo,
-        XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-        DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, MODE=_MODES[cfg.mode],
-        ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
-    )
+        if not deterministic:
+            part = w  # unused
+        elif cfg.strategy == "chunked":  # read-modify-write per tile
+            part = torch.zeros((grid, L), dtype=acc, device=dev)
+        else:  # every program stores its whole row
+            part = _empty((grid, L), acc, dev)
+        if cfg.strategy == "chunked":
+            kernel, extra = _mmchain_chunked_kernel, {}
+        else:
+            kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
+            extra = {"PREFETCH": bool(cfg.prefetch)}
+        kernel[(grid,)](
+            X, y, v, w, part, N, D, M, n_tiles,
+            X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
+            a_hi, a_lo,
+            XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
+            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, MODE=_MODES[cfg.mode],
+            ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        )
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)

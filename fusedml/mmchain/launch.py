@@ -81,12 +81,17 @@ class DenseConfig:
 
     Attributes
     ----------
-    strategy : {"onchip", "chunked"}
+    strategy : {"onchip", "coop", "chunked"}
         ``"onchip"``: a whole row tile ``[block_n, D]`` is held in registers (block_d >= D) and the
         program's ``X^T p`` accumulator ``[m_pad, block_d]`` stays in registers across all its row
         tiles: P x D x m atomics in total. ``"chunked"`` (wide D): two passes over the row tile's D
         chunks -- pass 1 computes ``t = X_b y``, pass 2 re-reads the same chunks (last chunk first,
-        from L2) and adds ``X_b^T p`` with per-chunk atomics.
+        from L2) and adds ``X_b^T p`` with per-chunk atomics. ``"coop"`` (wide D, m = 1): the
+        grid is G x R programs, G = ceil(D / block_d) column blocks per row group; each program
+        keeps its slice of y and of ``X^T p`` in registers, publishes its partial dot product of
+        each row and waits (a per-row counter in global memory) for the other G - 1 before using
+        the part of the row it still holds: X is read once. Every program must be co-resident:
+        the launcher caps R by the compiled kernel's occupancy (else two launches, X read twice).
     block_n : int
         Rows per tile.
     block_d : int
@@ -118,6 +123,7 @@ class DenseConfig:
     num_programs: int
     num_stages: int = 1
     prefetch: bool = False
+    two_pass: bool = False
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
@@ -153,6 +159,8 @@ TILE_BYTES = 16 * 1024
 REG_DATA = 96
 #: Fraction of L2 that the in-flight row tiles of the chunked strategy may occupy.
 L2_FRACTION = 0.5
+#: Programs per SM of the cooperative wide-row strategy (register-limited at 104 registers x 256 threads).
+COOP_PROGRAMS_PER_SM = 2
 #: Largest m served by the unrolled "small" kernel (one accumulator per right-hand side).
 SMALL_M = 4
 
@@ -174,7 +182,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        for "onchip", the accumulator (``block_n x block_d`` for m == 1, ``m_pad x block_d``
        otherwise). Per thread this must stay under
        ``REG_DATA`` 32-bit words (fp64 words count double).
-    3. **Strategy.** "onchip" when a whole row (block_d = next power of two >= D) fits with the
+    3. **Strategy.** (wide rows, m = 1: "coop", see below.) "onchip" when a whole row (block_d = next power of two >= D) fits with the
        minimum block_n (1, or 16 for ``tl.dot``) and at most 16 warps: then the accumulator lives
        in registers for the whole run and only ``P * D * m`` atomics are issued. Otherwise
        "chunked": block_n is chosen so that all in-flight row tiles (``P * block_n * D *
@@ -203,6 +211,15 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        the thread limit, capped at 4; ``tl.dot`` also by shared memory (tile + y in fp32: the
        2M x 128, m = 4 sweep preferred 4 programs per SM, 0.716 ms against 0.901 ms at 2);
        a persistent grid of ``sm_count * programs_per_sm`` programs.
+    7. **Wide rows, m = 1: "coop".** When a row does not fit "onchip" (D > 16384 fp32), a row is
+       split over G column blocks of ``block_d`` = 4096 (2048 fp64) columns held by G programs of
+       8 warps (16 values per thread), which combine the row's t through global memory (one
+       store, one release-add, one acquire-poll per row and program) and each multiply their
+       part of the row still in registers: one read of X (the "chunked" two-pass strategy
+       re-read most of it from DRAM: 4k x 65536 reached 44 % of the floor). The partial of row
+       i + R is published before waiting on row i, and row i + R's load is in flight during the
+       wait. Grid: ``sm_count * 2`` programs (register-limited), R = programs // G row groups.
+       Taken while G fits in the co-resident grid (D up to ~1M columns on an H200).
     6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
        up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
        keeps only ~24 KB in flight and the kernel is latency-bound (bf16: 61 % of the floor).
@@ -251,6 +268,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
     bd_full = max(bd_min, _pow2_ceil(D))
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
+    if not onchip and mode == "vector":
+        # cooperative wide rows: 8 warps, 16 values per thread (8 for fp64) of x, the prefetched
+        # next row, the accumulator and y: ~64 + 40 registers (104 in the sm_90 AOT compile)
+        bd = 4096 // w_acc
+        per_sm = max(1, min(COOP_PROGRAMS_PER_SM, gpu.regs_per_sm // (256 * 104)))
+        if -(-D // bd) <= gpu.sm_count * per_sm:  # one group's G column blocks must be co-resident
+            return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=8,
+                               num_programs=gpu.sm_count * per_sm)
     short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
     tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
     ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
