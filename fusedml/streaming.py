@@ -44,6 +44,8 @@ the tests cover the plan, the block cutting, the re-reads and the reductions thi
 """
 from __future__ import annotations
 
+import copy
+import importlib
 import math
 import sys
 import threading
@@ -56,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._dispatch import resolve_backend
 from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
 
 __all__ = ["StreamedMatrix", "is_dask_array", "options"]
@@ -812,6 +815,8 @@ class StreamedMatrix:
     def _vec(self, a, name, dtype):
         if a is None:
             return None
+        if isinstance(a, torch.Tensor) and a.device == self.device and a.dtype == dtype and a.layout == torch.strided:
+            return a  # already there (the solvers' case): shapes are checked by the caller
         from ._validation import to_tensor
 
         t = to_tensor(a, name, ndim=(1, 2))
@@ -826,7 +831,10 @@ class StreamedMatrix:
 
     def _standin(self):
         """``[N, D]`` zero-stride view of one zero (storage dtype, device): validates shapes only."""
-        return torch.zeros((1, 1), dtype=self.dtype, device=self.device).expand(*self.shape)
+        t = getattr(self, "_standin_t", None)
+        if t is None:
+            t = self._standin_t = torch.zeros((1, 1), dtype=self.dtype, device=self.device).expand(*self.shape)
+        return t
 
     @property
     def acc_dtype(self) -> torch.dtype:
@@ -866,12 +874,7 @@ class StreamedMatrix:
         torch.Tensor
             ``[D(+1)]`` or ``[D(+1), m]`` on ``self.device``.
         """
-        from dataclasses import replace
-
-        from ._dispatch import resolve_backend
-        from .mmchain import _run_mmchain
-        from .mmchain._checks import prepare_mmchain
-
+        mm = _mmchain_module()
         n, d = self.shape
         dd = d + int(bool(intercept))
         acc = self.acc_dtype
@@ -886,17 +889,16 @@ class StreamedMatrix:
             for t, name in ((y, "y"), (v, "v"), (z, "z")):
                 if t is not None:
                     _check_finite_tensor(t, name)
-        P0 = prepare_mmchain(self._standin(), y, v, z, alpha, beta, intercept=intercept, v_op=v_op,
-                             check_finite=False)
+        P0 = mm._checks.prepare_mmchain(self._standin(), y, v, z, alpha, beta, intercept=intercept, v_op=v_op,
+                                        check_finite=False)
         be = resolve_backend(backend, self.device)
         det = bool(deterministic)
 
         def block(Xb, rows):
-            P = replace(P0, X=Xb, N=rows.stop - rows.start, v=None if P0.v is None else P0.v[rows],
-                        z=None, beta=0.0)
-            return _run_mmchain(P, be, key=Xb, deterministic=det, config=self._csr_config(Xb, config))
+            P = _problem_for(P0, Xb, rows, slice_v=True)
+            return mm._run_mmchain(P, be, key=Xb, deterministic=det, config=self._csr_config(Xb, config))
 
-        w = self.map_blocks(block, "sum")
+        w = _sum(self.map_blocks(block, None))  # fresh per-block results: summed in place
         if P0.z is not None and P0.beta != 0.0:
             w = w + P0.beta * P0.z
         return P0.finish(w)
@@ -917,21 +919,16 @@ class StreamedMatrix:
         -------
         torch.Tensor
         """
-        from dataclasses import replace
-
-        from ._dispatch import resolve_backend
-        from .mmchain import _csr_module
-        from .mmchain._checks import prepare_matvec
-
+        mm = _mmchain_module()
         d = self.shape[1] + int(bool(intercept))
         y = self._vec(y, "y", self.acc_dtype)
         if y is None or y.shape[0] != d:
             raise ValueError(f"y must have {d} rows, got {None if y is None else tuple(y.shape)}")
-        P0 = prepare_matvec(self._standin(), y, intercept=intercept)
+        P0 = mm._checks.prepare_matvec(self._standin(), y, intercept=intercept)
         be = resolve_backend(backend, self.device)
 
         def block(Xb, rows):
-            P = replace(P0, X=Xb, N=rows.stop - rows.start)
+            P = _problem_for(P0, Xb, rows, slice_v=False)
             if be == "ops":
                 from .mmchain.ops import matvec_ops
 
@@ -941,7 +938,7 @@ class StreamedMatrix:
 
                 return matvec_cpu(P)
             if P.is_csr:
-                return _csr_module().csr_matvec_fused(Xb, P.y, intercept=P.intercept, config=config)
+                return mm._csr_module().csr_matvec_fused(Xb, P.y, intercept=P.intercept, config=config)
             from .mmchain.dense import dense_matvec_fused
 
             return dense_matvec_fused(P, config=config)
@@ -985,9 +982,6 @@ class StreamedMatrix:
         -------
         fusedml.gmm.GMMStats
         """
-        from dataclasses import replace
-
-        from ._dispatch import resolve_backend
         from .gmm import GMMStats, _check_options, _resolve_precision
 
         _check_options(path, precision)
@@ -1010,7 +1004,9 @@ class StreamedMatrix:
         sw = prep0.sample_weight
 
         def block(Xb, rows):
-            return run(replace(prep0, X=Xb, N=rows.stop - rows.start, sample_weight=None if sw is None else sw[rows]))
+            p = copy.copy(prep0)
+            p.X, p.N, p.sample_weight = Xb, rows.stop - rows.start, None if sw is None else sw[rows]
+            return run(p)
 
         parts = self.map_blocks(block, None)
         lp = None
@@ -1023,9 +1019,6 @@ class StreamedMatrix:
     def _fusedml_gmm_score(self, weights, means, precisions_cholesky, covariance_type, *, backend="auto",
                            path="auto"):
         """Per-sample log-likelihood ``[N]`` and labels ``[N]`` (hook of fusedml.gmm_score)."""
-        from dataclasses import replace
-
-        from ._dispatch import resolve_backend
         from .gmm import _check_options
 
         _check_options(path, "fp32")
@@ -1037,8 +1030,12 @@ class StreamedMatrix:
             from .gmm.ops import score_ops as run
         else:
             from .gmm.cpu import score_cpu as run
-        lp, labels = self.map_blocks(lambda Xb, rows: tuple(run(replace(prep0, X=Xb, N=rows.stop - rows.start))),
-                                     "concat")
+        def block(Xb, rows):
+            p = copy.copy(prep0)
+            p.X, p.N = Xb, rows.stop - rows.start
+            return tuple(run(p))
+
+        lp, labels = self.map_blocks(block, "concat")
         return lp.to(torch.float64 if self.dtype == torch.float64 else torch.float32), labels
 
     # ------------------------------------------------------------------ helpers
@@ -1104,6 +1101,22 @@ class StreamedMatrix:
                 f"{'host-cached' if self.host_cache else 're-read'} streaming)")
 
 
+def _mmchain_module():
+    """The ``fusedml.mmchain`` package (``fusedml.mmchain`` the attribute is the function)."""
+    return importlib.import_module("fusedml.mmchain")
+
+
+def _problem_for(P0, Xb, rows, *, slice_v):
+    """The validated mmchain/matvec problem ``P0`` re-pointed at block ``Xb`` (rows ``rows``):
+    the block's slice of v, no ``beta z`` (added once to the sum)."""
+    P = copy.copy(P0)
+    P.X, P.N = Xb, rows.stop - rows.start
+    if slice_v:
+        P.v = None if P0.v is None else P0.v[rows]
+        P.z, P.beta = None, 0.0
+    return P
+
+
 def _host_csr_stats(crow, n_cols):
     """The CSR operator's row statistics (``fusedml.mmchain.csr.CSRStats``) of a host block.
 
@@ -1158,8 +1171,8 @@ def _seed_csr_structure(M, b):
 
 
 def _sum(parts):
-    """Elementwise sum of per-block tensors, in block order (deterministic)."""
-    acc = parts[0].clone()
+    """Elementwise sum of FRESH per-block tensors (the first is summed into), in block order."""
+    acc = parts[0]
     for t in parts[1:]:
         acc.add_(t)
     return acc
