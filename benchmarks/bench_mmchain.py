@@ -10,6 +10,7 @@ reference computed from fresh random inputs.
     TRITON_INTERPRET=1 python benchmarks/bench_mmchain.py --quick   # CPU smoke run (< 1 min)
     python benchmarks/bench_mmchain.py --cases dense-2Mx128,csr-4Mx100k --no-sweep
     python benchmarks/bench_mmchain.py --csr-strategies   # CSR: each strategy's best vs the model (~60 s)
+    python benchmarks/bench_mmchain.py --dense-sweep      # dense: the weak cases' launch sweep (~60 s)
 """
 from __future__ import annotations
 
@@ -112,11 +113,21 @@ def reference64(X, y, v):
 
 
 def dense_sweep(X, m, quick):
-    """A small grid around the model's pick: block_n x {1/2, 1, 2}, warps x {1/2, 2}, programs x {1/2, 2}."""
+    """A grid around the model's pick: block_n x {1/2, 2}, warps x {1/2, 2}, programs x {1/2, 2},
+    plus per strategy: prefetch on/off (onchip), the padded ``tl.dot`` for small m, and for wide
+    rows ("coop") wider column blocks, two launches and the former "chunked" strategy."""
     base = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
                                stride_xn=X.stride(0), stride_xd=X.stride(1))
     bn_min = 16 if base.mode == "dot" else 1
+    sms = launch.gpu_info(X.device).sm_count
     grid = [{}]
+    if base.strategy == "coop":
+        grid += [{"block_d": 2 * base.block_d, "num_warps": 16, "num_programs": sms},
+                 {"block_d": 2 * base.block_d, "num_programs": sms},
+                 {"block_d": base.block_d // 2, "num_warps": 4, "num_programs": 4 * sms},
+                 {"num_programs": sms}, {"two_pass": True},
+                 {"strategy": "chunked", "block_n": 4, "block_d": 16384, "num_warps": 8, "num_programs": 2 * sms}]
+        return grid[:2] if quick else grid
     for f in (0.5, 2):
         bn = int(base.block_n * f)
         if bn >= bn_min and (base.strategy == "chunked" or bn * base.block_d <= 65536):
@@ -127,10 +138,72 @@ def dense_sweep(X, m, quick):
             grid.append({"num_warps": w})
     for f in (0.5, 2):
         grid.append({"num_programs": max(1, int(base.num_programs * f))})
+    if base.strategy == "onchip" and base.mode in ("vector", "small"):
+        grid.append({"prefetch": not base.prefetch})
+    if base.mode == "small":  # the padded ieee tl.dot with the former model's best launch
+        grid.append({"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "num_programs": 4 * sms,
+                     "prefetch": False})
+        grid.append({"num_programs": base.num_programs * 3 // 2})
     if base.strategy == "chunked":
         for f in (0.5, 2):
             grid.append({"block_d": max(16, int(base.block_d * f))})
     return grid[:2] if quick else grid
+
+
+#: The dense cases below 87 % of the floor in the 2026-12-02 session-2 H200 run, and one reference.
+WEAK_DENSE = "dense-2Mx128-bf16,dense-2Mx128-m4,dense-4kx65536,dense-2Mx128"
+
+
+def dense_config_sweep(names, specs, dev, quick=False):
+    """Per dense case: the model's pick and every point of :func:`dense_sweep` (ms, % of floor),
+    the best, ``model/best``, "ops", and the model pick's error against float64 on fresh inputs.
+
+    Built for one GPU call of at most ~60 s (each point compiles once; ~9 points per case).
+    """
+    rows = []
+    for name in names:
+        spec = specs[name]
+        if spec[0] != "dense":
+            continue
+        t0 = time.time()
+        X, y, v, nbytes = make_case(spec, dev, seed=1)
+        m = spec[3]
+        floor = nbytes / _common.H200_BANDWIDTH * 1e3
+        cfg = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(dev),
+                                  stride_xn=X.stride(0), stride_xd=X.stride(1))
+        row = {"case": name, "floor_ms": floor, "model": repr(cfg)}
+        rep = 10 if quick else 40
+        points = []
+        for over in dense_sweep(X, m, quick):
+            fn = lambda over=over: fusedml.mmchain(X, y, v, backend="fused", config=over)  # noqa: E731
+            try:
+                fn()  # compile outside the timing
+                ms = _common.bench_ms(fn, rep=rep)
+            except Exception as e:  # a point that does not launch is reported, not fatal
+                print(f"  {name}: {over} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            points.append((ms, over))
+            print(f"  {name} {over}: {ms:.4f} ms ({100 * floor / ms:.1f} % of floor)", flush=True)
+        model_ms = next((ms for ms, over in points if not over), float("nan"))
+        best_ms, best = min(points, key=lambda p: p[0]) if points else (float("nan"), None)
+        row.update({"model_ms": model_ms, "%floor": 100 * floor / model_ms, "best_ms": best_ms, "best": repr(best),
+                    "best_%floor": 100 * floor / best_ms, "model/best": model_ms / best_ms,
+                    "sweep": [(ms, repr(o)) for ms, o in points]})
+        row["ops_ms"] = _common.bench_ms(lambda: fusedml.mmchain(X, y, v, backend="ops"), rep=rep)
+        row["speedup_ops"] = row["ops_ms"] / model_ms
+        X2, y2, v2, _ = make_case(spec, dev, seed=2)
+        row["rel_err"] = float((fusedml.mmchain(X2, y2, v2, backend="fused").double() - reference64(X2, y2, v2)).norm()
+                               / reference64(X2, y2, v2).norm())
+        row["s"] = time.time() - t0
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k != "sweep"}, flush=True)
+        rows.append(row)
+        del X, X2
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    cols = ["case", "floor_ms", "model_ms", "%floor", "best_ms", "best_%floor", "model/best", "best", "ops_ms",
+            "speedup_ops", "rel_err", "s"]
+    print(_common.markdown_table(rows, cols))
+    return rows
 
 
 def run_case(name, spec, args, dev):
@@ -283,6 +356,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/mmchain-<gpu>-<date>.json)")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the config sweep")
     ap.add_argument("--max-csr-sweep", type=int, default=14, help="sweep points per CSR case (each compiles)")
+    ap.add_argument("--dense-sweep", action="store_true",
+                    help="only the dense launch sweep (model vs each point; default cases: the weak ones, ~60 s)")
     ap.add_argument("--csr-strategies", action="store_true",
                     help="only the CSR strategy sweep (each strategy's best vs the model's prediction; ~60 s)")
     args = ap.parse_args(argv)
@@ -290,10 +365,16 @@ def main(argv=None):
     if dev.type == "cpu" and not fusedml.interpret_mode():
         ap.error("no CUDA device: run with TRITON_INTERPRET=1 (and --quick) for a CPU smoke run")
     specs = QUICK if args.quick else FULL
+    if args.dense_sweep and args.cases == "all":
+        args.cases = WEAK_DENSE
     names = list(specs) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [n for n in names if n not in specs]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; choose from {list(specs)}")
+    if args.dense_sweep:
+        rows = dense_config_sweep(names, specs, dev, quick=args.quick)
+        _common.write_json("mmchain-dense-sweep", rows, {"args": vars(args)}, args.out)
+        return rows
     if args.csr_strategies:
         csr_names = [n for n in names if specs[n][0] == "csr"]
         rows = csr_strategy_sweep(csr_names, specs, dev, quick=args.quick)
