@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections import deque
 
-import numpy as np
 import torch
 
 __all__ = ["SolverResult", "conjugate_gradient", "lbfgs", "tron"]
@@ -61,19 +60,19 @@ def _precision(dtype):
 # host-side scalars: one small D2H copy per decision, a handful of launches per step
 # --------------------------------------------------------------------------------------------
 def _host(t):
-    """[P] device tensor -> float64 numpy array (ONE host sync)."""
-    return np.asarray(t.tolist(), dtype=np.float64).reshape(-1)
+    """[P] device tensor -> list of P Python floats (ONE host sync, one small D2H copy)."""
+    return [float(x) for x in t.reshape(-1).tolist()]
 
 
 def _coef(vals, like):
-    """Per-problem coefficients [P] (float64 numpy) as what :func:`_axpy` takes.
+    """Per-problem coefficients (list of P floats) as what :func:`_axpy` takes.
 
     P == 1: a Python float (no launch, no copy); else a [1, P] tensor on ``like``'s device (one
     asynchronous H2D copy from pinned memory on CUDA).
     """
     if len(vals) == 1:
         return float(vals[0])
-    t = torch.as_tensor(np.ascontiguousarray(vals), dtype=like.dtype).reshape(1, -1)
+    t = torch.tensor(vals, dtype=like.dtype).reshape(1, -1)
     if like.device.type == "cuda":
         t = t.pin_memory().to(like.device, non_blocking=True)
     return t
@@ -86,32 +85,39 @@ def _axpy(Y, a, X):
     return torch.addcmul(Y, a, X)
 
 
+def _finite_or(x, default):
+    return x if math.isfinite(x) else default
+
+
 # --------------------------------------------------------------------------------------------
 # TRON
 # --------------------------------------------------------------------------------------------
 def _boundary(std, sts, dtd, dsq):
-    # the positive root a of ||S + a D||^2 = delta^2 (LIBLINEAR's trcg), per problem
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rad = np.sqrt(np.maximum(std * std + dtd * (dsq - sts), 0.0))
-        a = np.where(std >= 0, (dsq - sts) / (std + rad), (rad - std) / dtd)
-    return np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    """The positive root a of ``||S + a D||^2 = delta^2`` (LIBLINEAR's trcg); 0 if undefined."""
+    rad = math.sqrt(max(std * std + dtd * (dsq - sts), 0.0))
+    try:
+        a = (dsq - sts) / (std + rad) if std >= 0 else (rad - std) / dtd
+    except ZeroDivisionError:
+        return 0.0
+    return _finite_or(a, 0.0)
 
 
 def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
 
-    Scalars live on the host in float64 (numpy [P]); per CG step: ONE ``obj.hessp`` (one
-    mmchain), two host syncs (``d^T H d``, then ``||r||^2``) and five small launches (the dots
-    and three axpys). ``||S||^2``, ``S^T D`` and ``D^T D`` follow Steihaug's recurrences
-    (exact in exact arithmetic); when they say the step may leave the region, the three are
-    recomputed exactly before the boundary step (at most once per solve, one extra sync).
+    Scalars live on the host as Python floats (float64), one per problem; per CG step: ONE
+    ``obj.hessp`` (one mmchain), two host syncs (``d^T H d``, then ``||r||^2``) and five small
+    launches (two dots, three axpys). ``||S||^2``, ``S^T D`` and ``D^T D`` follow Steihaug's
+    recurrences (exact in exact arithmetic); when they say the step may leave the region the
+    three are recomputed exactly before the boundary step (at most once per solve: one sync).
 
     Parameters
     ----------
-    gnorm : numpy [P] float64
+    gnorm : list of float
         ``||g||`` per problem (known to the caller: no sync here).
-    delta : numpy [P] float64
-    active : numpy [P] bool
+    delta : list of float
+        Trust radius per problem.
+    active : list of bool
 
     Returns
     -------
@@ -119,54 +125,64 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
     R : [D~, K] residual ``-g - H S``
     n_cg : int
         CG iterations run (the maximum over problems).
-    reach : numpy [P] bool
+    reach : list of bool
         The step hit the trust-region boundary.
     """
     dot = obj.dot
+    P = len(gnorm)
     S = torch.zeros_like(g)
     R = torch.neg(g)
     Dv = R
-    rTr = gnorm * gnorm
-    cgtol = eps_cg * gnorm
-    dsq = delta * delta
-    sts = np.zeros_like(rTr)
-    std = np.zeros_like(rTr)
-    dtd = rTr.copy()
-    run = active & (np.sqrt(rTr) > cgtol)
-    reach = np.zeros_like(active)
+    rTr = [x * x for x in gnorm]
+    cgtol = [eps_cg * x for x in gnorm]
+    dsq = [d * d for d in delta]
+    sts, std, dtd = [0.0] * P, [0.0] * P, list(rTr)
+    run = [bool(a) and math.sqrt(r) > c for a, r, c in zip(active, rTr, cgtol)]
+    reach = [False] * P
     n_cg = 0
-    while n_cg < max_cg and run.any():
+    while n_cg < max_cg and any(run):
         n_cg += 1
         Hd = obj.hessp(hstate, Dv)
         dHd = _host(dot(Dv, Hd))  # sync 1: the curvature along Dv
-        with np.errstate(divide="ignore", invalid="ignore"):
-            alpha = np.where(run, rTr / dHd, 0.0)
-        sts_try = sts + 2.0 * alpha * std + alpha * alpha * dtd
-        over = run & ((sts_try > dsq) | ~(dHd > 0) | ~np.isfinite(alpha))
-        if over.any():
+        alpha, over = [0.0] * P, [False] * P
+        for j in range(P):
+            if run[j]:
+                a = rTr[j] / dHd[j] if dHd[j] > 0 else math.inf  # dHd <= 0 or NaN: to the boundary
+                over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
+                alpha[j] = a
+        if any(over):
             # exact S^T D, S^T S, D^T D for the boundary step (LIBLINEAR computes them directly)
-            ex = _host(torch.stack([dot(S, Dv), dot(S, S), dot(Dv, Dv)]).reshape(-1)).reshape(3, -1)
-            std, sts, dtd = np.where(over, ex[0], std), np.where(over, ex[1], sts), np.where(over, ex[2], dtd)
-            sts_try = sts + 2.0 * alpha * std + alpha * alpha * dtd
-            over = run & ((sts_try > dsq) | ~(dHd > 0) | ~np.isfinite(alpha))
-            alpha = np.where(over, _boundary(std, sts, dtd, dsq), alpha)
-        alpha = np.nan_to_num(np.where(run, alpha, 0.0), nan=0.0, posinf=0.0, neginf=0.0)
+            ex = _host(torch.stack([dot(S, Dv), dot(S, S), dot(Dv, Dv)]))
+            for j in range(P):
+                if over[j]:
+                    std[j], sts[j], dtd[j] = ex[j], ex[P + j], ex[2 * P + j]
+                    a = alpha[j]
+                    over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
+                    alpha[j] = _boundary(std[j], sts[j], dtd[j], dsq[j]) if over[j] else a
         S = _axpy(S, _coef(alpha, S), Dv)
-        R = _axpy(R, _coef(-alpha, R), Hd)
-        sts = sts + 2.0 * alpha * std + alpha * alpha * dtd
-        reach = reach | over
-        run = run & ~over
-        if not run.any():
+        R = _axpy(R, _coef([-a for a in alpha], R), Hd)
+        for j in range(P):
+            if run[j]:
+                a = alpha[j]
+                sts[j] += (2.0 * std[j] + a * dtd[j]) * a
+                if over[j]:
+                    reach[j], run[j] = True, False
+        if not any(run):
             break
         rnew = _host(dot(R, R))  # sync 2: the residual (stopping test and beta)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            beta = np.where(run, rnew / rTr, 0.0)
-        beta = np.nan_to_num(beta, nan=0.0, posinf=0.0, neginf=0.0)
-        Dv = _axpy(R, _coef(beta, R), Dv)  # stopped problems: beta 0, Dv = R stays finite
-        std = np.where(run, beta * (std + alpha * dtd), std)
-        dtd = np.where(run, rnew + beta * beta * dtd, dtd)
-        rTr = np.where(run, rnew, rTr)
-        run = run & (np.sqrt(rTr) > cgtol)
+        beta = [0.0] * P
+        for j in range(P):
+            if run[j]:
+                b = _finite_or(rnew[j] / rTr[j], 0.0) if rTr[j] > 0 else 0.0
+                beta[j] = b
+                std[j] = b * (std[j] + alpha[j] * dtd[j])
+                dtd[j] = rnew[j] + b * b * dtd[j]
+                rTr[j] = rnew[j]
+                run[j] = math.sqrt(max(rnew[j], 0.0)) > cgtol[j]
+                if not run[j]:
+                    beta[j] = 0.0
+        if any(run):
+            Dv = _axpy(R, _coef(beta, R), Dv)  # stopped problems: beta 0, Dv = R stays finite
     return S, R, n_cg, reach
 
 
@@ -175,8 +191,9 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
 
     Per outer iteration: ONE ``evaluate`` (one matvec) at the trial point, ONE ``gradient``
     (one mmchain with ``y=None``) when a step is accepted, and one ``hessp`` (one mmchain) per
-    CG step; two host syncs at the outer level (trial objective; gradient norm and the
-    convergence test) besides the two per CG step.
+    CG step; two host syncs at the outer level (trial objective with ``g^T S``, ``S^T R``,
+    ``S^T S``; then the gradient norm with the convergence test) besides the two per CG step.
+    The trust-region logic runs on the host in float64 Python floats, one per problem.
 
     Parameters
     ----------
@@ -209,73 +226,85 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
 
     st = obj.evaluate(W0)
     f = _host(st["f"])
-    if not np.isfinite(f).all():
+    if not all(math.isfinite(x) for x in f):
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
+    P = len(f)
     g, hs = obj.gradient(st)
     gnorm0_dev = torch.sqrt(dot(g, g))
 
     def grad_info(g):
         gn = torch.sqrt(dot(g, g))
         conv = stop(g, gn, gnorm0_dev)
-        v = _host(torch.cat([gn.double(), conv.double()]))  # one sync: norm and test
-        P = v.shape[0] // 2
-        return v[:P], v[P:] > 0.5
+        v = _host(torch.cat([gn.double(), conv.double()]))  # one sync: norms and the test
+        return v[:P], [x > 0.5 for x in v[P:]]
 
     gnorm, conv = grad_info(g)
-    active = ~conv
-    n_iter = np.zeros(active.shape, dtype=np.int64)
-    stalled = np.zeros_like(active)
-    delta = gnorm.copy()
+    active = [not c for c in conv]
+    n_iter, stalled = [0] * P, [False] * P
+    delta = list(gnorm)
     if history is not None:
-        history.add(0, float(f.sum()), float(gnorm.max()), 0.0, cg_iter=0)
+        history.add(0, sum(f), max(gnorm), 0.0, cg_iter=0)
     for it in range(1, max_iter + 1):
-        if not active.any():
+        if not any(active):
             break
         S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg)
         stn = obj.evaluate(_axpy(st["W"], 1.0, S))
         # one sync: trial objective, g^T S, S^T R, S^T S
         red = torch.stack([dot(g, S), dot(S, R), dot(S, S)]).reshape(-1).to(torch.float64)
         v = _host(torch.cat([stn["f"].reshape(-1), red]))
-        P = f.shape[0]
-        fnew, gs, sR, ss = v[:P], v[P:2 * P], v[2 * P:3 * P], v[3 * P:]
-        fnew = np.where(np.isfinite(fnew), fnew, np.inf)
-        prered = -0.5 * (gs - sR)
-        actred = f - fnew
-        snorm = np.sqrt(np.maximum(ss, 0.0))
-        if it == 1:
-            delta = np.minimum(delta, snorm)
-        denom = fnew - f - gs
-        with np.errstate(divide="ignore", invalid="ignore"):
-            alpha = np.where(denom <= 0, sigma3, np.maximum(-0.5 * (gs / denom), sigma1))
-        alpha = np.nan_to_num(alpha, nan=sigma1)
-        d1 = np.minimum(alpha * snorm, sigma2 * delta)
-        d2 = np.maximum(sigma1 * delta, d1)
-        d3 = np.maximum(sigma1 * delta, np.minimum(alpha * snorm, sigma3 * delta))
-        d4 = np.where(reach, sigma3 * delta, np.maximum(delta, np.minimum(alpha * snorm, sigma3 * delta)))
-        with np.errstate(invalid="ignore"):
-            new_delta = np.where(actred < eta0 * prered, d1,
-                                 np.where(actred < eta1 * prered, d2, np.where(actred < eta2 * prered, d3, d4)))
-            accept = active & (actred > eta0 * prered)
-            absf = np.abs(f)
+        accept, snorm = [False] * P, [0.0] * P
+        for j in range(P):
+            fnew, gs, sR, ss = v[j], v[P + j], v[2 * P + j], v[3 * P + j]
+            if not math.isfinite(fnew):
+                fnew = math.inf
+            snorm[j] = sn = math.sqrt(max(ss, 0.0))
+            if not active[j]:
+                continue
+            dl = delta[j]
+            if it == 1:
+                dl = min(dl, sn)
+            prered = -0.5 * (gs - sR)
+            actred = f[j] - fnew
+            denom = fnew - f[j] - gs
+            if denom <= 0:
+                al = sigma3
+            else:
+                al = max(-0.5 * (gs / denom), sigma1) if math.isfinite(denom) else sigma1
+            if not math.isfinite(al):
+                al = sigma1
+            if actred < eta0 * prered:
+                dl = min(al * sn, sigma2 * dl)
+            elif actred < eta1 * prered:
+                dl = max(sigma1 * dl, min(al * sn, sigma2 * dl))
+            elif actred < eta2 * prered:
+                dl = max(sigma1 * dl, min(al * sn, sigma3 * dl))
+            elif reach[j]:
+                dl = sigma3 * dl
+            else:
+                dl = max(dl, min(al * sn, sigma3 * dl))
+            delta[j] = dl
+            accept[j] = actred > eta0 * prered
+            n_iter[j] += 1
+            absf = abs(f[j])
             # LIBLINEAR's "no progress" exits; a tiny but accepted step still counts as progress
-            stall = active & ((prered <= 0) | (~accept & (np.abs(actred) <= thr * absf)
-                                               & (np.abs(prered) <= thr * absf)))
-        delta = np.where(active, new_delta, delta)
-        n_iter = n_iter + active.astype(np.int64)
-        if accept.any():
-            if accept.all():
+            stalled[j] = (prered <= 0) or (not accept[j] and abs(actred) <= thr * absf and abs(prered) <= thr * absf)
+            if accept[j]:
+                f[j] = fnew
+        if any(accept):
+            if all(accept):
                 st = stn
             else:
-                st = obj.merge(torch.as_tensor(accept, device=g.device), stn, st)
-            f = np.where(accept, fnew, f)
+                st = obj.merge(torch.tensor(accept, device=g.device), stn, st)
             g, hs = obj.gradient(st)
             gnorm, conv = grad_info(g)
-        stalled = stalled | (stall & ~conv)
-        active = active & ~conv & ~stall
+        for j in range(P):
+            if active[j]:
+                stalled[j] = stalled[j] and not conv[j]
+                active[j] = not conv[j] and not stalled[j]
         if history is not None:
-            history.add(it, float(f.sum()), float(gnorm.max()), float(snorm.max()), cg_iter=n_cg)
-    status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv.tolist(), stalled.tolist())]
-    return SolverResult(st["W"], n_iter.tolist(), status, st)
+            history.add(it, sum(f), max(gnorm), max(snorm), cg_iter=n_cg)
+    status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv, stalled)]
+    return SolverResult(st["W"], n_iter, status, st)
 
 
 # --------------------------------------------------------------------------------------------
@@ -497,40 +526,42 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
     SolverResult
     """
     cdot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
+    m = B.shape[1]
     P = torch.zeros_like(B)
     R = B
     Dv = B
     rr = _host(cdot(B, B))  # the one sync before the loop
-    bnorm = np.sqrt(rr)
-    dd = rr.copy()
-    q = np.zeros_like(rr)  # 0.5 p^T A p - b^T p per column
-    run = np.sqrt(rr) > tol * bnorm
-    n_iter = np.zeros(rr.shape, dtype=np.int64)
+    bnorm = [math.sqrt(max(x, 0.0)) for x in rr]
+    dd = list(rr)
+    q = [0.0] * m  # 0.5 p^T A p - b^T p per column
+    run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
+    n_iter = [0] * m
     if history is not None:
-        history.add(0, float(offset), float(bnorm.max()), 0.0)
+        history.add(0, float(offset), max(bnorm), 0.0)
     it = 0
-    while it < max_iter and run.any():
+    while it < max_iter and any(run):
         it += 1
         AD = apply_A(Dv)
         dAd = _host(cdot(Dv, AD))  # sync 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            alpha = np.where(run, rr / dAd, 0.0)
-        alpha = np.nan_to_num(alpha, nan=0.0, posinf=0.0, neginf=0.0)
+        alpha = [(_finite_or(rr[j] / dAd[j], 0.0) if dAd[j] != 0 else 0.0) if run[j] else 0.0 for j in range(m)]
         P = _axpy(P, _coef(alpha, P), Dv)
-        R = _axpy(R, _coef(-alpha, R), AD)
-        q = q - 0.5 * alpha * rr
-        step = float((np.abs(alpha) * np.sqrt(dd)).max())
+        R = _axpy(R, _coef([-a for a in alpha], R), AD)
+        step = max(abs(a) * math.sqrt(max(d, 0.0)) for a, d in zip(alpha, dd))
         rnew = _host(cdot(R, R))  # sync 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            beta = np.nan_to_num(np.where(run, rnew / rr, 0.0), nan=0.0, posinf=0.0, neginf=0.0)
-        n_iter = n_iter + run.astype(np.int64)
-        rr = np.where(run, rnew, rr)
-        run = run & (np.sqrt(rr) > tol * bnorm)
-        if run.any():
-            Dv = _axpy(R, _coef(np.where(run, beta, 0.0), R), Dv)
-            dd = np.where(run, rnew + beta * beta * dd, dd)
+        beta = [0.0] * m
+        for j in range(m):
+            if run[j]:
+                q[j] -= 0.5 * alpha[j] * rr[j]
+                n_iter[j] += 1
+                b = _finite_or(rnew[j] / rr[j], 0.0) if rr[j] > 0 else 0.0
+                rr[j] = rnew[j]
+                run[j] = math.sqrt(max(rnew[j], 0.0)) > tol * bnorm[j]
+                if run[j]:
+                    beta[j] = b
+                    dd[j] = rnew[j] + b * b * dd[j]
+        if any(run):
+            Dv = _axpy(R, _coef(beta, R), Dv)
         if history is not None:
-            history.add(it, offset + float(q.sum()), float(np.sqrt(rr).max()), step)
-    conv = ~(np.sqrt(rr) > tol * bnorm)
-    status = ["converged" if c else "max_iter" for c in conv.tolist()]
-    return SolverResult(P, n_iter.tolist(), status)
+            history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
+    status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
+    return SolverResult(P, n_iter, status)

@@ -126,15 +126,15 @@ def test_tron_cg_step_stays_inside_trust_region(rng):
     W = obj.zeros()
     st = obj.evaluate(W)
     g, hs = obj.gradient(st)
-    gnorm = np.array([g.norm().item()])
-    for delta in (1e-3 * gnorm, 0.3 * gnorm):
-        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, np.array([True]), 0.1, 50)
+    gnorm = [g.norm().item()]
+    for delta in ([1e-3 * gnorm[0]], [0.3 * gnorm[0]]):
+        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, [True], 0.1, 50)
         assert reach[0]
         assert S.norm().item() == pytest.approx(delta[0], rel=1e-10)
         # R is the true residual -g - H S
         torch.testing.assert_close(R, -g - obj.hessp(hs, S), rtol=1e-8, atol=1e-12)
     # a large radius: the interior CG solution (stops on the residual test, not the boundary)
-    S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, np.array([1e6]), np.array([True]), 1e-8, 50)
+    S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, [1e6], [True], 1e-8, 50)
     assert not reach[0]
     assert R.norm().item() <= 1e-8 * gnorm[0] * 1.0001
 
