@@ -55,15 +55,48 @@ def run_case(N, D, K, dev, gen):
     return row
 
 
+def sweep(N, D, K, dev, gen):
+    """Time launch-plan variants of the fused step (form, BLOCK_N, warps, programs per SM)."""
+    X = torch.randn(N, D, generator=gen).to(dev)
+    C = X[:K].clone()
+    shift = X.double().mean(0)
+    out = []
+    for use_dot in (False, True):
+        for bn in (16, 32, 64, 128, 256):
+            for warps in (2, 4, 8):
+                for per_sm in (2, 4, 8):
+                    plan = {"USE_DOT": use_dot, "BLOCK_N": bn, "num_warps": warps, "per_sm": per_sm}
+                    full = fusedml.kmeans.lloyd_plan(N, D, K, dev, **plan)
+                    if full is None or (not use_dot and bn * full["BLOCK_D"] * full["BLOCK_K"] > 65536):
+                        continue
+                    try:
+                        ms = _common.bench_ms(lambda: fusedml.lloyd_step(X, C, shift=shift, backend="fused",
+                                                                         check_finite=False, plan=plan), rep=20)
+                    except Exception as e:  # noqa: BLE001 - out of resources etc.: skip the variant
+                        ms = float("nan")
+                    out.append((ms, plan))
+    out = sorted(o for o in out if o[0] == o[0])
+    model = fusedml.kmeans.lloyd_plan(N, D, K, dev)
+    return {"case": f"{N}x{D} K={K}", "best_ms": out[0][0], "best": out[0][1], "top5": out[:5],
+            "model": {k: model[k] for k in ("USE_DOT", "BLOCK_N", "num_warps", "programs")} if model else None}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="JSON path (default benchmarks/results/kmeans-<gpu>-<date>.json)")
     p.add_argument("--quick", action="store_true", help="small shapes (CPU smoke run)")
+    p.add_argument("--sweep", action="store_true", help="time launch-plan variants of the first three cases")
     args = p.parse_args(argv)
     dev = _common.device()
     gen = torch.Generator().manual_seed(0)
-    cases = [(4096, d, k) for (_, d, k) in CASES[:3]] if args.quick or dev.type != "cuda" else CASES
+    cases = [(1024, d, k) for (_, d, k) in CASES[:3]] if args.quick or dev.type != "cuda" else CASES
     rows = []
+    if args.sweep:
+        for N, D, K in cases[:3]:
+            rows.append(sweep(N, D, K, dev, gen))
+            print(rows[-1], flush=True)
+        print(_common.write_json("kmeans-sweep", rows, {"args": vars(args)}, args.out))
+        return
     for N, D, K in cases:
         try:
             rows.append(run_case(N, D, K, dev, gen))

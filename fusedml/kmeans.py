@@ -5,7 +5,8 @@ per-cluster sums of the rows assigned to it. The operator-level way materialises
 distance matrix, takes its arg-min and scatters the rows into ``[K, D]`` sums with ``index_add_``
 (one global atomic per element of X onto only ``K * D`` addresses: heavily contended on a GPU).
 The fused kernel (the GMM single sweep with one-hot responsibilities) reads a row tile once,
-computes its distances to all K centres on chip, takes the arg-min, and accumulates the one-hot
+computes its distances to all K centres on chip (register FMAs for small K and D, ``tl.dot``
+otherwise: :func:`lloyd_plan`), takes the arg-min, and accumulates the one-hot
 product ``onehot^T x`` in registers; each program writes one ``[K, D]`` partial at the end, summed
 in float64 on the host side (deterministic, no atomics).
 
@@ -63,7 +64,7 @@ class LloydStep:
 @triton.jit
 def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, PSUM, PCNT, PINR, N, D, K, n_tiles,
                   HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -85,7 +86,10 @@ def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, PSUM, PCNT, PINR, N, D, K,
         x = tl.load(X + rows[:, None] * sx0 + offs_d[None, :] * sx1, mask=m2, other=0.0).to(tl.float32)
         xs = tl.where(m2, x - shift[None, :], 0.0)  # [BN, BD]
         xsq = tl.sum(xs * xs, 1)
-        dots = tl.dot(xs, tl.trans(c), input_precision="ieee")  # [BN, BK]
+        if USE_DOT:
+            dots = tl.dot(xs, tl.trans(c), input_precision="ieee")  # [BN, BK]
+        else:  # small K, D: FMAs in registers, no padding to 16 and no shared-memory operands
+            dots = tl.sum(xs[:, None, :] * c[None, :, :], axis=2)
         d2 = tl.maximum(xsq[:, None] - 2.0 * dots + csq[None, :], 0.0)
         mind = tl.min(d2, 1)
         lab = tl.argmin(d2, 1)
@@ -94,7 +98,10 @@ def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, PSUM, PCNT, PINR, N, D, K,
         else:
             w = tl.where(rmask, 1.0, 0.0)
         oh = tl.where(offs_k[None, :] == lab[:, None], w[:, None], 0.0)  # [BN, BK]
-        acc += tl.dot(tl.trans(oh), xs, input_precision="ieee")  # [BK, BD]
+        if USE_DOT:
+            acc += tl.dot(tl.trans(oh), xs, input_precision="ieee")  # [BK, BD]
+        else:
+            acc += tl.sum(oh[:, :, None] * xs[:, None, :], axis=0)
         cnt += tl.sum(oh, 0)
         inr += tl.where(rmask, w * mind, 0.0)
         tl.store(LAB + rows, lab.to(tl.int32), mask=rmask)
@@ -108,12 +115,20 @@ def _pow2(n, lo):
     return max(lo, triton.next_power_of_2(int(n)))
 
 
-def lloyd_plan(N, D, K, device=None):
-    """Block sizes of the fused Lloyd kernel, or None when K and D are too large for it.
+def lloyd_plan(N, D, K, device=None, **override):
+    """Block sizes and form of the fused Lloyd kernel, or None when K and D are too large for it.
 
-    The ``[BLOCK_K, BLOCK_D]`` accumulator, the ``[BLOCK_N, BLOCK_K]`` distance tile and the
-    ``[BLOCK_N, BLOCK_D]`` row tile must each fit ``_MAX_TILE`` fp32 registers of a program;
-    ``tl.dot`` needs every dimension >= 16. Programs: a persistent grid of four per SM.
+    Two forms of the two products per row tile (distances ``x'.c'`` and sums ``onehot^T x'``):
+
+    * ``USE_DOT=False`` when ``BLOCK_K * BLOCK_D <= 1024``: broadcast FMAs in registers over a
+      ``[BLOCK_N, BLOCK_K, BLOCK_D]`` temporary of about 8192 elements. No padding of K and D to
+      16 (``tl.dot``'s minimum: 4x the work at D = K = 8) and no shared-memory operand staging.
+    * ``USE_DOT=True`` otherwise: ``tl.dot`` in IEEE fp32, ``BLOCK_N = 32`` (larger row tiles
+      make ptxas spill the fp32 FMA-lowered operands: 1M x 64, K = 64 measured 31.8 ms at
+      ``BLOCK_N = 128`` on the H200).
+
+    The ``[BLOCK_K, BLOCK_D]`` accumulator must fit ``_MAX_TILE`` fp32 elements; beyond that the
+    operator-level path runs. Programs: a persistent grid of four per SM.
 
     Parameters
     ----------
@@ -121,24 +136,30 @@ def lloyd_plan(N, D, K, device=None):
         Rows, features, clusters.
     device : torch.device, optional
         Where the kernel runs (its SM count sizes the grid; 132 when unknown).
+    **override
+        Replace any entry of the plan (``BLOCK_N``, ``num_warps``, ``USE_DOT``, ``per_sm``): the
+        benchmark's sweep.
 
     Returns
     -------
     dict or None
-        ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``num_warps``, ``programs``, ``n_tiles``.
+        ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``num_warps``, ``programs``, ``n_tiles``.
     """
-    bd, bk = _pow2(D, 16), _pow2(K, 16)
+    use_dot = override.get("USE_DOT", _pow2(D, 1) * _pow2(K, 1) > 1024)
+    lo = 16 if use_dot else 1
+    bd, bk = _pow2(D, lo), _pow2(K, lo)
     if bd * bk > _MAX_TILE:
         return None
-    bn = 128
-    while bn > 16 and (bn * bk > _MAX_TILE or bn * bd > _MAX_TILE):
-        bn //= 2
+    bn = 32 if use_dot else max(16, min(256, 8192 // (bd * bk)))
+    bn = override.get("BLOCK_N", bn)
     n_tiles = triton.cdiv(int(N), bn)
     sms = 132
     if device is not None and torch.device(device).type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "num_warps": 8 if bd * bk > 2048 else 4,
-            "programs": max(1, min(n_tiles, 4 * sms)), "n_tiles": n_tiles}
+    per_sm = override.get("per_sm", 4)
+    return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot,
+            "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),
+            "n_tiles": n_tiles}
 
 
 def _lloyd_fused(X, Cs, csq, shift, w, plan):
@@ -152,7 +173,8 @@ def _lloyd_fused(X, Cs, csq, shift, w, plan):
     pinr = torch.empty(P, dtype=torch.float32, device=dev)
     _lloyd_kernel[(P,)](X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else pinr,
                         labels, psum, pcnt, pinr, N, D, K, plan["n_tiles"], HAS_W=w is not None,
-                        BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd, BLOCK_K=bk, num_warps=plan["num_warps"])
+                        BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd, BLOCK_K=bk, USE_DOT=plan["USE_DOT"],
+                        num_warps=plan["num_warps"])
     sums = psum.sum(0, dtype=_F64)[:K, :D]
     return labels.long(), sums, pcnt.sum(0, dtype=_F64)[:K], pinr.sum(dtype=_F64)
 
@@ -180,7 +202,7 @@ def _lloyd_torch(X, Cs, csq, shift, w):
     return labels, sums, counts, inertia
 
 
-def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", check_finite=True):
+def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", check_finite=True, plan=None):
     """One Lloyd step of k-means: nearest centres and per-cluster sums, in one pass over X.
 
     Parameters
@@ -200,6 +222,8 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
         ``"ops"``/``"cpu"``: blocked torch (GEMM distances, ``argmin``, ``index_add_``).
     check_finite : bool
         Reject NaN/inf in X, the centres and the weights (one device pass).
+    plan : dict, optional
+        Overrides of the fused kernel's launch plan (:func:`lloyd_plan`), for sweeps.
 
     Returns
     -------
@@ -240,7 +264,7 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
             if bool((w < 0).any()):
                 raise ValueError("sample_weight must be non-negative")
     be = resolve_backend(backend, X.device)
-    plan = lloyd_plan(N, D, K, X.device) if be == "fused" and X.dtype != _F64 else None
+    plan = lloyd_plan(N, D, K, X.device, **(plan or {})) if be == "fused" and X.dtype != _F64 else None
     sh = sh.to(_F64) if plan is None else sh.to(torch.float32).to(_F64)  # the shift the kernel uses
     Cs = C.to(_F64) - sh  # [K, D]
     csq = (Cs * Cs).sum(1)

@@ -27,15 +27,19 @@ def _relerr(a, b):
     return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-300))
 
 
-@pytest.mark.parametrize("N,D,K,weighted,offset", [
-    (1000, 5, 3, False, 0.0), (777, 16, 16, True, 0.0), (300, 33, 20, False, 1e4),
-    (5, 2, 1, True, 0.0), (1, 1, 1, False, 0.0), (257, 1, 7, True, 50.0), (200, 64, 128, False, 0.0)])
-def test_fused_matches_float64(rng, N, D, K, weighted, offset):
+SHAPES = [(1000, 5, 3, False, 0.0), (777, 16, 16, True, 0.0), (300, 33, 20, False, 1e4),
+          (5, 2, 1, True, 0.0), (1, 1, 1, False, 0.0), (257, 1, 7, True, 50.0), (200, 64, 128, False, 0.0)]
+FORMS = [{"USE_DOT": True}, {"USE_DOT": False, "BLOCK_N": 16}]
+
+
+@pytest.mark.parametrize("N,D,K,weighted,offset,form",
+                         [s + (None,) for s in SHAPES] + [s + (f,) for s in SHAPES[:4] for f in FORMS])
+def test_fused_matches_float64(rng, N, D, K, weighted, offset, form):
     X = torch.from_numpy(rng.standard_normal((N, D)) * 2 + offset).float()
     C = X[torch.from_numpy(rng.choice(N, size=K, replace=K > N))].clone() + 0.01
     w = torch.from_numpy(rng.random(N)).float() if weighted else None
     X0 = X.clone()
-    r = fusedml.lloyd_step(X, C, sample_weight=w, shift=X.double().mean(0), backend="fused")
+    r = fusedml.lloyd_step(X, C, sample_weight=w, shift=X.double().mean(0), backend="fused", plan=form)
     assert torch.equal(X, X0)  # inputs never modified
     assert r.backend == "fused"
     lab, sums, counts, inertia = _reference(X, C, w)
@@ -135,9 +139,10 @@ def _aot():
     types = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp32", CSQ="*fp32", SHIFT="*fp32", W="*fp32",
                  LAB="*i32", PSUM="*fp32", PCNT="*fp32", PINR="*fp32", N="i32", D="i32", K="i32",
                  n_tiles="i32")
-    for (D, K) in [(16, 16), (64, 64), (2, 128), (128, 8)]:
+    for (D, K) in [(16, 16), (64, 64), (2, 128), (128, 8), (8, 8), (32, 256)]:
         p = km.lloyd_plan(1 << 20, D, K)
-        consts = dict(HAS_W=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"])
+        consts = dict(HAS_W=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"],
+                      USE_DOT=p["USE_DOT"])
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
         assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
@@ -153,7 +158,7 @@ def test_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("AOT ") == 4
+    assert r.stdout.count("AOT ") == 6
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
