@@ -451,3 +451,86 @@ def test_host_csr_stats_match_the_operator():
     one = np.array([0, 0], dtype=np.int32)  # a block of one empty row
     A1 = fusedml.CSRMatrix(torch.from_numpy(one), torch.zeros(0, dtype=torch.int32), torch.zeros(0), (1, 50))
     assert _host_csr_stats(one, 50) == csr._compute_stats(A1)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA pipeline (the lead runs these on the GPU: TRITON_INTERPRET=0 python -m pytest ...)
+# ---------------------------------------------------------------------------------------------
+import os  # noqa: E402
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                               reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
+
+
+@cuda_only
+@pytest.mark.parametrize("n_buffers", [1, 2, 3])
+def test_cuda_pipeline_matches_in_memory(rng, n_buffers):
+    from fusedml.gmm import gmm_estep
+
+    dev = torch.device("cuda")
+    A = rng.normal(size=(20_000, 24)).astype(np.float32)
+    B = sp.random(20_000, 300, density=0.05, format="csr", random_state=np.random.RandomState(0), dtype=np.float32)
+    y, v = torch.randn(24, device=dev), torch.rand(20_000, device=dev)
+    ys = torch.randn(300, device=dev)
+    At, Bt = torch.from_numpy(A).to(dev), fusedml.as_csr(B).to(dev)
+    ref = mmchain(At, y, v).double()
+    refs = mmchain(Bt, ys, v).double()
+    K = 4
+    w = torch.full((K,), 1.0 / K, dtype=torch.float64, device=dev)
+    mu, pc = torch.randn(K, 24, dtype=torch.float64, device=dev), torch.ones(K, 24, dtype=torch.float64, device=dev)
+    gref = gmm_estep(At, w, mu, pc, "diag", center=mu)
+    X, Xs = da.from_array(A, chunks=(3_000, 24)), da.from_array(B, chunks=(3_000, 300), asarray=False)
+    nbytes_s = B.nnz * 8 + (B.shape[0] + 1) * 4
+    blk = 100_000
+    plans = [(dict(max_gpu_bytes=None), dict(max_gpu_bytes=None))]  # all resident
+    for nbytes_d in (A.nbytes // 2, 0):  # about half resident; nothing resident (cached, then re-read)
+        for cache in ((True,) if nbytes_d else (True, False)):
+            plans.append(tuple(dict(max_gpu_bytes=max(nb, n_buffers * blk + 1), block_bytes=blk, host_cache=cache)
+                               for nb in (nbytes_d, nbytes_s // 2 if nbytes_d else 0)))
+    for kw, kws in plans:
+        S = StreamedMatrix(X, device=dev, n_buffers=n_buffers, **kw)
+        Ss = StreamedMatrix(Xs, device=dev, n_buffers=n_buffers, **kws)
+        for _ in range(3):  # slots recycled across calls
+            assert rel(mmchain(S, y, v).double().cpu(), ref.cpu()) < 1e-5, kw
+            assert rel(mmchain(Ss, ys, v).double().cpu(), refs.cpu()) < 1e-5, kw
+            assert rel(matvec(S, y).cpu(), (At @ y).cpu()) < 1e-5
+            g = gmm_estep(S, w, mu, pc, "diag", center=mu)
+            assert rel(g.nk.cpu(), gref.nk.cpu()) < 1e-5 and rel(g.s2.cpu(), gref.s2.cpu()) < 1e-4
+        S.close()
+        Ss.close()
+
+
+@cuda_only
+def test_cuda_host_syncs_do_not_grow_with_blocks(rng):
+    """Host synchronisations per call are those of ONE in-memory call, however many blocks stream."""
+    import warnings
+
+    from fusedml.gmm import gmm_estep
+
+    dev = torch.device("cuda")
+    A = rng.normal(size=(40_000, 16)).astype(np.float32)
+    X = da.from_array(A, chunks=(2_500, 16))
+    K = 4
+    w = torch.full((K,), 1.0 / K, dtype=torch.float64, device=dev)
+    mu, pc = torch.randn(K, 16, dtype=torch.float64, device=dev), torch.ones(K, 16, dtype=torch.float64, device=dev)
+    y, v = torch.randn(16, device=dev), torch.rand(40_000, device=dev)
+
+    def syncs(fn):
+        fn()  # warm-up: first-call caches
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as rec:
+                warnings.simplefilter("always")
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(r.message) for r in rec)
+
+    R = StreamedMatrix(X, device=dev)
+    S = StreamedMatrix(X, device=dev, max_gpu_bytes=A.nbytes // 4, block_bytes=64_000)
+    for op in (lambda M: mmchain(M, y, v), lambda M: gmm_estep(M, w, mu, pc, "diag", center=mu)):
+        n_res = syncs(lambda: op(R))
+        n_str = syncs(lambda: op(S))
+        assert S.stats.blocks > 10 and R.stats.blocks == 1
+        assert n_str == n_res, (n_str, n_res)
