@@ -1,6 +1,6 @@
 """Triton kernels for the dense mmchain ``w = alpha * [X,1]^T p + beta * z``, ``p = v ⊙ ([X,1] y)``.
 
-Two strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md):
+Strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md):
 
 * ``_mmchain_onchip_kernel`` -- a persistent program loops over row tiles ``pid, pid + P, ...``;
   each ``[BLOCK_N, D]`` tile is loaded once, ``t = X_b y`` and ``X_b^T p`` are computed while it
@@ -9,7 +9,17 @@ Two strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see READM
   a cross-warp reduction; m > 1: ``[M_PAD, BLOCK_D]``). At the end: one atomic add per element of the accumulator (P x D x m atomics), or,
   with ``DETERMINISTIC``, a plain store into row ``pid`` of a ``[P, Dx*m]`` partials buffer that
   ``_reduce_partials_kernel`` sums in a fixed order.
-* ``_mmchain_chunked_kernel`` -- wide D: pass 1 over the tile's D chunks computes t; pass 2 walks
+  With ``PREFETCH`` the next row tile (and its v) is loaded into registers before the current
+  one is used: two tiles of loads in flight per program (short rows, 2-byte storage).
+* ``_mmchain_small_kernel`` -- the same for 2 <= m <= 4 with the right-hand sides unrolled: one
+  ``[BLOCK_N, BLOCK_D]`` accumulator per column of y, so every tensor keeps X's 2-D load layout
+  (a 3-D ``[BN, m, BD]`` broadcast or a ``tl.dot`` padded to m = 16 cost 4-10x the instructions).
+* ``_mmchain_coop_kernel`` -- wide rows, m = 1: G co-resident programs share each row, one column
+  block each (its y slice and ``X^T p`` accumulator stay in registers for the whole run); the
+  row's t is combined through global memory (partial store, release-add on a per-row counter,
+  acquire-poll) and each program multiplies the part of the row it still holds: X read once.
+  Two launches (X read twice) where the group cannot be co-resident or under the interpreter.
+* ``_mmchain_chunked_kernel`` -- wide D with m > 1: pass 1 over the tile's D chunks computes t; pass 2 walks
   the chunks backwards (the most recently read first: they are still in L2) and adds the chunk's
   ``X_b^T p`` with atomics (or into the program's partials row: deterministic).
 

@@ -112,6 +112,9 @@ class DenseConfig:
     prefetch : bool
         "onchip" only: load row tile i + 1 (and its v) into registers before computing tile i, so
         each program keeps two tiles of loads in flight.
+    two_pass : bool
+        "coop" only: always use the two-launch form (partial dot products, then combine and
+        accumulate: X read twice) instead of the single cooperative launch.
     """
 
     strategy: str
@@ -353,4 +356,9 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     DenseConfig
         ``num_programs`` is unused (the grid is ``ceil(N / block_n)``).
     """
-    return dense_config(N, D, m, dtype, gpu)
+    cfg = dense_config(N, D, m, dtype, gpu)
+    if cfg.mode == "small":  # t only: keep the padded dot (fp64: 3-D broadcast) of the matvec kernel
+        if dtype == torch.float64:
+            return replace(cfg, mode="elementwise", prefetch=False)
+        return replace(cfg, mode="dot", m_pad=16, block_n=max(16, cfg.block_n), prefetch=False)
+    return cfg
