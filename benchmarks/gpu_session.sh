@@ -23,9 +23,10 @@ for p in $parts; do
     mmchain) run mmchain 60 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
+    kmeans-sweep) run kmeans-sweep 60 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     e2e) run e2e 150 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
-    distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
+    distributed) run distributed 120 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
   esac
 done
 for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
