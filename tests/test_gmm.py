@@ -3,6 +3,7 @@
 Fused kernels run under the Triton interpreter (conftest sets TRITON_INTERPRET=1): shapes are small.
 """
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -379,3 +380,96 @@ def test_bad_inputs(rng):
         gmm_estep(X, w, means, np.zeros(2), "spherical", backend="cpu")
     with pytest.raises(ValueError, match="means contains"):
         gmm_estep(X, w, np.full((2, 3), np.nan), np.ones((2, 3)), "diag", backend="cpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# Ahead-of-time compilation for the H200 (sm_90) without a GPU: the kernels the launch model picks
+# for the PERFORMANCE.md shapes (and the shapes that crashed or spilled on the H200) must fit the
+# 232448 B of shared memory a block may use and must not spill registers. Runs this file as a
+# script in a subprocess (the interpreter must be off before triton is imported).
+# ------------------------------------------------------------------------------------------------
+AOT_SHAPES = [  # (N, D, K, precision)
+    (4 << 20, 16, 16, "fp32"), (1 << 20, 64, 64, "fp32"), (1 << 20, 32, 256, "fp32"), (1 << 20, 128, 1024, "fp32"),
+    (4 << 20, 256, 16, "fp32"), (4 << 20, 256, 16, "tf32x3"),  # session 2: 327680 B > 232448 B
+    (1 << 20, 32, 256, "auto"), (1 << 20, 128, 1024, "auto"), (4 << 20, 64, 128, "auto"),
+]
+
+
+def _aot_check_plans():
+    import os
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fusedml.gmm import fused
+    from fusedml.gmm.model import MAX_SHARED_PER_BLOCK, auto_precision
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    target = GPUTarget("cuda", 90, 32)
+    ints = {"stride_xn", "stride_xd", "N", "D", "K", "n_blocks", "n_kt", "chunk_rows"}
+
+    def build(fn, consts, num_warps, num_stages):
+        sig = {a: ("constexpr" if a in consts else ("i32" if a in ints else ("*i64" if a == "LABEL" else "*fp32")))
+               for a in fn.arg_names}
+        return triton.compile(ASTSource(fn, sig, consts), target=target,
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+
+    cuda = torch.device("cuda")
+    for N, D, K, prec in AOT_SHAPES:
+        if prec == "auto":
+            prec = auto_precision(N, K, D, "diag", cuda)
+        plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision=prec)
+        P = fused._PREC[prec]
+        if plan.path == "single":
+            kernels = [("single", fused._diag_single_kernel,
+                        dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=False, WRITE_LOGP=False, PREC=P, FORM=plan.form))]
+        else:
+            kernels = [("stats", fused._diag_stats_kernel,
+                        dict(BN=plan.BN, BD=plan.BD, BK=plan.BK_tile, HAS_SW=False, PREC=P))]
+        # pass 1 (also gmm_score's kernel) with its own blocks
+        kernels.append(("lse", fused._diag_lse_kernel, dict(BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=False,
+                                                            WRITE_LABEL=False, DC=plan.DC, PREC=P)))
+        for name, fn, consts in kernels:
+            k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages)
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(k.asm["cubin"])
+            usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                                   capture_output=True, text=True, check=True).stdout
+            os.unlink(f.name)
+            stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+            regs = int(re.search(r"REG:(\d+)", usage).group(1))
+            shared = k.metadata.shared
+            tag = f"{N}x{D} K={K} {prec} {plan.path}:{name} BN={consts['BN']} BK={consts['BK']} S={plan.num_stages}"
+            print(f"AOT {tag}: shared={shared} (model {plan.smem_est}) regs={regs} (model {plan.regs_est}) "
+                  f"stack={stack}", flush=True)
+            assert shared <= MAX_SHARED_PER_BLOCK, f"{tag}: shared memory {shared} > {MAX_SHARED_PER_BLOCK}"
+            if name != "lse":  # the model's estimate is of the main kernel
+                assert shared <= plan.smem_est, f"{tag}: the model under-estimates shared memory ({plan.smem_est})"
+            assert stack == 0, f"{tag}: register spills (stack {stack} B)"
+    sys.stdout.flush()
+
+
+def test_plans_compile_for_sm90_within_resources():
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.exists(os.path.join(bindir, "ptxas")) or not os.path.exists(os.path.join(bindir, "cuobjdump")):
+        pytest.skip("triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("AOT ") >= len(AOT_SHAPES)
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    _aot_check_plans()

@@ -91,11 +91,17 @@ def _check_options(path, precision):
         raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}, got {precision!r}")
 
 
-def _resolve_precision(precision, device) -> str:
-    """``"auto"``: tf32x3 on CUDA (tensor cores, fp32-level error), fp32 elsewhere."""
-    if precision != "auto":
+def _resolve_precision(precision, where) -> str:
+    """``"auto"``: :func:`fusedml.gmm.model.auto_precision` (fp32 unless the products are large).
+
+    ``where`` is the validated problem (``Prepared``: resolved here, per shape) or a device (callers
+    that prepare per chunk, like ``fusedml.streaming``: ``"auto"`` is passed on and
+    :func:`fusedml.gmm.fused.estep_fused` resolves it per chunk)."""
+    if precision != "auto" or not hasattr(where, "covariance_type"):
         return precision
-    return "tf32x3" if torch.device(device).type == "cuda" else "fp32"
+    from .model import auto_precision
+
+    return auto_precision(where.N, where.K, where.D, where.covariance_type, where.device)
 
 
 def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample_weight=None, center=None,
@@ -129,7 +135,9 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         Fused backend only: operand precision of the distance and statistics products.
         ``"fp32"``: fp32 FMA products; ``"tf32x3"``: tensor cores with each fp32 operand split
         into a tf32 high and low part (three products; fp32-level error, about 1e-6 relative on
-        the H200); ``"auto"`` (default): tf32x3 on CUDA, fp32 elsewhere. ``"tf32"`` / ``"bf16"``
+        the H200); ``"auto"`` (default): per shape, by the measured rule of
+        :func:`fusedml.gmm.model.auto_precision` (tf32x3 on CUDA for diag/spherical with
+        ``K * D >= 8192``, fp32 otherwise and off CUDA). ``"tf32"`` / ``"bf16"``
         are faster, with relative errors of about 1e-3 / 1e-2 in the statistics: an explicit
         speed/accuracy trade. Accumulation is always fp32 (partials combined in float64).
     check_finite : bool
@@ -157,7 +165,7 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         from .fused import estep_fused
 
         lp, ll, nk, s1, s2 = estep_fused(prep, return_log_prob, path=path,
-                                         precision=_resolve_precision(precision, prep.device))
+                                         precision=_resolve_precision(precision, prep))
     elif be == "ops":
         from .ops import estep_ops
 

@@ -21,13 +21,16 @@ combined in float64 and the moments moved to the centres ``c_k`` analytically in
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ._prep import Prepared, diag_precisions
-from .model import Plan, plan_launch
+from .model import Plan, auto_precision, plan_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -47,11 +50,17 @@ def _mm(a, b, acc, PREC: tl.constexpr):
 @triton.jit
 def _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D):
     """[BN, BD] fp32 tile of X - g (subtraction in G's dtype: float64 for float64 X); 0 outside."""
+    g = tl.load(G + offs_d, mask=offs_d < D, other=0.0)
+    return _load_rows_g(X, stride_xn, stride_xd, g, rows, offs_d, N, D)
+
+
+@triton.jit
+def _load_rows_g(X, stride_xn, stride_xd, g, rows, offs_d, N, D):
+    """As _load_rows with the shift g [BD] already loaded (hoisted out of persistent loops)."""
     nmask = rows < N
     dmask = offs_d < D
     mask = nmask[:, None] & dmask[None, :]
     x = tl.load(X + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd, mask=mask, other=0.0)
-    g = tl.load(G + offs_d, mask=dmask, other=0.0)
     x = (x.to(g.dtype) - g[None, :]).to(tl.float32)
     return tl.where(mask, x, 0.0)
 
@@ -97,26 +106,70 @@ def _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW: tl.cons
 # diag / spherical
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """[BN, BK] log2-unit weighted log-densities of components ks; -inf for ks >= K."""
+def _diag_weights(W1, W2, CONST, ks, offs_d, D, K):
+    """The [BD, BK] weight tiles and [BK] constants of components ks (0 / -inf outside)."""
     kmask = ks < K
     wmask = (offs_d[:, None] < D) & kmask[None, :]
     w1 = tl.load(W1 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)  # [BD, BK]
     w2 = tl.load(W2 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)  # [BD, BK]
     cst = tl.load(CONST + ks, mask=kmask, other=float("-inf"))  # [BK]
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    acc = _mm(x, w1, acc, PREC)
-    acc = _mm(x2, w2, acc, PREC)
+    return w1, w2, cst
+
+
+@triton.jit
+def _diag_logits_w(x, x2, w1, w2, cst, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                   FORM: tl.constexpr):
+    """[BN, BK] log2-unit logits x @ w1 + x2 @ w2 + cst. FORM "dot": two tl.dot; "bcast" (fp32):
+    one broadcast multiply [BN, BD, BK] and an in-register sum over D (no operand conversions)."""
+    if FORM == "bcast":
+        acc = tl.sum(x[:, :, None] * w1[None, :, :] + x2[:, :, None] * w2[None, :, :], axis=1)
+    else:
+        acc = tl.zeros((BN, BK), dtype=tl.float32)
+        acc = _mm(x, w1, acc, PREC)
+        acc = _mm(x2, w2, acc, PREC)
     return acc + cst[None, :]
 
 
 @triton.jit
-def _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC: tl.constexpr):
+def _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """[BN, BK] log2-unit weighted log-densities of components ks; -inf for ks >= K."""
+    w1, w2, cst = _diag_weights(W1, W2, CONST, ks, offs_d, D, K)
+    return _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, "dot")
+
+
+@triton.jit
+def _diag_logits_dc(X, stride_xn, stride_xd, G, rows, W1, W2, CONST, ks, N, D, K,
+                    BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr, PREC: tl.constexpr):
+    """[BN, BK] logits of components ks with the feature axis in chunks of DC: X re-read per chunk
+    (L1/L2 hits) so that no [BN, BD] operand stays live across the component loop (tensor-core
+    operands of a large D would not fit in registers)."""
+    kmask = ks < K
+    offs_c = tl.arange(0, DC)
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    for d0 in range(0, BD, DC):
+        offs_d = d0 + offs_c
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)  # [BN, DC]
+        wmask = (offs_d[:, None] < D) & kmask[None, :]
+        w1 = tl.load(W1 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)  # [DC, BK]
+        w2 = tl.load(W2 + offs_d[:, None] * K + ks[None, :], mask=wmask, other=0.0)
+        acc = _mm(x, w1, acc, PREC)
+        acc = _mm(x * x, w2, acc, PREC)
+    cst = tl.load(CONST + ks, mask=kmask, other=float("-inf"))
+    return acc + cst[None, :]
+
+
+@triton.jit
+def _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC: tl.constexpr, FORM: tl.constexpr):
     """Add the block's r^T 1, r^T x, r^T x^2 ([BK], [BK, BD], [BK, BD]) to the accumulators."""
     acc_nk += tl.sum(r, axis=0)
-    rt = tl.trans(r)  # [BK, BN]
-    acc_s1 = _mm(rt, x, acc_s1, PREC)
-    acc_s2 = _mm(rt, x2, acc_s2, PREC)
+    if FORM == "bcast":
+        rb = r[:, :, None]  # [BN, BK, 1]
+        acc_s1 += tl.sum(rb * x[:, None, :], axis=0)
+        acc_s2 += tl.sum(rb * x2[:, None, :], axis=0)
+    else:
+        rt = tl.trans(r)  # [BK, BN]
+        acc_s1 = _mm(rt, x, acc_s1, PREC)
+        acc_s2 = _mm(rt, x2, acc_s2, PREC)
     return acc_nk, acc_s1, acc_s2
 
 
@@ -141,25 +194,28 @@ def _diag_single_kernel(
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
-    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr, FORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_k = tl.arange(0, BK)
+    # loop invariants loaded once per program: the shift, the weights, the constants
+    g = tl.load(G + offs_d, mask=offs_d < D, other=0.0)
+    w1, w2, cst = _diag_weights(W1, W2, CONST, offs_k, offs_d, D, K)
     acc_nk = tl.zeros((BK,), dtype=tl.float32)
     acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
     acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
     for blk in range(pid, n_blocks, nprog):
-        rows = blk * BN + offs_n.to(tl.int64)
+        rows = blk * BN + offs_n  # int32 in the loop; the int64 cast only for the addresses
         nmask = rows < N
-        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)  # [BN, BD]
+        x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
         x2 = x * x
-        lg = _diag_logits(x, x2, W1, W2, CONST, offs_k, offs_d, D, K, BN, BK, PREC)  # [BN, BK]
+        lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, FORM)  # [BN, BK]
         r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
-        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC)
+        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC, FORM)
     _diag_store(PNK, PS1, PS2, pid, offs_k, offs_d, K, D, acc_nk, acc_s1, acc_s2)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
@@ -174,7 +230,7 @@ def _diag_lse_kernel(
     PLL,  # [P] fp32 partial log-likelihood
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
-    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr, DC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -185,14 +241,19 @@ def _diag_lse_kernel(
     for blk in range(pid, n_blocks, nprog):
         rows = blk * BN + offs_n.to(tl.int64)
         nmask = rows < N
-        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
-        x2 = x * x
+        if DC == BD:  # the whole feature axis on chip across the component loop
+            x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+            x2 = x * x
         m = tl.full((BN,), float("-inf"), tl.float32)
         l = tl.zeros((BN,), dtype=tl.float32)
         best = tl.full((BN,), float("-inf"), tl.float32)
         arg = tl.zeros((BN,), dtype=tl.int32)
         for k0 in range(0, K, BK):
-            lg = _diag_logits(x, x2, W1, W2, CONST, k0 + offs_k, offs_d, D, K, BN, BK, PREC)
+            if DC == BD:
+                lg = _diag_logits(x, x2, W1, W2, CONST, k0 + offs_k, offs_d, D, K, BN, BK, PREC)
+            else:
+                lg = _diag_logits_dc(X, stride_xn, stride_xd, G, rows, W1, W2, CONST, k0 + offs_k, N, D, K,
+                                     BN, BK, BD, DC, PREC)
             tmax = tl.max(lg, axis=1)
             if WRITE_LABEL:
                 targ = tl.argmax(lg, axis=1).to(tl.int32)
@@ -223,6 +284,8 @@ def _diag_stats_kernel(
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     ks = kt * BK + tl.arange(0, BK)
+    g = tl.load(G + offs_d, mask=offs_d < D, other=0.0)
+    w1, w2, cst = _diag_weights(W1, W2, CONST, ks, offs_d, D, K)  # this program's tile, loaded once
     acc_nk = tl.zeros((BK,), dtype=tl.float32)
     acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
     acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
@@ -230,16 +293,16 @@ def _diag_stats_kernel(
     for b in range(0, chunk_rows, BN):
         rows = row0 + b + offs_n
         nmask = rows < N
-        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        x = _load_rows_g(X, stride_xn, stride_xd, g, rows, offs_d, N, D)
         x2 = x * x
-        lg = _diag_logits(x, x2, W1, W2, CONST, ks, offs_d, D, K, BN, BK, PREC)
+        lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, "dot")
         lse = tl.load(LOGP + rows, mask=nmask, other=0.0) * 1.4426950408889634
         r = tl.exp2(lg - lse[:, None])
         if HAS_SW:
             sw = tl.load(SW + rows, mask=nmask, other=0.0)
             r = r * sw[:, None]
         r = tl.where(nmask[:, None], r, 0.0)
-        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC)
+        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC, "dot")
     _diag_store(PNK, PS1, PS2, chunk, ks, offs_d, K, D, acc_nk, acc_s1, acc_s2)
 
 
@@ -433,37 +496,29 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     dev = X.device
     logp = torch.empty(N, dtype=torch.float32, device=dev)
     labels = torch.empty(N if want_label else 1, dtype=torch.int64, device=dev)
-    n_blocks = triton.cdiv(N, plan.BN)
+    n_blocks = triton.cdiv(N, plan.lse_BN)
     P = max(1, min(n_blocks, plan.lse_programs))
     pll = torch.empty(P, dtype=torch.float32, device=dev)
     if prep.covariance_type in ("diag", "spherical"):
         _diag_lse_kernel[(P,)](
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, labels, pll,
-            N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile, HAS_SW=has_sw, WRITE_LABEL=want_label,
-            PREC=prec, num_warps=plan.num_warps)
+            N, D, K, n_blocks, BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=has_sw, WRITE_LABEL=want_label,
+            DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages)
     else:
         _full_lse_kernel[(P,)](
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
             logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-            WRITE_LABEL=want_label, PREC=prec, num_warps=plan.num_warps)
+            WRITE_LABEL=want_label, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return logp, (labels if want_label else None), pll
 
 
-def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision="fp32", plan: Plan | None = None,
-                ops=None):
-    """Fused E-step; returns ``(log_prob or None, ll, nk, s1, s2)`` float64 (log_prob fp32).
-
-    ``plan`` overrides the launch model; ``ops`` (from :func:`_operands`) skips the parameter set-up
-    (the benchmark times the data pass alone that way)."""
+def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Plan, ops):
+    """One fused E-step with a fixed plan (may raise triton's OutOfResources at launch)."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
     dev = X.device
     f32, f64 = torch.float32, torch.float64
     ct = prep.covariance_type
-    if plan is None:
-        plan = plan_launch(N, K, D, ct, X.dtype, dev, path=path, precision=precision)
     prec = _PREC[precision]
-    if ops is None:
-        ops = _operands(prep)
     dummy = torch.empty(1, dtype=f32, device=dev)
     sw, has_sw = _sw(prep, dummy)
     full_like = ct in ("full", "tied")
@@ -480,14 +535,15 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
                 HAS_SW=has_sw, WRITE_LOGP=return_log_prob, TIED=(ct == "tied"), PREC=prec,
-                num_warps=plan.num_warps)
+                num_warps=plan.num_warps, num_stages=plan.num_stages)
         else:
             ps1 = torch.empty(P, K, D, dtype=f32, device=dev)
             ps2 = torch.empty(P, K, D, dtype=f32, device=dev)
             _diag_single_kernel[(P,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
-                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, num_warps=plan.num_warps)
+                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, FORM=plan.form,
+                num_warps=plan.num_warps, num_stages=plan.num_stages)
         lp_out = logp if return_log_prob else None
     else:
         logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)
@@ -501,7 +557,7 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
             _full_stats_kernel[(n_chunks * K,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, N, D, K, chunk_rows, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-                PREC=prec, num_warps=plan.num_warps)
+                PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
             if ct == "tied":
                 ps2 = ps2.sum(1)
         else:
@@ -510,7 +566,7 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
             _diag_stats_kernel[(n_chunks * n_kt,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, N, D, K, n_kt, chunk_rows, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile,
-                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps)
+                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
     ll = pll.to(f64).sum()
     nk = pnk.to(f64).sum(0)
     s1 = ps1.to(f64).sum(0)
@@ -524,11 +580,77 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
     return lp_out, ll, nk, s1, s2
 
 
+def _fallbacks(plan: Plan, N: int, K: int, D: int, ct: str, dev, precision: str):
+    """Smaller configurations to retry after an out-of-resources launch: the two-pass path, then
+    halved row blocks / component tiles with no software pipelining."""
+    out = []
+    if plan.path == "single":
+        out.append(plan_launch(N, K, D, ct, torch.float32, dev, path="two_pass", precision=precision))
+    p = out[-1] if out else plan
+    while p.BN > 16 or p.BK_tile > 16 or p.lse_BN > 16 or p.lse_BK > 16 or p.num_stages > 1:
+        p = replace(p, path="two_pass", BN=max(16, p.BN // 2), BK_tile=max(16, p.BK_tile // 2), num_stages=1,
+                    chunk_rows=max(16, p.chunk_rows // 16 * 16), lse_BN=max(16, p.lse_BN // 2),
+                    lse_BK=max(16, p.lse_BK // 2), DC=min(p.DC, 16))
+        out.append(p)
+    return out
+
+
+def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision="fp32", plan: Plan | None = None,
+                ops=None):
+    """Fused E-step; returns ``(log_prob or None, ll, nk, s1, s2)`` float64 (log_prob fp32).
+
+    ``plan`` overrides the launch model; ``ops`` (from :func:`_operands`) skips the parameter set-up
+    (the benchmark times the data pass alone that way). ``precision="auto"`` resolves by
+    :func:`fusedml.gmm.model.auto_precision`. A launch that runs out of GPU resources
+    (shared memory, registers) is retried with the two-pass path and smaller blocks, with a
+    warning; if every configuration fails, the operator-level E-step answers (also with a warning).
+    """
+    N, D, K, ct = prep.N, prep.D, prep.K, prep.covariance_type
+    dev = prep.X.device
+    if precision == "auto":
+        precision = auto_precision(N, K, D, ct, dev)
+    if plan is None:
+        plan = plan_launch(N, K, D, ct, prep.X.dtype, dev, path=path, precision=precision)
+    if ops is None:
+        ops = _operands(prep)
+    try:
+        return _estep_plan(prep, return_log_prob, precision, plan, ops)
+    except OutOfResources as err:
+        first = err
+    for alt in _fallbacks(plan, N, K, D, ct, dev, precision):
+        warnings.warn(f"fusedml.gmm: the fused E-step ({plan.path}, BN={plan.BN}, BK={plan.BK_tile}, "
+                      f"stages={plan.num_stages}) ran out of GPU resources ({first}); retrying with {alt.path}, "
+                      f"BN={alt.BN}, BK={alt.BK_tile}, stages={alt.num_stages}", RuntimeWarning, stacklevel=3)
+        try:
+            return _estep_plan(prep, return_log_prob, precision, alt, ops)
+        except OutOfResources as err:
+            first, plan = err, alt
+    warnings.warn(f"fusedml.gmm: no fused configuration fits this GPU ({first}); using the operator-level E-step",
+                  RuntimeWarning, stacklevel=3)
+    from .ops import estep_ops
+
+    return estep_ops(prep, return_log_prob)
+
+
 def score_fused(prep: Prepared, plan: Plan | None = None):
-    """Fused scoring: ``(log_prob [N] fp32, labels [N] int64)`` in one pass, no N x K."""
+    """Fused scoring: ``(log_prob [N] fp32, labels [N] int64)`` in one pass, no N x K.
+
+    Out-of-resources launches retry with smaller blocks (warning), then the operator-level path."""
     if plan is None:
         plan = plan_launch(prep.N, prep.K, prep.D, prep.covariance_type, prep.X.dtype, prep.device, path="two_pass")
     ops = _operands(prep)
     dummy = torch.empty(1, dtype=torch.float32, device=prep.device)
-    logp, labels, _ = _lse_pass(prep, ops, plan, dummy, False, True, "ieee")
-    return logp, labels
+    err = None
+    for p in [plan] + _fallbacks(plan, prep.N, prep.K, prep.D, prep.covariance_type, prep.device, "fp32"):
+        try:
+            logp, labels, _ = _lse_pass(prep, ops, p, dummy, False, True, "ieee")
+            return logp, labels
+        except OutOfResources as e:
+            err = e
+            warnings.warn(f"fusedml.gmm: scoring (BN={p.BN}, BK={p.BK_tile}) ran out of GPU resources ({e}); "
+                          "retrying with smaller blocks", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"fusedml.gmm: no fused scoring configuration fits this GPU ({err}); using the operator-level path",
+                  RuntimeWarning, stacklevel=3)
+    from .ops import score_ops
+
+    return score_ops(prep)

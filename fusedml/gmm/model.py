@@ -1,27 +1,38 @@
 """Applicability and launch model of the fused GMM E-step: which path, which block sizes.
 
-One documented function, :func:`plan_launch`. The model:
+One documented function, :func:`plan_launch`. The model (calibrated on sm_90 ahead-of-time
+compiles: ``metadata.shared``, register count and spill bytes; tests/test_gmm.py re-checks the
+choices for the target shapes):
 
 * Tiles are powers of two, at least 16 on every ``tl.dot`` dimension: ``BD = max(16, 2^ceil(log2 D))``,
-  ``BK = max(16, 2^ceil(log2 K))``.
-* **Single sweep** keeps, per program, the statistics accumulators and the whole component axis on
-  chip. Its live fp32 values (registers) are, for diag/spherical,
-  ``E = 2 BK BD`` (accumulators S1, S2) ``+ 2 BD BK`` (the two weight tiles)
-  ``+ BN (2 BD + 3 BK)`` (x, x^2, logits / exponentials / responsibilities);
-  for full/tied ``E = BN BK`` (logits) ``+ BD^2`` (one P_k tile and one S2_k product) ``+ 4 BN BD``.
-  A program of ``W`` warps has ``32 W`` threads with at most ``R = 160`` data registers each (of 255,
-  the rest for addresses and loop state), so the path applies when ``E <= 32 W R`` for W in {4, 8}
-  (and, for full/tied, ``K <= 64``: the per-component column insert/extract costs ``O(BN K^2)``).
-  Programs per SM = ``65536 // (32 W regs)`` with ``regs = min(255, E / (32 W) + 48)``, at most 4;
-  the persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
-* Otherwise the **two-pass** path: pass 1 tiles K by ``BK_tile`` (64 for BD <= 64, else 32); pass 2
-  runs ``(row chunk, component tile)`` programs, chunk sizes chosen for ~8 programs per SM so that
-  the tiles of one chunk run together and re-read X from L2 rather than HBM.
-* Shared memory is only used by the layout conversions of ``tl.dot`` operands (at most
-  ``4 (BN + BK) BD`` bytes per dot), well under the 228 KB of an H100/H200 SM for every tile above.
+  ``BK = max(16, 2^ceil(log2 K))`` (single sweep: the whole K axis; two-pass: ``BK_tile``).
+* **Shared memory** of the diag kernels (bytes, fp32 operands, ``S`` = ``num_stages``):
+  ``4 ((S-1) BN BD`` (software-pipelined X tiles) ``+ 2 BN BD`` (x, x^2 as dot operands)
+  ``+ BN BK`` (r^T) ``+ 2 BD BK)`` (the weight tiles) ``+ 8 BK W`` (reduction scratch); pass 1
+  (online LSE over K tiles) holds ``4 (2 BN BD + 2 max(1, S-1) BD BK)``. Tensor-core precisions
+  (tf32x3, tf32, bf16) stage their operands in swizzled layouts: counted twice. A configuration
+  applies only when this is at most the per-block limit (232448 B on an H100/H200).
+* **Registers**: live fp32 values per thread of a ``W``-warp program, ``T = 32 W``:
+  ``E = (2 BK BD`` (statistics accumulators) ``+ BN (2 BD + 3 BK))`` (x, x^2, logits /
+  exponentials / responsibilities) ``/ T``; pass 1 adds ``2 BD BK / T`` (its weight tile). The
+  estimate ``regs = 32 + 2 E`` (fp32 FMA products) or ``64 + 3 E`` / ``56 + 2 E`` at 4 / 8 warps
+  (tensor-core products, whose split operands and fragments cost more) must stay <= 240 (fp32) /
+  255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
+  persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
+* full/tied single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
+  (the per-component column insert/extract costs ``O(BN K^2)``).
+* **Single sweep** when a (BN, W) candidate fits both budgets, tried in the order BN = 64, 32, 16
+  (tensor-core precisions try BN = 128 first), W = 4 then 8 for each (the measured fp32 optimum on
+  the H200 at K = D = 16 was BN = 64, 4 warps). Otherwise the **two-pass** path: the largest ``BK_tile`` in (64, 32, 16), then
+  BN in (64, 32, 16) and W in (4, 8) whose pass-1 and pass-2 estimates fit; pass 2 runs
+  ``(row chunk, component tile)`` programs, chunk sizes chosen for ~8 programs per SM so that the
+  tiles of one chunk run together and re-read X from L2 rather than HBM.
+* Software pipelining: ``num_stages = 2`` (one X tile in flight while the current one is used).
 
-``path`` forces a path (a forced single sweep on a shape the model rejects still runs, with
-register spills). The GPU's SM count comes from :func:`gpu_info`.
+``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
+compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
+count comes from :func:`gpu_info`. :func:`auto_precision` is the documented rule behind
+``precision="auto"``.
 """
 from __future__ import annotations
 
@@ -87,7 +98,19 @@ class Plan:
     single_fits : bool
         Whether the model judged the single sweep to fit on chip.
     regs_est : int
-        Estimated registers per thread of the single sweep.
+        Estimated registers per thread of the chosen path's main kernel.
+    num_stages : int
+        Software-pipelining depth passed to the launches.
+    form : str
+        Single-sweep diag product form: ``"dot"`` (``tl.dot``) or ``"bcast"`` (broadcast multiply
+        and in-register sums; fp32 only; a benchmark sweep variant).
+    smem_est : int
+        Estimated shared memory per program (bytes) of the chosen path's largest kernel.
+    DC : int
+        Feature chunk of pass 1 (``BD``: x stays on chip across the component loop; smaller: x is
+        re-read per chunk, for tensor-core precisions at large D).
+    lse_BN, lse_BK, lse_warps : int
+        Row block, component tile and warps of pass 1 / scoring (0: pass 2's values).
     """
 
     path: str
@@ -101,12 +124,134 @@ class Plan:
     chunk_rows: int
     single_fits: bool
     regs_est: int
+    num_stages: int = 2
+    form: str = "dot"
+    smem_est: int = 0
+    DC: int = 0
+    lse_BN: int = 0
+    lse_BK: int = 0
+    lse_warps: int = 0
+
+    def __post_init__(self):
+        # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
+        for f, v in (("DC", self.BD), ("lse_BN", self.BN), ("lse_BK", self.BK_tile), ("lse_warps", self.num_warps)):
+            if getattr(self, f) == 0:
+                object.__setattr__(self, f, v)
+
+
+MAX_SHARED_PER_BLOCK = 232448  # H100/H200 opt-in limit per block (bytes)
+_MAX_REGS = 240
+
+
+def auto_precision(N: int, K: int, D: int, covariance_type: str, device) -> str:
+    """The operand precision ``precision="auto"`` resolves to (documented, measured rule).
+
+    Measured on the H200 (2026-12-02, ms per E-step, fp32 vs tf32x3): 4M x 16, K=16: 0.64 vs 1.03;
+    16M x 8, K=8: 3.29 vs 5.33; 1M x 64, K=64: 1.35 vs 2.39; 16M x 32, K=32: 6.82 vs 6.63; 4M x 64,
+    K=128: 9.33 vs 7.84; 1M x 32, K=256 (two-pass): 4.13 vs 2.85. Tensor-core tf32x3 (three
+    products per dot, split operands staged in shared memory) only pays off once the products are
+    large: ``K * D >= 8192`` for diag/spherical; below that the FMA path is faster. full/tied
+    (per-component ``[BN, D] x [D, D]`` products, not measured with tf32x3) stay fp32.
+
+    Parameters
+    ----------
+    N, K, D : int
+        Rows, components, features.
+    covariance_type : str
+    device : torch.device or str
+
+    Returns
+    -------
+    str
+        ``"fp32"`` or ``"tf32x3"`` (both errors at the fp32 level); always ``"fp32"`` off CUDA.
+    """
+    if torch.device(device).type != "cuda":
+        return "fp32"
+    if covariance_type in ("diag", "spherical") and K * D >= 8192:
+        return "tf32x3"
+    return "fp32"
+
+
+def smem_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, num_stages: int, precision: str) -> int:
+    """Shared memory (bytes) of one program of the diag kernels (see the module docstring).
+
+    Parameters
+    ----------
+    kind : {"single", "stats", "lse"}
+        Single sweep, pass 2, pass 1.
+    BN, BD, BK : int
+        Row block, padded features, component tile.
+    num_warps, num_stages : int
+    precision : str
+        "fp32" (FMA products) or a tensor-core precision.
+
+    Returns
+    -------
+    int
+    """
+    if kind == "lse":
+        b = 4 * (2 * BN * BD + 2 * max(1, num_stages - 1) * BD * BK)
+    else:
+        b = 4 * ((num_stages - 1) * BN * BD + 2 * BN * BD + BN * BK + 2 * BD * BK) + 8 * BK * num_warps
+    return b if precision == "fp32" else 2 * b
+
+
+def regs_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, precision: str) -> int:
+    """Registers per thread of the diag kernels (see the module docstring); > 240 means spills.
+
+    Parameters
+    ----------
+    kind : {"single", "stats", "lse"}
+    BN, BD, BK, num_warps : int
+    precision : str
+
+    Returns
+    -------
+    int
+    """
+    T = 32 * num_warps
+    E = BN * (2 * BD + 3 * BK) + (2 * BD * BK)  # lse: its weight tile; single/stats: accumulators
+    E = -(-E // T)
+    if precision == "fp32":
+        return 32 + 2 * E
+    if kind == "single":
+        return 64 + 3 * E if num_warps <= 4 else 56 + 2 * E
+    return 64 + 4 * E if num_warps <= 4 else 56 + 3 * E
 
 
 def _single_elems(ct: str, BN: int, BD: int, BK: int) -> int:
     if ct in ("diag", "spherical"):
         return 4 * BK * BD + BN * (2 * BD + 3 * BK)
     return BN * BK + 2 * BD * BD + 4 * BN * BD
+
+
+def lse_chunk(BD: int, precision: str) -> int:
+    """Feature chunk DC of pass 1: BD for fp32 and BD <= 32, else 16 (tensor-core operands of the
+    whole feature axis would stay live in registers across the component loop and spill)."""
+    return BD if precision == "fp32" or BD <= 32 else 16
+
+
+def _lse_fits(BN, BD, BK, nw, precision):
+    """Pass 1 (calibrated on sm_90 compiles): at most 8 outputs of the [BN, BK] logits tile per
+    thread, 4 from D = 64 on (fp32: the FMA operands of x and x^2 stay in registers);
+    tensor-core precisions 8 warps (their operand fragments are replicated per warp)."""
+    o = BN * BK // (32 * nw)
+    if o > 8:
+        return False
+    if precision == "fp32":
+        return o <= (4 if BD >= 64 else 8)
+    return nw == 8
+
+
+def _diag_fits(kind, BN, BD, BK, nw, st, precision, smem_limit):
+    sm = smem_estimate(kind, BN, BD, BK, nw, st, precision)
+    rg = regs_estimate(kind, BN, BD, BK, nw, precision)
+    ok = sm <= smem_limit and rg <= (_MAX_REGS if precision == "fp32" else 255)
+    if kind == "lse":
+        ok = sm <= smem_limit and _lse_fits(BN, BD, BK, nw, precision)
+    elif kind == "stats" and precision == "fp32":  # pass 2 recomputes the logits like pass 1
+        ok = ok and _lse_fits(BN, BD, BK, nw, precision)
+    return ok, sm, rg
 
 
 def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, path: str = "auto",
@@ -123,7 +268,7 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     device : torch.device
     path : {"auto", "single", "two_pass"}
     precision : str
-        Operand precision (tensor-core paths like larger row blocks).
+        Operand precision: "fp32" or a tensor-core precision (tf32x3, tf32, bf16).
 
     Returns
     -------
@@ -131,37 +276,86 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     """
     info = gpu_info(device)
     sms = info["sm_count"]
+    smem_sm = int(info.get("smem_per_sm") or 233472)
+    smem_limit = min(MAX_SHARED_PER_BLOCK, smem_sm)
     BD = _pow2(D)
     BK = _pow2(K)
     full_like = covariance_type in ("full", "tied")
-    big_rows = precision != "fp32"
+    tc = precision != "fp32"
+    st = 2
     fits, best = False, None
-    for nw in (4, 8):
-        for BN in ((128, 64, 32, 16) if big_rows else (64, 32, 16)):
-            if full_like and BN < 32:
-                continue
-            E = _single_elems(covariance_type, BN, BD, BK)
-            if E <= 32 * nw * _DATA_REGS and (not full_like or K <= 64):
-                best, fits = (nw, BN, E), True
+    for BN in ((128, 64, 32, 16) if tc else (64, 32, 16)):
+        for nw in (4, 8):
+            if full_like:
+                if BN < 32:
+                    continue
+                E = _single_elems(covariance_type, BN, BD, BK)
+                ok = E <= 32 * nw * _DATA_REGS and K <= 64
+                regs = min(255, E // (32 * nw) + 48)
+                sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
+                ok = ok and sm <= smem_limit
+            else:
+                ok, sm, regs = _diag_fits("single", BN, BD, BK, nw, st, precision, smem_limit)
+            if ok:
+                best, fits = (nw, BN, regs, sm), True
                 break
         if fits:
             break
-    if best is None:
-        nw = 8
-        BN = 32 if not full_like else 64
-        best = (nw, BN, _single_elems(covariance_type, BN, BD, BK))
-    nw, BN, E = best
-    regs = min(255, E // (32 * nw) + 48)
-    per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * regs)))
     chosen = path if path != "auto" else ("single" if fits else "two_pass")
-    if chosen == "two_pass":
-        BN = 64 if BD <= 64 else 32
-        nw = 4 if BD <= 32 else 8
-    BK_tile = min(BK, 64 if BD <= 64 else 32)
+    if chosen == "single":
+        if best is None:  # forced on a shape the model rejects: smallest blocks, no pipelining
+            st = 1
+            nw, BN = 8, (16 if not full_like else 32)
+            regs = 255
+            sm = smem_estimate("single", BN, BD, BK, nw, st, precision)
+        else:
+            nw, BN, regs, sm = best
+        BK_tile = min(BK, 64 if BD <= 64 else 32)
+    else:
+        pick = lse = None
+        for bkt in (64, 32, 16):
+            bkt = min(bkt, BK)
+            for BN_ in (64, 32, 16):
+                for nw_ in (4, 8):
+                    if full_like:
+                        pick = pick or (bkt, BN_ if BD <= 64 else 32, 4 if BD <= 32 else 8, 0, 0)
+                        lse = lse or (pick[0], pick[1], pick[2])
+                        continue
+                    DC = lse_chunk(BD, precision)
+                    if lse is None and _lse_fits(BN_, DC, bkt, nw_, precision) and \
+                            smem_estimate("lse", BN_, DC, bkt, nw_, st, precision) <= smem_limit:
+                        lse = (bkt, BN_, nw_)
+                    ok2, sm2, r2 = _diag_fits("stats", BN_, BD, bkt, nw_, st, precision, smem_limit)
+                    if pick is None and ok2:
+                        pick = (bkt, BN_, nw_, sm2, r2)
+        if lse is None:
+            lse = (16, 16, 8)
+        if pick is None:  # nothing fits the model: the smallest tiles, no pipelining
+            st = 1
+            pick = (16, 16, 8, smem_estimate("stats", 16, BD, 16, 8, 1, precision),
+                    regs_estimate("stats", 16, BD, 16, 8, precision))
+        BK_tile, BN, nw, sm, regs = pick
     n_blocks = -(-N // BN)
+    per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
     n_kt = K if full_like else -(-K // BK_tile)
     n_chunks = max(1, (8 * sms) // n_kt)
     chunk_rows = max(BN, -(-(-(-N // n_chunks)) // BN) * BN)
+    if chosen == "single":  # scoring (gmm_score) still runs pass 1: same rules as two-pass
+        lse = None
+        for bkt in (64, 32, 16):
+            for BN_ in (64, 32, 16):
+                for nw_ in (4, 8):
+                    bkt_ = min(bkt, BK)
+                    DC = lse_chunk(BD, precision)
+                    if lse is None and (full_like or (_lse_fits(BN_, DC, bkt_, nw_, precision) and smem_estimate(
+                            "lse", BN_, DC, bkt_, nw_, st, precision) <= smem_limit)):
+                        lse = (bkt_, BN_, nw_) if not full_like else (BK_tile, BN, nw)
+        if lse is None:
+            lse = (16, 16, 8)
+    lse_bk, lse_bn, lse_nw = lse
+    lse_blocks = -(-N // lse_bn)
     return Plan(path=chosen, BN=BN, BD=BD, BK=BK, BK_tile=BK_tile, num_warps=nw,
-                programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(n_blocks, sms * 4)),
-                chunk_rows=chunk_rows, single_fits=fits, regs_est=regs)
+                programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
+                chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
+                DC=lse_chunk(BD, precision) if not full_like else BD, lse_BN=lse_bn, lse_BK=lse_bk,
+                lse_warps=lse_nw)
