@@ -3,6 +3,7 @@
 References are the literal float64 formula on the densified matrix; every buffer the kernels must
 fully overwrite is NaN-poisoned (csr.POISON_OUTPUTS).
 """
+import dataclasses
 import importlib
 import os
 import sys
@@ -453,6 +454,63 @@ def test_strategy_model_and_auto(rng):
         assert relerr(csr.csr_mmchain_fused(A, y, v, None, config=c), ref) < TOL[torch.float32], c
 
 
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_long_homogeneous_rows_loop(rng, idx, m):
+    """Columns all longer than a tile (the CSC copy of a uniform matrix): the model's ordered
+    row loop (several rows per program, L = pow2 <= mean/4), element-wise partial sums reduced
+    once, both L1 settings; against float64, with an empty column and an empty row."""
+    n, d = 1500, 5
+    X = np.ones((n, d))
+    X[:, 3] = 0  # an empty column
+    X[7] = 0  # an empty row
+    S = sp.csr_matrix(X * rng.standard_normal((n, d)))
+    S.sort_indices()
+    A = CSRMatrix(torch.from_numpy(S.indptr).to(idx), torch.from_numpy(S.indices).to(idx),
+                  torch.from_numpy(S.data).float(), S.shape)
+    cs = csr.csr_stats(A, axis=1)
+    pick = csr.csr_config(A, m, strategy="gather").gather
+    assert pick.ordered and not pick.single and pick.lanes == 256 and pick.block_r == pick.tile // 256, pick
+    assert cs.max_len > pick.tile  # rows longer than the tile: the loop, not the long-row split
+    assert csr._n_launches(cs, csr._launch_params(cs, m, torch.float32, csr._DEFAULT_GPU)) == 1
+    y, v, z = randn(rng, d, m), randn(rng, n, m), randn(rng, d, m)
+    ref = reference(A, y, v, z, 0.5, 2.0)
+    for bypass in (False, True):
+        cfg = {"strategy": "gather", "l1_bypass": bypass, "gather": {"l1_bypass": bypass}}
+        w = csr.csr_mmchain_fused(A, y, v, z, 0.5, 2.0, config=cfg)
+        assert relerr(w, ref) < TOL[torch.float32], bypass
+    # the copy's rows as a matrix of its own: the same loop serves the pass over A's rows
+    AT = csr._csc(A, csr._structure(A)).AT
+    At = CSRMatrix(AT.crow.clone(), AT.col.clone(), AT.val.clone(), (d, n))
+    cfg_t = csr.csr_config(At, m)
+    assert cfg_t.ordered and not cfg_t.single
+    t = csr.csr_matvec_fused(At, v)
+    assert relerr(t, dense64(At) @ v.double()) < TOL[torch.float32]
+
+
+def test_l1_bypass_model_and_huge_row(rng):
+    """The model bypasses L1 for A's stream only while the gathered vector is small; one huge row
+    (long-row kernels, REREAD off for the gather pass) agrees with float64 either way."""
+    H200 = dict(sm_count=132, bandwidth=4.28e12, regs_per_sm=65536, smem_per_sm=228 * 1024, l2_bytes=50 << 20)
+    small = csr.CSRStats(4_000_000, 100_000, 128_000_000, 32, (0,) * 6 + (4_000_000,), 4)
+    big = csr.CSRStats(1_000_000, 1_000_000, 100_000_000, 100, (0,) * 8 + (1_000_000,), 4)
+    assert csr.csr_config(small, 1, torch.float32, H200).l1_bypass  # y: 400 KB
+    assert not csr.csr_config(big, 1, torch.float32, H200).l1_bypass  # y: 4 MB
+    assert not csr.csr_config(small, 4, torch.float32, H200).l1_bypass  # y: 1.6 MB
+    assert csr.csr_config(small).launch_key() == dataclasses.replace(
+        csr.csr_config(small), l1_bypass=not csr.csr_config(small).l1_bypass).launch_key()
+    lens = rng.integers(0, 4, 50)
+    lens[20] = 2900  # one huge row past the long threshold (1024)
+    lens[::7] = 0
+    A = make_csr(rng, 50, 3000, lens, torch.int64)
+    y, v = randn(rng, 3000, 2), randn(rng, 50, 2)
+    ref = reference(A, y, v, None, 1.0, 0.0)
+    for strategy in ("scatter", "gather"):
+        for bypass in (False, True):
+            cfg = {"strategy": strategy, "l1_bypass": bypass, "gather": {"l1_bypass": bypass}}
+            assert relerr(csr.csr_mmchain_fused(A, y, v, None, config=cfg), ref) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("strategy", ["scatter", "gather"])
 def test_public_api_strategy(rng, strategy):
     n, d, lens = profile_lengths(rng, "power_law")
@@ -496,7 +554,7 @@ def _aot_compile_variants():
                     chunk_row_ptr="*i32", chunk_first_ptr="*i32", part_ptr=f"*{acc}", CHUNK="i64")
 
     base = dict(M=1, MP=1, VM=1, BLOCK_R=32, L=32, SINGLE=True, HAS_Y=True, HAS_V=True, HAS_Z=False,
-                INTERCEPT=False, SOFTMAX=False, MODE=1, ROW_PERM=False, WIDE=False, ACC64=False)
+                INTERCEPT=False, SOFTMAX=False, MODE=1, ROW_PERM=False, WIDE=False, ACC64=False, L1_BYPASS=False)
     variants = [
         ("rows m1 fp32/i32", k_rows, ("i32", "fp32", "fp32"), {}),
         ("rows m1 binned intercept", k_rows, ("i32", "fp32", "fp32"), dict(L=8, BLOCK_R=128, ROW_PERM=True, INTERCEPT=True)),
@@ -509,10 +567,17 @@ def _aot_compile_variants():
          dict(M=4, MP=4, VM=4, L=16, BLOCK_R=64, MODE=2, SOFTMAX=True, INTERCEPT=True)),
         ("rows csc-pass m1 z loop", k_rows, ("i32", "fp32", "fp32"),
          dict(MODE=0, HAS_V=False, HAS_Z=True, SINGLE=False, L=256, BLOCK_R=4)),
+        ("rows csc-pass m1 loop l1-bypass", k_rows, ("i32", "fp32", "fp32"),
+         dict(MODE=0, HAS_V=False, SINGLE=False, L=256, BLOCK_R=4, L1_BYPASS=True)),
+        ("rows p-pass m1 l1-bypass", k_rows, ("i32", "fp32", "fp32"), dict(MODE=2, L1_BYPASS=True)),
+        ("rows scatter m4 loop l1-bypass", k_rows, ("i32", "fp32", "fp32"),
+         dict(M=4, MP=4, VM=4, L=64, BLOCK_R=4, SINGLE=False, L1_BYPASS=True)),
         ("rows csc-pass m3 z fp64", k_rows, ("i64", "fp64", "fp64"),
          dict(M=3, MP=4, VM=3, MODE=0, HAS_V=False, HAS_Z=True, ROW_PERM=True, L=8, BLOCK_R=64, ACC64=True)),
         ("long partial m4 fp64", csr._csr_long_partial_kernel, ("i64", "fp64", "fp64"),
-         dict(M=4, MP=4, PIECE=128, WIDE=False, ACC64=True)),
+         dict(M=4, MP=4, PIECE=128, WIDE=False, ACC64=True, REREAD=True, L1_BYPASS=False)),
+        ("long partial m1 csc-pass l1-bypass", csr._csr_long_partial_kernel, ("i32", "fp32", "fp32"),
+         dict(M=1, MP=1, PIECE=1024, WIDE=False, ACC64=False, REREAD=False, L1_BYPASS=True)),
         ("long finish m1", csr._csr_long_finish_kernel, ("i32", "fp32", "fp32"),
          dict(M=1, MP=1, VM=1, PIECE=1024, HAS_Y=True, HAS_V=True, HAS_Z=False, INTERCEPT=True, SOFTMAX=False,
               MODE=1, WIDE=False, ACC64=False)),
@@ -538,7 +603,15 @@ def _aot_compile_variants():
         scatters = consts.get("MODE", 1) == 1 and fn is not csr._csr_long_partial_kernel
         has_atom = re.search(r"\b(RED|ATOM)G?\.", sass) is not None
         has_red = re.search(r"\bREDG?\.E\.ADD\.F(32|64)", sass) is not None
-        print(f"AOT {name}: regs={regs} stack={stack} red={has_red}")
+        ptx = k.asm["ptx"]
+        loop = re.search(r"Inner Loop Header(.*?)\bbra\b", ptx, re.S)
+        print(f"AOT {name}: regs={regs} stack={stack} red={has_red} shared={k.metadata.shared}")
+        # A's stream bypasses L1 exactly when asked (the gathered vector keeps L1)
+        assert ("ld.global.cg" in ptx) == bool(consts.get("L1_BYPASS")), f"{name}: .cg loads"
+        if loop is not None and fn is k_rows and not consts.get("ACC64") and consts.get("MP", 1) == 1:
+            body = loop.group(1)  # m = 1 row loop: no 64-bit multiplies, no per-step cross-warp sums
+            assert "mul.lo.s64" not in body and "bar.sync" not in body, f"{name}: inner loop\n{body[:2000]}"
+
         assert stack == 0, f"{name}: register spills (stack {stack} B)"
         assert has_red or not scatters, f"{name}: the scatter did not compile to RED"
         assert scatters or not has_atom, f"{name}: atomics in an atomic-free (gather) pass"
@@ -557,7 +630,7 @@ def test_kernels_compile_for_sm90():
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("AOT ") == 13
+    assert r.stdout.count("AOT ") == 17
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -118,6 +118,32 @@ def _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.co
 
 
 @triton.jit
+def _stream(ptr, mask, L1_BYPASS: tl.constexpr, KEEP: tl.constexpr = False):
+    """Load A's values or indices (read once): ``evict_first`` so the stream does not push the
+    gathered vector out of the caches; ``L1_BYPASS`` (``.cg``) keeps it out of L1 altogether, which
+    then holds only gathered-vector lines; ``KEEP`` (``evict_last``) when a second kernel re-reads
+    them."""
+    if KEEP:
+        return tl.load(ptr, mask=mask, other=0, eviction_policy="evict_last")
+    elif L1_BYPASS:
+        # (ptxas rejects .cg with an L1 eviction hint; a vector this small stays hot in L2 anyway)
+        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg")
+    else:
+        return tl.load(ptr, mask=mask, other=0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
+    """Unreduced ``vals * y[cols, :]``: ``[BLOCK_R, L]`` (MP = 1) or ``[BLOCK_R, L, MP]``."""
+    if MP == 1:
+        return vals * tl.load(y_ptr + cols, mask=nz_mask, other=0.0, eviction_policy="evict_last")
+    else:
+        yg = tl.load(y_ptr + cols[:, :, None] * M + j[None, None, :],
+                     mask=nz_mask[:, :, None] & jmask[None, None, :], other=0.0, eviction_policy="evict_last")
+        return vals[:, :, None] * yg
+
+
+@triton.jit
 def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
     """``out[cols, :] += vals * p`` for a ``[BLOCK_R, L]`` tile and ``p`` ``[BLOCK_R, MP]`` (RED)."""
     if MP == 1:
@@ -158,6 +184,7 @@ def _csr_rows_kernel(
     ROW_PERM: tl.constexpr,
     WIDE: tl.constexpr,  # (C+1) * M may pass 2^31: widen int32 column indices
     ACC64: tl.constexpr,
+    L1_BYPASS: tl.constexpr,  # load A with .cg: L1 left to the gathered vector (see _stream)
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
@@ -180,23 +207,33 @@ def _csr_rows_kernel(
         # [BLOCK_R, L] tile of the block's nonzeros, loaded once and kept for the scatter.
         nz_mask = lane[None, :] < length[:, None]
         off = start[:, None] + lane[None, :]
-        cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+        cols = _stream(col_ptr + off, nz_mask, L1_BYPASS)
         if WIDE:
             cols = cols.to(tl.int64)
-        vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
+        vals = _stream(val_ptr + off, nz_mask, L1_BYPASS).to(acc_t)
         if HAS_Y:
             t = _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
     else:
         max_len = tl.max(length, axis=0)
         if HAS_Y:
+            # Element-wise partial sums, reduced once after the loop (a per-step tl.sum would be a
+            # cross-warp reduction with two barriers in every step).
+            if MP == 1:
+                acc = tl.zeros([BLOCK_R, L], dtype=acc_t)
+            else:
+                acc = tl.zeros([BLOCK_R, L, MP], dtype=acc_t)
             for k in range(0, max_len, L):
                 nz_mask = (k + lane)[None, :] < length[:, None]
                 off = start[:, None] + (k + lane)[None, :]
-                cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first")
+                cols = _stream(col_ptr + off, nz_mask, L1_BYPASS)
                 if WIDE:
                     cols = cols.to(tl.int64)
-                vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
-                t += _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
+                vals = _stream(val_ptr + off, nz_mask, L1_BYPASS).to(acc_t)
+                acc += _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
+            if MP == 1:
+                t = tl.sum(acc, axis=1)[:, None]
+            else:
+                t = tl.sum(acc, axis=1)
     if HAS_Y:
         if INTERCEPT:
             y_last = tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
@@ -256,6 +293,8 @@ def _csr_long_partial_kernel(
     PIECE: tl.constexpr,  # nonzeros per loop step
     WIDE: tl.constexpr,
     ACC64: tl.constexpr,
+    REREAD: tl.constexpr,  # the finish kernel re-reads the chunk (scatter): keep it in L2
+    L1_BYPASS: tl.constexpr,
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     c = tl.program_id(0).to(tl.int64)
@@ -273,11 +312,12 @@ def _csr_long_partial_kernel(
     for k in range(lo, hi, PIECE):
         off = k + lane
         nz_mask = off < hi
-        cols = tl.load(col_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last")
+        cols = _stream(col_ptr + off, nz_mask, L1_BYPASS, REREAD)
         if WIDE:
             cols = cols.to(tl.int64)
-        vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_last").to(acc_t)
-        yg = tl.load(y_ptr + cols[:, None] * M + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0)
+        vals = _stream(val_ptr + off, nz_mask, L1_BYPASS, REREAD).to(acc_t)
+        yg = tl.load(y_ptr + cols[:, None] * M + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0,
+                     eviction_policy="evict_last")
         acc += vals[:, None] * yg
     tl.store(part_ptr + c * MP + j, tl.sum(acc, axis=0))
 
@@ -504,6 +544,9 @@ class CSRConfig:
         ``strategy="gather"``: launch parameters of the pass over the CSC copy (its "rows" are
         A's columns; the fields above describe the pass over A's rows). None: the model's pick
         for the copy's column-length profile, chosen at run time.
+    l1_bypass : bool
+        Load A's values and indices with ``.cg`` (L2 only), leaving L1 to the gathered vector;
+        the model sets it when that vector is small enough for L1 hits to matter.
     """
 
     strategy: str
@@ -521,6 +564,7 @@ class CSRConfig:
     num_warps: int
     long_warps: int
     gather: "CSRConfig | None" = None
+    l1_bypass: bool = False
 
     def bin_block_r(self, width: int) -> int:
         """Rows per program for the bin of width ``width``.
@@ -538,7 +582,7 @@ class CSRConfig:
 
     def launch_key(self) -> "CSRConfig":
         """The launch fields only (strategy and the CSC pass dropped): the schedule cache key."""
-        return dataclasses.replace(self, strategy="scatter", gather=None)
+        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -618,6 +662,9 @@ RATE_SMS = 132
 DRAM_BURST = 64
 L2_SHARE = 0.5
 LAUNCH_S = 5e-6
+# Gathered vectors up to this size get A loaded with .cg (assumption: ~200 KB of L1 per SM, so a
+# hit rate of at least ~20 %; the --csr-strategies sweep times both settings).
+L1_BYPASS_MAX_BYTES = 1 << 20
 STRATEGIES = ("auto", "scatter", "gather")
 
 
@@ -647,6 +694,11 @@ def _launch_params(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> d
         ordered, single, lanes = True, True, max(max_cover, 1)
     elif stats.max_len <= 4 * q90 and q90 <= tile:
         ordered, single, lanes = True, False, q90
+    elif stats.nnz and stats.max_len <= 2 * stats.mean_len and q90 > tile:
+        # homogeneous rows all longer than a tile (the CSC copy of a uniform matrix: ~1280 per
+        # column): rows in storage order, looped in steps of L = pow2 <= mean / 4 (tail waste
+        # <= 25 %) with several rows per program, not the two-kernel long-row split.
+        ordered, single, lanes = True, False, max(32, min(tile, _pow2_floor(int(stats.mean_len) // 4)))
     else:
         ordered, single, lanes = False, False, q90
     lanes = max(1, min(lanes, tile))
@@ -654,9 +706,13 @@ def _launch_params(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict) -> d
     long_threshold = tile
     piece = tile
     chunk = _long_chunk(stats.nnz, piece, prof["sm_count"])  # refined by the schedule (real long nnz)
+    # The gathered vector (y for A's rows, p for the copy's): when it is within a few L1s, keep A's
+    # stream out of L1 so its lines stay there (L1 hits spare the L2 sector operations that bind).
+    b_acc = 8 if dtype == torch.float64 else 4
+    l1_bypass = (stats.n_cols + 1) * m * b_acc <= L1_BYPASS_MAX_BYTES
     return dict(ordered=ordered, block_r=block_r, lanes=lanes, single=single, tile=tile,
                 l_min=max(4, min(q10, tile)), long_threshold=long_threshold, piece=piece, chunk=chunk,
-                num_warps=num_warps, long_warps=num_warps)
+                num_warps=num_warps, long_warps=num_warps, l1_bypass=l1_bypass)
 
 
 def _sectors_per_gather(m: int, b_acc: int) -> float:
@@ -1180,7 +1236,7 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
             A.crow, A.col, A.val, rows_arg, y_arg, v_arg, z_arg, out, ipart, lo, hi, prog_base, d, coef,
             M=m, MP=mp, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
             INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
-            WIDE=wide, ACC64=acc64, num_warps=_warps(cfg.num_warps, br * L * mp),
+            WIDE=wide, ACC64=acc64, L1_BYPASS=cfg.l1_bypass, num_warps=_warps(cfg.num_warps, br * L * mp),
         )
         prog_base += grid[0]
     if sch.n_chunks:
@@ -1190,7 +1246,7 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
             part = _alloc((sch.n_chunks, mp), ref.dtype, dev)
             _csr_long_partial_kernel[(sch.n_chunks,)](
                 A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, y_arg, part, sch.chunk,
-                num_warps=cfg.long_warps, **common,
+                REREAD=mode == 1, L1_BYPASS=cfg.l1_bypass, num_warps=cfg.long_warps, **common,
             )
         _csr_long_finish_kernel[(sch.n_chunks,)](
             A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, z_arg,
