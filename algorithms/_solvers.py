@@ -429,15 +429,16 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
         ftol = 64 * torch.finfo(W0.dtype).eps
 
     st = obj.evaluate(W0)
-    f = float(st["f"])
+    f = _host(st["f"])[0]
     if not math.isfinite(f):
         raise ValueError("the objective is not finite at the starting point")
     g, _ = obj.gradient(st)
     gnorm = torch.sqrt(dot(g, g))
     gnorm0 = gnorm.clone()
+    gn0, conv0 = _host(torch.cat([gnorm, stop(g, gnorm, gnorm0).all().reshape(1).to(gnorm.dtype)]))
     if history is not None:
-        history.add(0, f, float(gnorm), 0.0, ls_evals=0)
-    status = "converged" if bool(stop(g, gnorm, gnorm0).all()) else "max_iter"
+        history.add(0, f, gn0, 0.0, ls_evals=0)
+    status = "converged" if conv0 > 0.5 else "max_iter"
     S_mem, Y_mem, rho_mem = deque(maxlen=memory), deque(maxlen=memory), deque(maxlen=memory)
     n_iter = 0
     gamma = 1.0
@@ -455,41 +456,48 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
         for (s_i, y_i, rho_i), a_i in zip(zip(S_mem, Y_mem, rho_mem), reversed(alphas)):
             b_i = rho_i * dot(y_i, d)
             d = d + (a_i - b_i) * s_i
-        gtd = float(dot(g, d))
+        if n_iter == 1:
+            gtd, gabs = _host(torch.stack([dot(g, d).reshape(()), g.abs().sum().to(d.dtype)]))
+            t0 = min(1.0, 1.0 / max(gabs, 1e-300))
+        else:
+            gtd, t0 = _host(dot(g, d))[0], 1.0
         if not gtd < 0:  # not a descent direction: restart from steepest descent
             S_mem.clear(), Y_mem.clear(), rho_mem.clear()
             d, gamma = -g, 1.0
-            gtd = float(dot(g, d))
-        t0 = min(1.0, 1.0 / max(float(g.abs().sum()), 1e-300)) if n_iter == 1 else 1.0
+            gtd = _host(dot(g, d))[0]
 
         def phi(t, W=W, d=d):
-            s_t = obj.evaluate(W + t * d)
-            f_t = float(s_t["f"])
-            if not math.isfinite(f_t):
-                return f_t, None, math.nan, s_t
+            # objective and directional derivative in ONE sync (the gradient is computed before
+            # f is known: it is discarded in the rare case f is not finite)
+            s_t = obj.evaluate(_axpy(W, float(t), d))
             g_t, _ = obj.gradient(s_t)
-            return f_t, g_t, float(dot(g_t, d)), s_t
+            f_t, gtd_t = _host(torch.cat([s_t["f"].reshape(1), dot(g_t, d).reshape(1).double()]))
+            if not math.isfinite(f_t):
+                return math.inf, None, math.nan, s_t
+            return f_t, g_t, gtd_t, s_t
 
         t, f_new, g_new, s_new, n_evals = _strong_wolfe(phi, t0, d, f, g, gtd, max_ls=max_ls)
         if s_new is None or g_new is None or not math.isfinite(f_new) or f_new > f:
             status = "stalled"  # the line search found no acceptable point
             if history is not None:
-                history.add(n_iter, f, float(gnorm), 0.0, ls_evals=n_evals)
+                history.add(n_iter, f, _host(gnorm)[0], 0.0, ls_evals=n_evals)
             break
         s_vec = t * d
         y_vec = g_new - g
-        ys = float(dot(y_vec, s_vec))
-        yy = float(dot(y_vec, y_vec))
-        if ys > 1e-10 * max(yy, 1e-300):
-            S_mem.append(s_vec), Y_mem.append(y_vec), rho_mem.append(1.0 / ys)
-            gamma = ys / yy
         f_old, f = f, f_new
         W, g, st = s_new["W"], g_new, s_new
         gnorm = torch.sqrt(dot(g, g))
-        step = t * float(torch.sqrt(dot(d, d)))
+        # one sync: y^T s, y^T y, ||g||, ||d||, the convergence test
+        ys, yy, gn, dn, conv = _host(torch.cat([dot(y_vec, s_vec), dot(y_vec, y_vec), gnorm,
+                                                torch.sqrt(dot(d, d)), stop(g, gnorm, gnorm0).all().reshape(1)
+                                                .to(gnorm.dtype)]))
+        if ys > 1e-10 * max(yy, 1e-300):
+            S_mem.append(s_vec), Y_mem.append(y_vec), rho_mem.append(1.0 / ys)
+            gamma = ys / yy
+        step = t * dn
         if history is not None:
-            history.add(n_iter, f, float(gnorm), step, ls_evals=n_evals)
-        if bool(stop(g, gnorm, gnorm0).all()):
+            history.add(n_iter, f, gn, step, ls_evals=n_evals)
+        if conv > 0.5:
             status = "converged"
         elif (f_old - f) / max(abs(f_old), abs(f), 1.0) <= ftol:
             status = "converged"  # L-BFGS-B's relative-reduction exit (scikit-learn treats it as converged)
