@@ -68,6 +68,19 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   for m = 1. Time: the two passes' ``2 nnz`` random gathers (one 32-byte L2 sector each, ~120 G/s
   on an H200) bind, not the bytes: ~8x the floor, the same wall as cuSPARSE's two SpMVs.
 
+Both strategies: what the kernels do about the L2-operation bound
+-----------------------------------------------------------------
+* A's values and indices are a stream (``_stream``): L2 ``evict_first``, and ``.cg`` (no L1
+  allocation, ``CSRConfig.l1_bypass``) when the gathered vector is at most ~1 MB, so L1 holds
+  only vector lines and some gathers hit L1 instead of costing an L2 sector operation.
+* Rows looped in ``L``-wide steps accumulate ``vals * y[cols]`` element-wise and reduce once
+  after the loop (no cross-warp reduction, with its barriers, per step); homogeneous rows longer
+  than a tile (the CSC copy of a uniform matrix) use that loop with several rows per program
+  rather than the two-kernel long-row split; long-row chunks are kept in L2 (``evict_last``) only
+  when the finish kernel re-reads them (the scatter).
+* No host-device synchronisation per call (``alpha``/``beta`` live in a cached device tensor), and
+  the model's pick is cached per matrix: on short calls host time between launches is GPU time.
+
 * Indices: ``crow`` int64 -> all nonzero offsets in int64; int32 indices are loaded as int32 and
   only widened where ``(D+1) * m`` could pass 2^31. Every gather is masked (the interpreter does
   not catch out-of-bounds loads).
@@ -832,7 +845,9 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     read, w written). For m = 1 that is ``2/R_g = 16.7`` vs ``1/R_g + 1/R_a = 18.3`` ns per 1000
     nonzeros: gather by ~9 % (measured 2.08 vs 2.35 ms, 1.73 vs 1.83 ms); for m > 1 the gather's
     sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
-    (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Not modelled: the
+    (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Not modelled: L1
+    hits (``l1_bypass``: set for gathered vectors up to ``L1_BYPASS_MAX_BYTES`` = 1 MB, an
+    assumption the ``--csr-strategies`` sweep of ``benchmarks/bench_mmchain.py`` checks); the
     one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
     the second call on the same matrix object).
 
@@ -855,7 +870,9 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
        (rows in storage order: perfect streaming, no permutation bytes) when the profile is
        homogeneous: ``pow2(max_len) <= 2 pow2(mean)`` (then ``L = pow2(max_len)``, lanes ≥ 50 %
        busy on average, one tile, single read) or ``max_len <= 4 pow2(q90)`` (``L = pow2(q90)``,
-       at most 4 loop steps per block). Otherwise binned: power-of-two bins from
+       at most 4 loop steps per block), or, for homogeneous
+       rows longer than a tile (``max_len <= 2 mean``, ``pow2(q90) > tile``), ``L = pow2 <= mean/4``
+       looped with ``tile / L`` rows per program. Otherwise binned: power-of-two bins from
        ``l_min = max(4, pow2(q10))`` to ``long_threshold = tile`` (bins ≥ 50 % lane-busy), the
        permutation costs ``b_idx`` bytes per row. The CSC copy of a power-law matrix is binned by
        its own column-length profile.
