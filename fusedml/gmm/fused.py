@@ -611,6 +611,10 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
         precision = auto_precision(N, K, D, ct, dev)
     if plan is None:
         plan = plan_launch(N, K, D, ct, prep.X.dtype, dev, path=path, precision=precision)
+    if plan.precision and plan.precision != precision:
+        warnings.warn(f"fusedml.gmm: no {precision} configuration fits the GPU for K={K}, D={D}; using fp32 "
+                      "products (more accurate)", RuntimeWarning, stacklevel=3)
+        precision = plan.precision
     if ops is None:
         ops = _operands(prep)
     try:

@@ -10,7 +10,8 @@ choices for the target shapes):
   ``4 ((S-1) BN BD`` (software-pipelined X tiles) ``+ 2 BN BD`` (x, x^2 as dot operands)
   ``+ BN BK`` (r^T) ``+ 2 BD BK)`` (the weight tiles) ``+ 8 BK W`` (reduction scratch); pass 1
   (online LSE over K tiles) holds ``4 (2 BN BD + 2 max(1, S-1) BD BK)``. Tensor-core precisions
-  (tf32x3, tf32, bf16) stage their operands in swizzled layouts: counted twice. A configuration
+  (tf32x3, tf32, bf16) stage their operands in swizzled layouts: counted twice, plus the split
+  x, x^2 operands ``8 BN BD``; their single sweep also needs ``BD <= 64``. A configuration
   applies only when this is at most the per-block limit (232448 B on an H100/H200).
 * **Registers**: live fp32 values per thread of a ``W``-warp program, ``T = 32 W``:
   ``E = (2 BK BD`` (statistics accumulators) ``+ BN (2 BD + 3 BK))`` (x, x^2, logits /
@@ -111,6 +112,9 @@ class Plan:
         re-read per chunk, for tensor-core precisions at large D).
     lse_BN, lse_BK, lse_warps : int
         Row block, component tile and warps of pass 1 / scoring (0: pass 2's values).
+    precision : str
+        The operand precision planned for: the one asked for, or "fp32" when no tensor-core
+        configuration fits (e.g. D = 256: its split operands spill at every block size).
     """
 
     path: str
@@ -131,6 +135,7 @@ class Plan:
     lse_BN: int = 0
     lse_BK: int = 0
     lse_warps: int = 0
+    precision: str = ""
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
@@ -193,7 +198,9 @@ def smem_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, num_stag
         b = 4 * (2 * BN * BD + 2 * max(1, num_stages - 1) * BD * BK)
     else:
         b = 4 * ((num_stages - 1) * BN * BD + 2 * BN * BD + BN * BK + 2 * BD * BK) + 8 * BK * num_warps
-    return b if precision == "fp32" else 2 * b
+    if precision == "fp32":
+        return b
+    return 2 * b + (8 * BN * BD if kind != "lse" else 0)  # + the split (hi, lo) x and x^2 operands
 
 
 def regs_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, precision: str) -> int:
@@ -233,10 +240,11 @@ def lse_chunk(BD: int, precision: str) -> int:
 
 def _lse_fits(BN, BD, BK, nw, precision):
     """Pass 1 (calibrated on sm_90 compiles): at most 8 outputs of the [BN, BK] logits tile per
-    thread, 4 from D = 64 on (fp32: the FMA operands of x and x^2 stay in registers);
+    thread, 4 from D = 64 on (fp32: the FMA operands of x and x^2 stay in registers), at most 32
+    values of the two weight tiles per thread;
     tensor-core precisions 8 warps (their operand fragments are replicated per warp)."""
     o = BN * BK // (32 * nw)
-    if o > 8:
+    if o > 8 or 2 * BD * BK > 32 * 32 * nw:  # and at most 32 weight values per thread
         return False
     if precision == "fp32":
         return o <= (4 if BD >= 64 else 8)
@@ -296,6 +304,7 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
                 ok = ok and sm <= smem_limit
             else:
                 ok, sm, regs = _diag_fits("single", BN, BD, BK, nw, st, precision, smem_limit)
+                ok = ok and (not tc or BD <= 64)  # tensor-core single sweep spilled at BD = 256 (sm_90)
             if ok:
                 best, fits = (nw, BN, regs, sm), True
                 break
@@ -330,6 +339,8 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
                         pick = (bkt, BN_, nw_, sm2, r2)
         if lse is None:
             lse = (16, 16, 8)
+        if pick is None and tc and not full_like:  # no tensor-core configuration fits: plan fp32
+            return plan_launch(N, K, D, covariance_type, dtype, device, path=path, precision="fp32")
         if pick is None:  # nothing fits the model: the smallest tiles, no pipelining
             st = 1
             pick = (16, 16, 8, smem_estimate("stats", 16, BD, 16, 8, 1, precision),
@@ -358,4 +369,4 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
                 programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
                 DC=lse_chunk(BD, precision) if not full_like else BD, lse_BN=lse_bn, lse_BK=lse_bk,
-                lse_warps=lse_nw)
+                lse_warps=lse_nw, precision=precision)
