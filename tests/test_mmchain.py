@@ -523,7 +523,7 @@ def _aot_dense_variants():
          dict(MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
-                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 22)
+                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20)
     variants += [
         ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
         ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),

@@ -373,6 +373,7 @@ def _mmchain_coop_kernel(
                 _coop_partial(x_nxt, y_g, TP, row, g, G, PHASE)
                 if PHASE == 0:
                     tl.atomic_add(CNT + row, 1, sem="release")
+    spin_left = MAX_SPIN  # polls for the whole run: a broken grid ends in about a second, not per row
     for _ in range(r0, N, R):  # row = r0, r0 + R, ... (int64, carried)
         x = x_nxt
         nxt = row + R
@@ -381,10 +382,9 @@ def _mmchain_coop_kernel(
             if not XTY:
                 if PHASE == 0:  # wait for the group's G partials of this row
                     cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
-                    spins = 0
-                    while (cnt < G) & (spins < MAX_SPIN):
+                    while (cnt < G) & (spin_left > 0):
                         cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
-                        spins += 1
+                        spin_left -= 1
                     if cnt < G:  # never expected: count it instead of hanging (host can check)
                         tl.atomic_add(CNT + N, 1)
                 # fixed order over the G partials (L2 only: the line may sit stale in L1)
@@ -571,9 +571,10 @@ def _coop_capacity(args, consts, warps, dev) -> int | None:
 
 
 _COOP_CAPACITY: dict = {}
-#: Spin iterations (each at least one L2 round trip, ~1 us) before a waiting program gives up and
-#: counts an error in ``CNT[N]`` instead of hanging (never reached when the grid is co-resident).
-COOP_MAX_SPIN = 1 << 22
+#: Polls of the row counters (each an L2 round trip, ~1 us) a program may spend over its whole run
+#: before it stops waiting and counts an error in ``CNT[N]`` instead of hanging (never reached when
+#: the grid is co-resident: a normal run polls a few times per row).
+COOP_MAX_SPIN = 1 << 20
 
 
 def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_lo):
