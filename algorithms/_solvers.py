@@ -102,14 +102,17 @@ def _boundary(std, sts, dtd, dsq):
     return _finite_or(a, 0.0)
 
 
-def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
+def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
 
-    Scalars live on the host as Python floats (float64), one per problem; per CG step: ONE
-    ``obj.hessp`` (one mmchain), two host syncs (``d^T H d``, then ``||r||^2``) and five small
-    launches (two dots, three axpys). ``||S||^2``, ``S^T D`` and ``D^T D`` follow Steihaug's
-    recurrences (exact in exact arithmetic); when they say the step may leave the region the
-    three are recomputed exactly before the boundary step (at most once per solve: one sync).
+    One host sync per CG step. The step ``alpha = r^T r / d^T H d`` is formed on the device and
+    the updates ``S + alpha D``, ``R - alpha H D`` and ``||R||^2`` are queued right behind the
+    Hessian product (hidden behind its read of X); the host then reads ``d^T H d`` and the new
+    ``||r||^2`` in ONE copy and decides in float64: curvature and trust-region tests (Steihaug's
+    recurrences for ``||S||^2``, ``S^T D``, ``D^T D``), convergence, ``beta``. A step that leaves
+    the region (rare: at most once per problem and solve) is redone from the kept ``S``/``R``
+    with the boundary root and the three inner products recomputed exactly.
+    Per CG step: ONE ``obj.hessp`` (one mmchain), one sync, seven small launches (P = 1).
 
     Parameters
     ----------
@@ -118,6 +121,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
     delta : list of float
         Trust radius per problem.
     active : list of bool
+    gg : [P] tensor, optional
+        ``g^T g`` on the device (computed here if not given).
 
     Returns
     -------
@@ -139,11 +144,26 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
     sts, std, dtd = [0.0] * P, [0.0] * P, list(rTr)
     run = [bool(a) and math.sqrt(r) > c for a, r, c in zip(active, rTr, cgtol)]
     reach = [False] * P
+    if not any(run):
+        return S, R, 0, reach
+
+    def masked(t):  # [P] device values, zero for problems not running (their alpha must be 0)
+        return t if all(run) else t * _coef([1.0 if r else 0.0 for r in run], t).reshape(-1)
+
+    rTr_dev = masked(gg if gg is not None else dot(g, g))
     n_cg = 0
     while n_cg < max_cg and any(run):
         n_cg += 1
         Hd = obj.hessp(hstate, Dv)
-        dHd = _host(dot(Dv, Hd))  # sync 1: the curvature along Dv
+        dHd_dev = dot(Dv, Hd)
+        a_dev = rTr_dev / dHd_dev
+        if P > 1:  # columns not running: 0 / x (or 0 / 0) -> 0
+            a_dev = torch.nan_to_num(a_dev, nan=0.0, posinf=0.0, neginf=0.0).reshape(1, P)
+        S_try = torch.addcmul(S, a_dev, Dv)
+        R_try = torch.addcmul(R, a_dev, Hd, value=-1.0)
+        rnew_dev = dot(R_try, R_try)
+        v = _host(torch.cat([dHd_dev, rnew_dev]))  # THE sync of the step
+        dHd, rnew = v[:P], v[P:]
         alpha, over = [0.0] * P, [False] * P
         for j in range(P):
             if run[j]:
@@ -151,7 +171,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
                 over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
                 alpha[j] = a
         if any(over):
-            # exact S^T D, S^T S, D^T D for the boundary step (LIBLINEAR computes them directly)
+            # exact S^T D, S^T S, D^T D (LIBLINEAR computes them directly), then redo the step
+            # from the kept S, R with the boundary root (and the plain alpha for the others)
             ex = _host(torch.stack([dot(S, Dv), dot(S, S), dot(Dv, Dv)]))
             for j in range(P):
                 if over[j]:
@@ -159,30 +180,29 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg):
                     a = alpha[j]
                     over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
                     alpha[j] = _boundary(std[j], sts[j], dtd[j], dsq[j]) if over[j] else a
-        S = _axpy(S, _coef(alpha, S), Dv)
-        R = _axpy(R, _coef([-a for a in alpha], R), Hd)
+            S_try = _axpy(S, _coef(alpha, S), Dv)
+            R_try = _axpy(R, _coef([-a for a in alpha], R), Hd)
+            if not all(over[j] for j in range(P) if run[j]):
+                rnew_dev = dot(R_try, R_try)
+                rnew = _host(rnew_dev)
+        S, R = S_try, R_try
+        beta = [0.0] * P
         for j in range(P):
             if run[j]:
                 a = alpha[j]
                 sts[j] += (2.0 * std[j] + a * dtd[j]) * a
                 if over[j]:
                     reach[j], run[j] = True, False
-        if not any(run):
-            break
-        rnew = _host(dot(R, R))  # sync 2: the residual (stopping test and beta)
-        beta = [0.0] * P
-        for j in range(P):
-            if run[j]:
+                    continue
                 b = _finite_or(rnew[j] / rTr[j], 0.0) if rTr[j] > 0 else 0.0
-                beta[j] = b
-                std[j] = b * (std[j] + alpha[j] * dtd[j])
+                std[j] = b * (std[j] + a * dtd[j])
                 dtd[j] = rnew[j] + b * b * dtd[j]
                 rTr[j] = rnew[j]
                 run[j] = math.sqrt(max(rnew[j], 0.0)) > cgtol[j]
-                if not run[j]:
-                    beta[j] = 0.0
+                beta[j] = b if run[j] else 0.0
         if any(run):
             Dv = _axpy(R, _coef(beta, R), Dv)  # stopped problems: beta 0, Dv = R stays finite
+            rTr_dev = masked(rnew_dev)
     return S, R, n_cg, reach
 
 
@@ -192,7 +212,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     Per outer iteration: ONE ``evaluate`` (one matvec) at the trial point, ONE ``gradient``
     (one mmchain with ``y=None``) when a step is accepted, and one ``hessp`` (one mmchain) per
     CG step; two host syncs at the outer level (trial objective with ``g^T S``, ``S^T R``,
-    ``S^T S``; then the gradient norm with the convergence test) besides the two per CG step.
+    ``S^T S``; then the gradient norm with the convergence test) besides the one per CG step.
     The trust-region logic runs on the host in float64 Python floats, one per problem.
 
     Parameters
@@ -233,12 +253,13 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     gnorm0_dev = torch.sqrt(dot(g, g))
 
     def grad_info(g):
-        gn = torch.sqrt(dot(g, g))
+        gg = dot(g, g)
+        gn = torch.sqrt(gg)
         conv = stop(g, gn, gnorm0_dev)
         v = _host(torch.cat([gn.double(), conv.double()]))  # one sync: norms and the test
-        return v[:P], [x > 0.5 for x in v[P:]]
+        return v[:P], [x > 0.5 for x in v[P:]], gg
 
-    gnorm, conv = grad_info(g)
+    gnorm, conv, gg = grad_info(g)
     active = [not c for c in conv]
     n_iter, stalled = [0] * P, [False] * P
     delta = list(gnorm)
@@ -247,7 +268,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     for it in range(1, max_iter + 1):
         if not any(active):
             break
-        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg)
+        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg, gg=gg)
         stn = obj.evaluate(_axpy(st["W"], 1.0, S))
         # one sync: trial objective, g^T S, S^T R, S^T S
         red = torch.stack([dot(g, S), dot(S, R), dot(S, S)]).reshape(-1).to(torch.float64)
@@ -296,7 +317,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
             else:
                 st = obj.merge(torch.tensor(accept, device=g.device), stn, st)
             g, hs = obj.gradient(st)
-            gnorm, conv = grad_info(g)
+            gnorm, conv, gg = grad_info(g)
         for j in range(P):
             if active[j]:
                 stalled[j] = stalled[j] and not conv[j]
