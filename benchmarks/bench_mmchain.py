@@ -359,7 +359,10 @@ def csr_strategy_sweep(names, specs, dev, quick=False):
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         rows.append(row)
         del X, At
-        csr_mod._CACHE.clear()
+        csr_mod._CACHE.clear()  # the CSC copies (and the ops transposes) of this case
+        from fusedml.mmchain import ops as ops_mod
+
+        ops_mod.clear_transpose_cache()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     cols = ["case", "floor_ms", "scatter_ms", "pred_scatter_ms", "gather_ms", "pred_gather_ms", "best",
