@@ -533,8 +533,10 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
     one mmchain for all of them); each column stops when ``||r_j|| <= tol * ||b_j||``.
-    Scalars live on the host in float64: per step ONE ``apply_A``, two host syncs (``d^T A d``,
-    then ``||r||^2``) and five small launches; the recorded objective and step norm follow the
+    Per step ONE ``apply_A`` and ONE host sync: ``alpha`` is formed on the device and the
+    updates and ``||r||^2`` are queued behind ``apply_A``; the host reads ``d^T A d`` and
+    ``||r||^2`` in one copy and decides in float64 (about eight small launches for m = 1;
+    ``beta`` comes from the host). The recorded objective and step norm follow the
     CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``, ``||D_new||^2 = ||r_new||^2 +
     beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
 
@@ -559,24 +561,34 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
     P = torch.zeros_like(B)
     R = B
     Dv = B
-    rr = _host(cdot(B, B))  # the one sync before the loop
+    rr_dev = cdot(B, B)
+    rr = _host(rr_dev)  # the one sync before the loop
     bnorm = [math.sqrt(max(x, 0.0)) for x in rr]
     dd = list(rr)
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
+
+    def masked(t):  # [m] device values, zero for converged columns (their alpha must be 0)
+        return t if all(run) else t * _coef([1.0 if r else 0.0 for r in run], t).reshape(-1)
+
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)
+    rr_dev = masked(rr_dev)
     it = 0
     while it < max_iter and any(run):
         it += 1
         AD = apply_A(Dv)
-        dAd = _host(cdot(Dv, AD))  # sync 1
+        # alpha on the device; the updates and ||r||^2 queue behind apply_A's read of X
+        dAd_dev = cdot(Dv, AD)
+        a_dev = torch.nan_to_num(rr_dev / dAd_dev, nan=0.0, posinf=0.0, neginf=0.0).reshape(1, m)
+        P = torch.addcmul(P, a_dev, Dv)
+        R = torch.addcmul(R, a_dev, AD, value=-1.0)
+        rnew_dev = cdot(R, R)
+        v = _host(torch.cat([dAd_dev, rnew_dev]))  # THE sync of the step
+        dAd, rnew = v[:m], v[m:]
         alpha = [(_finite_or(rr[j] / dAd[j], 0.0) if dAd[j] != 0 else 0.0) if run[j] else 0.0 for j in range(m)]
-        P = _axpy(P, _coef(alpha, P), Dv)
-        R = _axpy(R, _coef([-a for a in alpha], R), AD)
         step = max(abs(a) * math.sqrt(max(d, 0.0)) for a, d in zip(alpha, dd))
-        rnew = _host(cdot(R, R))  # sync 2
         beta = [0.0] * m
         for j in range(m):
             if run[j]:
@@ -590,6 +602,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
                     dd[j] = rnew[j] + b * b * dd[j]
         if any(run):
             Dv = _axpy(R, _coef(beta, R), Dv)
+            rr_dev = masked(rnew_dev)
         if history is not None:
             history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
     status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
