@@ -1202,8 +1202,8 @@ def _coef(alpha: float, beta: float, dtype: torch.dtype, device) -> torch.Tensor
     """``[alpha, beta]`` on the device, built WITHOUT a host-device sync and cached.
 
     ``torch.tensor([alpha, beta], device="cuda")`` copies from pageable host memory and
-    synchronises the stream: the GPU then idles while the host enqueues the next launches (it
-    made the power-law benchmark case 0.70 ms instead of ~0.27 ms). ``fill_`` with a Python scalar
+    synchronises the stream: the GPU then idles while the host enqueues the next launches (two
+    syncs per gather call; on a ~0.25 ms call that is a large share). ``fill_`` with a Python scalar
     is a kernel argument (exact in fp64), so nothing waits; the (few) distinct pairs are reused.
     """
     key = (float(alpha), float(beta), dtype, str(device))
