@@ -368,12 +368,14 @@ COOP = [
 
 @pytest.mark.parametrize("case", COOP, ids=[f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}-bd{c[4]}-P{c[5]}-icpt{c[6]}-det{c[7]}"
                                            f"-2pass{c[8]}" for c in COOP])
-def test_dense_fused_coop(rng, poison, case):
+@pytest.mark.parametrize("ahead", [False, True], ids=["ahead1", "ahead2"])
+def test_dense_fused_coop(rng, poison, case, ahead):
     """The cooperative wide-row strategy (row split over G column blocks) against float64."""
     N, D, dtype, layout, bd, P, intercept, det, two_pass = case
     X = _dense(rng, N, D, dtype, layout)
     y, v, z = _operands(rng, N, D, None, intercept=intercept)
-    cfg = {"strategy": "coop", "block_d": bd, "num_programs": P, "num_warps": 4, "two_pass": two_pass}
+    cfg = {"strategy": "coop", "block_d": bd, "num_programs": P, "num_warps": 4, "two_pass": two_pass,
+           "prefetch": ahead}
     X64 = X.double()
     w = fusedml.mmchain(X, y, v, z, 0.7, 0.3, intercept=intercept, backend="fused", deterministic=det, config=cfg)
     assert rel(w, mmchain_reference(X64, y, v, z, 0.7, 0.3, intercept=intercept)) < TOL[dtype]
@@ -387,7 +389,7 @@ def test_dense_fused_coop(rng, poison, case):
 def test_dense_coop_is_the_model_pick_for_wide_rows(rng, poison):
     """D = 40000 (> one row on chip): the model picks coop; the interpreter runs it in two launches."""
     cfg = launch.dense_config(3, 40_000, 1, torch.float32)
-    assert cfg.strategy == "coop" and cfg.block_d == 4096
+    assert cfg.strategy == "coop" and cfg.block_d == 4096 and cfg.prefetch
     X = _dense(rng, 3, 40_000, torch.float32)
     y, v, z = _operands(rng, 3, 40_000, None)
     w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
@@ -523,12 +525,12 @@ def _aot_dense_variants():
          dict(MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
-                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20)
+                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD2=True)
     variants += [
         ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
         ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),
-        ("coop fp64 2048", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
-         dict(coop, ACC=tl.float64, BLOCK_D=2048), 8),
+        ("coop fp64 2048 one row ahead", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
+         dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD2=False), 8),
     ]
     for name, fn, xdt, acc, over, warps in variants:
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps)

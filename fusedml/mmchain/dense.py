@@ -339,7 +339,7 @@ def _mmchain_coop_kernel(
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr,
     EVEN_D: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr, G_PAD: tl.constexpr,
-    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr,
+    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr, AHEAD2: tl.constexpr,
 ):
     # Wide rows, m = 1, one row per tile. Program pid owns column block g = pid % G of row group
     # pid // G for the whole run: its slice of y and its X^T p accumulator stay in registers. Row
@@ -373,11 +373,19 @@ def _mmchain_coop_kernel(
                 _coop_partial(x_nxt, y_g, TP, row, g, G, PHASE)
                 if PHASE == 0:
                     tl.atomic_add(CNT + row, 1, sem="release")
+    if AHEAD2:  # a third row in registers: row i + 2R loads while row i + R is published
+        x_n2 = tl.load(X + (row + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + R) < N),
+                       other=0.0).to(ACC)
     spin_left = MAX_SPIN  # polls for the whole run: a broken grid ends in about a second, not per row
     for _ in range(r0, N, R):  # row = r0, r0 + R, ... (int64, carried)
         x = x_nxt
         nxt = row + R
-        x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
+        if AHEAD2:
+            x_nxt = x_n2
+            x_n2 = tl.load(X + (nxt + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt + R) < N),
+                           other=0.0).to(ACC)
+        else:
+            x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
         if PHASE != 1:
             if not XTY:
                 if PHASE == 0:  # wait for the group's G partials of this row
@@ -583,7 +591,8 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     G = triton.cdiv(D, cfg.block_d)
     consts = dict(XTY=P.y is None, HAS_V=P.v is not None, INTERCEPT=P.intercept,
                   DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, ACC=_TL[acc],
-                  BLOCK_D=cfg.block_d, G_PAD=triton.next_power_of_2(G), MAX_SPIN=COOP_MAX_SPIN)
+                  BLOCK_D=cfg.block_d, G_PAD=triton.next_power_of_2(G), MAX_SPIN=COOP_MAX_SPIN,
+                  AHEAD2=bool(cfg.prefetch))
     tp = torch.empty((max(N, 1), G), dtype=acc, device=dev)
     cnt = torch.zeros(N + 1, dtype=torch.int32, device=dev)
     R = max(1, min(N, cfg.num_programs // G))

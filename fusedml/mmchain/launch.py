@@ -110,8 +110,9 @@ class DenseConfig:
     num_stages : int
         Triton software-pipelining depth of the row-tile loop.
     prefetch : bool
-        "onchip" only: load row tile i + 1 (and its v) into registers before computing tile i, so
-        each program keeps two tiles of loads in flight.
+        "onchip": load row tile i + 1 (and its v) into registers before computing tile i, so
+        each program keeps two tiles of loads in flight. "coop": hold three rows (i, i + R
+        loaded, i + 2R loading) instead of two.
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
@@ -220,8 +221,9 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        store, one release-add, one acquire-poll per row and program) and each multiply their
        part of the row still in registers: one read of X (the "chunked" two-pass strategy
        re-read most of it from DRAM: 4k x 65536 reached 44 % of the floor). The partial of row
-       i + R is published before waiting on row i, and row i + R's load is in flight during the
-       wait. Grid: ``sm_count * 2`` programs (register-limited), R = programs // G row groups.
+       i + R is published before waiting on row i; with ``prefetch`` (the default here) row
+       i + 2R is loading meanwhile, so publishing never waits for DRAM. Grid: ``sm_count * 2``
+       programs (register-limited: 118 registers x 256 threads), R = programs // G row groups.
        Taken while G fits in the co-resident grid (D up to ~1M columns on an H200).
     6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
        up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
@@ -272,13 +274,13 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     bd_full = max(bd_min, _pow2_ceil(D))
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
     if not onchip and mode == "vector":
-        # cooperative wide rows: 8 warps, 16 values per thread (8 for fp64) of x, the prefetched
-        # next row, the accumulator and y: ~64 + 40 registers (104 in the sm_90 AOT compile)
+        # cooperative wide rows: 8 warps, 16 values per thread (8 for fp64) of x, the next two
+        # rows, the accumulator and y: ~80 + 40 registers (118 in the sm_90 AOT compile)
         bd = 4096 // w_acc
-        per_sm = max(1, min(COOP_PROGRAMS_PER_SM, gpu.regs_per_sm // (256 * 104)))
+        per_sm = max(1, min(COOP_PROGRAMS_PER_SM, gpu.regs_per_sm // (256 * 120)))
         if -(-D // bd) <= gpu.sm_count * per_sm:  # one group's G column blocks must be co-resident
             return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=8,
-                               num_programs=gpu.sm_count * per_sm)
+                               num_programs=gpu.sm_count * per_sm, prefetch=True)
     short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
     tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
     ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
