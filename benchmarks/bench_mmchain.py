@@ -175,17 +175,24 @@ def dense_config_sweep(names, specs, dev, quick=False):
                                   stride_xn=X.stride(0), stride_xd=X.stride(1))
         row = {"case": name, "floor_ms": floor, "model": repr(cfg)}
         rep = 10 if quick else 40
-        points = []
+        ref = reference64(X, y, v)
+        points, worst = [], 0.0
         for over in dense_sweep(X, m, quick):
             fn = lambda over=over: fusedml.mmchain(X, y, v, backend="fused", config=over)  # noqa: E731
             try:
-                fn()  # compile outside the timing
+                err = float((fn().double() - ref).norm() / ref.norm())  # compiles outside the timing
                 ms = _common.bench_ms(fn, rep=rep)
             except Exception as e:  # a point that does not launch is reported, not fatal
                 print(f"  {name}: {over} failed: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
             points.append((ms, over))
-            print(f"  {name} {over}: {ms:.4f} ms ({100 * floor / ms:.1f} % of floor)", flush=True)
+            worst = max(worst, err)
+            print(f"  {name} {over}: {ms:.4f} ms ({100 * floor / ms:.1f} % of floor) rel_err={err:.2e}", flush=True)
+        wd = [fusedml.mmchain(X, y, v, backend="fused", deterministic=True) for _ in range(2)]
+        row["det_repeatable"] = bool(torch.equal(wd[0], wd[1]))
+        row["rel_err_det"] = float((wd[0].double() - ref).norm() / ref.norm())
+        row["worst_sweep_rel_err"] = worst
+        del ref, wd
         model_ms = next((ms for ms, over in points if not over), float("nan"))
         best_ms, best = min(points, key=lambda p: p[0]) if points else (float("nan"), None)
         row.update({"model_ms": model_ms, "%floor": 100 * floor / model_ms, "best_ms": best_ms, "best": repr(best),
@@ -203,7 +210,7 @@ def dense_config_sweep(names, specs, dev, quick=False):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     cols = ["case", "floor_ms", "model_ms", "%floor", "best_ms", "best_%floor", "model/best", "best", "ops_ms",
-            "speedup_ops", "rel_err", "s"]
+            "speedup_ops", "rel_err", "worst_sweep_rel_err", "det_repeatable", "s"]
     print(_common.markdown_table(rows, cols))
     return rows
 
