@@ -9,10 +9,15 @@ E-step on the same data. Also the public ``gmm_estep`` call time (validation inc
 
 Usage::
 
-    python benchmarks/bench_gmm.py                 # 16 configurations on the GPU (< 4 min)
+    python benchmarks/bench_gmm.py                 # 7 configurations incl. the 4 targets (< 45 s on an H200)
+    python benchmarks/bench_gmm.py --full          # all 16 configurations (a few minutes)
     python benchmarks/bench_gmm.py --precision tf32
-    python benchmarks/bench_gmm.py --sweep         # launch-parameter sweep on the target shapes
+    python benchmarks/bench_gmm.py --sweep         # launch-variant sweep on the target shapes (< 60 s)
     python benchmarks/bench_gmm.py --quick         # CPU smoke run under the Triton interpreter
+
+A configuration that fails (compile error, out of resources, ...) is recorded with its error and the
+run continues. ``--precision auto`` (default) is the library's per-shape rule
+(``fusedml.gmm.model.auto_precision``); each row records the precision that ran.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import replace
 
 if "--quick" in sys.argv:
@@ -36,7 +42,7 @@ import _common  # noqa: E402
 import fusedml  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
 from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
-from fusedml.gmm.model import plan_launch  # noqa: E402
+from fusedml.gmm.model import auto_precision, plan_launch  # noqa: E402
 from fusedml.gmm.ops import estep_ops  # noqa: E402
 
 BW = 4.28e12  # measured H200 read bandwidth, bytes/s (shared/PERFORMANCE.md)
@@ -61,15 +67,16 @@ CONFIGS = [
     (1 << 20, 16, 16, "full"),
     (1 << 20, 32, 64, "full"),
 ]
+DEFAULT = [1, 4, 5, 9, 2, 6, 7]  # the four targets, then 16M x 8, 4M x 64 K=128, 4M x 256 K=16 (crashed in s2)
 QUICK = [(300, 3, 3, "diag"), (300, 5, 20, "diag"), (257, 4, 5, "spherical"), (300, 3, 3, "tied"),
          (300, 3, 4, "full")]
 TARGETS = {(4 << 20, 16, 16, "diag"): 0.30, (1 << 20, 64, 64, "diag"): 0.20, (1 << 20, 32, 256, "diag"): 0.30,
            (1 << 20, 128, 1024, "diag"): 4.0}
 
 
-def _bench(fn, quick):
+def _bench(fn, quick, rep=25):
     """Median ms (``do_bench`` on CUDA; a single timed call in the CPU smoke run)."""
-    return _common.bench_ms(fn, warmup=10, rep=60)
+    return _common.bench_ms(fn, warmup=5, rep=rep)
 
 
 def make_problem(N, D, K, ct, device, seed=0):
@@ -129,15 +136,23 @@ def run_config(cfg, args, dev, quick):
     X, w, mu, pc = make_problem(N, D, K, ct, dev)
     prep = validate(X, w, mu, pc, ct, check_finite=False)
     ops_ = _operands(prep)
-    prec = args.precision
+    prec = args.precision if args.precision != "auto" else auto_precision(N, K, D, ct, dev)
     row = {"N": N, "D": D, "K": K, "cov": ct, "precision": prec}
     plan = plan_launch(N, K, D, ct, X.dtype, dev, path="auto", precision=prec)
-    row.update(path=plan.path, BN=plan.BN, num_warps=plan.num_warps, programs=plan.programs)
-    res = estep_fused(prep, False, precision=prec, plan=plan, ops=ops_)
+    prec = plan.precision or prec  # fp32 when no tensor-core configuration fits
+    row.update(precision=prec, path=plan.path, BN=plan.BN, BK_tile=plan.BK_tile, num_warps=plan.num_warps,
+               programs=plan.programs, smem_est=plan.smem_est, regs_est=plan.regs_est)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = estep_fused(prep, False, precision=prec, plan=plan, ops=ops_)
+    if caught:
+        row["warnings"] = "; ".join(str(w.message)[:200] for w in caught)
     row["ms"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan, ops=ops_), quick)
     other = "two_pass" if plan.path == "single" else "single"
     plan_o = plan_launch(N, K, D, ct, X.dtype, dev, path=other, precision=prec)
-    if other == "single" and plan.regs_est >= 255:
+    if cfg not in TARGETS and not args.full and not quick:
+        t_o = None  # the forced other path only for the targets in the default run (time budget)
+    elif other == "single" and plan.regs_est >= 255:
         # far off chip (the model's estimate is past the register file): a forced single sweep
         # would spill massively and compile for minutes; not timed
         t_o = None
@@ -146,7 +161,8 @@ def run_config(cfg, args, dev, quick):
     t_single, t_two = (row["ms"], t_o) if plan.path == "single" else (t_o, row["ms"])
     row.update(ms_single=t_single, ms_two_pass=t_two,
                single_over_two=None if t_single is None else t_two / t_single)
-    row["ms_call"] = _bench(lambda: fusedml.gmm_estep(X, w, mu, pc, ct, check_finite=False, precision=prec), quick)
+    row["ms_call"] = _bench(lambda: fusedml.gmm_estep(X, w, mu, pc, ct, check_finite=False, precision=args.precision),
+                            quick)
     floor = N * D * X.element_size() / BW * 1e3
     row.update(floor_ms=floor, pct_floor=100.0 * floor / row["ms"], tflops=flops(N, D, K, ct) / row["ms"] / 1e9)
     ops_bytes = 5.0 * N * K * 4 + (2.0 * N * D * 4)
@@ -179,76 +195,132 @@ def run_config(cfg, args, dev, quick):
     return row
 
 
+def sweep_variants(base_single, base_two, prec, D, K):
+    """Candidate launch variants around the model's plans (the model's picks first)."""
+    out = []
+    if base_single is not None:
+        out.append(("model single", base_single))
+        BD, BK = base_single.BD, base_single.BK
+        for BN, nw, st in ((128, 4, 2), (64, 8, 2), (64, 4, 3), (128, 8, 2), (32, 4, 2), (64, 4, 1), (32, 2, 2),
+                           (16, 4, 2)):
+            if (BN, nw, st) != (base_single.BN, base_single.num_warps, base_single.num_stages):
+                out.append((f"single BN={BN} W={nw} S={st}", replace(base_single, BN=BN, num_warps=nw, num_stages=st)))
+        if prec == "fp32" and BD * BK <= 1024:  # broadcast form: [BN, BD, BK] per block in registers
+            for BN in (16, 32):
+                out.append((f"single bcast BN={BN} W=4", replace(base_single, BN=BN, num_warps=4, form="bcast")))
+    out.append(("model two_pass", base_two))
+    for BN, bk, nw in ((32, 32, 4), (64, 32, 8), (32, 64, 8), (16, 64, 8), (64, 64, 8)):
+        if (BN, bk, nw) != (base_two.BN, base_two.BK_tile, base_two.num_warps) and bk <= base_two.BK:
+            out.append((f"two_pass BN={BN} BK={bk} W={nw}", replace(base_two, BN=BN, BK_tile=bk, num_warps=nw)))
+    if base_two.BD > 16:
+        out.append(("two_pass pass1 DC=16", replace(base_two, DC=16)))
+    return out
+
+
 def sweep(args, dev):
-    """Launch-parameter sweep on the four target shapes: the model's choice vs alternatives."""
-    rows = []
-    for cfg in [c for c in CONFIGS if c in TARGETS]:
+    """Time launch variants (block sizes, warps, pipelining depth, product form, pass-1 feature
+    chunk, precision) on the target shapes; print the best per shape. Stops adding variants once
+    ``--budget`` seconds have passed (the model's picks always run)."""
+    from fusedml.gmm.fused import _estep_plan
+
+    rows, best = [], []
+    t0 = time.time()
+    cfgs = [c for c in CONFIGS if c in TARGETS]
+    for ci, cfg in enumerate(cfgs):
         N, D, K, ct = cfg
+        if dev.type != "cuda":  # --quick: the variants run under the interpreter on a few rows
+            N = 200
         X, w, mu, pc = make_problem(N, D, K, ct, dev)
         prep = validate(X, w, mu, pc, ct, check_finite=False)
         ops_ = _operands(prep)
-        for prec in args.sweep_precisions.split(","):
-            for path in ("single", "two_pass"):
-                base = plan_launch(N, K, D, ct, X.dtype, dev, path=path, precision=prec)
-                variants = {(base.BN, base.num_warps, base.programs)}
-                for BN in (16, 32, 64, 128):
-                    for nw in (4, 8):
-                        variants.add((BN, nw, base.programs))
-                for BN, nw, progs in sorted(variants):
-                    if path == "single" and K >= 512 and BN > 32:
-                        continue
-                    p = replace(base, BN=BN, num_warps=nw)
-                    try:
-                        t = _bench(lambda: estep_fused(prep, False, precision=prec, plan=p, ops=ops_), False)
-                    except Exception as e:  # out of resources etc.
-                        t = float("nan")
-                        print(f"  {cfg} {prec} {path} BN={BN} nw={nw}: {type(e).__name__}", flush=True)
-                    rows.append({"N": N, "D": D, "K": K, "cov": ct, "precision": prec, "path": path, "BN": BN,
-                                 "num_warps": nw, "model": (BN, nw) == (base.BN, base.num_warps), "ms": t})
-                    print(rows[-1], flush=True)
+        shape_rows = []
+        precs = args.sweep_precisions.split(",")
+        first = auto_precision(N, K, D, ct, dev)  # the library's pick first: it gets the budget first
+        precs = sorted(precs, key=lambda q: q != first)
+        for prec in precs:
+            base_t = plan_launch(N, K, D, ct, X.dtype, dev, path="two_pass", precision=prec)
+            if base_t.precision and base_t.precision != prec:
+                continue  # no configuration of this precision fits
+            auto = plan_launch(N, K, D, ct, X.dtype, dev, path="auto", precision=prec)
+            base_s = auto if auto.path == "single" else None
+            # the budget is shared by the shapes left: each gets its slice, model picks always run
+            slice_end = t0 + args.budget * (ci + 1) / len(cfgs)
+            for name, p in sweep_variants(base_s, base_t, prec, D, K):
+                is_model = name.startswith("model")
+                if not is_model and time.time() > slice_end:
+                    continue
+                row = {"N": N, "D": D, "K": K, "cov": ct, "precision": prec, "variant": name, "path": p.path,
+                       "BN": p.BN, "BK_tile": p.BK_tile, "num_warps": p.num_warps, "num_stages": p.num_stages,
+                       "form": p.form, "DC": p.DC, "model": is_model and p.path == auto.path}
+                try:
+                    _estep_plan(prep, False, prec, p, ops_)  # compile; errors (out of resources) land here
+                    row["ms"] = _bench(lambda: _estep_plan(prep, False, prec, p, ops_), False, rep=15)
+                except Exception as e:  # noqa: BLE001 -- record and continue
+                    row["ms"], row["error"] = None, f"{type(e).__name__}: {str(e)[:160]}"
+                rows.append(row)
+                shape_rows.append(row)
+                print(json.dumps(row), flush=True)
+        ok = [r for r in shape_rows if r["ms"] is not None]
+        if ok:
+            b = min(ok, key=lambda r: r["ms"])
+            m = [r for r in ok if r["model"]]
+            best.append({"shape": f"{N}x{D} K={K}", "target_ms": TARGETS.get(cfg),
+                         "model_ms": m[0]["ms"] if m else None,
+                         "best_ms": b["ms"], "best": f"{b['precision']} {b['variant']}",
+                         "model/best": (m[0]["ms"] / b["ms"]) if m else None})
         del X, prep
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    print(_common.markdown_table(best, ["shape", "target_ms", "model_ms", "best_ms", "best", "model/best"]))
     return rows
 
 
-TABLE_COLUMNS = ["N", "D", "K", "cov", "path", "ms", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
-                 "single_over_two", "ms_call", "err_nk", "err_s1", "err_s2", "err_ll"]
+TABLE_COLUMNS = ["N", "D", "K", "cov", "precision", "path", "BN", "num_warps", "ms", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
+                 "single_over_two", "ms_call", "err_nk", "err_s1", "err_s2", "err_ll", "error"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny CPU smoke run under the Triton interpreter")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32x3", "tf32", "bf16"],
-                    help="operand precision; auto = the library default (tf32x3 on CUDA, fp32 on the CPU)")
+                    help="operand precision; auto = the library's per-shape rule (fusedml.gmm.model.auto_precision)")
+    ap.add_argument("--full", action="store_true", help="all configurations (default: the 7 of DEFAULT)")
+    ap.add_argument("--budget", type=float, default=50.0, help="--sweep: seconds of variants (model picks always run)")
     ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--sweep", action="store_true", help="launch-parameter sweep on the target shapes")
-    ap.add_argument("--sweep-precisions", default="fp32,tf32x3,tf32")
+    ap.add_argument("--sweep-precisions", default="fp32,tf32x3")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gmm-<gpu>-<date>.json)")
     args = ap.parse_args()
     quick = args.quick
     dev = torch.device("cpu" if quick else "cuda")
-    if args.precision == "auto":
-        args.precision = "tf32x3" if dev.type == "cuda" else "fp32"
     if not quick and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --quick for the CPU smoke run")
     t0 = time.time()
     if args.sweep:
         rows = sweep(args, dev)
     else:
-        cfgs = QUICK if quick else CONFIGS
+        cfgs = QUICK if quick else (CONFIGS if args.full else [CONFIGS[i] for i in DEFAULT])
         if args.configs:
-            cfgs = [cfgs[int(i)] for i in args.configs.split(",")]
+            cfgs = [(QUICK if quick else CONFIGS)[int(i)] for i in args.configs.split(",")]
         rows = []
         for cfg in cfgs:
-            rows.append(run_config(cfg, args, dev, quick))
+            try:
+                rows.append(run_config(cfg, args, dev, quick))
+            except Exception as e:  # noqa: BLE001 -- one failing configuration never ends the run
+                N, D, K, ct = cfg
+                rows.append({"N": N, "D": D, "K": K, "cov": ct, "precision": args.precision, "ms": None,
+                             "single_over_two": None, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
     seconds = time.time() - t0
     out = _common.write_json("gmm_sweep" if args.sweep else "gmm", rows, out=args.out,
                              extra={"args": vars(args), "fusedml": fusedml.__version__, "seconds": seconds})
     print(f"wrote {out} ({seconds:.0f} s)")
     if not args.sweep:
-        sp = [r["single_over_two"] for r in rows if r["single_over_two"] is not None]
-        print(f"median single/two-pass speed-up: {statistics.median(sp):.2f}x")
+        sp = [r["single_over_two"] for r in rows if r.get("single_over_two") is not None]
+        if sp:
+            print(f"median single/two-pass speed-up: {statistics.median(sp):.2f}x")
         print(_common.markdown_table(rows, TABLE_COLUMNS))
 
 
