@@ -1,5 +1,6 @@
 """Shared machinery: objective derivatives by finite differences, solvers, parameters, pickling,
 input handling and bad inputs for every linear estimator."""
+import math
 import pickle
 import warnings
 
@@ -232,6 +233,28 @@ def test_bench_operator_counts_match_the_calls(rng, monkeypatch):
     assert ops["x_reads"] == len(calls) + n_h  # the ops chain reads X twice
     assert fused["ms_per_x_read"] == pytest.approx(2e3 / len(calls))
     assert mod.operator_counts({"n_iter": 3}, "fused", 1.0) == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["fp32", "fp64", "fp16"])
+def test_check_finite_fast(dtype):
+    from algorithms._base import check_finite_fast
+
+    X = torch.ones(50, 7, dtype=dtype)
+    check_finite_fast(X, "X")
+    check_finite_fast(X[:, ::2], "X")  # strided view
+    big = torch.full((4, 3), torch.finfo(dtype).max, dtype=dtype)
+    check_finite_fast(big, "X")  # the sum overflows, the values are finite: no error
+    for bad, what in ((math.nan, "1 NaN and 0 infinite"), (math.inf, "0 NaN and 1 infinite"),
+                      (-math.inf, "0 NaN and 1 infinite")):
+        Y = X.clone()
+        Y[3, 2] = bad
+        with pytest.raises(ValueError, match=f"X contains {what}"):
+            check_finite_fast(Y, "X")
+    Z = X.clone()
+    Z[0, 0], Z[1, 1] = math.inf, -math.inf  # inf - inf = NaN in the sum: still caught
+    with pytest.raises(ValueError, match="0 NaN and 2 infinite"):
+        check_finite_fast(Z, "X")
+    check_finite_fast(torch.arange(5), "y")  # integers: unchecked
 
 
 ESTIMATORS = [
