@@ -141,11 +141,12 @@ def _mmchain_onchip_kernel(
     else:
         acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
     psum = tl.zeros([M_PAD], dtype=ACC)
-    rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH:  # register double buffer: tile i+1's loads are in flight while tile i computes
-        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
-        v_nxt = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+        rows0 = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
+        x_nxt = _load_x(X, rows0, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        v_nxt = _load_v(V, rows0, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
     for tile in range(pid, n_tiles, nprog):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
         if PREFETCH:
             x = x_nxt
             vv = v_nxt
@@ -154,13 +155,14 @@ def _mmchain_onchip_kernel(
             v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         else:
             x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
-            vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         if XTY:
             t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
         else:
             t = _xy(x, yt, MODE)
             if INTERCEPT:
                 t += yi[None, :]
+        if not PREFETCH:  # loaded after t, as before prefetching existed (fewer live registers)
+            vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         if MODE == 0:
             acc += x * p
@@ -168,10 +170,6 @@ def _mmchain_onchip_kernel(
             acc = _xtp(acc, x, p, MODE)
         if INTERCEPT:
             psum += tl.sum(p, axis=0)
-        if PREFETCH:
-            rows = rows_nxt
-        else:
-            rows += nprog * BLOCK_N
     if MODE == 0:
         acc = tl.sum(acc, axis=0, keep_dims=True)  # [1, BLOCK_D]
     offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
