@@ -153,18 +153,19 @@ def _pow2(x):
                                          (5000, 64, 3, torch.float64), (10, 20_000, 1, torch.float32)])
 def test_dense_config_invariants(N, D, m, dtype):
     c = launch.dense_config(N, D, m, dtype)
-    assert c.strategy in ("onchip", "chunked") and c.mode in ("vector", "dot", "elementwise")
+    assert c.strategy in ("onchip", "coop", "chunked") and c.mode in ("vector", "small", "dot", "elementwise")
     assert _pow2(c.block_n) and _pow2(c.block_d) and _pow2(c.num_warps)
     assert c.m_pad >= m and _pow2(c.m_pad)
     assert (c.mode == "vector") == (m == 1)
     if m > 1:
-        assert c.mode == ("elementwise" if dtype == torch.float64 else "dot")
+        small = m <= launch.SMALL_M and D <= 1024
+        assert c.mode == ("small" if small else ("elementwise" if dtype == torch.float64 else "dot"))
     if c.strategy == "onchip":
         assert c.block_d >= D
     assert 1 <= c.num_programs and c.num_stages >= 1
     # The matvec launch reuses the same tile; overrides replace only known fields.
     mv = launch.matvec_config(N, D, m, dtype)
-    assert (mv.block_n, mv.block_d) == (c.block_n, c.block_d)
+    assert mv.block_d == c.block_d and mv.block_n >= c.block_n and mv.mode != "small"
     o = c.with_overrides({"num_warps": 2, "not_a_field": 7})
     assert o.num_warps == 2 and o.block_n == c.block_n and c.with_overrides(None) is c
 
