@@ -210,9 +210,11 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     """Trust-region Newton method with truncated CG (LIBLINEAR's TRON).
 
     Per outer iteration: ONE ``evaluate`` (one matvec) at the trial point, ONE ``gradient``
-    (one mmchain with ``y=None``) when a step is accepted, and one ``hessp`` (one mmchain) per
-    CG step; two host syncs at the outer level (trial objective with ``g^T S``, ``S^T R``,
-    ``S^T S``; then the gradient norm with the convergence test) besides the one per CG step.
+    (one mmchain with ``y=None``) at the trial point, queued behind the matvec before the accept
+    test (a second one only when some, not all, of K independent problems reject), and one
+    ``hessp`` (one mmchain) per CG step; ONE host sync at the outer level (trial objective,
+    ``g^T S``, ``S^T R``, ``S^T S``, the new gradient norm and convergence test) besides the
+    one per CG step.
     The trust-region logic runs on the host in float64 Python floats, one per problem.
 
     Parameters
@@ -270,9 +272,14 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
             break
         S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg, gg=gg)
         stn = obj.evaluate(_axpy(st["W"], 1.0, S))
-        # one sync: trial objective, g^T S, S^T R, S^T S
-        red = torch.stack([dot(g, S), dot(S, R), dot(S, S)]).reshape(-1).to(torch.float64)
-        v = _host(torch.cat([stn["f"].reshape(-1), red]))
+        # The gradient at the trial point is queued right behind its matvec, before the accept
+        # test (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike),
+        # so ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
+        g_t, hs_t = obj.gradient(stn)
+        gg_t = dot(g_t, g_t)
+        gn_t = torch.sqrt(gg_t)
+        red = torch.stack([dot(g, S), dot(S, R), dot(S, S), gn_t]).reshape(-1).to(torch.float64)
+        v = _host(torch.cat([stn["f"].reshape(-1), red, stop(g_t, gn_t, gnorm0_dev).reshape(-1).double()]))
         accept, snorm = [False] * P, [0.0] * P
         for j in range(P):
             fnew, gs, sR, ss = v[j], v[P + j], v[2 * P + j], v[3 * P + j]
@@ -312,12 +319,15 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
             if accept[j]:
                 f[j] = fnew
         if any(accept):
-            if all(accept):
-                st = stn
-            else:
+            if all(accept[j] for j in range(P) if active[j]):
+                # every active problem moves (inactive ones have S = 0: the trial point is theirs)
+                st, g, hs, gg = stn, g_t, hs_t, gg_t
+                gnorm = [v[4 * P + j] if active[j] else gnorm[j] for j in range(P)]
+                conv = [v[5 * P + j] > 0.5 if active[j] else conv[j] for j in range(P)]
+            else:  # some problems reject: merge per problem, gradient of the merged state
                 st = obj.merge(torch.tensor(accept, device=g.device), stn, st)
-            g, hs = obj.gradient(st)
-            gnorm, conv, gg = grad_info(g)
+                g, hs = obj.gradient(st)
+                gnorm, conv, gg = grad_info(g)
         for j in range(P):
             if active[j]:
                 stalled[j] = stalled[j] and not conv[j]
