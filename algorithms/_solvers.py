@@ -7,11 +7,17 @@ objective object (``evaluate`` -> state with ``f``; ``gradient(state)`` -> (g, h
 test convergence with a caller-supplied rule. The objective does every product with X through
 ``fusedml.mmchain`` / ``fusedml.matvec``, so the SAME iterations run on every backend.
 
-All solver state stays on the data's device. Per-problem scalars are [P] tensors (P = 1 for a
-coupled problem, K for K independent problems solved together); decisions are ``torch.where``
-on device. Host synchronisations: one per CG step (the CG stopping test) and one or two per
-outer iteration (acceptance + convergence + the ``history_`` record); L-BFGS's line search
-needs the objective value on the host at each trial step.
+Cost model (the fits are bound by per-iteration overhead unless X is large, so it is counted):
+vectors ([D~, K]) stay on the data's device; the per-problem scalars (P = 1 for a coupled
+problem, K for K independent problems solved together) live on the HOST as float64 Python
+floats, fetched with one small copy per decision. Decisions on the host cost one sync each
+but no launches; decisions on the device cost ~60 tiny launches per CG step (the previous
+design). Per TRON CG step: one Hessian mmchain, ONE sync and ~8 small launches (alpha is formed
+on the device, the updates and ``||r||^2`` are queued behind the mmchain's read of X). Per TRON
+outer iteration: one matvec (trial margins, shared by loss, gradient and Hessian weights), one
+gradient mmchain (queued behind it, before the accept test) and ONE sync. Linear CG: one
+mmchain and ONE sync per step. L-BFGS: one sync per line-search evaluation and one per
+iteration. Coefficients that differ per problem travel H2D from pinned memory (asynchronous).
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ on the subsample only and its time is scaled by rows (the row says so).
 Writes ``benchmarks/results/end_to_end-<gpu>-<date>.json`` (via ``benchmarks/_common.py``), the
 plots in a folder of the same stem, and prints the markdown tables last.
 
-    python benchmarks/bench_end_to_end.py              # full GPU run (about 1.5 minutes on an H200)
+    python benchmarks/bench_end_to_end.py              # full GPU run (about 1.5-2 minutes on an H200)
+    python benchmarks/bench_end_to_end.py --parts large --repeat 3   # only the large dense part
     python benchmarks/bench_end_to_end.py --quick      # CPU smoke run, small data
 """
 from __future__ import annotations
@@ -144,7 +145,7 @@ def main(argv=None):
                    choices=["dense", "csr", "gmm", "large"])
     p.add_argument("--large", nargs="+", type=_shape, default=[_shape(s) for s in LARGE_DENSE], metavar="NxD",
                    help=f"shapes of the large dense part (default {' '.join(LARGE_DENSE)})")
-    p.add_argument("--large-sklearn-budget", type=float, default=10.0,
+    p.add_argument("--large-sklearn-budget", type=float, default=5.0,
                    help="--sklearn-budget of the large dense part (its scikit-learn fits are mostly probes)")
     p.add_argument("--algorithms", nargs="+", choices=list(bench.ALGORITHMS),
                    help="restrict to these algorithms")
