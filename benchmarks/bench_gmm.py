@@ -201,9 +201,12 @@ def sweep_variants(base_single, base_two, prec, D, K):
     if base_single is not None:
         out.append(("model single", base_single))
         BD, BK = base_single.BD, base_single.BK
-        for BN, nw, st in ((128, 4, 2), (64, 8, 2), (64, 4, 3), (128, 8, 2), (32, 4, 2), (64, 4, 1), (32, 2, 2),
-                           (16, 4, 2)):
-            if (BN, nw, st) != (base_single.BN, base_single.num_warps, base_single.num_stages):
+        cand = [("blk", 128, 4, 2), ("cat", 64, 4, 2), ("blk", 64, 8, 2), ("cat", 128, 4, 2), ("blk", 64, 4, 3),
+                ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2)]
+        for kind, BN, nw, st in cand:
+            if kind == "cat":  # one [x, x^2] operand: two dots per block instead of four
+                out.append((f"single cat BN={BN} W={nw}", replace(base_single, BN=BN, num_warps=nw, form="cat")))
+            elif (BN, nw, st) != (base_single.BN, base_single.num_warps, base_single.num_stages):
                 out.append((f"single BN={BN} W={nw} S={st}", replace(base_single, BN=BN, num_warps=nw, num_stages=st)))
         if prec == "fp32" and BD * BK <= 1024:  # broadcast form: [BN, BD, BK] per block in registers
             for BN in (16, 32):

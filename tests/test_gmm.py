@@ -299,6 +299,22 @@ def test_lse_feature_chunks(rng):
     assert rel(lp, lp_w) < 1e-5  # fp32 summation order only
 
 
+@pytest.mark.parametrize("form", ["cat", "bcast"])
+def test_single_sweep_forms(rng, form):
+    """The single-sweep product forms of the benchmark sweep agree with the reference."""
+    from dataclasses import replace
+
+    from fusedml.gmm._prep import validate
+    from fusedml.gmm.fused import estep_fused
+
+    X, w, means, pc = problem(rng, 130, 5, 3, "diag")
+    ref = reference(X, w, means, pc, "diag")
+    prep = validate(torch.tensor(X), w, means, pc, "diag")
+    plan = plan_launch(130, 3, 5, "diag", torch.float32, torch.device("cpu"), path="single")
+    _, ll, nk, s1, s2 = estep_fused(prep, False, precision="fp32", plan=replace(plan, BN=32, form=form))
+    assert rel(ll, ref["log_likelihood"]) < TOL and rel(nk, ref["nk"]) < TOL and rel(s2, ref["s2"]) < TOL
+
+
 def test_out_of_resources_falls_back(rng, monkeypatch):
     """A launch that runs out of GPU resources is retried (two-pass, smaller blocks) with a warning."""
     from triton.runtime.errors import OutOfResources

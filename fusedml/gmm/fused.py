@@ -205,17 +205,33 @@ def _diag_single_kernel(
     g = tl.load(G + offs_d, mask=offs_d < D, other=0.0)
     w1, w2, cst = _diag_weights(W1, W2, CONST, offs_k, offs_d, D, K)
     acc_nk = tl.zeros((BK,), dtype=tl.float32)
-    acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
-    acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
-    for blk in range(pid, n_blocks, nprog):
-        rows = blk * BN + offs_n  # int32 in the loop; the int64 cast only for the addresses
-        nmask = rows < N
-        x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
-        x2 = x * x
-        lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, FORM)  # [BN, BK]
-        r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
-        acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC, FORM)
+    if FORM == "cat":
+        # one operand [x, x^2] (interleaved columns 2d, 2d+1) against [w1; w2]: two dots per block
+        # instead of four, one operand conversion each way
+        w12 = tl.reshape(tl.permute(tl.join(w1, w2), (0, 2, 1)), (2 * BD, BK))  # [2 BD, BK]
+        acc_s12 = tl.zeros((BK, 2 * BD), dtype=tl.float32)
+        for blk in range(pid, n_blocks, nprog):
+            rows = blk * BN + offs_n
+            nmask = rows < N
+            x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            xx = tl.reshape(tl.join(x, x * x), (BN, 2 * BD))  # [BN, 2 BD]
+            lg = _mm(xx, w12, tl.zeros((BN, BK), dtype=tl.float32), PREC) + cst[None, :]
+            r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
+            acc_nk += tl.sum(r, axis=0)
+            acc_s12 = _mm(tl.trans(r), xx, acc_s12, PREC)
+        acc_s1, acc_s2 = tl.split(tl.reshape(acc_s12, (BK, BD, 2)))
+    else:
+        acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
+        acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
+        for blk in range(pid, n_blocks, nprog):
+            rows = blk * BN + offs_n  # int32 in the loop; the int64 cast only for the addresses
+            nmask = rows < N
+            x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            x2 = x * x
+            lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, FORM)  # [BN, BK]
+            r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
+            acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC, FORM)
     _diag_store(PNK, PS1, PS2, pid, offs_k, offs_d, K, D, acc_nk, acc_s1, acc_s2)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 

@@ -103,8 +103,9 @@ class Plan:
     num_stages : int
         Software-pipelining depth passed to the launches.
     form : str
-        Single-sweep diag product form: ``"dot"`` (``tl.dot``) or ``"bcast"`` (broadcast multiply
-        and in-register sums; fp32 only; a benchmark sweep variant).
+        Single-sweep diag product form: ``"dot"`` (four ``tl.dot`` per block), ``"cat"`` (one
+        interleaved ``[x, x^2]`` operand: two ``tl.dot`` per block) or ``"bcast"`` (broadcast multiply
+        and in-register sums; fp32 only). "cat" and "bcast" are benchmark sweep variants.
     smem_est : int
         Estimated shared memory per program (bytes) of the chosen path's largest kernel.
     DC : int
