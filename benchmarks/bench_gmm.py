@@ -152,7 +152,7 @@ def run_config(cfg, args, dev, quick):
     plan_o = plan_launch(N, K, D, ct, X.dtype, dev, path=other, precision=prec)
     if cfg not in TARGETS and not args.full and not quick:
         t_o = None  # the forced other path only for the targets in the default run (time budget)
-    elif other == "single" and plan.regs_est >= 255:
+    elif other == "single" and not plan.single_fits:
         # far off chip (the model's estimate is past the register file): a forced single sweep
         # would spill massively and compile for minutes; not timed
         t_o = None
