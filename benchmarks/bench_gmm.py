@@ -201,7 +201,7 @@ def sweep_variants(base_single, base_two, prec, D, K):
     if base_single is not None:
         out.append(("model single", base_single))
         BD, BK = base_single.BD, base_single.BK
-        cand = [("blk", 128, 4, 2), ("cat", 64, 4, 2), ("blk", 64, 8, 2), ("cat", 128, 4, 2), ("blk", 64, 4, 3),
+        cand = [("blk", 64, 4, 2), ("cat", 128, 4, 2), ("blk", 64, 8, 2), ("cat", 64, 4, 2), ("blk", 64, 4, 3),
                 ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2)]
         for kind, BN, nw, st in cand:
             if kind == "cat":  # one [x, x^2] operand: two dots per block instead of four
