@@ -2,10 +2,10 @@
 # The one batched GPU session that produced benchmarks/results/*-H200-*.json (run through the
 # device tool on one H200; see README "Benchmarks"). Each part has its own time limit so one slow
 # part cannot starve the rest; JSON results land in OUTDIR, logs in OUTDIR/../logs.
-#   bash benchmarks/gpu_session.sh OUTDIR [check] [mmchain] [gmm] [kmeans] [e2e] [streaming] [distributed]
+#   bash benchmarks/gpu_session.sh OUTDIR [part ...]   (parts: see the case list below; default all)
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
-parts=${*:-check mmchain gmm kmeans e2e streaming distributed}
+parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests distributed}
 log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
 export PYTHONUNBUFFERED=1
 run() {  # name seconds command...
@@ -18,15 +18,19 @@ run() {  # name seconds command...
 }
 for p in $parts; do
   case $p in
-    check) run check 90 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
+    check) run check 60 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
            grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
     mmchain) run mmchain 60 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json" ;;
+    dense-sweep) run dense-sweep 60 python3 benchmarks/bench_mmchain.py --dense-sweep --out "$out/mmchain-dense-sweep.json" ;;
+    csr-strategies) run csr-strategies 70 python3 benchmarks/bench_mmchain.py --csr-strategies --out "$out/mmchain-csr-strategies.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
+    gmm-sweep) run gmm-sweep 60 python3 benchmarks/bench_gmm.py --sweep --budget 45 --out "$out/gmm-sweep.json" ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 60 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
-    e2e) run e2e 150 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
+    e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
-    distributed) run distributed 120 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
+    cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
+    distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
   esac
 done
 for p in $parts; do tail -n 22 "$log/$p.log" 2>/dev/null | grep "^|" ; done
