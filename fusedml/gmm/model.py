@@ -299,7 +299,7 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     for BN in (128, 64, 32, 16):
         for nw in (4, 8):
             if full_like:
-                if BN < 32:
+                if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
                     continue
                 E = _single_elems(covariance_type, BN, BD, BK)
                 ok = E <= 32 * nw * _DATA_REGS and K <= 64
