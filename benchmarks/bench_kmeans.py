@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -55,20 +56,22 @@ def run_case(N, D, K, dev, gen):
     return row
 
 
-def sweep(N, D, K, dev, gen):
+def sweep(N, D, K, dev, gen, budget_s=12.0):
     """Time launch-plan variants of the fused step (form, BLOCK_N, warps, programs per SM)."""
     X = torch.randn(N, D, generator=gen).to(dev)
     C = X[:K].clone()
     shift = X.double().mean(0)
     ref = fusedml.lloyd_step(X.double(), C.double(), shift=shift, backend="ops", check_finite=False)
     out = []
+    t_end = time.perf_counter() + budget_s
     for use_dot in (False, True):
-        for bn in (16, 32, 64, 128, 256):
-            for warps in (2, 4, 8):
-                for per_sm in (2, 4, 8):
+        for bn in ((16, 32, 64) if use_dot else (32, 64, 128, 256)):
+            for warps in (4, 8):
+                for per_sm in (4, 8):
                     plan = {"USE_DOT": use_dot, "BLOCK_N": bn, "num_warps": warps, "per_sm": per_sm}
                     full = fusedml.kmeans.lloyd_plan(N, D, K, dev, **plan)
-                    if full is None or (not use_dot and bn * full["BLOCK_D"] * full["BLOCK_K"] > 65536):
+                    if (full is None or time.perf_counter() > t_end
+                            or (not use_dot and bn * full["BLOCK_D"] * full["BLOCK_K"] > 65536)):
                         continue
                     try:
                         r = fusedml.lloyd_step(X, C, shift=shift, backend="fused", check_finite=False, plan=plan)

@@ -24,9 +24,9 @@ for p in $parts; do
     dense-sweep) run dense-sweep 60 python3 benchmarks/bench_mmchain.py --dense-sweep --out "$out/mmchain-dense-sweep.json" ;;
     csr-strategies) run csr-strategies 70 python3 benchmarks/bench_mmchain.py --csr-strategies --out "$out/mmchain-csr-strategies.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
-    gmm-sweep) run gmm-sweep 60 python3 benchmarks/bench_gmm.py --sweep --budget 45 --out "$out/gmm-sweep.json" ;;
+    gmm-sweep) run gmm-sweep 50 python3 benchmarks/bench_gmm.py --sweep --budget 30 --out "$out/gmm-sweep.json" ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
-    kmeans-sweep) run kmeans-sweep 60 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
+    kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
