@@ -1,6 +1,5 @@
 """fusedml.lloyd_step (the fused k-means step) and KMeans on it: against float64 references."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -150,15 +149,9 @@ def _aot():
 
 
 def test_kernel_compiles_for_sm90():
-    import triton
+    from _sm90 import run_aot
 
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not os.path.exists(os.path.join(bindir, "ptxas")):
-        pytest.skip("triton's NVIDIA backend tools (ptxas) are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, __file__, "--aot"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("AOT ") == 6
+    run_aot(__file__, 6, tools=('ptxas',))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

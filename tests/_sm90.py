@@ -1,0 +1,26 @@
+"""Run a test file's ahead-of-time sm_90 compile section in a subprocess (no GPU needed).
+
+The interpreter must be off before triton is imported, hence a fresh process; the file's
+``if __name__ == "__main__" and "--aot" in sys.argv`` block prints one ``AOT ...`` line per kernel.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_aot(test_file, expected, *, at_least=False, tools=("ptxas", "cuobjdump"), timeout=900):
+    """Compile ``test_file``'s kernels for sm_90 in a subprocess; assert ``expected`` AOT lines."""
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not all(os.path.exists(os.path.join(bindir, t)) for t in tools):
+        pytest.skip(f"triton's NVIDIA backend tools ({', '.join(tools)}) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    r = subprocess.run([sys.executable, test_file, "--aot"], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    n = r.stdout.count("AOT ")
+    assert (n >= expected) if at_least else (n == expected), r.stdout[-3000:]
