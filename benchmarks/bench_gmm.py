@@ -160,7 +160,7 @@ def run_config(cfg, args, dev, quick):
         t_o = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_o, ops=ops_), quick)
     t_single, t_two = (row["ms"], t_o) if plan.path == "single" else (t_o, row["ms"])
     row.update(ms_single=t_single, ms_two_pass=t_two,
-               single_over_two=None if t_single is None else t_two / t_single)
+               single_over_two=None if t_single is None or t_two is None else t_two / t_single)
     row["ms_call"] = _bench(lambda: fusedml.gmm_estep(X, w, mu, pc, ct, check_finite=False, precision=args.precision),
                             quick)
     floor = N * D * X.element_size() / BW * 1e3

@@ -5,7 +5,7 @@ per-cluster sums of the rows assigned to it. The operator-level way materialises
 distance matrix, takes its arg-min and scatters the rows into ``[K, D]`` sums with ``index_add_``
 (one global atomic per element of X onto only ``K * D`` addresses: heavily contended on a GPU).
 The fused kernel (the GMM single sweep with one-hot responsibilities) reads a row tile once,
-computes its distances to all K centres on chip (register FMAs for small K and D, ``tl.dot``
+computes its distances to all K centres on chip (register FMAs for tiny K and D, ``tl.dot``
 otherwise: :func:`lloyd_plan`), takes the arg-min, and accumulates the one-hot
 product ``onehot^T x`` in registers; each program writes one ``[K, D]`` partial at the end, summed
 in float64 on the host side (deterministic, no atomics).
@@ -118,14 +118,17 @@ def _pow2(n, lo):
 def lloyd_plan(N, D, K, device=None, **override):
     """Block sizes and form of the fused Lloyd kernel, or None when K and D are too large for it.
 
-    Two forms of the two products per row tile (distances ``x'.c'`` and sums ``onehot^T x'``):
+    Two forms of the two products per row tile (distances ``x'.c'`` and sums ``onehot^T x'``),
+    chosen from two H200 runs (2026-12-02, ms per step; first run: tl.dot, ``BLOCK_N`` 128 /
+    8192 // padded K, 4 warps; second run: the rule below except for the rows marked):
 
-    * ``USE_DOT=False`` when ``BLOCK_K * BLOCK_D <= 1024``: broadcast FMAs in registers over a
-      ``[BLOCK_N, BLOCK_K, BLOCK_D]`` temporary of about 8192 elements. No padding of K and D to
-      16 (``tl.dot``'s minimum: 4x the work at D = K = 8) and no shared-memory operand staging.
-    * ``USE_DOT=True`` otherwise: ``tl.dot`` in IEEE fp32, ``BLOCK_N = 32`` (larger row tiles
-      make ptxas spill the fp32 FMA-lowered operands: 1M x 64, K = 64 measured 31.8 ms at
-      ``BLOCK_N = 128`` on the H200).
+    * ``USE_DOT=False`` when the padded ``BLOCK_K * BLOCK_D <= 64``: broadcast FMAs in registers
+      over a ``[BLOCK_N, BLOCK_K, BLOCK_D]`` temporary of about 8192 elements, no padding of K and
+      D to 16 (16M x 8, K=8: 2.83 ms against 3.49 with tl.dot). Larger products lost in this form
+      (4M x 16, K=16: 1.04 against 0.61; 1M x 2, K=128: 1.21 against 0.70).
+    * ``USE_DOT=True`` otherwise, IEEE fp32, ``BLOCK_N`` 128 while ``BLOCK_K * BLOCK_D <= 256``,
+      64 up to 2048 (1M x 128, K=16: 0.98 ms; 1.73 at 32), else 32 (1M x 64, K=64: 1.58 ms; 31.8
+      at 128 with 8 warps, where ptxas spills; 1M x 32, K=256: 1.85).
 
     The ``[BLOCK_K, BLOCK_D]`` accumulator must fit ``_MAX_TILE`` fp32 elements; beyond that the
     operator-level path runs. Programs: a persistent grid of four per SM.
@@ -145,12 +148,15 @@ def lloyd_plan(N, D, K, device=None, **override):
     dict or None
         ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``num_warps``, ``programs``, ``n_tiles``.
     """
-    use_dot = override.get("USE_DOT", _pow2(D, 1) * _pow2(K, 1) > 1024)
+    use_dot = override.get("USE_DOT", _pow2(D, 1) * _pow2(K, 1) > 64)
     lo = 16 if use_dot else 1
     bd, bk = _pow2(D, lo), _pow2(K, lo)
     if bd * bk > _MAX_TILE:
         return None
-    bn = 32 if use_dot else max(16, min(256, 8192 // (bd * bk)))
+    if use_dot:
+        bn = 128 if bd * bk <= 256 else (64 if bd * bk <= 2048 else 32)
+    else:
+        bn = max(16, min(256, 8192 // (bd * bk)))
     bn = override.get("BLOCK_N", bn)
     n_tiles = triton.cdiv(int(N), bn)
     sms = 132

@@ -135,9 +135,8 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         Fused backend only: operand precision of the distance and statistics products.
         ``"fp32"``: fp32 FMA products; ``"tf32x3"``: tensor cores with each fp32 operand split
         into a tf32 high and low part (three products; fp32-level error, about 1e-6 relative on
-        the H200); ``"auto"`` (default): per shape, by the measured rule of
-        :func:`fusedml.gmm.model.auto_precision` (tf32x3 on CUDA for diag/spherical with
-        ``K * D >= 8192``, fp32 otherwise and off CUDA). ``"tf32"`` / ``"bf16"``
+        the H200, but 2.2e-4 at K=1024, D=128); ``"auto"`` (default): the measured rule of
+        :func:`fusedml.gmm.model.auto_precision` (fp32: tf32x3 was slower on most H200 shapes). ``"tf32"`` / ``"bf16"``
         are faster, with relative errors of about 1e-3 / 1e-2 in the statistics: an explicit
         speed/accuracy trade. Accumulation is always fp32 (partials combined in float64).
     check_finite : bool

@@ -155,12 +155,13 @@ _MAX_REGS = 240
 def auto_precision(N: int, K: int, D: int, covariance_type: str, device) -> str:
     """The operand precision ``precision="auto"`` resolves to (documented, measured rule).
 
-    Measured on the H200 (2026-12-02, ms per E-step, fp32 vs tf32x3): 4M x 16, K=16: 0.64 vs 1.03;
-    16M x 8, K=8: 3.29 vs 5.33; 1M x 64, K=64: 1.35 vs 2.39; 16M x 32, K=32: 6.82 vs 6.63; 4M x 64,
-    K=128: 9.33 vs 7.84; 1M x 32, K=256 (two-pass): 4.13 vs 2.85. Tensor-core tf32x3 (three
-    products per dot, split operands staged in shared memory) only pays off once the products are
-    large: ``K * D >= 8192`` for diag/spherical; below that the FMA path is faster. full/tied
-    (per-component ``[BN, D] x [D, D]`` products, not measured with tf32x3) stay fp32.
+    Measured on the H200 (2026-12-02, ms per E-step, fp32 vs tf32x3). Session-1 plans: 4M x 16,
+    K=16: 0.64 vs 1.03; 16M x 8, K=8: 3.29 vs 5.33; 1M x 64, K=64: 1.35 vs 2.39; 16M x 32, K=32:
+    6.82 vs 6.63; 4M x 64, K=128: 9.33 vs 7.84; 1M x 32, K=256 (two-pass): 4.13 vs 2.85. With the
+    spill-free plans of session 2 (18:25 run): 1M x 32, K=256 tf32x3 4.73; 1M x 128, K=1024 tf32x3
+    76.8 ms with relative errors 2.2e-4 on N_k and S1 (fp32: 67 ms, 2.8e-6). tf32x3 never won by
+    more than 1.5x, lost on most shapes, and at K=1024 broke the 1e-4 accuracy bar, so ``"auto"``
+    is fp32 everywhere; tf32x3 / tf32 / bf16 remain explicit, documented trades.
 
     Parameters
     ----------
@@ -172,12 +173,8 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device) -> str:
     Returns
     -------
     str
-        ``"fp32"`` or ``"tf32x3"`` (both errors at the fp32 level); always ``"fp32"`` off CUDA.
+        ``"fp32"`` (kept as a function: the one place a measured rule for another GPU goes).
     """
-    if torch.device(device).type != "cuda":
-        return "fp32"
-    if covariance_type in ("diag", "spherical") and K * D >= 8192:
-        return "tf32x3"
     return "fp32"
 
 
