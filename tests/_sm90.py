@@ -24,3 +24,30 @@ def run_aot(test_file, expected, *, at_least=False, tools=("ptxas", "cuobjdump")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     n = r.stdout.count("AOT ")
     assert (n >= expected) if at_least else (n == expected), r.stdout[-3000:]
+
+
+def _cuobjdump(kernel, flag):
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def resource_usage(kernel):
+    """``(registers, stack bytes)`` of a compiled kernel, from cuobjdump on its cubin (stack > 0: spills)."""
+    import re
+
+    usage = _cuobjdump(kernel, "--dump-resource-usage")
+    return int(re.search(r"REG:(\d+)", usage).group(1)), int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+def sass(kernel):
+    """The compiled kernel's SASS text (cuobjdump)."""
+    return _cuobjdump(kernel, "--dump-sass")

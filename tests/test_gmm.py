@@ -487,20 +487,16 @@ AOT_SHAPES = [  # (N, D, K, precision)
 
 
 def _aot_check_plans():
-    import os
-    import re
-    import subprocess
     import sys
-    import tempfile
 
     import triton
+    from _sm90 import resource_usage
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from fusedml.gmm import fused
     from fusedml.gmm.model import MAX_SHARED_PER_BLOCK, auto_precision, smem_estimate
 
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     target = GPUTarget("cuda", 90, 32)
     ints = {"stride_xn", "stride_xd", "N", "D", "K", "n_blocks", "n_kt", "chunk_rows"}
 
@@ -528,13 +524,7 @@ def _aot_check_plans():
                                                             WRITE_LABEL=False, DC=plan.DC, PREC=P)))
         for name, fn, consts in kernels:
             k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages)
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(k.asm["cubin"])
-            usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
-                                   capture_output=True, text=True, check=True).stdout
-            os.unlink(f.name)
-            stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-            regs = int(re.search(r"REG:(\d+)", usage).group(1))
+            regs, stack = resource_usage(k)
             shared = k.metadata.shared
             tag = f"{N}x{D} K={K} {prec} {plan.path}:{name} BN={consts['BN']} BK={consts['BK']} S={plan.num_stages}"
             print(f"AOT {tag}: shared={shared} (model {plan.smem_est}) regs={regs} (model {plan.regs_est}) "

@@ -1,6 +1,5 @@
 """fusedml.mmchain / matvec against the float64 reference, on every backend (CPU, interpreter)."""
 import gc
-import os
 import sys
 
 import numpy as np
@@ -9,7 +8,6 @@ import scipy.sparse as sp
 import torch
 
 import fusedml
-from fusedml import CSRMatrix
 from fusedml.mmchain import dense as dense_mod
 from fusedml.mmchain import launch, ops
 from fusedml.mmchain import matvec_reference, mmchain_reference
@@ -488,15 +486,13 @@ def test_dense_small_mode_rejects_large_m(rng):
 # ------------------------------------------------------------------------------------------------
 def _aot_dense_variants():
     import re
-    import subprocess
-    import tempfile
 
     import triton
     import triton.language as tl
+    from _sm90 import resource_usage
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     target = GPUTarget("cuda", 90, 32)
 
     def build(fn, xdt, acc, consts, warps):
@@ -534,13 +530,7 @@ def _aot_dense_variants():
     ]
     for name, fn, xdt, acc, over, warps in variants:
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps)
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
-        usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-        os.unlink(f.name)
-        stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        regs, stack = resource_usage(k)
         vec = re.search(r"ld\.global(\.\w+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
         print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec}")
         assert stack == 0, f"{name}: register spills (stack {stack} B)"

@@ -5,7 +5,6 @@ fully overwrite is NaN-poisoned (csr.POISON_OUTPUTS).
 """
 import dataclasses
 import importlib
-import os
 import sys
 
 import numpy as np
@@ -532,15 +531,13 @@ def test_public_api_strategy(rng, strategy):
 # ------------------------------------------------------------------------------------------------
 def _aot_compile_variants():
     import re
-    import subprocess
-    import tempfile
 
     import triton
+    from _sm90 import resource_usage, sass
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     k_rows = csr._csr_rows_kernel
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     target = GPUTarget("cuda", 90, 32)
 
     def build(fn, types, consts, warps):
@@ -591,18 +588,11 @@ def _aot_compile_variants():
     for name, fn, (idx, val, acc), over in variants:
         consts = dict(base, **over) if fn is k_rows else over
         k = build(fn, types(idx, val, acc), consts, 4)
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
-        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-sass", f.name],
-                              capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-        os.unlink(f.name)
-        stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        code = sass(k)
+        regs, stack = resource_usage(k)
         scatters = consts.get("MODE", 1) == 1 and fn is not csr._csr_long_partial_kernel
-        has_atom = re.search(r"\b(RED|ATOM)G?\.", sass) is not None
-        has_red = re.search(r"\bREDG?\.E\.ADD\.F(32|64)", sass) is not None
+        has_atom = re.search(r"\b(RED|ATOM)G?\.", code) is not None
+        has_red = re.search(r"\bREDG?\.E\.ADD\.F(32|64)", code) is not None
         ptx = k.asm["ptx"]
         loop = re.search(r"Inner Loop Header(.*?)\bbra\b", ptx, re.S)
         print(f"AOT {name}: regs={regs} stack={stack} red={has_red} shared={k.metadata.shared}")
