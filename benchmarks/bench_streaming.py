@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo (algorithms)
-from _common import bench_ms, markdown_table, write_json  # noqa: E402
+from _common import markdown_table, write_json  # noqa: E402
 
 import dask.array as da  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
@@ -129,6 +129,24 @@ def case_row(name, S_stream, S_res, in_memory_fn, stream_fn, res_fn, bw, reps):
     }
 
 
+def mmchain_row(name, X, Xdev, budget, dev, block, pin_bw, reps):
+    """One mmchain row: the streamed engine (``budget`` bytes on the GPU) and the all-resident one
+    against ``Xdev``, the same matrix in device memory; ``rel_err`` of the streamed result."""
+    S = StreamedMatrix(X, device=dev, max_gpu_bytes=budget, host_cache=True, block_bytes=block)
+    R = resident_engine(X, dev, block)
+    y = torch.randn(X.shape[1], device=dev)
+    v = torch.rand(X.shape[0], device=dev)
+
+    def call(M):
+        return lambda: mmchain(M, y, v)
+
+    row = case_row(name, S, R, call(Xdev), call, call, pin_bw, reps)
+    w_s, w_m = mmchain(S, y, v).double(), mmchain(Xdev, y, v).double()
+    row["rel_err"] = float((w_s - w_m).norm() / w_m.norm())
+    print(row, file=sys.stderr)
+    return row
+
+
 def _iter_ms(est):
     """Mean ms per solver iteration from the fit's ``history_`` (set-up before iteration 0 excluded)."""
     h = [r["time"] for r in (getattr(est, "history_", None) or [])]
@@ -163,33 +181,16 @@ def main(argv=None):
     # -- dense mmchain
     A = make_dense(*dense_shape).astype(np.float32)
     X = da.from_array(A, chunks=(dense_chunk, dense_shape[1]))
-    S = StreamedMatrix(X, device=dev, max_gpu_bytes=A.nbytes // 4, host_cache=True, block_bytes=block)
-    R = resident_engine(X, dev, block)
-    At = torch.from_numpy(A).to(dev)
-    y = torch.randn(dense_shape[1], device=dev)
-    v = torch.rand(dense_shape[0], device=dev)
-    rows.append(case_row("mmchain dense fp32", S, R, lambda: mmchain(At, y, v),
-                         lambda M: (lambda: mmchain(M, y, v)), lambda M: (lambda: mmchain(M, y, v)), pin_bw, reps))
-    w_s, w_m = mmchain(S, y, v).double(), mmchain(At, y, v).double()
-    rows[-1]["rel_err"] = float((w_s - w_m).norm() / w_m.norm())
-    del S, R, At, A, X
-    print(rows[-1], file=sys.stderr)
+    rows.append(mmchain_row("mmchain dense fp32", X, torch.from_numpy(A).to(dev), A.nbytes // 4, dev, block,
+                            pin_bw, reps))
+    del A, X
 
     # -- CSR mmchain
     B = make_csr(*csr_shape, csr_nnz)
     Xs = da.from_array(B, chunks=(csr_chunk, csr_shape[1]), asarray=False)
-    S = StreamedMatrix(Xs, device=dev, max_gpu_bytes=(B.data.nbytes + B.indices.nbytes) // 4, host_cache=True,
-                       block_bytes=block)
-    R = resident_engine(Xs, dev, block)
-    Bt = fusedml.as_csr(B).to(dev)
-    y = torch.randn(csr_shape[1], device=dev)
-    v = torch.rand(csr_shape[0], device=dev)
-    rows.append(case_row("mmchain CSR fp32", S, R, lambda: mmchain(Bt, y, v),
-                         lambda M: (lambda: mmchain(M, y, v)), lambda M: (lambda: mmchain(M, y, v)), pin_bw, reps))
-    w_s, w_m = mmchain(S, y, v).double(), mmchain(Bt, y, v).double()
-    rows[-1]["rel_err"] = float((w_s - w_m).norm() / w_m.norm())
-    del S, R, Bt, B, Xs
-    print(rows[-1], file=sys.stderr)
+    rows.append(mmchain_row("mmchain CSR fp32", Xs, fusedml.as_csr(B).to(dev), (B.data.nbytes + B.indices.nbytes) // 4,
+                            dev, block, pin_bw, reps))
+    del B, Xs
 
     # -- GMM E-step (diag)
     from fusedml.gmm import gmm_estep
