@@ -125,21 +125,29 @@ def test_matvec_profiles(rng, profile):
             assert torch.equal(t[empty], y[-1].expand(int(empty.sum()), m))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
-                         ids=["fp32", "fp64", "fp16", "bf16"])
-def test_value_dtypes(rng, dtype):
-    n, d, lens = profile_lengths(rng, "power_law")
-    A = make_csr(rng, n, d, lens, torch.int32, dtype)
+def check_value_dtype(rng, A, config=None):
+    """mmchain on A's storage dtype against the reference (fp32 accumulation, fp64 for fp64); returns y."""
+    n, d = A.shape
+    dtype = A.val.dtype
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if dtype == torch.bfloat16 and fusedml.interpret_mode():
         probe = csr.csr_matvec_fused(A, torch.ones(d, 1, dtype=acc))
         if float(probe.abs().sum()) == 0.0:
             pytest.skip("the Triton interpreter yields zeros for bf16 loads; bf16 runs on the GPU only")
     y, v, z = randn(rng, d + 1, 2, dtype=acc), randn(rng, n, 2, dtype=acc), randn(rng, d + 1, 2, dtype=acc)
-    w = csr.csr_mmchain_fused(A, y, v, z, 1.3, 0.5, intercept=True)
+    w = csr.csr_mmchain_fused(A, y, v, z, 1.3, 0.5, intercept=True, config=config)
     assert w.dtype == acc
     # The reference uses the stored (rounded) values: only the accumulation is under test.
     assert relerr(w, reference(A, y, v, z, 1.3, 0.5, True)) < TOL[dtype]
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp64", "fp16", "bf16"])
+def test_value_dtypes(rng, dtype):
+    n, d, lens = profile_lengths(rng, "power_law")
+    A = make_csr(rng, n, d, lens, torch.int32, dtype)
+    y = check_value_dtype(rng, A)
     t = csr.csr_matvec_fused(A, y, intercept=True)
     assert relerr(t, dense64(A, True) @ y.double()) < TOL[dtype]
 
@@ -349,16 +357,7 @@ def test_gather_forms(rng, profile, idx):
 def test_gather_value_dtypes(rng, dtype):
     A = column_heavy(rng)
     A = CSRMatrix(A.crow, A.col, A.val.to(dtype), A.shape)
-    n, d = A.shape
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    if dtype == torch.bfloat16 and fusedml.interpret_mode():
-        probe = csr.csr_matvec_fused(A, torch.ones(d, 1, dtype=acc))
-        if float(probe.abs().sum()) == 0.0:
-            pytest.skip("the Triton interpreter yields zeros for bf16 loads; bf16 runs on the GPU only")
-    y, v, z = randn(rng, d + 1, 2, dtype=acc), randn(rng, n, 2, dtype=acc), randn(rng, d + 1, 2, dtype=acc)
-    w = csr.csr_mmchain_fused(A, y, v, z, 1.3, 0.5, intercept=True, config=GATHER)
-    assert w.dtype == acc
-    assert relerr(w, reference(A, y, v, z, 1.3, 0.5, True)) < TOL[dtype]
+    check_value_dtype(rng, A, config=GATHER)
     assert csr._structure(A).csc.AT.val.dtype == dtype  # the copy keeps the storage dtype
 
 
