@@ -478,7 +478,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     strict = converged = False
     n_iter = 0
     fused = backend == "fused" and isinstance(X, torch.Tensor) and X.dtype != _F64
-    shift = _data_mean(X) if fused else None
+    shift = centers.to(_F64).mean(0) if fused else None  # any central point: no extra pass over X
     for i in range(max_iter):
         if fused:  # assignment and centre sums in one pass (fusedml.lloyd_step)
             labels, new, shift_sq, inertia_old = _lloyd_fused_iter(X, centers, sample_weight, shift)
