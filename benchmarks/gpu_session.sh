@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh OUTDIR [part ...]   (parts: see the case list below; default all)
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
-parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests distributed}
+parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests profile distributed}
 log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
 export PYTHONUNBUFFERED=1
 run() {  # name seconds command...
@@ -30,6 +30,8 @@ for p in $parts; do
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
+    profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
+               --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
     distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
   esac
 done
