@@ -29,6 +29,8 @@ fp32 hi/lo pair so that fp64 runs keep full precision.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 import triton
@@ -44,8 +46,14 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
 @triton.jit
-def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr):
+def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
+            VEC: tl.constexpr):
     # rows [BN] int64, cols [BD] -> tile [BN, BD] in the accumulation dtype (zeros outside X)
+    if VEC > 1:
+        # row starts and D are multiples of VEC elements (checked on the host): written so, the
+        # compiler can prove it and emits 16-byte loads (it only assumes that for multiples of 16)
+        stride_xn = (stride_xn // VEC) * VEC
+        D = (D // VEC) * VEC
     ptrs = X + rows[:, None] * stride_xn + cols[None, :].to(tl.int64) * stride_xd
     if EVEN_D:
         mask = rows[:, None] < N
@@ -114,18 +122,93 @@ def _make_p(t, vv, rows, jm, N, M, alpha, XTY: tl.constexpr, HAS_V: tl.constexpr
 
 
 @triton.jit
+def _log1p(x):
+    # log(1 + x) to full relative precision for small x >= 0 (Goldberg's trick; no tl.log1p)
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
+
+
+@triton.jit
+def _loss_terms(t, yv, jm, M, power, LOSS: tl.constexpr):
+    # t, yv [BN, M_PAD] -> the eta-dependent part of the loss, its first and second derivative
+    # (codes and the torch twin of this function: fusedml/mmchain/lossgrad.py)
+    if LOSS == 1:  # logistic, y in [0, 1]: softplus(t) - y t
+        e = tl.exp(-tl.abs(t))
+        val = tl.maximum(t, 0.0) + _log1p(e) - yv * t
+        s = 1.0 / (1.0 + e)
+        pr = tl.where(t >= 0, s, e * s)  # sigmoid(t) without overflow
+        g = pr - yv
+        h = pr * (1.0 - pr)
+    elif LOSS == 2:  # squared hinge, y in {-1, 1}: max(0, 1 - y t)^2
+        z = 1.0 - yv * t
+        act = z > 0
+        val = tl.where(act, z * z, 0.0)
+        g = tl.where(act, 2.0 * (t - yv), 0.0)
+        h = tl.where(act, 2.0, 0.0)
+    elif LOSS == 3:  # multinomial, y one-hot: logsumexp_j(t) - sum_j y_j t_j (lse in column 0)
+        cm = jm[None, :] < M
+        tm = tl.where(cm, t, float("-inf"))
+        mx = tl.max(tm, axis=1, keep_dims=True)
+        e = tl.exp(tm - mx)
+        se = tl.sum(e, axis=1, keep_dims=True)
+        pr = e / se
+        val = tl.where(jm[None, :] == 0, mx + tl.log(se), 0.0) - yv * t
+        g = pr - yv
+        h = pr  # the softmax Hessian's P
+    elif LOSS == 4:  # Poisson, log link: exp(t) - y t
+        mu = tl.exp(t)
+        val = mu - yv * t
+        g = mu - yv
+        h = mu
+    elif LOSS == 5:  # gamma, log link: t + y exp(-t)
+        e = tl.exp(-t)
+        val = t + yv * e
+        g = 1.0 - yv * e
+        h = tl.full(t.shape, 1.0, t.dtype)
+    elif LOSS == 6:  # Tweedie power p, log link: e^((2-p) t) / (2-p) - y e^((1-p) t) / (1-p)
+        a = tl.exp((1.0 - power) * t)
+        b = tl.exp((2.0 - power) * t)
+        val = b / (2.0 - power) - yv * a / (1.0 - power)
+        g = b - yv * a
+        h = b
+    else:  # 7: normal, identity link: (t - y)^2 / 2
+        g = t - yv
+        val = 0.5 * g * g
+        h = tl.full(t.shape, 1.0, t.dtype)
+    return val, g, h
+
+
+@triton.jit
+def _loss_p(t, yv, rows, jm, N, M, alpha, power, C, ETA, LV, HW, LOSS: tl.constexpr, HAS_C: tl.constexpr,
+            ACC: tl.constexpr):
+    # stores t, the loss values and the Hessian weights of the tile's rows [N, M] (contiguous);
+    # returns p = alpha * c * loss'(t) [BN, M_PAD] (zero outside)
+    val, g, h = _loss_terms(t, yv, jm, M, power, LOSS)
+    smask = (rows[:, None] < N) & (jm[None, :] < M)
+    o = rows[:, None] * M + jm[None, :]
+    tl.store(ETA + o, t, mask=smask)
+    tl.store(LV + o, val, mask=smask)
+    tl.store(HW + o, h, mask=smask)
+    if HAS_C:
+        g = g * tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)[:, None]
+    return tl.where(smask, g * alpha, 0.0)
+
+
+@triton.jit
 def _mmchain_onchip_kernel(
     X,  # [N, D] any strides, fp32/fp64/bf16/fp16
     Y,  # [Dx, M] accumulation dtype (unused when XTY)
     V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
     W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
     PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
+    C, ETA, LV, HW,  # LOSS > 0: sample weights [N] (HAS_C); outputs t, loss values, Hessian weights [N, M]
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
-    alpha_hi, alpha_lo,
+    alpha_hi, alpha_lo, power,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
+    LOSS: tl.constexpr, HAS_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -143,7 +226,7 @@ def _mmchain_onchip_kernel(
     psum = tl.zeros([M_PAD], dtype=ACC)
     if PREFETCH:  # register double buffer: tile i+1's loads are in flight while tile i computes
         rows0 = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
-        x_nxt = _load_x(X, rows0, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        x_nxt = _load_x(X, rows0, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         v_nxt = _load_v(V, rows0, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
     for tile in range(pid, n_tiles, nprog):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
@@ -151,10 +234,10 @@ def _mmchain_onchip_kernel(
             x = x_nxt
             vv = v_nxt
             rows_nxt = rows + nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
-            x_nxt = _load_x(X, rows_nxt, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            x_nxt = _load_x(X, rows_nxt, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
             v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         else:
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         if XTY:
             t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
         else:
@@ -163,7 +246,10 @@ def _mmchain_onchip_kernel(
                 t += yi[None, :]
         if not PREFETCH:  # loaded after t, as before prefetching existed (fewer live registers)
             vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
-        p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        if LOSS > 0:  # V holds the targets: p = alpha * c * loss'(t); t, loss(t), loss''(t) stored
+            p = _loss_p(t, vv, rows, jm, N, M, alpha, power, C, ETA, LV, HW, LOSS, HAS_C, ACC)
+        else:
+            p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         if MODE == 0:
             acc += x * p
         else:
@@ -253,7 +339,7 @@ def _mmchain_small_kernel(
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled, so every
@@ -274,13 +360,13 @@ def _mmchain_small_kernel(
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH:
-        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
     for tile in range(pid, n_tiles, nprog):
         if PREFETCH:
             x = x_nxt
-            x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         else:
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         t0, v0 = _small_col(x, Y, V, rows, cols, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
                             HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
         t1, v1 = _small_col(x, Y, V, rows, cols, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
@@ -437,7 +523,7 @@ def _mmchain_chunked_kernel(
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -457,7 +543,7 @@ def _mmchain_chunked_kernel(
         if not XTY:
             for c in range(0, n_chunks):  # pass 1: t = X_b y
                 cols = c * BLOCK_D + arange_d
-                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
                 yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)
                 t += _xy(x, yt, MODE)
             if INTERCEPT:
@@ -466,7 +552,7 @@ def _mmchain_chunked_kernel(
         p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         for k in range(0, n_chunks):  # pass 2: last chunk first (freshest in L2)
             cols = (n_chunks - 1 - k) * BLOCK_D + arange_d
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
             contrib = _xtp(tl.zeros([M_PAD, BLOCK_D], dtype=ACC), x, p, MODE)
             offs = cols[None, :].to(tl.int64) * M + jm[:, None]
             omask = (cols[None, :] < D) & (jm[:, None] < M)
@@ -509,7 +595,7 @@ def _matvec_kernel(
     T,  # [N, M] output, contiguous
     N, D, M,
     stride_xn, stride_xd, stride_yd, stride_ym,
-    INTERCEPT: tl.constexpr, EVEN_D: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    INTERCEPT: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -518,7 +604,7 @@ def _matvec_kernel(
     t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
     for c in range(0, tl.cdiv(D, BLOCK_D)):
         cols = c * BLOCK_D + arange_d
-        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D)
+        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         t += _xy(x, _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC), MODE)
     if INTERCEPT:
         t += tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)[None, :]
@@ -528,6 +614,20 @@ def _matvec_kernel(
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Allocate an output every element of which the kernels overwrite (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _vec(X: torch.Tensor, D: int) -> int:
+    """Elements per 16-byte load that X's row stride and D are multiples of (1: no claim).
+
+    Triton assumes 16-byte alignment only for integer arguments divisible by 16, so rows of e.g.
+    100 fp32 values would be read with 4-byte loads (H200, 1M x 100: 2.8x the floor).
+    """
+    if D > 1 and X.stride(1) != 1:
+        return 1
+    v = 16 // X.element_size()
+    while v > 1 and (X.stride(0) % v or D % v):
+        v //= 2
+    return v
 
 
 def _split(x: float):
@@ -551,6 +651,23 @@ def _config(P: Problem, config: dict | None) -> DenseConfig:
         raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
     if cfg.mode == "small" and not (cfg.m_pad in (2, 4) and P.m <= cfg.m_pad):
         raise ValueError(f"mode='small' needs m <= m_pad in (2, 4); got m={P.m}, m_pad={cfg.m_pad}")
+    return cfg
+
+
+def loss_config(cfg: DenseConfig, acc: torch.dtype) -> DenseConfig:
+    """The launch of a fused loss-gradient pass: the onchip kernel only (its t tile holds whole rows).
+
+    The "small" mode (unrolled right-hand sides) has no loss epilogue: its m <= 4 problems take the
+    onchip kernel's padded ``tl.dot`` (fp64: 3-D broadcast), as the matvec kernel does. Wide rows
+    (chunked / cooperative strategies) raise ``NotImplementedError``: the caller composes the pass
+    from ``matvec`` and ``mmchain`` instead (X read twice).
+    """
+    if cfg.strategy != "onchip":
+        raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
+    if cfg.mode == "small":
+        if acc == torch.float64:
+            return replace(cfg, mode="elementwise", prefetch=False)
+        return replace(cfg, mode="dot", m_pad=16, block_n=max(16, cfg.block_n), prefetch=False)
     return cfg
 
 
@@ -618,7 +735,8 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     return (part, R) if deterministic else (None, R)
 
 
-def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None) -> torch.Tensor:
+def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None,
+                        loss: tuple | None = None) -> torch.Tensor:
     """Fused dense ``w = alpha * [X,1]^T p + beta * z`` reading X once.
 
     Parameters
@@ -637,6 +755,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     """
     X, N, D, M, Dx, acc = P.X, P.N, P.D, P.m, P.Dx, P.acc_dtype
     cfg = _config(P, config)
+    if loss is not None:
+        cfg = loss_config(cfg, acc)
     n_tiles = triton.cdiv(N, cfg.block_n)
     grid = max(1, min(cfg.num_programs, n_tiles))
     dev = X.device
@@ -659,17 +779,22 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             part = torch.zeros((grid, L), dtype=acc, device=dev)
         else:  # every program stores its whole row
             part = _empty((grid, L), acc, dev)
+        lead, mid = (X, y, v, w, part), ()
         if cfg.strategy == "chunked":
             kernel, extra = _mmchain_chunked_kernel, {}
+        elif cfg.mode == "small":
+            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
         else:
-            kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-            extra = {"PREFETCH": bool(cfg.prefetch)}
+            kernel = _mmchain_onchip_kernel
+            code, power, c, eta, lv, hw = loss if loss is not None else (0, 0.0, None, w, w, w)
+            lead, mid = lead + (w if c is None else c, eta, lv, hw), (float(power),)
+            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None}
         kernel[(grid,)](
-            X, y, v, w, part, N, D, M, n_tiles,
+            *lead, N, D, M, n_tiles,
             X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
-            a_hi, a_lo,
+            a_hi, a_lo, *mid,
             XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, MODE=_MODES[cfg.mode],
+            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_MODES[cfg.mode],
             ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
         )
@@ -699,7 +824,7 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     y = P.y
     _matvec_kernel[(triton.cdiv(N, cfg.block_n),)](
         X, y, t, N, D, M, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
-        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, MODE=_MODES[cfg.mode], ACC=_TL[acc],
+        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_MODES[cfg.mode], ACC=_TL[acc],
         BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, num_warps=cfg.num_warps,
     )
     return t
