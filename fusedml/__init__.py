@@ -3,7 +3,7 @@ from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
 from ._validation import CSRMatrix, as_csr, as_matrix
 from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .kmeans import LloydStep, lloyd_step
-from .mmchain import matvec, mmchain
+from .mmchain import LossGradient, loss_gradient, matvec, mmchain
 
 __version__ = "0.1.0"
 
@@ -18,6 +18,8 @@ __all__ = [
     "as_matrix",
     "interpret_mode",
     "LloydStep",
+    "LossGradient",
+    "loss_gradient",
     "lloyd_step",
     "matvec",
     "mmchain",

@@ -18,7 +18,7 @@ from .._dispatch import resolve_backend
 from ._checks import Problem, prepare_matvec, prepare_mmchain
 from .reference import matvec_reference, mmchain_reference
 
-__all__ = ["mmchain", "matvec", "mmchain_reference", "matvec_reference"]
+__all__ = ["mmchain", "matvec", "loss_gradient", "mmchain_reference", "matvec_reference"]
 
 
 def _csr_module():
@@ -148,3 +148,6 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
 
         t = dense_matvec_fused(P, config=config)
     return P.finish(t)
+
+
+from .lossgrad import LossGradient, loss_gradient  # noqa: E402  (uses matvec and mmchain above)

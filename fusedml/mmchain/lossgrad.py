@@ -1,0 +1,222 @@
+"""Loss, gradient and Hessian weights of a linear model in one read of X.
+
+    eta   = [X, 1] W                                   [N, m]
+    value = l(target, eta),  hess = l''(target, eta)    [N, m]
+    grad  = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z    [D(+1), m]
+
+This is the mmchain pattern with a pointwise function between ``X W`` and ``X^T``: the fused
+backend computes ``eta`` for a row tile, applies the loss while the tile is on chip, and
+accumulates ``X^T p`` from the same registers (the onchip dense kernel's ``LOSS`` epilogue), so an
+objective-and-gradient evaluation of a Newton or quasi-Newton solver reads X once instead of
+twice (``matvec`` then ``X^T p``, which is what the ``"ops"`` backend does).
+
+``value`` is the part of the loss that depends on ``eta``; terms of the target alone (e.g.
+``y log y`` of the Poisson deviance) are the caller's constant.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._dispatch import resolve_backend
+from .._validation import CSRMatrix
+from ._checks import _operand, _scalar, prepare_mmchain
+
+__all__ = ["LOSSES", "LossGradient", "loss_gradient", "loss_terms"]
+
+#: Loss name -> kernel code (``_loss_terms`` in dense.py). ``"tweedie"`` with power 1 / 2 is
+#: ``"poisson"`` / ``"gamma"``.
+LOSSES = {
+    "logistic": 1,  # softplus(eta) - y eta, y in [0, 1]
+    "squared_hinge": 2,  # max(0, 1 - y eta)^2, y in {-1, 1}; m independent columns
+    "multinomial": 3,  # logsumexp(eta) - sum_j y_j eta_j (in column 0), y one-hot; hess = softmax
+    "poisson": 4,  # exp(eta) - y eta (log link)
+    "gamma": 5,  # eta + y exp(-eta) (log link)
+    "tweedie": 6,  # exp((2-p) eta)/(2-p) - y exp((1-p) eta)/(1-p) (log link)
+    "squared_error": 7,  # (eta - y)^2 / 2
+}
+
+
+class LossGradient(NamedTuple):
+    """What :func:`loss_gradient` returns (1-D ``[N]`` / ``[D(+1)]`` for a 1-D W).
+
+    Attributes
+    ----------
+    grad : torch.Tensor [D(+1), m]
+    eta : torch.Tensor [N, m]
+        The linear predictor ``[X, 1] W``.
+    values : torch.Tensor [N, m]
+        Per-element loss (its eta-dependent part; multinomial: the row's loss in column 0).
+    hess : torch.Tensor [N, m]
+        ``l''(target, eta)`` (multinomial: the class probabilities, the softmax Hessian's P).
+    """
+
+    grad: torch.Tensor
+    eta: torch.Tensor
+    values: torch.Tensor
+    hess: torch.Tensor
+
+
+def _code(loss: str, power) -> tuple:
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {loss!r}")
+    if loss != "tweedie":
+        if power is not None:
+            raise ValueError(f"power is only used by loss='tweedie', got power={power!r} with loss={loss!r}")
+        return LOSSES[loss], 0.0
+    if power is None:
+        raise ValueError("loss='tweedie' needs power")
+    p = _scalar(power, "power")
+    if p == 1.0:
+        return LOSSES["poisson"], p
+    if p == 2.0:
+        return LOSSES["gamma"], p
+    return LOSSES["tweedie"], p
+
+
+def loss_terms(loss: str, eta: torch.Tensor, target: torch.Tensor, power=None):
+    """The pointwise loss, its derivative and second derivative (torch; the kernels' twin).
+
+    Parameters
+    ----------
+    loss : str
+        A key of :data:`LOSSES`.
+    eta, target : torch.Tensor [N, m]
+    power : float, optional
+        Tweedie power (``loss="tweedie"`` only).
+
+    Returns
+    -------
+    (value, grad, hess) : tuple of torch.Tensor [N, m]
+    """
+    code, p = _code(loss, power)
+    t, y = eta, target
+    if code == 1:
+        pr = torch.sigmoid(t)
+        return torch.nn.functional.softplus(t) - y * t, pr - y, pr * (1.0 - pr)
+    if code == 2:
+        z = 1.0 - y * t
+        act = (z > 0).to(t.dtype)
+        return act * z * z, act * 2.0 * (t - y), act * 2.0
+    if code == 3:
+        lse = torch.logsumexp(t, dim=1, keepdim=True)
+        pr = torch.exp(t - lse)
+        val = -y * t
+        val[:, :1] += lse
+        return val, pr - y, pr
+    if code == 4:
+        mu = torch.exp(t)
+        return mu - y * t, mu - y, mu
+    if code == 5:
+        e = torch.exp(-t)
+        return t + y * e, 1.0 - y * e, torch.ones_like(t)
+    if code == 6:
+        a, b = torch.exp((1.0 - p) * t), torch.exp((2.0 - p) * t)
+        return b / (2.0 - p) - y * a / (1.0 - p), b - y * a, b
+    g = t - y
+    return 0.5 * g * g, g, torch.ones_like(t)
+
+
+def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1.0, z=None, beta=0.0,
+                  intercept=False, backend="auto", deterministic=False, check_finite=False,
+                  config=None) -> LossGradient:
+    """Loss values, gradient and Hessian weights of a linear model, reading X once (fused).
+
+    ``eta = [X, 1] W``; ``values = l(target, eta)``; ``hess = l''(target, eta)``;
+    ``grad = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z`` (``c``: ``sample_weight``).
+
+    Parameters
+    ----------
+    X : array-like [N, D] or sparse CSR
+        As for :func:`fusedml.mmchain`. The one-read pass serves dense X whose rows fit on chip
+        (the mmchain "onchip" strategy); CSR and very wide rows are composed from
+        :func:`fusedml.matvec` and :func:`fusedml.mmchain` (two reads).
+    W : array-like [D(+1)] or [D(+1), m] (m <= 16)
+        Coefficients (with the intercept in the last row when ``intercept``).
+    target : array-like [N] or [N, m]
+        The same shape as ``eta``: 0/1 labels (logistic), -1/+1 (squared hinge), one-hot rows
+        (multinomial), observations (the GLM losses).
+    loss : {"logistic", "squared_hinge", "multinomial", "poisson", "gamma", "tweedie", "squared_error"}
+        See :data:`LOSSES`; the GLM losses use the log link (squared error: identity).
+    power : float, optional
+        Tweedie power (``loss="tweedie"`` only).
+    sample_weight : array-like [N], optional
+        Row weights ``c`` of the gradient (``values`` and ``hess`` are returned unweighted).
+    alpha, beta : float
+    z : array-like, optional
+        Shape of ``grad``; added as ``beta * z`` (e.g. the L2 penalty's ``l2 * W``).
+    intercept : bool
+        Treat X as ``[X, 1]``.
+    backend : {"auto", "fused", "ops", "cpu"}
+    deterministic : bool
+        Fused backend: no float atomics (bitwise reproducible).
+    check_finite : bool
+        Raise ``ValueError`` if X, W, target, z hold NaN or infinity.
+    config : dict, optional
+        Dense launch overrides, as for :func:`fusedml.mmchain`.
+
+    Returns
+    -------
+    LossGradient
+        ``(grad, eta, values, hess)``, float32 (float64 for float64 X), on X's device.
+
+    Examples
+    --------
+    >>> import torch, fusedml
+    >>> X = torch.randn(200, 5); w = torch.zeros(6); y = (torch.rand(200) < 0.5).float()
+    >>> r = fusedml.loss_gradient(X, w, y, loss="logistic", intercept=True, backend="cpu")
+    >>> float(r.values.sum()) == float(200 * torch.log(torch.tensor(2.0)))
+    True
+    """
+    code, p = _code(loss, power)
+    if target is None:
+        raise ValueError("target is required")
+    P = prepare_mmchain(X, W, target, z, alpha, beta, intercept=intercept, v_op="mul", check_finite=check_finite)
+    N, m = P.N, P.m
+    if tuple(P.v.shape) != (N, m):
+        raise ValueError(f"target must have the shape of eta = [X, 1] W: [{N}, {m}], got [{N}] "
+                         "(one target column per column of W)")
+    if code == 3 and m < 2:
+        raise ValueError(f"loss='multinomial' needs W with one column per class (m >= 2), got m = {m}")
+    c = None
+    if sample_weight is not None:
+        c = _operand(sample_weight, "sample_weight", P.device, P.acc_dtype, (1,))
+        if c.shape[0] != N:
+            raise ValueError(f"sample_weight must have N = {N} entries, got shape {tuple(c.shape)}")
+    be = resolve_backend(backend, P.device)
+    out = None
+    if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor):
+        out = _dense_fused(P, code, p, c, deterministic, config)
+    if out is None:
+        out = _composed(P, loss, power, c, be, deterministic)
+    return LossGradient(*(P.finish(o) for o in out))
+
+
+def _dense_fused(P, code, p, c, deterministic, config):
+    from .dense import dense_mmchain_fused
+
+    N, m, acc, dev = P.N, P.m, P.acc_dtype, P.device
+    eta = torch.empty((N, m), dtype=acc, device=dev)
+    val = torch.empty((N, m), dtype=acc, device=dev)
+    hess = torch.empty((N, m), dtype=acc, device=dev)
+    cc = None if c is None else c.contiguous()
+    try:
+        g = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config,
+                                loss=(code, p, cc, eta, val, hess))
+    except NotImplementedError:  # wide rows: no one-read pass
+        return None
+    return g, eta, val, hess
+
+
+def _composed(P, loss, power, c, backend, deterministic):
+    # two reads of X: eta = [X, 1] W, then alpha * [X, 1]^T (c * l') + beta * z
+    from . import matvec, mmchain
+
+    eta = matvec(P.X, P.y, intercept=P.intercept, backend=backend)
+    val, g, h = loss_terms(loss, eta, P.v, power)
+    if c is not None:
+        g = g * c[:, None]
+    grad = mmchain(P.X, None, v=g, z=P.z, alpha=P.alpha, beta=P.beta, intercept=P.intercept, backend=backend,
+                   deterministic=deterministic)
+    return grad, eta, val, h
