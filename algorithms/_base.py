@@ -756,7 +756,8 @@ class LinearPredictMixin:
         ``history_`` from ``hist``.
         """
         self._fit_info = {"intercept": bool(self.fit_intercept), "n_matvec": obj.n_matvec,
-                          "n_mmchain": obj.n_mmchain, "n_xtv": obj.n_xtv, "status": res.status, "dtype": info.dtype,
+                          "n_mmchain": obj.n_mmchain, "n_xtv": obj.n_xtv,
+                          "n_lossgrad": obj.n_lossgrad, "status": res.status, "dtype": info.dtype,
                           "device": info.device, **fit_info}
         self._set_linear_attributes(res.W, info, self.fit_intercept, vector=vector)
         self.history_ = hist.records

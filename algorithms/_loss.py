@@ -557,6 +557,7 @@ class LinearObjective:
         self.n_mmchain = 0  # mmchain calls, of which
         self.n_xtv = 0  # ... with y=None (X^T v: one read of X on every backend); the others read X
         # once on "fused" and twice on "ops" (X y, then X^T p)
+        self.n_lossgrad = 0  # fused loss-and-gradient passes (one read of X; fused backend only)
 
     # -- reductions over the problem axis --------------------------------------------------
     def dot(self, A, B):
@@ -648,6 +649,87 @@ class LinearObjective:
         self.n_xtv += 1  # this mmchain has y=None: one read on every backend
         return rmatvec(self.X, Pm, z=z, beta=self.l2, alpha=hstate["alpha"], intercept=self.fit_intercept,
                        backend=self.backend).to(self.dtype)
+
+    # -- the fused objective-and-gradient pass -------------------------------------------
+    def _fused_loss(self):
+        """``(name, power)`` of :func:`fusedml.loss_gradient` for this loss, or None.
+
+        None when the pass would not read X once here: not the fused backend, X not a dense
+        tensor whose rows fit the onchip kernel, more than 16 columns, or a loss (GLM link) the
+        kernel does not have.
+        """
+        if self.n_cols > MAX_COLS or not isinstance(self.X, torch.Tensor):
+            return None
+        if fusedml.resolve_backend(self.backend, self.X.device) != "fused":
+            return None
+        from fusedml.mmchain.lossgrad import one_read
+
+        if not one_read(self.X, self.n_cols):
+            return None
+        loss = self.loss
+        if isinstance(loss, BinomialLoss):
+            return "logistic", None
+        if isinstance(loss, SquaredHingeLoss):
+            return "squared_hinge", None
+        if isinstance(loss, MultinomialLoss):
+            return "multinomial", None
+        if isinstance(loss, GLMLoss):
+            if loss._logistic:
+                return "logistic", None
+            if loss._tweedie_log:
+                return "tweedie", loss.family.power
+            if isinstance(loss.family, TweedieFamily) and loss.family.power == 0 and isinstance(loss.link, IdentityLink):
+                return "squared_error", None
+        return None
+
+    def _const(self, name, power):
+        """``sum_i c_i (loss - its eta-dependent part)`` [P] float64: terms of the target alone
+        (e.g. ``y log y`` of the Poisson deviance), computed once at ``eta = 0``."""
+        if getattr(self, "_const_cache", None) is None:
+            from fusedml.mmchain.lossgrad import loss_terms
+
+            eta0 = torch.zeros_like(self.target)
+            full = self.loss.value(self.target, eta0)
+            var = loss_terms(name, eta0, self.target, power)[0]
+            if self.uniform:
+                self._const_cache = (self._colsum64(full) - self._colsum64(var)) * self.weights
+            else:
+                c = self.weights[:, None]
+                self._const_cache = self._colsum64(full * c) - self._colsum64(var * c)
+        return self._const_cache
+
+    def evaluate_gradient(self, W):
+        """:meth:`evaluate` and :meth:`gradient` at W: ``(state, g, hstate)``.
+
+        On the fused backend with dense X, ONE read of X (:func:`fusedml.loss_gradient`: the
+        margins, the loss, the Hessian weights and ``X^T (c * loss')`` from the same on-chip row
+        tile); otherwise the two passes (``matvec``, then ``X^T v``), as the ``"ops"`` baseline.
+        """
+        spec = self._fused_loss()
+        if spec is None:
+            st = self.evaluate(W)
+            g, hs = self.gradient(st)
+            return st, g, hs
+        name, power = spec
+        alpha, c = (float(self.weights), None) if self.uniform else (1.0, self.weights)
+        r = fusedml.loss_gradient(self.X, W, self.target, loss=name, power=power, sample_weight=c, alpha=alpha,
+                                  z=self._masked(W), beta=self.l2, intercept=self.fit_intercept, backend="fused")
+        self.n_lossgrad += 1
+        eta, g = r.eta.to(self.dtype), r.grad.to(self.dtype)
+        if self.uniform:
+            f = self._colsum64(r.values) * self.weights
+        else:
+            f = self._colsum64(r.values * self.weights[:, None])
+        f = f + self._const(name, power)
+        if self.l2 != 0.0:
+            Wm = W * self.mask if self.fit_intercept else W
+            f = f + (0.5 * self.l2) * self._colsum64(Wm * Wm)
+        H = r.hess.to(self.dtype)
+        if self.loss.softmax_hessian:
+            hstate = {"P": H, "c": None if c is None else c[:, None], "alpha": alpha}
+        else:
+            hstate = {"h": H if c is None else H * c[:, None], "alpha": alpha}
+        return {"W": W, "eta": eta, "f": f}, g, hstate
 
     def merge(self, accept, new, old):
         """Per-problem choice between two states (``accept`` [P] bool)."""

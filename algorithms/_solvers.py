@@ -2,10 +2,11 @@
 and linear conjugate gradient (SystemDS lmCG).
 
 Every solver has the same template (scikit-learn's ``_newton_solver`` layering): set up from an
-objective object (``evaluate`` -> state with ``f``; ``gradient(state)`` -> (g, hstate);
+objective object (``evaluate_gradient(W)`` -> (state with ``f``, g, hstate); ``gradient(state)``;
 ``hessp(hstate, S)``; ``dot``; ``merge``), iterate (inner solve, step/line search, update), and
 test convergence with a caller-supplied rule. The objective does every product with X through
-``fusedml.mmchain`` / ``fusedml.matvec``, so the SAME iterations run on every backend.
+``fusedml`` (``loss_gradient``, ``mmchain``, ``matvec``), so the SAME iterations run on every
+backend.
 
 Cost model (the fits are bound by per-iteration overhead unless X is large, so it is counted):
 vectors ([D~, K]) stay on the data's device; the per-problem scalars (P = 1 for a coupled
@@ -14,8 +15,9 @@ floats, fetched with one small copy per decision. Decisions on the host cost one
 but no launches; decisions on the device cost ~60 tiny launches per CG step (the previous
 design). Per TRON CG step: one Hessian mmchain, ONE sync and ~8 small launches (alpha is formed
 on the device, the updates and ``||r||^2`` are queued behind the mmchain's read of X). Per TRON
-outer iteration: one matvec (trial margins, shared by loss, gradient and Hessian weights), one
-gradient mmchain (queued behind it, before the accept test) and ONE sync. Linear CG: one
+outer iteration: one objective-and-gradient pass at the trial point (margins, loss, gradient and
+Hessian weights: one read of X on the fused backend, a matvec and an ``X^T v`` on the others),
+before the accept test, and ONE sync. Linear CG: one
 mmchain and ONE sync per step. L-BFGS: one sync per line-search evaluation and one per
 iteration. Coefficients that differ per problem travel H2D from pinned memory (asynchronous).
 """
@@ -215,9 +217,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
 def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     """Trust-region Newton method with truncated CG (LIBLINEAR's TRON).
 
-    Per outer iteration: ONE ``evaluate`` (one matvec) at the trial point, ONE ``gradient``
-    (one mmchain with ``y=None``) at the trial point, queued behind the matvec before the accept
-    test (a second one only when some, not all, of K independent problems reject), and one
+    Per outer iteration: ONE ``evaluate_gradient`` at the trial point before the accept test (a
+    further ``gradient`` only when some, not all, of K independent problems reject), and one
     ``hessp`` (one mmchain) per CG step; ONE host sync at the outer level (trial objective,
     ``g^T S``, ``S^T R``, ``S^T S``, the new gradient norm and convergence test) besides the
     one per CG step.
@@ -226,7 +227,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     Parameters
     ----------
     obj : LinearObjective-like
-        ``evaluate``, ``gradient``, ``hessp``, ``dot``, ``merge``, ``n_problems``.
+        ``evaluate_gradient``, ``gradient``, ``hessp``, ``dot``, ``merge``, ``n_problems``.
     W0 : torch.Tensor [D~, K]
         Start point.
     max_iter : int
@@ -252,12 +253,11 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         max_cg = max(W0.numel() if obj.coupled else W0.shape[0], 1)
     thr = _precision(W0.dtype)
 
-    st = obj.evaluate(W0)
+    st, g, hs = obj.evaluate_gradient(W0)
     f = _host(st["f"])
     if not all(math.isfinite(x) for x in f):
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
     P = len(f)
-    g, hs = obj.gradient(st)
     gnorm0_dev = torch.sqrt(dot(g, g))
 
     def grad_info(g):
@@ -277,11 +277,10 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         if not any(active):
             break
         S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg, gg=gg)
-        stn = obj.evaluate(_axpy(st["W"], 1.0, S))
-        # The gradient at the trial point is queued right behind its matvec, before the accept
-        # test (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike),
-        # so ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
-        g_t, hs_t = obj.gradient(stn)
+        # The gradient at the trial point is computed with its objective, before the accept test
+        # (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike), so
+        # ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
+        stn, g_t, hs_t = obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
         gg_t = dot(g_t, g_t)
         gn_t = torch.sqrt(gg_t)
         red = torch.stack([dot(g, S), dot(S, R), dot(S, S), gn_t]).reshape(-1).to(torch.float64)
@@ -437,8 +436,8 @@ def _strong_wolfe(phi, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-12,
 def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=None):
     """L-BFGS (two-loop recursion) with a strong-Wolfe line search, for a coupled problem.
 
-    Each objective/gradient evaluation is one ``matvec`` (margins) and one ``mmchain``
-    (``X^T (p - y)``).
+    Each objective/gradient evaluation is one ``evaluate_gradient`` (one read of X fused; a
+    ``matvec`` and ``X^T (p - y)`` otherwise).
 
     Parameters
     ----------
@@ -465,11 +464,10 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
     if ftol is None:
         ftol = 64 * torch.finfo(W0.dtype).eps
 
-    st = obj.evaluate(W0)
+    st, g, _ = obj.evaluate_gradient(W0)
     f = _host(st["f"])[0]
     if not math.isfinite(f):
         raise ValueError("the objective is not finite at the starting point")
-    g, _ = obj.gradient(st)
     gnorm = torch.sqrt(dot(g, g))
     gnorm0 = gnorm.clone()
     gn0, conv0 = _host(torch.cat([gnorm, stop(g, gnorm, gnorm0).all().reshape(1).to(gnorm.dtype)]))
@@ -506,8 +504,7 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
         def phi(t, W=W, d=d):
             # objective and directional derivative in ONE sync (the gradient is computed before
             # f is known: it is discarded in the rare case f is not finite)
-            s_t = obj.evaluate(_axpy(W, float(t), d))
-            g_t, _ = obj.gradient(s_t)
+            s_t, g_t, _ = obj.evaluate_gradient(_axpy(W, float(t), d))
             f_t, gtd_t = _host(torch.cat([s_t["f"].reshape(1), dot(g_t, d).reshape(1).double()]))
             if not math.isfinite(f_t):
                 return math.inf, None, math.nan, s_t

@@ -13,7 +13,9 @@ Grid (defaults, float32, seeded synthetic data built on the GPU):
   budget ``--large-sklearn-budget``).
 
 Every fusedml row also carries the operator counts of its last fit (from the estimator's
-``_fit_info``): ``n_matvec``, ``n_mmchain`` (of which ``n_xtv`` with ``y=None``), and
+``_fit_info``): ``n_lossgrad`` (fused loss-and-gradient passes, one read each: the objective,
+gradient and Hessian weights of a Newton / L-BFGS evaluation, which the other backends compose from
+a matvec and an ``X^T v``), ``n_matvec``, ``n_mmchain`` (of which ``n_xtv`` with ``y=None``), and
 ``x_reads``, the passes over X they imply on that backend (matvec and ``X^T v``: one each on
 every backend; a full ``X^T (v * (X y))``: one on "fused", two on "ops"), with ``ms_per_x_read`` = time /
 x_reads (close to the bandwidth floor only when the overhead per iteration is small);
@@ -70,7 +72,8 @@ def operator_counts(info, backend, seconds):
     Parameters
     ----------
     info : dict
-        ``_fit_info`` of a fitted linear model (``n_matvec``, ``n_mmchain``, ``n_xtv``).
+        ``_fit_info`` of a fitted linear model (``n_matvec``, ``n_mmchain``, ``n_xtv``,
+        ``n_lossgrad``).
     backend : str
         "ops" reads X twice for a full chain (``X y`` then ``X^T p``); "fused" and "cpu" once.
     seconds : float
@@ -85,9 +88,10 @@ def operator_counts(info, backend, seconds):
     if not info or "n_mmchain" not in info or "n_xtv" not in info:
         return {}
     nmv, nmm, nxtv = int(info.get("n_matvec", 0)), int(info["n_mmchain"]), int(info["n_xtv"])
+    nlg = int(info.get("n_lossgrad", 0))  # fused loss-and-gradient passes: one read each
     per_chain = 2 if backend == "ops" else 1
-    reads = nmv + nxtv + per_chain * (nmm - nxtv)
-    return {"n_matvec": nmv, "n_mmchain": nmm, "n_xtv": nxtv, "x_reads": reads,
+    reads = nmv + nxtv + per_chain * (nmm - nxtv) + nlg
+    return {"n_matvec": nmv, "n_mmchain": nmm, "n_xtv": nxtv, "n_lossgrad": nlg, "x_reads": reads,
             "ms_per_x_read": 1e3 * seconds / reads if reads else None}
 
 
@@ -119,13 +123,13 @@ class _RecordCounts:
 
 def counts_table(rows):
     """Markdown table of the operator counts of the fusedml rows."""
-    out = ["| dataset | algorithm | backend | iters | matvec | mmchain (y=None) | X reads | time (s) | ms / X read |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| dataset | algorithm | backend | iters | loss+grad | matvec | mmchain (y=None) | X reads | time (s) | ms / X read |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "x_reads" not in r:
             continue
         ms = r.get("ms_per_x_read")
-        out.append(f"| {r['dataset']} | {r['algorithm']} | {r['backend']} | {r.get('iterations')} | {r['n_matvec']} | "
+        out.append(f"| {r['dataset']} | {r['algorithm']} | {r['backend']} | {r.get('iterations')} | {r.get('n_lossgrad', 0)} | {r['n_matvec']} | "
                    f"{r['n_mmchain']} ({r['n_xtv']}) | {r['x_reads']} | {r['time']:.4g} | "
                    f"{'-' if ms is None else f'{ms:.3f}'} |")
     return "\n".join(out)

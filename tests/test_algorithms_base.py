@@ -157,8 +157,15 @@ def _count_operator_calls(monkeypatch):
         calls.append("matvec")
         return mv(X, y, **kw)
 
+    lg = fusedml.loss_gradient
+
+    def loss_gradient(X, W, target, **kw):
+        calls.append("lossgrad")
+        return lg(X, W, target, **kw)
+
     monkeypatch.setattr(fusedml, "mmchain", mmchain)
     monkeypatch.setattr(fusedml, "matvec", matvec)
+    monkeypatch.setattr(fusedml, "loss_gradient", loss_gradient)
     return calls
 
 
@@ -202,6 +209,36 @@ def test_newton_reads_of_X_per_iteration(rng, monkeypatch, case):
             assert b in ("hessp", "matvec")
         if a == "matvec":
             assert b == "gradient"
+
+
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "linearsvc", "poisson", "gamma", "weighted"])
+def test_fused_newton_reads_X_once_per_iteration_plus_cg(rng, monkeypatch, case):
+    """Fused backend, dense X: per Newton iteration ONE loss-gradient pass (margins, loss, gradient
+    and Hessian weights from one read of X) and ONE Hessian mmchain per CG step; no matvec and no
+    separate gradient pass. The model equals the ops backend's (two passes per evaluation)."""
+    X = rng.normal(size=(240, 5)).astype(np.float32)
+    z = X @ np.array([1.0, -0.5, 0.3, 0.0, 0.8], dtype=np.float32)
+    y = {"logistic": z > 0, "weighted": z > 0, "linearsvc": z > 0, "multinomial": np.digitize(z, [-0.4, 0.4]),
+         "poisson": rng.poisson(np.exp(0.3 * z)), "gamma": rng.gamma(2.0, np.exp(0.2 * z) / 2.0)}[case]
+    make = {"logistic": lambda: LogisticRegression(tol=1e-6), "weighted": lambda: LogisticRegression(tol=1e-6),
+            "multinomial": lambda: LogisticRegression(tol=1e-6), "linearsvc": lambda: LinearSVC(tol=1e-5),
+            "poisson": lambda: PoissonRegressor(alpha=1e-3, tol=1e-6),
+            "gamma": lambda: GammaRegressor(alpha=1e-3, tol=1e-6)}[case]
+    sw = rng.uniform(0.5, 2.0, size=240) if case == "weighted" else None
+    yy = y.astype(int) if y.dtype == bool else y
+    calls = _count_operator_calls(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = make().set_params(backend="fused").fit(X, yy, sample_weight=sw)
+        ref = make().set_params(backend="ops").fit(X, yy, sample_weight=sw)
+    hist = est.history_
+    n_outer, n_cg = len(hist) - 1, sum(r["cg_iter"] for r in hist)
+    fused_calls = calls[:calls.index("matvec")]  # the ops fit follows, starting with its matvec
+    assert fused_calls.count("lossgrad") == 1 + n_outer
+    assert fused_calls.count("hessp") == n_cg and "gradient" not in fused_calls
+    assert est._fit_info["n_lossgrad"] == 1 + n_outer and est._fit_info["n_matvec"] == 0
+    assert ref._fit_info["n_lossgrad"] == 0
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=2e-3, atol=2e-4)
 
 
 @pytest.mark.parametrize("intercept", [True, False], ids=["intercept", "no-intercept"])

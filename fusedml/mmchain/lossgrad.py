@@ -23,7 +23,7 @@ from .._dispatch import resolve_backend
 from .._validation import CSRMatrix
 from ._checks import _operand, _scalar, prepare_mmchain
 
-__all__ = ["LOSSES", "LossGradient", "loss_gradient", "loss_terms"]
+__all__ = ["LOSSES", "LossGradient", "loss_gradient", "loss_terms", "one_read"]
 
 #: Loss name -> kernel code (``_loss_terms`` in dense.py). ``"tweedie"`` with power 1 / 2 is
 #: ``"poisson"`` / ``"gamma"``.
@@ -191,6 +191,34 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     if out is None:
         out = _composed(P, loss, power, c, be, deterministic)
     return LossGradient(*(P.finish(o) for o in out))
+
+
+def one_read(X, m: int = 1) -> bool:
+    """Whether :func:`loss_gradient` reads this X once on the fused backend (dense rows on chip).
+
+    Parameters
+    ----------
+    X : torch.Tensor or other
+        The design matrix as given to :func:`loss_gradient`.
+    m : int
+        Columns of W.
+
+    Returns
+    -------
+    bool
+    """
+    if not isinstance(X, torch.Tensor) or X.layout != torch.strided or X.ndim != 2 or not 1 <= m <= 16:
+        return False
+    from .dense import loss_config
+    from .launch import dense_config, gpu_info
+
+    cfg = dense_config(int(X.shape[0]), int(X.shape[1]), m, X.dtype, gpu_info(X.device),
+                       stride_xn=X.stride(0), stride_xd=X.stride(1))
+    try:
+        loss_config(cfg, torch.float64 if X.dtype == torch.float64 else torch.float32)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _dense_fused(P, code, p, c, deterministic, config):

@@ -1,0 +1,162 @@
+"""fusedml.loss_gradient: the one-read loss / gradient / Hessian-weights pass (interpreter on the CPU)."""
+import numpy as np
+import pytest
+import torch
+
+import fusedml
+from fusedml.mmchain.lossgrad import LOSSES, loss_terms, one_read
+
+CASES = [  # (loss, m, power)
+    ("logistic", 1, None),
+    ("squared_hinge", 1, None),
+    ("squared_hinge", 3, None),
+    ("multinomial", 3, None),
+    ("multinomial", 5, None),
+    ("poisson", 1, None),
+    ("gamma", 1, None),
+    ("tweedie", 1, 1.5),
+    ("tweedie", 1, 0.0),
+    ("tweedie", 1, 1.0),
+    ("squared_error", 2, None),
+]
+
+
+def _target(loss, N, m, g):
+    if loss == "logistic":
+        return (torch.rand(N, m, generator=g) < 0.4).float()
+    if loss == "squared_hinge":
+        return torch.where(torch.rand(N, m, generator=g) < 0.5, -1.0, 1.0)
+    if loss == "multinomial":
+        return torch.nn.functional.one_hot(torch.randint(0, m, (N,), generator=g), m).float()
+    if loss == "squared_error":
+        return torch.randn(N, m, generator=g)
+    return 3.0 * torch.rand(N, m, generator=g) + 0.05
+
+
+def _reference(X, W, y, loss, power, c, alpha, z, beta, intercept):
+    X64 = X.double()
+    if intercept:
+        X64 = torch.cat([X64, torch.ones(X.shape[0], 1, dtype=torch.float64)], 1)
+    eta = X64 @ W.double()
+    val, g, h = loss_terms(loss, eta, y.double(), power)
+    if c is not None:
+        g = g * c.double()[:, None]
+    grad = alpha * X64.T @ g + (beta * z.double() if z is not None else 0.0)
+    return grad, eta, val, h
+
+
+def _rel(a, b):
+    return float((a.double().reshape(b.shape) - b).abs().max() / (b.abs().max() + 1e-30))
+
+
+@pytest.mark.parametrize("loss,m,power", CASES, ids=[f"{c[0]}-m{c[1]}-p{c[2]}" for c in CASES])
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_loss_gradient_matches_float64(loss, m, power, backend):
+    g = torch.Generator().manual_seed(hash((loss, m, power)) % 2**31)
+    N, D = 203, 10  # N not a multiple of any tile; D = 10: rows not 16-byte multiples
+    X = torch.randn(N, D, generator=g)
+    W = 0.3 * torch.randn(D + 1, m, generator=g)
+    y = _target(loss, N, m, g)
+    c = torch.rand(N, generator=g)
+    z = torch.randn(D + 1, m, generator=g)
+    X0, W0, y0 = X.clone(), W.clone(), y.clone()
+    r = fusedml.loss_gradient(X, W, y, loss=loss, power=power, sample_weight=c, alpha=0.7, z=z, beta=0.3,
+                              intercept=True, backend=backend)
+    ref = _reference(X, W, y, loss, power, c, 0.7, z, 0.3, True)
+    for name, a, b in zip(r._fields, r, ref):
+        assert a.shape == b.shape, name
+        assert _rel(a, b) < 2e-6, (name, _rel(a, b))
+    assert torch.equal(X, X0) and torch.equal(W, W0) and torch.equal(y, y0)  # inputs untouched
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+def test_loss_gradient_vector_form_and_defaults(intercept):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(64, 16, generator=g)  # D a multiple of 16: the EVEN_D path
+    w = 0.2 * torch.randn(16 + int(intercept), generator=g)
+    y = (torch.rand(64, generator=g) < 0.5).float()
+    r = fusedml.loss_gradient(X, w, y, loss="logistic", intercept=intercept, backend="fused")
+    assert r.grad.shape == w.shape and r.eta.shape == (64,) and r.values.shape == (64,)
+    ref = _reference(X, w[:, None], y[:, None], "logistic", None, None, 1.0, None, 0.0, intercept)
+    for a, b in zip(r, ref):
+        assert _rel(a, b[:, 0]) < 2e-6
+    # numpy in: CPU torch out, float64 kept
+    r64 = fusedml.loss_gradient(X.double().numpy(), w.double().numpy(), y.double().numpy(), loss="logistic",
+                                intercept=intercept, backend="fused")
+    assert r64.grad.dtype == torch.float64
+    assert _rel(r64.grad, ref[0][:, 0]) < 1e-12
+
+
+def test_loss_gradient_deterministic_and_wide_rows_fallback():
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(150, 24, generator=g)
+    W = 0.1 * torch.randn(25, 3, generator=g)
+    y = torch.nn.functional.one_hot(torch.randint(0, 3, (150,), generator=g), 3).float()
+    ref = _reference(X, W, y, "multinomial", None, None, 1.0, None, 0.0, True)
+    a = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused", deterministic=True)
+    b = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused", deterministic=True)
+    assert torch.equal(a.grad, b.grad) and _rel(a.grad, ref[0]) < 2e-6
+    # the chunked (wide-row) strategy has no one-read pass: composed from matvec + mmchain
+    c = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused",
+                              config={"strategy": "chunked", "block_d": 8})
+    assert _rel(c.grad, ref[0]) < 2e-6 and _rel(c.values, ref[2]) < 2e-6
+
+
+def test_one_read():
+    X = torch.randn(100, 8)
+    assert one_read(X, 1) and one_read(X, 16)
+    assert not one_read(X, 17)
+    import scipy.sparse as sp
+
+    assert not one_read(fusedml.as_csr(sp.csr_matrix(X.numpy())), 1)
+    assert not one_read(torch.randn(4, 200_000), 1)  # wide rows: cooperative / chunked strategies
+
+
+def test_loss_terms_match_the_estimators_losses():
+    # the kernel's eta-dependent parts differ from the estimators' losses by terms of y alone
+    from algorithms._loss import BinomialLoss, GLMLoss, MultinomialLoss, SquaredHingeLoss, get_family, get_link
+
+    g = torch.Generator().manual_seed(3)
+    eta = torch.randn(50, 1, generator=g, dtype=torch.float64)
+    eta2 = eta + 0.3
+    pairs = [("logistic", None, BinomialLoss(), (torch.rand(50, 1, generator=g) < 0.5).double()),
+             ("squared_hinge", None, SquaredHingeLoss(), torch.where(torch.rand(50, 1, generator=g) < 0.5, -1.0, 1.0).double()),
+             ("poisson", None, GLMLoss(get_family("poisson"), get_link("log")), 2 * torch.rand(50, 1, generator=g).double()),
+             ("gamma", None, GLMLoss(get_family("gamma"), get_link("log")), 0.1 + torch.rand(50, 1, generator=g).double()),
+             ("tweedie", 1.5, GLMLoss(get_family("tweedie", power=1.5), get_link("log")), torch.rand(50, 1, generator=g).double()),
+             ("squared_error", None, GLMLoss(get_family("normal"), get_link("identity")), torch.randn(50, 1, generator=g).double())]
+    for name, power, est_loss, y in pairs:
+        d1 = est_loss.value(y, eta) - loss_terms(name, eta, y, power)[0]
+        d2 = est_loss.value(y, eta2) - loss_terms(name, eta2, y, power)[0]
+        assert torch.allclose(d1, d2, atol=1e-12), name
+        gr, h = est_loss.grad_hess(y, eta)
+        _, gk, hk = loss_terms(name, eta, y, power)
+        assert torch.allclose(gr, gk, atol=1e-12) and torch.allclose(h, hk, atol=1e-12), name
+    Y = torch.nn.functional.one_hot(torch.randint(0, 4, (50,), generator=g), 4).double()
+    E = torch.randn(50, 4, generator=g, dtype=torch.float64)
+    assert torch.allclose(MultinomialLoss().value(Y, E)[:, 0], loss_terms("multinomial", E, Y)[0].sum(1))
+
+
+def test_loss_gradient_bad_inputs():
+    X = torch.randn(20, 4)
+    w = torch.zeros(4)
+    y = torch.zeros(20)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        fusedml.loss_gradient(X, w, y, loss="hinge")
+    with pytest.raises(ValueError, match="needs power"):
+        fusedml.loss_gradient(X, w, y, loss="tweedie")
+    with pytest.raises(ValueError, match="power is only used"):
+        fusedml.loss_gradient(X, w, y, loss="poisson", power=1.0)
+    with pytest.raises(ValueError, match="target must have the shape"):
+        fusedml.loss_gradient(X, torch.zeros(4, 3), y, loss="squared_hinge")
+    with pytest.raises(ValueError, match="N = 20 rows"):
+        fusedml.loss_gradient(X, w, torch.zeros(19), loss="logistic")
+    with pytest.raises(ValueError, match="m >= 2"):
+        fusedml.loss_gradient(X, w, y, loss="multinomial")
+    with pytest.raises(ValueError, match="sample_weight must have N = 20"):
+        fusedml.loss_gradient(X, w, y, loss="logistic", sample_weight=np.ones(3))
+    with pytest.raises(ValueError, match="target is required"):
+        fusedml.loss_gradient(X, w, None, loss="logistic")
+    with pytest.raises(ValueError, match="NaN or infinity|not finite|NaN"):
+        fusedml.loss_gradient(X, w, torch.full((20,), float("nan")), loss="logistic", check_finite=True)
+    assert set(LOSSES) == {"logistic", "squared_hinge", "multinomial", "poisson", "gamma", "tweedie", "squared_error"}
