@@ -160,6 +160,10 @@ def test_matvec_all_backends(rng, poison, intercept, m):
     t = fusedml.matvec(X, y, intercept=intercept, backend="fused", config={"block_d": 4, "mode": "elementwise",
                                                                             "m_pad": 1 if m is None else 2})
     assert rel(t, ref) < TOL[torch.float32]
+    # persistent programs: 3 programs walk 11 row tiles; D in chunks and as one chunk
+    for cfg in ({"block_n": 4, "num_programs": 3, "block_d": 8}, {"block_n": 4, "num_programs": 3}):
+        t = fusedml.matvec(X, y, intercept=intercept, backend="fused", config=cfg)
+        assert rel(t, ref) < TOL[torch.float32], cfg
 
 
 def test_numpy_inputs_give_torch_and_are_not_modified(rng):

@@ -593,22 +593,35 @@ def _matvec_kernel(
     X,  # [N, D] any strides
     Y,  # [Dx, M] accumulation dtype
     T,  # [N, M] output, contiguous
-    N, D, M,
+    N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym,
     INTERCEPT: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # persistent programs over row tiles (as the mmchain kernels: a grid of a few programs per SM
+    # keeps more bytes in flight than one short-lived program per tile); y stays in registers
+    # when a whole row is one chunk
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
     arange_d = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
     jm = tl.arange(0, M_PAD)
-    t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
-    for c in range(0, tl.cdiv(D, BLOCK_D)):
-        cols = c * BLOCK_D + arange_d
-        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-        t += _xy(x, _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC), MODE)
+    if ONE_CHUNK:
+        yt = _load_yt(Y, arange_d, jm, D, M, stride_yd, stride_ym, ACC)
     if INTERCEPT:
-        t += tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)[None, :]
-    tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
+        yi = tl.load(Y + D * stride_yd + jm * stride_ym, mask=jm < M, other=0.0).to(ACC)
+    for tile in range(pid, n_tiles, nprog):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
+        if ONE_CHUNK:
+            t = _xy(_load_x(X, rows, arange_d, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC), yt, MODE)
+        else:
+            t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
+            for c in range(0, tl.cdiv(D, BLOCK_D)):
+                cols = c * BLOCK_D + arange_d
+                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+                t += _xy(x, _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC), MODE)
+        if INTERCEPT:
+            t += yi[None, :]
+        tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -808,7 +821,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
 
 
 def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tensor:
-    """Fused dense ``t = [X,1] y``: one program per row tile, D walked in chunks.
+    """Fused dense ``t = [X,1] y``: persistent programs over row tiles, D walked in chunks.
 
     Returns
     -------
@@ -822,9 +835,10 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     bd = min(cfg.block_d, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
     t = _empty((N, M), acc, X.device)
     y = P.y
-    _matvec_kernel[(triton.cdiv(N, cfg.block_n),)](
-        X, y, t, N, D, M, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
+    n_tiles = triton.cdiv(N, cfg.block_n)
+    _matvec_kernel[(max(1, min(cfg.num_programs, n_tiles)),)](
+        X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
         INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_MODES[cfg.mode], ACC=_TL[acc],
-        BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D, num_warps=cfg.num_warps,
     )
     return t

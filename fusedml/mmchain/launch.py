@@ -356,7 +356,7 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     Returns
     -------
     DenseConfig
-        ``num_programs`` is unused (the grid is ``ceil(N / block_n)``).
+        ``num_programs``: the persistent grid (at most ``ceil(N / block_n)``).
     """
     cfg = dense_config(N, D, m, dtype, gpu)
     if cfg.mode == "small":  # t only: keep the padded dot (fp64: 3-D broadcast) of the matvec kernel
