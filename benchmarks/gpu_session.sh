@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh OUTDIR [part ...]   (parts: see the case list below; default all)
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
-parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests profile distributed}
+parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests solver-ops profile distributed}
 log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
 export PYTHONUNBUFFERED=1
 run() {  # name seconds command...
@@ -18,7 +18,7 @@ run() {  # name seconds command...
 }
 for p in $parts; do
   case $p in
-    check) run check 60 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
+    check) run check 150 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
            grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
     mmchain) run mmchain 60 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json" ;;
     dense-sweep) run dense-sweep 60 python3 benchmarks/bench_mmchain.py --dense-sweep --out "$out/mmchain-dense-sweep.json" ;;
@@ -30,6 +30,7 @@ for p in $parts; do
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
+    solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
     distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
