@@ -607,7 +607,11 @@ class LinearObjective:
 
     def gradient(self, state):
         """Gradient [D~, K] at ``state`` (one mmchain) and the Hessian state for :meth:`hessp`."""
-        G, H = self.loss.grad_hess(self.target, state["eta"])
+        eta = state["eta"]
+        if eta is None:  # a state of the fused pass that kept no margins
+            eta = matvec(self.X, state["W"], intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
+            self.n_matvec += 1
+        G, H = self.loss.grad_hess(self.target, eta)
         if self.uniform:
             alpha, c = float(self.weights), None
         else:
@@ -658,6 +662,11 @@ class LinearObjective:
         tensor whose rows fit the onchip kernel, more than 16 columns, or a loss (GLM link) the
         kernel does not have.
         """
+        if not hasattr(self, "_fused_spec"):
+            self._fused_spec = self._find_fused_loss()
+        return self._fused_spec
+
+    def _find_fused_loss(self):
         if self.n_cols > MAX_COLS or not isinstance(self.X, torch.Tensor):
             return None
         if fusedml.resolve_backend(self.backend, self.X.device) != "fused":
@@ -712,14 +721,16 @@ class LinearObjective:
             return st, g, hs
         name, power = spec
         alpha, c = (float(self.weights), None) if self.uniform else (1.0, self.weights)
+        # eta only for independent problems (their states may be merged per problem)
         r = fusedml.loss_gradient(self.X, W, self.target, loss=name, power=power, sample_weight=c, alpha=alpha,
-                                  z=self._masked(W), beta=self.l2, intercept=self.fit_intercept, backend="fused")
+                                  z=self._masked(W), beta=self.l2, intercept=self.fit_intercept,
+                                  return_eta=not self.coupled, backend="fused")
         self.n_lossgrad += 1
-        eta, g = r.eta.to(self.dtype), r.grad.to(self.dtype)
+        eta = None if r.eta is None else r.eta.to(self.dtype)
+        g = r.grad.to(self.dtype)
+        f = r.loss.sum().reshape(1) if self.coupled else r.loss
         if self.uniform:
-            f = self._colsum64(r.values) * self.weights
-        else:
-            f = self._colsum64(r.values * self.weights[:, None])
+            f = f * self.weights
         f = f + self._const(name, power)
         if self.l2 != 0.0:
             Wm = W * self.mask if self.fit_intercept else W

@@ -100,9 +100,12 @@ def sweep_points(X, m, quick):
         if 2 <= base.num_warps * f <= 16:
             pts.append({"num_warps": int(base.num_warps * f)})
         pts.append({"num_programs": int(base.num_programs * f)})
-    pts.append({"prefetch": not base.prefetch})
     pts.append({"block_n": 2 * base.block_n, "num_warps": 2 * base.num_warps} if base.num_warps <= 8 else
                {"block_n": base.block_n // 2, "num_warps": base.num_warps // 2})
+    # the other side of the register double buffer, with the neighbouring tile shapes and grids
+    pf = {"prefetch": not base.prefetch}
+    pts += [pf, dict(pf, block_n=2 * base.block_n), dict(pf, num_programs=2 * base.num_programs)]
+    pts += [dict(pf, num_warps=int(base.num_warps * f)) for f in (0.5, 2) if 2 <= base.num_warps * f <= 16]
     return pts[:2] if quick else pts
 
 

@@ -166,7 +166,7 @@ def check_loss_gradient(dev):
             grad = 0.5 * A.T @ (g * c.double()[:, None]) + 0.1 * W.double()
             name = f"loss_gradient {loss}{'' if power is None else power} m={m} {n}x{d}"
             record(name + " grad", rel(r.grad, grad), TOL[torch.float32])
-            record(name + " values", rel(r.values, val), TOL[torch.float32])
+            record(name + " loss", rel(r.loss, (val * c.double()[:, None]).sum(0), floor=1e-30), TOL[torch.float32])
             record(name + " hess", rel(r.hess, h, floor=1e-30), TOL[torch.float32])
             record(name + " eta", rel(r.eta, eta), TOL[torch.float32])
         for m in (1, 3):

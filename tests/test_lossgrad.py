@@ -34,6 +34,7 @@ def _target(loss, N, m, g):
 
 
 def _reference(X, W, y, loss, power, c, alpha, z, beta, intercept):
+    """float64 (grad, loss sums, eta, hess), the fields of LossGradient."""
     X64 = X.double()
     if intercept:
         X64 = torch.cat([X64, torch.ones(X.shape[0], 1, dtype=torch.float64)], 1)
@@ -41,8 +42,9 @@ def _reference(X, W, y, loss, power, c, alpha, z, beta, intercept):
     val, g, h = loss_terms(loss, eta, y.double(), power)
     if c is not None:
         g = g * c.double()[:, None]
+        val = val * c.double()[:, None]
     grad = alpha * X64.T @ g + (beta * z.double() if z is not None else 0.0)
-    return grad, eta, val, h
+    return grad, val.sum(0), eta, h
 
 
 def _rel(a, b):
@@ -76,10 +78,13 @@ def test_loss_gradient_vector_form_and_defaults(intercept):
     w = 0.2 * torch.randn(16 + int(intercept), generator=g)
     y = (torch.rand(64, generator=g) < 0.5).float()
     r = fusedml.loss_gradient(X, w, y, loss="logistic", intercept=intercept, backend="fused")
-    assert r.grad.shape == w.shape and r.eta.shape == (64,) and r.values.shape == (64,)
+    assert r.grad.shape == w.shape and r.eta.shape == (64,) and r.hess.shape == (64,)
     ref = _reference(X, w[:, None], y[:, None], "logistic", None, None, 1.0, None, 0.0, intercept)
     for a, b in zip(r, ref):
-        assert _rel(a, b[:, 0]) < 2e-6
+        assert _rel(a, b[..., 0] if b.ndim == 2 else b[0]) < 2e-6
+    assert r.loss.ndim == 0 and r.loss.dtype == torch.float64
+    assert fusedml.loss_gradient(X, w, y, loss="logistic", intercept=intercept, return_eta=False,
+                                 backend="fused").eta is None
     # numpy in: CPU torch out, float64 kept
     r64 = fusedml.loss_gradient(X.double().numpy(), w.double().numpy(), y.double().numpy(), loss="logistic",
                                 intercept=intercept, backend="fused")
@@ -95,11 +100,11 @@ def test_loss_gradient_deterministic_and_wide_rows_fallback():
     ref = _reference(X, W, y, "multinomial", None, None, 1.0, None, 0.0, True)
     a = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused", deterministic=True)
     b = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused", deterministic=True)
-    assert torch.equal(a.grad, b.grad) and _rel(a.grad, ref[0]) < 2e-6
+    assert torch.equal(a.grad, b.grad) and torch.equal(a.loss, b.loss) and _rel(a.grad, ref[0]) < 2e-6
     # the chunked (wide-row) strategy has no one-read pass: composed from matvec + mmchain
     c = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused",
                               config={"strategy": "chunked", "block_d": 8})
-    assert _rel(c.grad, ref[0]) < 2e-6 and _rel(c.values, ref[2]) < 2e-6
+    assert _rel(c.grad, ref[0]) < 2e-6 and _rel(c.loss, ref[1]) < 2e-6
 
 
 def test_one_read():

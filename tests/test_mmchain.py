@@ -507,14 +507,15 @@ def _aot_dense_variants():
                 sig[a] = "constexpr"
                 continue
             sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else (
-                "fp32" if a.startswith("alpha") or a == "power" else ("*i32" if a == "CNT" else f"*{acc}")))
+                "fp32" if a.startswith("alpha") or a == "power" else ("*i32" if a == "CNT" else (
+                    "*fp64" if a == "LPART" else f"*{acc}"))))
             if sig[a].startswith("*") or (aligned and a in ("stride_xn", "stride_yd", "stride_vn", "D")):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X
         return triton.compile(ASTSource(fn, sig, consts, attrs), target=target, options=dict(num_warps=warps))
 
     base = dict(stride_xd=1, XTY=False, HAS_V=True, SOFTMAX=False, INTERCEPT=False, DETERMINISTIC=False,
                 EVEN_D=True, VEC=4, ACC=tl.float32, PREFETCH=True)
-    onchip = dict(LOSS=0, HAS_C=False)
+    onchip = dict(LOSS=0, HAS_C=False, STORE_ETA=False)
     variants = [
         ("small m4 fp32 16x128", dense_mod._mmchain_small_kernel, "fp32", "fp32",
          dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4), 8),
@@ -530,10 +531,10 @@ def _aot_dense_variants():
     # multinomial loss through the padded tl.dot
     variants += [
         ("onchip m1 fp32 D=100 logistic loss", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
-         dict(base, LOSS=1, HAS_C=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=0, BLOCK_N=16,
+         dict(base, LOSS=1, HAS_C=True, STORE_ETA=False, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=0, BLOCK_N=16,
               BLOCK_D=128, M_PAD=1, stride_vm=0), 8, False),
         ("onchip m3 fp32 multinomial loss dot", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
-         dict(base, LOSS=3, HAS_C=False, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=1, BLOCK_N=16,
+         dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=1, BLOCK_N=16,
               BLOCK_D=128, M_PAD=16), 8, False),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,

@@ -179,19 +179,23 @@ def _loss_terms(t, yv, jm, M, power, LOSS: tl.constexpr):
 
 
 @triton.jit
-def _loss_p(t, yv, rows, jm, N, M, alpha, power, C, ETA, LV, HW, LOSS: tl.constexpr, HAS_C: tl.constexpr,
-            ACC: tl.constexpr):
-    # stores t, the loss values and the Hessian weights of the tile's rows [N, M] (contiguous);
-    # returns p = alpha * c * loss'(t) [BN, M_PAD] (zero outside)
+def _loss_p(t, yv, rows, jm, N, M, alpha, power, C, ETA, HW, LOSS: tl.constexpr, HAS_C: tl.constexpr,
+            STORE_ETA: tl.constexpr, ACC: tl.constexpr):
+    # stores the Hessian weights (and t) of the tile's rows into [N, M] (contiguous); returns
+    # p = alpha * c * loss'(t) and c * loss(t), [BN, M_PAD] each (zero outside). The loss values
+    # are summed in registers by the caller: every [BN, M] store costs a layout conversion
+    # (shared memory and two barriers per tile: the H200 showed it)
     val, g, h = _loss_terms(t, yv, jm, M, power, LOSS)
     smask = (rows[:, None] < N) & (jm[None, :] < M)
     o = rows[:, None] * M + jm[None, :]
-    tl.store(ETA + o, t, mask=smask)
-    tl.store(LV + o, val, mask=smask)
     tl.store(HW + o, h, mask=smask)
+    if STORE_ETA:
+        tl.store(ETA + o, t, mask=smask)
     if HAS_C:
-        g = g * tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)[:, None]
-    return tl.where(smask, g * alpha, 0.0)
+        cc = tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)[:, None]
+        g = g * cc
+        val = val * cc
+    return tl.where(smask, g * alpha, 0.0), tl.where(smask, val, 0.0)
 
 
 @triton.jit
@@ -201,14 +205,15 @@ def _mmchain_onchip_kernel(
     V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
     W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
     PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
-    C, ETA, LV, HW,  # LOSS > 0: sample weights [N] (HAS_C); outputs t, loss values, Hessian weights [N, M]
+    C, ETA, LPART, HW,  # LOSS > 0: sample weights [N] (HAS_C); outputs t [N, M] (STORE_ETA),
+                        # per-program loss sums [P, M] float64, Hessian weights [N, M]
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
     alpha_hi, alpha_lo, power,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
-    LOSS: tl.constexpr, HAS_C: tl.constexpr,
+    LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -224,6 +229,10 @@ def _mmchain_onchip_kernel(
     else:
         acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
     psum = tl.zeros([M_PAD], dtype=ACC)
+    if LOSS > 0:
+        # sum_i c_i loss_i in float64 (the solvers compare objectives that differ in the 7th
+        # digit), reduced over the tile rows once at the end
+        lsum = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float64)
     if PREFETCH:  # register double buffer: tile i+1's loads are in flight while tile i computes
         rows0 = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
         x_nxt = _load_x(X, rows0, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
@@ -247,7 +256,8 @@ def _mmchain_onchip_kernel(
         if not PREFETCH:  # loaded after t, as before prefetching existed (fewer live registers)
             vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         if LOSS > 0:  # V holds the targets: p = alpha * c * loss'(t); t, loss(t), loss''(t) stored
-            p = _loss_p(t, vv, rows, jm, N, M, alpha, power, C, ETA, LV, HW, LOSS, HAS_C, ACC)
+            p, lv = _loss_p(t, vv, rows, jm, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C, STORE_ETA, ACC)
+            lsum += lv.to(tl.float64)
         else:
             p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         if MODE == 0:
@@ -258,6 +268,8 @@ def _mmchain_onchip_kernel(
             psum += tl.sum(p, axis=0)
     if MODE == 0:
         acc = tl.sum(acc, axis=0, keep_dims=True)  # [1, BLOCK_D]
+    if LOSS > 0:
+        tl.store(LPART + pid * M + jm, tl.sum(lsum, axis=0), mask=jm < M)
     offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
     omask = (cols[None, :] < D) & (jm[:, None] < M)
     if DETERMINISTIC:
@@ -760,11 +772,16 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         Per-program partials reduced in a fixed order instead of float atomics.
     config : dict, optional
         Overrides of :class:`~fusedml.mmchain.launch.DenseConfig` fields.
+    loss : tuple, optional
+        ``(code, power, c, eta, hess)``: the loss-gradient pass (``P.v`` holds the targets; ``c``
+        [N] weights or None; ``eta`` [N, m] output or None; ``hess`` [N, m] output); see
+        :func:`fusedml.loss_gradient`. Only the onchip strategy (else ``NotImplementedError``).
 
     Returns
     -------
-    torch.Tensor
-        ``[Dx, m]`` in the accumulation dtype.
+    torch.Tensor or tuple
+        ``[Dx, m]`` in the accumulation dtype; with ``loss``, also the per-program sums of
+        ``c * loss`` ``[P, m]``.
     """
     X, N, D, M, Dx, acc = P.X, P.N, P.D, P.m, P.Dx, P.acc_dtype
     cfg = _config(P, config)
@@ -799,9 +816,11 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
         else:
             kernel = _mmchain_onchip_kernel
-            code, power, c, eta, lv, hw = loss if loss is not None else (0, 0.0, None, w, w, w)
-            lead, mid = lead + (w if c is None else c, eta, lv, hw), (float(power),)
-            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None}
+            code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
+            lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
+            lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
+            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
+                     "STORE_ETA": eta is not None}
         kernel[(grid,)](
             *lead, N, D, M, n_tiles,
             X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
@@ -817,7 +836,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         BLOCK = 1024
         _reduce_partials_kernel[(triton.cdiv(L, BLOCK),)](
             part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4)
-    return w
+    return (w, lpart) if loss is not None else w
 
 
 def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tensor:

@@ -169,6 +169,7 @@ COOP_PROGRAMS_PER_SM = 2
 SMALL_M = 4
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
 def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None, *,
                  stride_xn: int | None = None, stride_xd: int | None = None) -> DenseConfig:
     """Choose the dense mmchain launch parameters from N, D, m, the dtype and the GPU.

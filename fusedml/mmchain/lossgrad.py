@@ -1,8 +1,8 @@
 """Loss, gradient and Hessian weights of a linear model in one read of X.
 
-    eta   = [X, 1] W                                   [N, m]
-    value = l(target, eta),  hess = l''(target, eta)    [N, m]
-    grad  = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z    [D(+1), m]
+    eta  = [X, 1] W,  hess = l''(target, eta)                    [N, m]
+    loss = sum_i c_i l(target_i, eta_i)                          [m] (float64)
+    grad = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z     [D(+1), m]
 
 This is the mmchain pattern with a pointwise function between ``X W`` and ``X^T``: the fused
 backend computes ``eta`` for a row tile, applies the loss while the tile is on chip, and
@@ -10,8 +10,10 @@ accumulates ``X^T p`` from the same registers (the onchip dense kernel's ``LOSS`
 objective-and-gradient evaluation of a Newton or quasi-Newton solver reads X once instead of
 twice (``matvec`` then ``X^T p``, which is what the ``"ops"`` backend does).
 
-``value`` is the part of the loss that depends on ``eta``; terms of the target alone (e.g.
-``y log y`` of the Poisson deviance) are the caller's constant.
+``loss`` sums the part of the loss that depends on ``eta``; terms of the target alone (e.g.
+``y log y`` of the Poisson deviance) are the caller's constant. The kernel sums it in registers
+(per-program partials, added in float64 on the host) and stores only ``hess`` (and ``eta`` when
+asked): every per-row store costs a layout conversion through shared memory.
 """
 from __future__ import annotations
 
@@ -44,17 +46,19 @@ class LossGradient(NamedTuple):
     Attributes
     ----------
     grad : torch.Tensor [D(+1), m]
-    eta : torch.Tensor [N, m]
-        The linear predictor ``[X, 1] W``.
-    values : torch.Tensor [N, m]
-        Per-element loss (its eta-dependent part; multinomial: the row's loss in column 0).
+    loss : torch.Tensor [m] (0-d for a 1-D W), float64
+        ``sum_i c_i l(target_i, eta_i)`` per column (the eta-dependent part of the loss;
+        multinomial: the rows' losses in column 0, zeros elsewhere).
+    eta : torch.Tensor [N, m] or None
+        The linear predictor ``[X, 1] W`` (None with ``return_eta=False``).
     hess : torch.Tensor [N, m]
-        ``l''(target, eta)`` (multinomial: the class probabilities, the softmax Hessian's P).
+        ``l''(target, eta)``, unweighted (multinomial: the class probabilities, the softmax
+        Hessian's P).
     """
 
     grad: torch.Tensor
-    eta: torch.Tensor
-    values: torch.Tensor
+    loss: torch.Tensor
+    eta: torch.Tensor | None
     hess: torch.Tensor
 
 
@@ -119,11 +123,11 @@ def loss_terms(loss: str, eta: torch.Tensor, target: torch.Tensor, power=None):
 
 
 def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1.0, z=None, beta=0.0,
-                  intercept=False, backend="auto", deterministic=False, check_finite=False,
+                  intercept=False, return_eta=True, backend="auto", deterministic=False, check_finite=False,
                   config=None) -> LossGradient:
-    """Loss values, gradient and Hessian weights of a linear model, reading X once (fused).
+    """Loss, gradient and Hessian weights of a linear model, reading X once (fused).
 
-    ``eta = [X, 1] W``; ``values = l(target, eta)``; ``hess = l''(target, eta)``;
+    ``eta = [X, 1] W``; ``loss = sum_i c_i l(target_i, eta_i)``; ``hess = l''(target, eta)``;
     ``grad = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z`` (``c``: ``sample_weight``).
 
     Parameters
@@ -142,12 +146,15 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     power : float, optional
         Tweedie power (``loss="tweedie"`` only).
     sample_weight : array-like [N], optional
-        Row weights ``c`` of the gradient (``values`` and ``hess`` are returned unweighted).
+        Row weights ``c`` of the loss sum and the gradient (``hess`` is returned unweighted).
     alpha, beta : float
     z : array-like, optional
         Shape of ``grad``; added as ``beta * z`` (e.g. the L2 penalty's ``l2 * W``).
     intercept : bool
         Treat X as ``[X, 1]``.
+    return_eta : bool
+        Store and return ``eta`` (one more ``[N, m]`` store per pass; solvers of one coupled
+        problem never need it).
     backend : {"auto", "fused", "ops", "cpu"}
     deterministic : bool
         Fused backend: no float atomics (bitwise reproducible).
@@ -159,14 +166,15 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     Returns
     -------
     LossGradient
-        ``(grad, eta, values, hess)``, float32 (float64 for float64 X), on X's device.
+        ``(grad, loss, eta, hess)``: grad, eta and hess float32 (float64 for float64 X), loss
+        float64, on X's device.
 
     Examples
     --------
-    >>> import torch, fusedml
+    >>> import math, torch, fusedml
     >>> X = torch.randn(200, 5); w = torch.zeros(6); y = (torch.rand(200) < 0.5).float()
     >>> r = fusedml.loss_gradient(X, w, y, loss="logistic", intercept=True, backend="cpu")
-    >>> float(r.values.sum()) == float(200 * torch.log(torch.tensor(2.0)))
+    >>> abs(float(r.loss) - 200 * math.log(2.0)) < 1e-4
     True
     """
     code, p = _code(loss, power)
@@ -187,10 +195,12 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     be = resolve_backend(backend, P.device)
     out = None
     if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor):
-        out = _dense_fused(P, code, p, c, deterministic, config)
+        out = _dense_fused(P, code, p, c, bool(return_eta), deterministic, config)
     if out is None:
         out = _composed(P, loss, power, c, be, deterministic)
-    return LossGradient(*(P.finish(o) for o in out))
+    grad, lsum, eta, hess = out
+    return LossGradient(P.finish(grad), lsum[0] if P.vector else lsum,
+                        P.finish(eta) if return_eta else None, P.finish(hess))
 
 
 def one_read(X, m: int = 1) -> bool:
@@ -221,20 +231,19 @@ def one_read(X, m: int = 1) -> bool:
     return True
 
 
-def _dense_fused(P, code, p, c, deterministic, config):
+def _dense_fused(P, code, p, c, return_eta, deterministic, config):
     from .dense import dense_mmchain_fused
 
     N, m, acc, dev = P.N, P.m, P.acc_dtype, P.device
-    eta = torch.empty((N, m), dtype=acc, device=dev)
-    val = torch.empty((N, m), dtype=acc, device=dev)
+    eta = torch.empty((N, m), dtype=acc, device=dev) if return_eta else None
     hess = torch.empty((N, m), dtype=acc, device=dev)
     cc = None if c is None else c.contiguous()
     try:
-        g = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config,
-                                loss=(code, p, cc, eta, val, hess))
+        g, lpart = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config,
+                                       loss=(code, p, cc, eta, hess))
     except NotImplementedError:  # wide rows: no one-read pass
         return None
-    return g, eta, val, hess
+    return g, lpart.sum(0, dtype=torch.float64), eta, hess
 
 
 def _composed(P, loss, power, c, backend, deterministic):
@@ -245,6 +254,7 @@ def _composed(P, loss, power, c, backend, deterministic):
     val, g, h = loss_terms(loss, eta, P.v, power)
     if c is not None:
         g = g * c[:, None]
+        val = val * c[:, None]
     grad = mmchain(P.X, None, v=g, z=P.z, alpha=P.alpha, beta=P.beta, intercept=P.intercept, backend=backend,
                    deterministic=deterministic)
-    return grad, eta, val, h
+    return grad, val.sum(0, dtype=torch.float64), eta, h
