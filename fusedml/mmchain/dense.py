@@ -228,7 +228,8 @@ def _mmchain_onchip_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     else:
         acc = tl.zeros([M_PAD, BLOCK_D], dtype=ACC)
-    psum = tl.zeros([M_PAD], dtype=ACC)
+    if INTERCEPT:  # sum_i p_i per row slot, reduced once at the end (a per-tile tl.sum over rows
+        psum = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)  # is a cross-warp reduction: two barriers)
     if LOSS > 0:
         # sum_i c_i loss_i in float64 (the solvers compare objectives that differ in the 7th
         # digit), reduced over the tile rows once at the end
@@ -255,7 +256,7 @@ def _mmchain_onchip_kernel(
                 t += yi[None, :]
         if not PREFETCH:  # loaded after t, as before prefetching existed (fewer live registers)
             vv = _load_v(V, rows, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
-        if LOSS > 0:  # V holds the targets: p = alpha * c * loss'(t); t, loss(t), loss''(t) stored
+        if LOSS > 0:  # V holds the targets: p = alpha * c * loss'(t); loss''(t) (and t) stored
             p, lv = _loss_p(t, vv, rows, jm, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C, STORE_ETA, ACC)
             lsum += lv.to(tl.float64)
         else:
@@ -265,11 +266,13 @@ def _mmchain_onchip_kernel(
         else:
             acc = _xtp(acc, x, p, MODE)
         if INTERCEPT:
-            psum += tl.sum(p, axis=0)
+            psum += p
     if MODE == 0:
         acc = tl.sum(acc, axis=0, keep_dims=True)  # [1, BLOCK_D]
     if LOSS > 0:
         tl.store(LPART + pid * M + jm, tl.sum(lsum, axis=0), mask=jm < M)
+    if INTERCEPT:
+        psum = tl.sum(psum, axis=0)  # [M_PAD]
     offs = cols[None, :].to(tl.int64) * M + jm[:, None]  # [M_PAD, BD] into [Dx, M]
     omask = (cols[None, :] < D) & (jm[:, None] < M)
     if DETERMINISTIC:
@@ -689,6 +692,12 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype) -> DenseConfig:
     """
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
+    if cfg.mode == "vector":
+        # the epilogue's Hessian-weight store is a layout conversion (two barriers) per tile: keep
+        # the next tile's loads in flight across it, with half the warps for the registers (H200
+        # sweep, benchmarks/results/solver_ops-H200-2026-12-03-s4-b.json: 1M x 100 0.171 ms
+        # against 0.219, 2M x 256 0.691 against 1.376, 4M x 64 0.334 against 0.436)
+        return replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
     if cfg.mode == "small":
         if acc == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
