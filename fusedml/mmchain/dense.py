@@ -664,11 +664,13 @@ def _split(x: float):
     return hi, float(np.float32(x - hi))
 
 
-def _config(P: Problem, config: dict | None) -> DenseConfig:
+def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
     X = P.X
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
-    cfg = cfg.with_overrides(config)
+    if loss:  # the loss pass's launch, then the caller's overrides on top
+        cfg = loss_config(loss_config(cfg, P.acc_dtype).with_overrides(config), P.acc_dtype, tuned=True)
+    cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
@@ -682,17 +684,18 @@ def _config(P: Problem, config: dict | None) -> DenseConfig:
     return cfg
 
 
-def loss_config(cfg: DenseConfig, acc: torch.dtype) -> DenseConfig:
+def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> DenseConfig:
     """The launch of a fused loss-gradient pass: the onchip kernel only (its t tile holds whole rows).
 
     The "small" mode (unrolled right-hand sides) has no loss epilogue: its m <= 4 problems take the
     onchip kernel's padded ``tl.dot`` (fp64: 3-D broadcast), as the matvec kernel does. Wide rows
     (chunked / cooperative strategies) raise ``NotImplementedError``: the caller composes the pass
-    from ``matvec`` and ``mmchain`` instead (X read twice).
+    from ``matvec`` and ``mmchain`` instead (X read twice). ``tuned``: only check and convert (the
+    launch already adjusted, e.g. after a caller's overrides).
     """
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
-    if cfg.mode == "vector":
+    if cfg.mode == "vector" and not tuned:
         # the epilogue's Hessian-weight store is a layout conversion (two barriers) per tile: keep
         # the next tile's loads in flight across it, with half the warps for the registers (H200
         # sweep, benchmarks/results/solver_ops-H200-2026-12-03-s4-b.json: 1M x 100 0.171 ms
@@ -793,9 +796,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         ``c * loss`` ``[P, m]``.
     """
     X, N, D, M, Dx, acc = P.X, P.N, P.D, P.m, P.Dx, P.acc_dtype
-    cfg = _config(P, config)
-    if loss is not None:
-        cfg = loss_config(cfg, acc)
+    cfg = _config(P, config, loss=loss is not None)
     n_tiles = triton.cdiv(N, cfg.block_n)
     grid = max(1, min(cfg.num_programs, n_tiles))
     dev = X.device
