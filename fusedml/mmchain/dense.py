@@ -344,70 +344,18 @@ def _small_out(acc, psum, W, PART, pid, cols, j: tl.constexpr, D, M,
 
 
 @triton.jit
-def _small_lmax(t0, t1, t2, t3, rows, M, LOSS: tl.constexpr):
-    # multinomial: max_j t_j over the M classes (columns j >= M hold no class); 0 otherwise
-    if LOSS == 3:
-        neg = float("-inf")
-        mx = tl.maximum(tl.maximum(t0, tl.where((rows * 0 + 1) < M, t1, neg)),
-                        tl.maximum(tl.where((rows * 0 + 2) < M, t2, neg), tl.where((rows * 0 + 3) < M, t3, neg)))
-    else:
-        mx = t0 * 0.0
-    return mx
-
-
-@triton.jit
-def _small_lse(t0, t1, t2, t3, mx, rows, M, LOSS: tl.constexpr):
-    # multinomial: sum_j exp(t_j - max) over the M classes ([BN]); unused otherwise
-    if LOSS == 3:
-        se = (tl.exp(t0 - mx) + tl.where((rows * 0 + 1) < M, tl.exp(t1 - mx), 0.0)
-              + tl.where((rows * 0 + 2) < M, tl.exp(t2 - mx), 0.0) + tl.where((rows * 0 + 3) < M, tl.exp(t3 - mx), 0.0))
-    else:
-        se = mx
-    return se
-
-
-@triton.jit
-def _small_loss(t, y, mx, se, rows, j: tl.constexpr, N, M, alpha, power, C, ETA, HW, LOSS: tl.constexpr,
-                HAS_C: tl.constexpr, STORE_ETA: tl.constexpr, ACC: tl.constexpr):
-    # column j of the loss epilogue on [BN] vectors: stores loss''(t_j) (and t_j) into [N, M];
-    # returns p_j = alpha * c * loss'(t_j) and c * loss(t_j) (multinomial: the onchip kernel's
-    # columns, logsumexp in column 0 and -y_j t_j in each)
-    ok = (rows < N) & ((rows * 0 + j) < M)
-    if LOSS == 3:
-        pr = tl.exp(t - mx) / se
-        g = pr - y
-        h = pr
-        val = -y * t
-        if j == 0:
-            val += mx + tl.log(se)
-    else:
-        val, g, h = _loss_terms(t, y, rows, M, power, LOSS)
-    o = rows * M + j
-    tl.store(HW + o, h, mask=ok)
-    if STORE_ETA:
-        tl.store(ETA + o, t, mask=ok)
-    if HAS_C:
-        cc = tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)
-        g = g * cc
-        val = val * cc
-    return tl.where(ok, g * alpha, 0.0), tl.where(ok, val, 0.0)
-
-
-@triton.jit
 def _mmchain_small_kernel(
     X,  # [N, D] any strides, fp32/fp64/bf16/fp16
     Y,  # [Dx, M] accumulation dtype (unused when XTY)
     V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
     W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
     PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
-    C, ETA, LPART, HW,  # LOSS > 0: as in _mmchain_onchip_kernel
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
-    alpha_hi, alpha_lo, power,
+    alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
-    LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr,
 ):
     # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled, so every
     # tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
@@ -425,11 +373,6 @@ def _mmchain_small_kernel(
         acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
-    if LOSS > 0:  # per-column sums of c * loss in float64, reduced over the rows at the end
-        ls0 = tl.zeros([BLOCK_N], dtype=tl.float64)
-        ls1 = ls0
-        ls2 = ls0
-        ls3 = ls0
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH:
         x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
@@ -450,53 +393,22 @@ def _mmchain_small_kernel(
             t3, v3 = _small_col(x, Y, V, rows, cols, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
                                 HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
             s += v2 * t2 + v3 * t3
-        if LOSS > 0:  # v holds the targets; loss''(t) (and t) stored per column, c * loss summed
-            if M_PAD == 2:
-                t2 = tl.zeros([BLOCK_N], dtype=ACC)
-                t3 = t2
-                v2 = t2
-                v3 = t2
-            mx = _small_lmax(t0, t1, t2, t3, rows, M, LOSS)
-            se = _small_lse(t0, t1, t2, t3, mx, rows, M, LOSS)
-            p0, lv = _small_loss(t0, v0, mx, se, rows, 0, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C,
-                                 STORE_ETA, ACC)
-            ls0 += lv.to(tl.float64)
-            p1, lv = _small_loss(t1, v1, mx, se, rows, 1, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C,
-                                 STORE_ETA, ACC)
-            ls1 += lv.to(tl.float64)
-            if M_PAD > 2:
-                p2, lv = _small_loss(t2, v2, mx, se, rows, 2, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C,
-                                     STORE_ETA, ACC)
-                ls2 += lv.to(tl.float64)
-                p3, lv = _small_loss(t3, v3, mx, se, rows, 3, N, M, alpha, power, C, ETA, HW, LOSS, HAS_C,
-                                     STORE_ETA, ACC)
-                ls3 += lv.to(tl.float64)
-        else:
-            p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            if M_PAD > 2:
-                p2 = _small_p(t2, v2, s, rows, 2, N, M, alpha, XTY, HAS_V, SOFTMAX)
-                p3 = _small_p(t3, v3, s, rows, 3, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
         acc0 += x * p0[:, None]
         acc1 += x * p1[:, None]
         if INTERCEPT:
             ps0 += p0
             ps1 += p1
         if M_PAD > 2:
+            p2 = _small_p(t2, v2, s, rows, 2, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p3 = _small_p(t3, v3, s, rows, 3, N, M, alpha, XTY, HAS_V, SOFTMAX)
             acc2 += x * p2[:, None]
             acc3 += x * p3[:, None]
             if INTERCEPT:
                 ps2 += p2
                 ps3 += p3
         rows += nprog * BLOCK_N
-    if LOSS > 0:
-        tl.store(LPART + pid * M, tl.sum(ls0, axis=0))
-        tl.store(LPART + pid * M + 1, tl.sum(ls1, axis=0))
-        if M_PAD > 2:
-            if M > 2:
-                tl.store(LPART + pid * M + 2, tl.sum(ls2, axis=0))
-            if M > 3:
-                tl.store(LPART + pid * M + 3, tl.sum(ls3, axis=0))
     _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
     _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
     if M_PAD > 2:
@@ -775,7 +687,8 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
 def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> DenseConfig:
     """The launch of a fused loss-gradient pass: the onchip kernel only (its t tile holds whole rows).
 
-    Onchip modes (vector, small, dot, elementwise) all have the epilogue. Wide rows
+    The "small" mode (unrolled right-hand sides) has no loss epilogue: its m <= 4 problems take the
+    onchip kernel's padded ``tl.dot`` (fp64: 3-D broadcast), as the matvec kernel does. Wide rows
     (chunked / cooperative strategies) raise ``NotImplementedError``: the caller composes the pass
     from ``matvec`` and ``mmchain`` instead (X read twice). ``tuned``: only check and convert (the
     launch already adjusted, e.g. after a caller's overrides).
@@ -788,6 +701,10 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
         # sweep, benchmarks/results/solver_ops-H200-2026-12-03-s4-b.json: 1M x 100 0.171 ms
         # against 0.219, 2M x 256 0.691 against 1.376, 4M x 64 0.334 against 0.436)
         return replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
+    if cfg.mode == "small":
+        if acc == torch.float64:
+            return replace(cfg, mode="elementwise", prefetch=False)
+        return replace(cfg, mode="dot", m_pad=16, block_n=max(16, cfg.block_n), prefetch=False)
     return cfg
 
 
@@ -905,8 +822,10 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         lead, mid = (X, y, v, w, part), ()
         if cfg.strategy == "chunked":
             kernel, extra = _mmchain_chunked_kernel, {}
+        elif cfg.mode == "small":
+            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
         else:
-            kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
+            kernel = _mmchain_onchip_kernel
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
             lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
