@@ -670,6 +670,11 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     if loss:  # the loss pass's launch, then the caller's overrides on top
         cfg = loss_config(loss_config(cfg, P.acc_dtype).with_overrides(config), P.acc_dtype, tuned=True)
+    elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
+        # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,
+        # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
+        # buffer with half the warps: 0.12 / 0.49 / 0.25 ms against 0.16 / 0.64 / 0.34
+        cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
     cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
@@ -704,7 +709,10 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     if cfg.mode == "small":
         if acc == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
-        return replace(cfg, mode="dot", m_pad=16, block_n=max(16, cfg.block_n), prefetch=False)
+        # 32-row tiles: the H200 sweeps of 1M x 100, m = 3 (solver_ops-H200-2026-12-03-s4-a/b):
+        # 0.574 / 0.586 ms against 0.828 at 16 rows (the sm_90 compile spills at 8 warps, yet it
+        # was the fastest point; the composed matvec + X^T v took 0.671)
+        return replace(cfg, mode="dot", m_pad=16, block_n=max(32, cfg.block_n), prefetch=False)
     return cfg
 
 
