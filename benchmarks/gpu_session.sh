@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh OUTDIR [part ...]   (parts: see the case list below; default all)
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
-parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests solver-ops profile distributed}
+parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests solver-ops profile profile-gmm distributed}
 log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
 export PYTHONUNBUFFERED=1
 run() {  # name seconds command...
@@ -33,6 +33,8 @@ for p in $parts; do
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
+    profile-gmm) run profile-gmm 120 python3 benchmarks/profile_fit.py --shape 1000000x16 --algo gmm \
+                   --cprofile 30 --out "$out/profile_fit_gmm.json" ;;
     distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;
   esac
 done

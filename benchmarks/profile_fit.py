@@ -129,14 +129,17 @@ def host_profile(make, X, y, k):
 
 
 def main(argv=None):
-    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
-    from datasets.synthetic import make_dense
+    from algorithms import GaussianMixture, LinearSVC, LogisticRegression, PoissonRegressor, Ridge
+    from datasets.synthetic import make_dense, make_gmm
 
     algos = {
         "logistic": (LogisticRegression, "binary", {"C": 1.0, "tol": 1e-6, "max_iter": 100}),
         "linearsvc": (LinearSVC, "binary", {"C": 1.0, "tol": 1e-6, "max_iter": 100}),
         "poisson": (PoissonRegressor, "counts", {"alpha": 1e-3, "tol": 1e-6, "max_iter": 100}),
         "ridge": (Ridge, "regression", {"alpha": 1.0, "tol": 1e-6, "max_iter": 100}),
+        # the end-to-end benchmark's mixture: K = 16 diagonal components on synthetic-gmm data
+        "gmm": (GaussianMixture, "gmm", {"n_components": 16, "covariance_type": "diag", "max_iter": 100,
+                                          "tol": 1e-3, "random_state": 0, "reg_covar": 1e-6}),
     }
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", default=None, help="NxD (repeatable); default 1000000x100")
@@ -157,10 +160,14 @@ def main(argv=None):
         n, d = (int(s) for s in shape.lower().split("x"))
         for be in args.backends:
             ds = make_dense(n, d, "binary", device=dev, return_torch=True)
-            op_rows += [dict(r, shape=shape) for r in operator_rows(ds.X, be, args.calls)]
+            if any(a != "gmm" for a in algo_names):
+                op_rows += [dict(r, shape=shape) for r in operator_rows(ds.X, be, args.calls)]
             for a in algo_names:
                 cls, task, params = algos[a]
-                if task != "binary":
+                if task == "gmm":
+                    ds = make_gmm(n, d, params["n_components"], separation=4.0, covariance_type="diag",
+                                  device=dev, return_torch=True)
+                elif task != "binary":
                     ds = make_dense(n, d, task, signal=0.5, device=dev, return_torch=True)
                 r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y)
                 if args.cprofile and be == "fused":
