@@ -2,8 +2,8 @@
 
     python benchmarks/report.py benchmarks/results/mmchain-*.json benchmarks/results/gmm-*.json ...
 
-Each file is recognised by its rows (bench_mmchain, bench_gmm, bench_end_to_end,
-bench_streaming) and printed as one table with the columns the README shows.
+Each file is recognised by its rows (bench_mmchain, bench_solver_ops, bench_gmm,
+bench_end_to_end, bench_streaming) and printed as one table with the columns the README shows.
 """
 from __future__ import annotations
 
@@ -52,6 +52,18 @@ def gmm_table(rows):
     return _common.markdown_table(out, list(out[0]))
 
 
+def solver_ops_table(rows):
+    """bench_solver_ops rows: each solver pass, fused (model pick and sweep best) against ops."""
+    out = []
+    for r in rows:
+        out.append({"N x D": r["shape"], "m": r["m"], "pass": r["pass"], "floor ms": r["floor_ms"],
+                    "fused ms": r["fused_ms"], "% of floor": r["%floor"], "sweep best ms": r.get("best_ms"),
+                    "ops ms": r["ops_ms"], "speed-up": f"{_fmt(r['speedup'])}x", "rel err": r["rel_err"]})
+    cols = ["N x D", "m", "pass", "floor ms", "fused ms", "% of floor", "sweep best ms", "ops ms", "speed-up",
+            "rel err"]
+    return _common.markdown_table(out, cols)
+
+
 def main(paths):
     from fusedml import bench
 
@@ -60,7 +72,9 @@ def main(paths):
             d = json.load(f)
         rows = d["rows"]
         print(f"\n<!-- {os.path.basename(p)} -->")
-        if rows and "fused_ms" in rows[0]:
+        if rows and "pass" in rows[0]:
+            print(solver_ops_table(rows))
+        elif rows and "fused_ms" in rows[0]:
             print(mmchain_table(rows))
         elif rows and "single_over_two" in rows[0]:
             print(gmm_table(rows))
