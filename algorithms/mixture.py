@@ -310,30 +310,35 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None):
     -------
     numpy.ndarray
         ``[K]`` int64 indices of the chosen rows.
+
+    Every decision stays on X's device (one host sync at the end for an in-memory X; a streamed
+    X fetches the candidate rows through the host).
     """
     N = X.shape[0]
     n_local_trials = 2 + int(np.log(n_clusters))
     sw = sample_weight
     first = int(random_state.choice(N, p=_choice_p(N, sw, _np_dtype(X))))
-    indices = [first]
     shift = _data_mean(X)
     closest = _sq_dist_to_rows(X, _take_rows(X, [first]), shift)[0]  # [N]
     wclosest = closest if sw is None else closest * sw
-    pot = float(wclosest.sum())
+    pot = wclosest.sum()  # 0-d, on the device: the loop needs no host sync for an in-memory X
+    dev = closest.device
+    on_device = not _is_streamed(X)
+    indices = [torch.tensor(first, device=dev)]
     for _ in range(1, n_clusters):
-        rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials) * pot, dtype=_F64,
-                                    device=closest.device)
+        # the same draws as scikit-learn (uniform * pot in float64), scaled on the device
+        rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials), dtype=_F64, device=dev) * pot
         cand = torch.searchsorted(torch.cumsum(wclosest, 0), rand_vals).clamp_(max=N - 1)
-        cand_np = cand.cpu().numpy()
-        dist = _sq_dist_to_rows(X, _take_rows(X, cand_np), shift)  # [L, N]
+        rows = X[cand].to(_F64) if on_device else _take_rows(X, cand.cpu().numpy())
+        dist = _sq_dist_to_rows(X, rows, shift)  # [L, N]
         torch.minimum(dist, closest[None, :], out=dist)
         pots = dist.sum(1) if sw is None else dist @ sw
-        best = int(torch.argmin(pots))
-        pot = float(pots[best])
+        best = torch.argmin(pots)
+        pot = pots[best]
         closest = dist[best]
         wclosest = closest if sw is None else closest * sw
-        indices.append(int(cand_np[best]))
-    return np.asarray(indices, dtype=np.int64)
+        indices.append(cand[best])
+    return torch.stack(indices).cpu().numpy().astype(np.int64)  # the one host sync
 
 
 def _random_rows(N, n_clusters, random_state, np_dtype, sample_weight=None):
@@ -442,8 +447,9 @@ def _inertia(X, labels, centers, sample_weight=None):
     return float(total)
 
 
-def _lloyd_fused_iter(X, centers, sample_weight, shift):
-    """One fused Lloyd step (:func:`fusedml.lloyd_step`): labels, new centres, shift, inertia.
+def _lloyd_fused_iter(X, centers, sample_weight, shift, labels_old=None):
+    """One fused Lloyd step (:func:`fusedml.lloyd_step`): labels, new centres, shift, inertia and
+    whether the labels equal ``labels_old`` (scikit-learn's strict convergence), in ONE host sync.
 
     Returns ``new = None`` when a cluster came out empty: the caller then runs the
     relocation of :func:`_lloyd_update` with these labels (scikit-learn's rule).
@@ -453,11 +459,13 @@ def _lloyd_fused_iter(X, centers, sample_weight, shift):
     r = lloyd_step(X, centers, sample_weight=sample_weight, shift=shift, backend="fused", check_finite=False)
     c64 = centers.to(_F64)
     new = r.sums / r.counts.clamp(min=torch.finfo(_F64).tiny)[:, None]
-    empty, shift_sq, inertia = torch.stack([(r.counts <= 0).any().to(_F64), ((new - c64) ** 2).sum(),
-                                            r.inertia]).tolist()  # one host sync
+    same = (torch.zeros((), dtype=_F64, device=c64.device) if labels_old is None
+            else (r.labels == labels_old).all().to(_F64))
+    empty, shift_sq, inertia, same = torch.stack([(r.counts <= 0).any().to(_F64), ((new - c64) ** 2).sum(),
+                                                  r.inertia, same]).tolist()  # one host sync
     if empty:
-        return r.labels, None, None, None
-    return r.labels, new, shift_sq, inertia
+        return r.labels, None, None, None, bool(same)
+    return r.labels, new, shift_sq, inertia, bool(same)
 
 
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None):
@@ -480,8 +488,10 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     fused = backend == "fused" and isinstance(X, torch.Tensor) and X.dtype != _F64
     shift = centers.to(_F64).mean(0) if fused else None  # any central point: no extra pass over X
     for i in range(max_iter):
+        same = None  # labels == labels_old, when the fused step already knows it
         if fused:  # assignment and centre sums in one pass (fusedml.lloyd_step)
-            labels, new, shift_sq, inertia_old = _lloyd_fused_iter(X, centers, sample_weight, shift)
+            labels, new, shift_sq, inertia_old, same = _lloyd_fused_iter(X, centers, sample_weight, shift,
+                                                                          labels_old)
         if not fused or new is None:
             labels = _assign(X, centers, backend) if not fused else labels
             new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
@@ -492,7 +502,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
                             "step": shift_sq, "time": time.perf_counter() - t0})
         centers = new
         n_iter = i + 1
-        if labels_old is not None and torch.equal(labels, labels_old):
+        if labels_old is not None and (same if same is not None else torch.equal(labels, labels_old)):
             if verbose:
                 print(f"Converged at iteration {i}: strict convergence.")
             strict = converged = True
