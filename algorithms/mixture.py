@@ -324,10 +324,14 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None):
     pot = wclosest.sum()  # 0-d, on the device: the loop needs no host sync for an in-memory X
     dev = closest.device
     on_device = not _is_streamed(X)
-    indices = [torch.tensor(first, device=dev)]
-    for _ in range(1, n_clusters):
-        # the same draws as scikit-learn (uniform * pot in float64), scaled on the device
-        rand_vals = torch.as_tensor(random_state.uniform(size=n_local_trials), dtype=_F64, device=dev) * pot
+    # scikit-learn draws uniform(size=L) per centre and scales it by the potential; the same
+    # numbers drawn at once (RandomState yields them in the same order) travel in ONE copy (a
+    # pageable host-to-device copy synchronises the stream: one per centre would stall the queue)
+    draws = torch.as_tensor(random_state.uniform(size=(max(n_clusters - 1, 0), n_local_trials)), dtype=_F64)
+    draws = draws.to(dev)
+    indices = [torch.full((), first, dtype=torch.int64).to(dev)]
+    for c in range(1, n_clusters):
+        rand_vals = draws[c - 1] * pot
         cand = torch.searchsorted(torch.cumsum(wclosest, 0), rand_vals).clamp_(max=N - 1)
         rows = X[cand].to(_F64) if on_device else _take_rows(X, cand.cpu().numpy())
         dist = _sq_dist_to_rows(X, rows, shift)  # [L, N]
