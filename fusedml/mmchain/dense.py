@@ -10,7 +10,10 @@ Strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md
   with ``DETERMINISTIC``, a plain store into row ``pid`` of a ``[P, Dx*m]`` partials buffer that
   ``_reduce_partials_kernel`` sums in a fixed order.
   With ``PREFETCH`` the next row tile (and its v) is loaded into registers before the current
-  one is used: two tiles of loads in flight per program (short rows, 2-byte storage).
+  one is used: two tiles of loads in flight per program (short rows, 2-byte storage, and the
+  solvers' passes with an intercept). With ``LOSS`` (:func:`fusedml.loss_gradient`) v holds the
+  targets and ``p = alpha * c * loss'(t)``: the tile's Hessian weights (and t) are stored and
+  ``c * loss(t)`` is summed in float64 registers into a per-program partial.
 * ``_mmchain_small_kernel`` -- the same for 2 <= m <= 4 with the right-hand sides unrolled: one
   ``[BLOCK_N, BLOCK_D]`` accumulator per column of y, so every tensor keeps X's 2-D load layout
   (a 3-D ``[BN, m, BD]`` broadcast or a ``tl.dot`` padded to m = 16 cost 4-10x the instructions).
@@ -23,8 +26,11 @@ Strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md
   the chunks backwards (the most recently read first: they are still in L2) and adds the chunk's
   ``X_b^T p`` with atomics (or into the program's partials row: deterministic).
 
+* ``_matvec_kernel`` -- ``t = [X,1] y``: persistent programs over row tiles.
+
 Row offsets are int64; column offsets are cast to int64 before multiplying by the column stride
-(column-major X has stride N). Accumulation is fp32 (fp64 for fp64 X); alpha is passed as an
+(column-major X has stride N). ``VEC`` tells the compiler that row starts and D are multiples of a
+16-byte vector when they are (Triton assumes it only for arguments divisible by 16). Accumulation is fp32 (fp64 for fp64 X); alpha is passed as an
 fp32 hi/lo pair so that fp64 runs keep full precision.
 """
 from __future__ import annotations
