@@ -451,25 +451,19 @@ def _inertia(X, labels, centers, sample_weight=None):
     return float(total)
 
 
-def _lloyd_fused_iter(X, centers, sample_weight, shift, labels_old=None):
-    """One fused Lloyd step (:func:`fusedml.lloyd_step`): labels, new centres, shift, inertia and
-    whether the labels equal ``labels_old`` (scikit-learn's strict convergence), in ONE host sync.
+def _lloyd_fused_iter(it, centers, labels_old=None):
+    """One fused Lloyd step (:class:`fusedml.kmeans.LloydIterations`): labels (int32), new
+    centres, shift, inertia and whether the labels equal ``labels_old``, in ONE host sync.
 
     Returns ``new = None`` when a cluster came out empty: the caller then runs the
     relocation of :func:`_lloyd_update` with these labels (scikit-learn's rule).
     """
-    from fusedml import lloyd_step
-
-    r = lloyd_step(X, centers, sample_weight=sample_weight, shift=shift, backend="fused", check_finite=False)
-    c64 = centers.to(_F64)
-    new = r.sums / r.counts.clamp(min=torch.finfo(_F64).tiny)[:, None]
-    same = (torch.zeros((), dtype=_F64, device=c64.device) if labels_old is None
-            else (r.labels == labels_old).all().to(_F64))
-    empty, shift_sq, inertia, same = torch.stack([(r.counts <= 0).any().to(_F64), ((new - c64) ** 2).sum(),
-                                                  r.inertia, same]).tolist()  # one host sync
+    labels, new, out = it.step(centers, labels_old)
+    empty, shift_sq, inertia, changed = out.tolist()  # one host sync
+    same = labels_old is not None and changed == 0
     if empty:
-        return r.labels, None, None, None, bool(same)
-    return r.labels, new, shift_sq, inertia, bool(same)
+        return labels, None, None, None, same
+    return labels, new, shift_sq, inertia, same
 
 
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None):
@@ -477,8 +471,9 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
 
     Per iteration: one fused assignment pass (``gmm_score``) and one update pass (weighted by
     ``sample_weight`` [N] float64, or unweighted if None; the assignment never depends on it).
-    With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass
-    (:func:`fusedml.lloyd_step`, no ``[N, K]`` and no contended atomics).
+    With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass and the
+    centre update on the device (:class:`fusedml.kmeans.LloydIterations`: no ``[N, K]``, no
+    contended atomics, two launches and one host sync per iteration).
 
     Returns
     -------
@@ -490,15 +485,21 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     strict = converged = False
     n_iter = 0
     fused = backend == "fused" and isinstance(X, torch.Tensor) and X.dtype != _F64
-    shift = centers.to(_F64).mean(0) if fused else None  # any central point: no extra pass over X
+    it = None
+    if fused:
+        from fusedml.kmeans import LloydIterations, lloyd_plan
+
+        fused = lloyd_plan(X.shape[0], X.shape[1], centers.shape[0], X.device) is not None
+        if fused:  # shift: any central point (the initial centres' mean): no extra pass over X
+            it = LloydIterations(X, sample_weight, centers.to(_F64).mean(0), centers.shape[0])
     for i in range(max_iter):
         same = None  # labels == labels_old, when the fused step already knows it
-        if fused:  # assignment and centre sums in one pass (fusedml.lloyd_step)
-            labels, new, shift_sq, inertia_old, same = _lloyd_fused_iter(X, centers, sample_weight, shift,
-                                                                          labels_old)
+        if fused:  # assignment, centre sums and the update: two kernels, one host sync
+            labels, new, shift_sq, inertia_old, same = _lloyd_fused_iter(it, centers, labels_old)
         if not fused or new is None:
-            labels = _assign(X, centers, backend) if not fused else labels
-            new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
+            lab64 = _assign(X, centers, backend) if not fused else labels.long()
+            new, shift_sq, inertia_old = _lloyd_update(X, lab64, centers, sample_weight)
+            labels = labels if fused else lab64  # the fused loop keeps int32 labels
         if verbose:
             print(f"Iteration {i}, inertia {inertia_old}.")
         if history is not None:
@@ -519,6 +520,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
         labels_old = labels
     if not strict:  # labels consistent with the final centres
         labels = _assign(X, centers, backend)
+    labels = labels.long()
     return centers, labels, _inertia(X, labels, centers, sample_weight), n_iter, converged
 
 

@@ -128,6 +128,43 @@ def test_benchmark_smoke(tmp_path):
     assert all(r["label_agreement"] == 1.0 and r["rel_err_sums"] < 1e-5 and r["path"] == "fused" for r in rows)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_lloyd_iterations_match_lloyd_step(rng, weighted):
+    """LloydIterations.step (kernel + reduction + finalising kernel) = lloyd_step + the host update."""
+    N, D, K = 500, 6, 5
+    X = torch.from_numpy(rng.standard_normal((N, D)) * 2 + 3.0).float()
+    C = X[:K].double() + 0.1
+    w = torch.from_numpy(rng.random(N)).float() if weighted else None
+    shift = C.mean(0)
+    it = km.LloydIterations(X, w, shift, K)
+    labels, new, out = it.step(C)
+    r = fusedml.lloyd_step(X, C, sample_weight=w, shift=shift, backend="fused", check_finite=False)
+    assert labels.dtype == torch.int32 and torch.equal(labels.long(), r.labels)
+    ref_new = r.sums / r.counts[:, None]
+    assert _relerr(new, ref_new) < 1e-12
+    empty, shift_sq, inertia, changed = out.tolist()
+    assert empty == 0 and changed == 0
+    assert shift_sq == pytest.approx(float(((ref_new - C) ** 2).sum()), rel=1e-10)
+    assert inertia == pytest.approx(float(r.inertia), rel=1e-10)
+    # the second step starts from the finalising kernel's shifted centres; labels compared
+    old = labels.clone()
+    old[:7] = (old[:7] + 1) % K  # 7 labels that the step will not reproduce
+    labels2, new2, out2 = it.step(new, old)
+    r2 = fusedml.lloyd_step(X, new, sample_weight=w, shift=shift, backend="fused", check_finite=False)
+    assert torch.equal(labels2.long(), r2.labels)
+    assert _relerr(new2, r2.sums / r2.counts[:, None]) < 1e-10
+    assert out2.tolist()[3] == float((labels2 != old).sum())
+    # a cluster left empty is reported (its centre far from every row)
+    far = torch.cat([C[:-1], torch.full((1, D), 1e3, dtype=torch.float64)])
+    assert km.LloydIterations(X, w, shift, K).step(far)[2].tolist()[0] == 1.0
+
+
+def test_lloyd_iterations_rejects_unplanned():
+    X = torch.zeros(10, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="no fused Lloyd plan"):
+        km.LloydIterations(X, None, torch.zeros(4, dtype=torch.float64), 3)
+
+
 def _aot():
     import triton
     from triton.backends.compiler import GPUTarget
@@ -136,22 +173,28 @@ def _aot():
     target = GPUTarget("cuda", 90, 32)
     fn = km._lloyd_kernel
     types = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp32", CSQ="*fp32", SHIFT="*fp32", W="*fp32",
-                 LAB="*i32", PSUM="*fp32", PCNT="*fp32", PINR="*fp32", N="i32", D="i32", K="i32",
-                 n_tiles="i32")
+                 LAB="*i32", LAB_OLD="*i32", PART="*fp32", N="i32", D="i32", K="i32", n_tiles="i32")
     for (D, K) in [(16, 16), (64, 64), (2, 128), (128, 8), (8, 8), (32, 256)]:
         p = km.lloyd_plan(1 << 20, D, K)
-        consts = dict(HAS_W=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"],
-                      USE_DOT=p["USE_DOT"])
+        consts = dict(HAS_W=True, HAS_OLD=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
+                      BLOCK_K=p["BLOCK_K"], USE_DOT=p["USE_DOT"])
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
         assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
         print("AOT", D, K, k.metadata.shared)
+    fin = km._lloyd_finalize_kernel
+    ftypes = dict(RED="*fp64", C="*fp64", SHIFT="*fp64", NEW="*fp64", CS="*fp32", CSQ="*fp32", OUT="*fp64",
+                  K="i32", D="i32")
+    consts = dict(BLOCK_K=256, BLOCK_D=32)  # the largest accumulator of the plan (K = 256, D = 32)
+    sig = {a: ("constexpr" if a in consts else ftypes[a]) for a in fin.arg_names}
+    triton.compile(ASTSource(fin, sig, consts), target=target, options=dict(num_warps=4))
+    print("AOT finalize")
 
 
 def test_kernel_compiles_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 6, tools=('ptxas',))
+    run_aot(__file__, 7, tools=('ptxas',))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
