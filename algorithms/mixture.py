@@ -337,11 +337,11 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None):
         dist = _sq_dist_to_rows(X, rows, shift)  # [L, N]
         torch.minimum(dist, closest[None, :], out=dist)
         pots = dist.sum(1) if sw is None else dist @ sw
-        best = torch.argmin(pots)
-        pot = pots[best]
-        closest = dist[best]
+        best = torch.argmin(pots).reshape(1)  # [1]: indexing with a 0-d tensor would read it on the host
+        pot = pots.index_select(0, best)[0]
+        closest = dist.index_select(0, best)[0]
         wclosest = closest if sw is None else closest * sw
-        indices.append(cand[best])
+        indices.append(cand.index_select(0, best)[0])
     return torch.stack(indices).cpu().numpy().astype(np.int64)  # the one host sync
 
 
