@@ -165,3 +165,35 @@ def test_loss_gradient_bad_inputs():
     with pytest.raises(ValueError, match="NaN or infinity|not finite|NaN"):
         fusedml.loss_gradient(X, w, torch.full((20,), float("nan")), loss="logistic", check_finite=True)
     assert set(LOSSES) == {"logistic", "squared_hinge", "multinomial", "poisson", "gamma", "tweedie", "squared_error"}
+
+
+def _bench_module(name):
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "benchmarks", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_solver_ops_smoke(tmp_path):
+    """benchmarks/bench_solver_ops.py on its CPU shapes: every pass runs and matches float64."""
+    import json
+
+    out = tmp_path / "s.json"
+    rows = _bench_module("bench_solver_ops").main(["--shapes", "300x10", "200x20x3", "--out", str(out)])
+    assert len(rows) == 8 and json.loads(out.read_text())["rows"][0]["pass"] == "loss+grad (logistic)"
+    assert all(r["rel_err"] < 1e-5 and r["fused_ms"] > 0 and r["ops_ms"] > 0 for r in rows)
+
+
+def test_profile_fit_smoke(tmp_path):
+    """benchmarks/profile_fit.py on a tiny fit: one row per backend with the fit's iterations."""
+    import json
+
+    out = tmp_path / "p.json"
+    _bench_module("profile_fit").main(["--shape", "300x6", "--calls", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["fused", "ops"] and all(r["n_iter"] >= 1 for r in rows)
+    assert all(r["wall_ms"] > 0 for r in rows)
