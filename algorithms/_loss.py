@@ -583,6 +583,19 @@ class LinearObjective:
         """A zero W [D~, K]."""
         return torch.zeros(self.n_rows, self.n_cols, dtype=self.dtype, device=self.device)
 
+    def _penalised(self, f, W):
+        """``f + l2/2 ||mask * W||^2`` per problem ([P] float64)."""
+        if self.l2 == 0.0:
+            return f
+        Wm = W * self.mask if self.fit_intercept else W
+        return f + (0.5 * self.l2) * self._colsum64(Wm * Wm)
+
+    def _hstate(self, H, c, alpha):
+        """What :meth:`hessp` needs: the Hessian weights (or the softmax P), ``c`` [N, 1] or None."""
+        if self.loss.softmax_hessian:
+            return {"P": H, "c": c, "alpha": alpha}
+        return {"h": H if c is None else H * c, "alpha": alpha}
+
     # -- the three passes -----------------------------------------------------------------
     def evaluate(self, W):
         """Objective at W: a state dict with ``f`` [P] float64 and ``eta`` (the margins, [N, K]).
@@ -600,10 +613,7 @@ class LinearObjective:
             f = self._colsum64(L) * self.weights
         else:
             f = self._colsum64(L * self.weights[:, None])
-        if self.l2 != 0.0:
-            Wm = W * self.mask if self.fit_intercept else W
-            f = f + (0.5 * self.l2) * self._colsum64(Wm * Wm)
-        return {"W": W, "eta": eta, "f": f}
+        return {"W": W, "eta": eta, "f": self._penalised(f, W)}
 
     def gradient(self, state):
         """Gradient [D~, K] at ``state`` (one mmchain) and the Hessian state for :meth:`hessp`."""
@@ -623,11 +633,7 @@ class LinearObjective:
             g = g.to(self.dtype)
         self.n_mmchain += 1
         self.n_xtv += 1
-        if self.loss.softmax_hessian:
-            hstate = {"P": H, "c": c, "alpha": alpha}
-        else:
-            hstate = {"h": H if c is None else H * c, "alpha": alpha}
-        return g, hstate
+        return g, self._hstate(H, c, alpha)
 
     def hessp(self, hstate, S):
         """Hessian (Fisher for non-canonical GLM links) times S [D~, K]: one mmchain."""
@@ -731,15 +737,8 @@ class LinearObjective:
         f = r.loss.sum().reshape(1) if self.coupled else r.loss
         if self.uniform:
             f = f * self.weights
-        f = f + self._const(name, power)
-        if self.l2 != 0.0:
-            Wm = W * self.mask if self.fit_intercept else W
-            f = f + (0.5 * self.l2) * self._colsum64(Wm * Wm)
-        H = r.hess.to(self.dtype)
-        if self.loss.softmax_hessian:
-            hstate = {"P": H, "c": None if c is None else c[:, None], "alpha": alpha}
-        else:
-            hstate = {"h": H if c is None else H * c[:, None], "alpha": alpha}
+        f = self._penalised(f + self._const(name, power), W)
+        hstate = self._hstate(r.hess.to(self.dtype), None if c is None else c[:, None], alpha)
         return {"W": W, "eta": eta, "f": f}, g, hstate
 
     def merge(self, accept, new, old):
