@@ -27,7 +27,7 @@ from ._dispatch import resolve_backend
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 
-__all__ = ["LloydIterations", "LloydStep", "lloyd_step"]
+__all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
 
 _F64 = torch.float64
 # Register budget of the fused kernel: the [K, D] accumulator and the [BLOCK_N, K] / [BLOCK_N, D]
@@ -144,6 +144,87 @@ def _lloyd_finalize_kernel(RED, C, SHIFT, NEW, CS, CSQ, OUT, K, D,
     tl.store(OUT + 1, tl.sum(tl.sum(diff * diff, 1), 0))
     tl.store(OUT + 2, tl.load(RED + BLOCK_K * BLOCK_D + BLOCK_K))
     tl.store(OUT + 3, tl.load(RED + BLOCK_K * BLOCK_D + BLOCK_K + 1))
+
+
+@triton.jit
+def _cand_dist_kernel(X, sx0, sx1, C, CLOSEST, SW, DIST, PPOT, N, D, L, n_tiles,
+                      HAS_CLOSEST: tl.constexpr, HAS_SW: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
+    # k-means++'s pass over X: DIST [L, N] = min(|x_n - c_l|^2, closest_n) in float64 (difference
+    # form: no cancellation), PPOT [P, BLOCK_L] = per-program sums of s_n * DIST[l, n]
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    dm = offs_d < D
+    lm = offs_l < L
+    c = tl.load(C + offs_l[:, None] * D + offs_d[None, :], mask=lm[:, None] & dm[None, :], other=0.0)
+    pot = tl.zeros((BLOCK_L,), dtype=tl.float64)
+    for t in range(pid, n_tiles, nprog):
+        rows = (t * BLOCK_N + offs_n).to(tl.int64)
+        rm = rows < N
+        x = tl.load(X + rows[:, None] * sx0 + offs_d[None, :] * sx1, mask=rm[:, None] & dm[None, :],
+                    other=0.0).to(tl.float64)
+        diff = x[:, None, :] - c[None, :, :]  # [BN, BL, BD]
+        d2 = tl.sum(diff * diff, axis=2)  # [BN, BL]
+        if HAS_CLOSEST:
+            d2 = tl.minimum(d2, tl.load(CLOSEST + rows, mask=rm, other=0.0)[:, None])
+        ok = rm[:, None] & lm[None, :]
+        tl.store(DIST + offs_l[None, :].to(tl.int64) * N + rows[:, None], d2, mask=ok)
+        if HAS_SW:
+            d2 = d2 * tl.load(SW + rows, mask=rm, other=0.0)[:, None]
+        pot += tl.sum(tl.where(ok, d2, 0.0), axis=0)
+    tl.store(PPOT + pid * BLOCK_L + offs_l, pot)
+
+
+def candidate_distances(X, candidates, closest=None, sample_weight=None):
+    """k-means++'s pass over X on the fused backend: the candidates' distances and potentials.
+
+    ``dist[l, n] = min(|x_n - c_l|^2, closest_n)`` and ``pots[l] = sum_n s_n dist[l, n]`` in
+    float64 from one read of X (a Triton kernel; the difference form, so no cancellation), for
+    the L = 2 + log K candidate centres of one k-means++ step: the operator-level version is a
+    blocked GEMM with ~10 small launches per block of rows.
+
+    Parameters
+    ----------
+    X : torch.Tensor [N, D]
+        Floating data on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``).
+    candidates : torch.Tensor [L, D]
+        The candidate rows (any float dtype; used in float64).
+    closest : torch.Tensor [N] float64, optional
+        Current distance of every row to its nearest chosen centre (none yet: no minimum).
+    sample_weight : torch.Tensor [N], optional
+        Row weights ``s`` of the potentials (ones if None).
+
+    Returns
+    -------
+    tuple
+        ``(dist [L, N] float64, pots [L] float64)``, or None when ``L * D`` is too large for the
+        kernel's registers (the caller then uses its operator-level path).
+    """
+    N, D = X.shape
+    L = candidates.shape[0]
+    bl, bd = _pow2(L, 1), _pow2(D, 1)
+    if bl * bd > 2048:
+        return None
+    bn = max(1, min(256, 4096 // (bl * bd)))
+    n_tiles = triton.cdiv(N, bn)
+    sms = 132
+    if X.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(X.device).multi_processor_count
+    P = max(1, min(n_tiles, 4 * sms))
+    dev = X.device
+    c = candidates.to(_F64).contiguous()
+    dist = torch.empty((L, N), dtype=_F64, device=dev)
+    ppot = torch.empty((P, bl), dtype=_F64, device=dev)
+    cl = None if closest is None else closest.to(_F64).contiguous()
+    sw = None if sample_weight is None else sample_weight.to(_F64).contiguous()
+    _cand_dist_kernel[(P,)](X, X.stride(0), X.stride(1), c, dist if cl is None else cl,
+                            dist if sw is None else sw, dist, ppot, N, D, L, n_tiles,
+                            HAS_CLOSEST=cl is not None, HAS_SW=sw is not None, BLOCK_N=bn, BLOCK_D=bd,
+                            BLOCK_L=bl, num_warps=4)
+    return dist, ppot.sum(0)[:L]
 
 
 def _pow2(n, lo):

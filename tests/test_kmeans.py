@@ -159,6 +159,33 @@ def test_lloyd_iterations_match_lloyd_step(rng, weighted):
     assert km.LloydIterations(X, w, shift, K).step(far)[2].tolist()[0] == 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_candidate_distances(rng, dtype):
+    N, D, L = 333, 7, 3
+    X = torch.from_numpy(rng.standard_normal((N, D)) + 50.0).to(dtype)  # far from 0: no cancellation
+    C = X[:L].double() + 0.25
+    closest = torch.from_numpy(rng.random(N) * 10)
+    w = torch.from_numpy(rng.random(N))
+    ref = ((X.double()[None, :, :] - C[:, None, :]) ** 2).sum(-1)  # [L, N]
+    dist, pots = km.candidate_distances(X, C)
+    assert _relerr(dist, ref) < 1e-13 and _relerr(pots, ref.sum(1)) < 1e-13
+    dist, pots = km.candidate_distances(X, C, closest, w)
+    refm = torch.minimum(ref, closest[None, :])
+    assert _relerr(dist, refm) < 1e-13 and _relerr(pots, refm @ w) < 1e-13
+    assert km.candidate_distances(torch.zeros(4, 4096), torch.zeros(3, 4096)) is None  # L x D too large
+
+
+def test_fused_kmeans_plusplus_picks_the_cpu_seeds(rng):
+    from algorithms.mixture import _kmeans_plusplus
+
+    X = torch.from_numpy(rng.standard_normal((400, 5)) * 3).float()
+    sw = torch.from_numpy(rng.random(400))
+    for w in (None, sw):
+        a = _kmeans_plusplus(X, 6, np.random.RandomState(3), w, backend="fused")
+        b = _kmeans_plusplus(X, 6, np.random.RandomState(3), w, backend="cpu")
+        assert np.array_equal(a, b)
+
+
 def test_lloyd_iterations_rejects_unplanned():
     X = torch.zeros(10, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="no fused Lloyd plan"):
@@ -182,6 +209,13 @@ def _aot():
         k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
         assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
         print("AOT", D, K, k.metadata.shared)
+    cd = km._cand_dist_kernel
+    ctypes = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp64", CLOSEST="*fp64", SW="*fp64", DIST="*fp64",
+                  PPOT="*fp64", N="i32", D="i32", L="i32", n_tiles="i32")
+    consts = dict(HAS_CLOSEST=True, HAS_SW=True, BLOCK_N=64, BLOCK_D=16, BLOCK_L=4)  # 1M x 16, K = 16
+    sig = {a: ("constexpr" if a in consts else ctypes[a]) for a in cd.arg_names}
+    triton.compile(ASTSource(cd, sig, consts), target=target, options=dict(num_warps=4))
+    print("AOT candidate distances")
     fin = km._lloyd_finalize_kernel
     ftypes = dict(RED="*fp64", C="*fp64", SHIFT="*fp64", NEW="*fp64", CS="*fp32", CSQ="*fp32", OUT="*fp64",
                   K="i32", D="i32")
@@ -194,7 +228,7 @@ def _aot():
 def test_kernel_compiles_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 7, tools=('ptxas',))
+    run_aot(__file__, 8, tools=('ptxas',))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
