@@ -37,6 +37,8 @@ for p in $parts; do
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
+    profile-big) run profile-big 150 python3 benchmarks/profile_fit.py --shape 4000000x64 --algo logistic \
+                   --algo poisson --cprofile 45 --out "$out/profile_fit_big.json" ;;
     profile-gmm) run profile-gmm 120 python3 benchmarks/profile_fit.py --shape 1000000x16 --algo gmm \
                    --cprofile 30 --out "$out/profile_fit_gmm.json" ;;
     distributed) run distributed 90 python3 benchmarks/bench_distributed.py --gpus 1 2 4 --out "$out/distributed.json" ;;

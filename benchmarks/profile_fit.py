@@ -114,7 +114,8 @@ def profile_fit(make, X, y, n_top=8):
 
 
 def host_profile(make, X, y, k):
-    """Print the ``k`` host functions with the most own time in one warm fit (cProfile)."""
+    """Print the ``k`` host functions with the most own time, then the most cumulative time, in one
+    warm fit (cProfile)."""
     import cProfile
     import pstats
 
@@ -126,6 +127,7 @@ def host_profile(make, X, y, k):
         torch.cuda.synchronize()
     pr.disable()
     pstats.Stats(pr).sort_stats("tottime").print_stats(k)
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(k)
 
 
 def main(argv=None):
@@ -147,7 +149,7 @@ def main(argv=None):
     ap.add_argument("--backends", nargs="+", default=["fused", "ops"])
     ap.add_argument("--calls", type=int, default=50, help="calls per wall-time measurement")
     ap.add_argument("--cprofile", type=int, default=0, metavar="K",
-                    help="also print the K host functions with the most own time in one fused fit")
+                    help="also print the K host functions with the most own and cumulative time in one fused fit")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
