@@ -384,18 +384,24 @@ def _data_mean(X):
 
 
 def _kmeans_tolerance(X, tol):
-    """scikit-learn's ``_tolerance``: ``tol * mean(var(X, axis=0))`` (float64, two passes)."""
+    """scikit-learn's ``_tolerance``: ``tol * mean(var(X, axis=0))`` (float64, one pass).
+
+    The column sums of ``d = x - x_0`` and ``d^2`` about the first row (a shift that keeps the
+    float64 difference ``E[d^2] - E[d]^2`` free of cancellation for data far from the origin).
+    """
     if tol == 0:
         return 0.0
-    mean = _data_mean(X)
-    sq = torch.zeros(X.shape[1], dtype=_F64, device=X.device)
+    N, D = X.shape
+    shift = _take_rows(X, [0])[0]  # [D]
+    s = torch.zeros((2, D), dtype=_F64, device=shift.device)  # [sum d, sum d^2]
 
     def block(Xb, rows):
-        d = Xb.to(_F64) - mean
-        sq.add_((d * d).sum(0))
+        d = Xb.to(_F64) - shift
+        s.add_(torch.stack([d.sum(0), (d * d).sum(0)]))
 
     _for_rows(X, block, X.shape[1])
-    return float((sq / X.shape[0]).mean()) * tol
+    mean_d = s[0] / N
+    return float((s[1] / N - mean_d * mean_d).clamp_(min=0.0).mean()) * tol
 
 
 def _lloyd_update(X, labels, centers, sample_weight=None):
@@ -483,7 +489,8 @@ def _lloyd_fused_iter(it, centers, labels_old=None):
     return labels, new, shift_sq, inertia, same
 
 
-def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None):
+def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None,
+           with_inertia=True):
     """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
 
     Per iteration: one fused assignment pass (``gmm_score``) and one update pass (weighted by
@@ -491,6 +498,9 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass and the
     centre update on the device (:class:`fusedml.kmeans.LloydIterations`: no ``[N, K]``, no
     contended atomics, two launches and one host sync per iteration).
+
+    ``with_inertia=False`` skips the final inertia pass (None is returned in its place: the
+    GaussianMixture initialisation needs only the labels and centres).
 
     Returns
     -------
@@ -538,7 +548,8 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     if not strict:  # labels consistent with the final centres
         labels = _assign(X, centers, backend)
     labels = labels.long()
-    return centers, labels, _inertia(X, labels, centers, sample_weight), n_iter, converged
+    inertia = _inertia(X, labels, centers, sample_weight) if with_inertia else None
+    return centers, labels, inertia, n_iter, converged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1074,7 +1085,8 @@ class GaussianMixture(BaseEstimator):
             # seeding, Lloyd, default max_iter/tol), on the same device and backend; weighted
             # KMeans with the sample weights.
             c0 = _take_rows(X, _kmeans_plusplus(X, K, rs, sw, backend))
-            centers, labels, _, _, _ = _lloyd(X, c0, 300, _kmeans_tolerance(X, 1e-4), backend, sample_weight=sw)
+            centers, labels, _, _, _ = _lloyd(X, c0, 300, _kmeans_tolerance(X, 1e-4), backend, sample_weight=sw,
+                                              with_inertia=False)
             return _hard_stats(X, labels, K, centers, ct, sw)
         if self.init_params == "random":
             return _random_resp_stats(X, K, rs, ct, sw)

@@ -234,3 +234,15 @@ def test_kernel_compiles_for_sm90():
 if __name__ == "__main__" and "--aot" in sys.argv:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     _aot()
+
+
+def test_kmeans_tolerance_matches_scikit_learn_far_from_origin(rng):
+    # the one-pass variance about the first row: no cancellation for data far from the origin
+    from sklearn.cluster._kmeans import _tolerance
+
+    from algorithms.mixture import _kmeans_tolerance
+
+    X = (rng.standard_normal((3000, 5)) * [1.0, 1e-3, 10.0, 2.0, 0.5] + 1e5).astype(np.float64)
+    got = _kmeans_tolerance(torch.from_numpy(X), 1e-4)
+    assert got == pytest.approx(_tolerance(X, 1e-4), rel=1e-9)
+    assert _kmeans_tolerance(torch.from_numpy(X), 0.0) == 0.0
