@@ -474,19 +474,78 @@ def _inertia(X, labels, centers, sample_weight=None):
     return float(total)
 
 
-def _lloyd_fused_iter(it, centers, labels_old=None):
-    """One fused Lloyd step (:class:`fusedml.kmeans.LloydIterations`): labels (int32), new
-    centres, shift, inertia and whether the labels equal ``labels_old``, in ONE host sync.
+class _Fetch:
+    """A small device tensor's values read on the host without waiting for later work.
 
-    Returns ``new = None`` when a cluster came out empty: the caller then runs the
-    relocation of :func:`_lloyd_update` with these labels (scikit-learn's rule).
+    CUDA: a non-blocking copy into pinned memory and an event recorded behind it, so that work
+    queued AFTER the fetch (the next Lloyd step) keeps the GPU busy while the host waits for
+    this one; elsewhere the tensor itself.
     """
-    labels, new, out = it.step(centers, labels_old)
-    empty, shift_sq, inertia, changed = out.tolist()  # one host sync
-    same = labels_old is not None and changed == 0
-    if empty:
-        return labels, None, None, None, same
-    return labels, new, shift_sq, inertia, same
+
+    def __init__(self, t):
+        self.event = None
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t
+
+    def get(self):
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, sample_weight):
+    """The Lloyd loop on :class:`fusedml.kmeans.LloydIterations`, one step queued ahead.
+
+    Step ``i + 1`` (from step i's device centres and labels) is launched before the host reads
+    step i's scalars (empty clusters, shift, inertia, changed labels), so the GPU does not idle
+    on the host's decision; the queued step is dropped when step i ends the loop or left a
+    cluster empty (then the relocation of :func:`_lloyd_update` runs with step i's labels,
+    scikit-learn's rule). The iterates equal those of the step-by-step loop.
+
+    Returns
+    -------
+    tuple
+        ``(centers [K, D] float64, labels [N] int32, n_iter, converged, strict)``.
+    """
+    labels_old, strict = None, False
+    converged = False
+    n_iter = 0
+    nxt = it.step(centers, None)
+    for i in range(max_iter):
+        labels, new, out = nxt
+        fetch = _Fetch(out)
+        nxt = it.step(new, labels) if i + 1 < max_iter else None  # speculative: dropped if unused
+        empty, shift_sq, inertia_old, changed = fetch.get()
+        same = labels_old is not None and changed == 0
+        if empty:
+            nxt = None
+            new, shift_sq, inertia_old = _lloyd_update(X, labels.long(), centers, sample_weight)
+        if verbose:
+            print(f"Iteration {i}, inertia {inertia_old}.")
+        if history is not None:
+            history.append({"iter": i + 1, "objective": inertia_old, "grad_norm": float("nan"),
+                            "step": shift_sq, "time": time.perf_counter() - t0})
+        centers = new
+        n_iter = i + 1
+        if same:
+            if verbose:
+                print(f"Converged at iteration {i}: strict convergence.")
+            strict = converged = True
+            break
+        if shift_sq <= tol_abs:
+            if verbose:
+                print(f"Converged at iteration {i}: center shift {shift_sq} within tolerance {tol_abs}.")
+            converged = True
+            break
+        labels_old = labels
+        if nxt is None and i + 1 < max_iter:
+            nxt = it.step(centers, labels_old)
+    return centers, labels, n_iter, converged, strict
 
 
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None,
@@ -497,7 +556,8 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     ``sample_weight`` [N] float64, or unweighted if None; the assignment never depends on it).
     With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass and the
     centre update on the device (:class:`fusedml.kmeans.LloydIterations`: no ``[N, K]``, no
-    contended atomics, two launches and one host sync per iteration).
+    contended atomics, two launches per iteration, the next step queued before the host reads
+    this one's scalars: :func:`_lloyd_fused_loop`).
 
     ``with_inertia=False`` skips the final inertia pass (None is returned in its place: the
     GaussianMixture initialisation needs only the labels and centres).
@@ -512,21 +572,17 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     strict = converged = False
     n_iter = 0
     fused = backend == "fused" and isinstance(X, torch.Tensor) and X.dtype != _F64
-    it = None
     if fused:
         from fusedml.kmeans import LloydIterations, lloyd_plan
 
         fused = lloyd_plan(X.shape[0], X.shape[1], centers.shape[0], X.device) is not None
-        if fused:  # shift: any central point (the initial centres' mean): no extra pass over X
-            it = LloydIterations(X, sample_weight, centers.to(_F64).mean(0), centers.shape[0])
-    for i in range(max_iter):
-        same = None  # labels == labels_old, when the fused step already knows it
-        if fused:  # assignment, centre sums and the update: two kernels, one host sync
-            labels, new, shift_sq, inertia_old, same = _lloyd_fused_iter(it, centers, labels_old)
-        if not fused or new is None:
-            lab64 = _assign(X, centers, backend) if not fused else labels.long()
-            new, shift_sq, inertia_old = _lloyd_update(X, lab64, centers, sample_weight)
-            labels = labels if fused else lab64  # the fused loop keeps int32 labels
+    if fused:  # shift: any central point (the initial centres' mean): no extra pass over X
+        it = LloydIterations(X, sample_weight, centers.to(_F64).mean(0), centers.shape[0])
+        centers, labels, n_iter, converged, strict = _lloyd_fused_loop(
+            it, X, centers, max_iter, tol_abs, verbose, t0, history, sample_weight)
+    for i in range(0 if fused else max_iter):
+        labels = _assign(X, centers, backend)
+        new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
         if verbose:
             print(f"Iteration {i}, inertia {inertia_old}.")
         if history is not None:
@@ -534,7 +590,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
                             "step": shift_sq, "time": time.perf_counter() - t0})
         centers = new
         n_iter = i + 1
-        if labels_old is not None and (same if same is not None else torch.equal(labels, labels_old)):
+        if labels_old is not None and torch.equal(labels, labels_old):
             if verbose:
                 print(f"Converged at iteration {i}: strict convergence.")
             strict = converged = True

@@ -246,3 +246,21 @@ def test_kmeans_tolerance_matches_scikit_learn_far_from_origin(rng):
     got = _kmeans_tolerance(torch.from_numpy(X), 1e-4)
     assert got == pytest.approx(_tolerance(X, 1e-4), rel=1e-9)
     assert _kmeans_tolerance(torch.from_numpy(X), 0.0) == 0.0
+
+
+@pytest.mark.parametrize("max_iter,tol", [(1, 0.0), (2, 0.0), (300, 0.0), (300, 1e-2)])
+def test_kmeans_fused_loop_stops_where_the_reference_does(rng, max_iter, tol):
+    # the fused loop queues step i + 1 before reading step i: the iterates, the stop and the
+    # history must still be those of the step-by-step loop
+    from algorithms import KMeans
+
+    centres = rng.standard_normal((4, 3)) * 2.5  # overlapping: several iterations
+    X = np.concatenate([c + rng.standard_normal((150, 3)) for c in centres]).astype(np.float32)
+    kw = dict(n_clusters=4, random_state=1, n_init=1, max_iter=max_iter, tol=tol)
+    a = KMeans(backend="fused", **kw).fit(X)
+    b = KMeans(backend="cpu", **kw).fit(X)
+    assert a.n_iter_ == b.n_iter_ and len(a.history_) == len(b.history_) == a.n_iter_
+    assert np.array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose([h["objective"] for h in a.history_], [h["objective"] for h in b.history_],
+                               rtol=1e-5)
