@@ -498,6 +498,31 @@ class _Fetch:
         return self.host.tolist()
 
 
+def _lloyd_stop(i, inertia_old, shift_sq, same, tol_abs, verbose, history, t0):
+    """Report Lloyd step ``i`` (``verbose``, ``history``) and apply scikit-learn's two stopping
+    rules: labels unchanged (``same``, strict) or centre shift within ``tol_abs``.
+
+    Returns
+    -------
+    tuple
+        ``(converged, strict)``.
+    """
+    if verbose:
+        print(f"Iteration {i}, inertia {inertia_old}.")
+    if history is not None:
+        history.append({"iter": i + 1, "objective": inertia_old, "grad_norm": float("nan"),
+                        "step": shift_sq, "time": time.perf_counter() - t0})
+    if same:
+        if verbose:
+            print(f"Converged at iteration {i}: strict convergence.")
+        return True, True
+    if shift_sq <= tol_abs:
+        if verbose:
+            print(f"Converged at iteration {i}: center shift {shift_sq} within tolerance {tol_abs}.")
+        return True, False
+    return False, False
+
+
 def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, sample_weight):
     """The Lloyd loop on :class:`fusedml.kmeans.LloydIterations`, one step queued ahead.
 
@@ -512,9 +537,7 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
     tuple
         ``(centers [K, D] float64, labels [N] int32, n_iter, converged, strict)``.
     """
-    labels_old, strict = None, False
-    converged = False
-    n_iter = 0
+    labels_old, converged, strict, n_iter = None, False, False, 0
     nxt = it.step(centers, None)
     for i in range(max_iter):
         labels, new, out = nxt
@@ -525,22 +548,10 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
         if empty:
             nxt = None
             new, shift_sq, inertia_old = _lloyd_update(X, labels.long(), centers, sample_weight)
-        if verbose:
-            print(f"Iteration {i}, inertia {inertia_old}.")
-        if history is not None:
-            history.append({"iter": i + 1, "objective": inertia_old, "grad_norm": float("nan"),
-                            "step": shift_sq, "time": time.perf_counter() - t0})
         centers = new
         n_iter = i + 1
-        if same:
-            if verbose:
-                print(f"Converged at iteration {i}: strict convergence.")
-            strict = converged = True
-            break
-        if shift_sq <= tol_abs:
-            if verbose:
-                print(f"Converged at iteration {i}: center shift {shift_sq} within tolerance {tol_abs}.")
-            converged = True
+        converged, strict = _lloyd_stop(i, inertia_old, shift_sq, same, tol_abs, verbose, history, t0)
+        if converged:
             break
         labels_old = labels
         if nxt is None and i + 1 < max_iter:
@@ -583,22 +594,11 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
     for i in range(0 if fused else max_iter):
         labels = _assign(X, centers, backend)
         new, shift_sq, inertia_old = _lloyd_update(X, labels, centers, sample_weight)
-        if verbose:
-            print(f"Iteration {i}, inertia {inertia_old}.")
-        if history is not None:
-            history.append({"iter": i + 1, "objective": inertia_old, "grad_norm": float("nan"),
-                            "step": shift_sq, "time": time.perf_counter() - t0})
         centers = new
         n_iter = i + 1
-        if labels_old is not None and torch.equal(labels, labels_old):
-            if verbose:
-                print(f"Converged at iteration {i}: strict convergence.")
-            strict = converged = True
-            break
-        if shift_sq <= tol_abs:
-            if verbose:
-                print(f"Converged at iteration {i}: center shift {shift_sq} within tolerance {tol_abs}.")
-            converged = True
+        same = labels_old is not None and torch.equal(labels, labels_old)
+        converged, strict = _lloyd_stop(i, inertia_old, shift_sq, same, tol_abs, verbose, history, t0)
+        if converged:
             break
         labels_old = labels
     if not strict:  # labels consistent with the final centres

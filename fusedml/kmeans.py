@@ -26,6 +26,7 @@ import triton.language as tl
 from ._dispatch import resolve_backend
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
+from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
 
@@ -210,10 +211,7 @@ def candidate_distances(X, candidates, closest=None, sample_weight=None):
         return None
     bn = max(1, min(256, 4096 // (bl * bd)))
     n_tiles = triton.cdiv(N, bn)
-    sms = 132
-    if X.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(X.device).multi_processor_count
-    P = max(1, min(n_tiles, 4 * sms))
+    P = max(1, min(n_tiles, 4 * _sm_count(X.device)))
     dev = X.device
     c = candidates.to(_F64).contiguous()
     dist = torch.empty((L, N), dtype=_F64, device=dev)
@@ -225,6 +223,12 @@ def candidate_distances(X, candidates, closest=None, sample_weight=None):
                             HAS_CLOSEST=cl is not None, HAS_SW=sw is not None, BLOCK_N=bn, BLOCK_D=bd,
                             BLOCK_L=bl, num_warps=4)
     return dist, ppot.sum(0)[:L]
+
+
+def _sm_count(device):
+    """SMs of a CUDA ``device`` (cached :func:`~fusedml.mmchain.launch.gpu_info`); the H200
+    profile's 132 otherwise (CPU under the interpreter, or no device given)."""
+    return H200_PROFILE.sm_count if device is None else gpu_info(device).sm_count
 
 
 def _pow2(n, lo):
@@ -275,9 +279,7 @@ def lloyd_plan(N, D, K, device=None, **override):
         bn = max(16, min(256, 8192 // (bd * bk)))
     bn = override.get("BLOCK_N", bn)
     n_tiles = triton.cdiv(int(N), bn)
-    sms = 132
-    if device is not None and torch.device(device).type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     per_sm = override.get("per_sm", 4)
     return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot,
             "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),

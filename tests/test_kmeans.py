@@ -231,11 +231,6 @@ def test_kernel_compiles_for_sm90():
     run_aot(__file__, 8, tools=('ptxas',))
 
 
-if __name__ == "__main__" and "--aot" in sys.argv:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    _aot()
-
-
 def test_kmeans_tolerance_matches_scikit_learn_far_from_origin(rng):
     # the one-pass variance about the first row: no cancellation for data far from the origin
     from sklearn.cluster._kmeans import _tolerance
@@ -264,3 +259,8 @@ def test_kmeans_fused_loop_stops_where_the_reference_does(rng, max_iter, tol):
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose([h["objective"] for h in a.history_], [h["objective"] for h in b.history_],
                                rtol=1e-5)
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _aot()
