@@ -203,6 +203,17 @@ def sweep_variants(base_single, base_two, prec, D, K):
         BD, BK = base_single.BD, base_single.BK
         cand = [("blk", 64, 4, 2), ("cat", 128, 4, 2), ("blk", 64, 8, 2), ("cat", 64, 4, 2), ("blk", 64, 4, 3),
                 ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2)]
+        occ = replace(base_single, occupancy_grid=True)  # grid from the compiled kernel's resources
+        out.append(("single occ", occ))
+        out.append(("single occ prefetch", replace(occ, prefetch=True)))
+        out.append(("single prefetch", replace(base_single, prefetch=True)))
+        for BN, nw in ((128, 4), (64, 4), (128, 8)):
+            out.append((f"single cat BN={BN} W={nw} occ prefetch",
+                        replace(occ, BN=BN, num_warps=nw, form="cat", prefetch=True)))
+        out.append(("single cat BN=128 W=4 prefetch", replace(base_single, BN=128, num_warps=4, form="cat", prefetch=True)))
+        if D <= 8:  # [x, x^2] is 16 wide with BD = 8: no padded features
+            out.append(("single cat BD=8 BN=128 W=4 occ prefetch",
+                        replace(occ, BD=8, BN=128, num_warps=4, form="cat", prefetch=True)))
         for kind, BN, nw, st in cand:
             if kind == "cat":  # one [x, x^2] operand: two dots per block instead of four
                 out.append((f"single cat BN={BN} W={nw}", replace(base_single, BN=BN, num_warps=nw, form="cat")))
@@ -217,6 +228,9 @@ def sweep_variants(base_single, base_two, prec, D, K):
             out.append((f"two_pass BN={BN} BK={bk} W={nw}", replace(base_two, BN=BN, BK_tile=bk, num_warps=nw)))
     if base_two.BD > 16:
         out.append(("two_pass pass1 DC=16", replace(base_two, DC=16)))
+    if base_two.DC < base_two.BD:  # pass 1 with x on chip across the component loop
+        for lbn in (32, 64):
+            out.append((f"two_pass pass1 DC=BD lse_BN={lbn}", replace(base_two, DC=base_two.BD, lse_BN=lbn)))
     return out
 
 
@@ -229,6 +243,8 @@ def sweep(args, dev):
     rows, best = [], []
     t0 = time.time()
     cfgs = [c for c in CONFIGS if c in TARGETS]
+    if args.configs:  # extra shapes (indices into CONFIGS) after the targets
+        cfgs += [CONFIGS[int(i)] for i in args.configs.split(",") if CONFIGS[int(i)] not in cfgs]
     for ci, cfg in enumerate(cfgs):
         N, D, K, ct = cfg
         if dev.type != "cuda":  # --quick: the variants run under the interpreter on a few rows

@@ -279,6 +279,46 @@ def test_plan_resources_and_fallback_precision():
     # tf32x3 at D = 256 spills at every block size on sm_90: the plan says fp32
     assert plan_launch(4 << 20, 16, 256, "diag", torch.float32, cpu, precision="tf32x3").precision == "fp32"
     assert plan_launch(1 << 20, 1024, 128, "diag", torch.float32, cpu, precision="tf32x3").DC == 16
+    # bf16 pass 1 keeps x on chip (measured 24.2 -> 17.6 ms on the H200)
+    pb = plan_launch(1 << 20, 1024, 128, "diag", torch.float32, cpu, precision="bf16")
+    assert (pb.DC, pb.lse_BN) == (128, 64)
+
+
+def test_plan_small_d_and_occupancy_grid():
+    """D <= 8: the interleaved [x, x^2] operand with BD = 8 (16 wide) and prefetch; the single sweep
+    sizes its grid from the compiled kernel (None off the GPU: the model's count is kept)."""
+    from fusedml.gmm.fused import _diag_single_kernel, resident_programs
+
+    cpu = torch.device("cpu")
+    for D in (1, 2, 5, 8):
+        p = plan_launch(16 << 20, 8, D, "diag", torch.float32, cpu)
+        assert (p.path, p.BD, p.form, p.prefetch, p.occupancy_grid) == ("single", 8, "cat", True, True)
+    p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu)
+    assert (p.BD, p.form, p.prefetch, p.occupancy_grid) == (16, "dot", False, True)
+    assert not plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).occupancy_grid
+    assert resident_programs(_diag_single_kernel, (torch.zeros(1),), {}, cpu) is None
+
+
+@pytest.mark.parametrize("D", [1, 3, 8])
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_small_d_cat_plan_matches_reference(rng, D, ct):
+    """The D <= 8 plan (BD = 8, [x, x^2] operand, prefetched blocks) against the float64 reference,
+    with a row count that is no multiple of the block and more blocks than programs."""
+    from fusedml.gmm._prep import validate
+    from fusedml.gmm.fused import estep_fused
+
+    N, K = 301, 6
+    X, w, means, pc = problem(rng, N, D, K, ct)
+    ref = reference(X, w, means, pc, ct)
+    prep = validate(torch.tensor(X), w, means, pc, ct)
+    plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"))
+    assert (plan.form, plan.BD, plan.prefetch) == ("cat", 8, True)
+    from dataclasses import replace
+
+    lp, ll, nk, s1, s2 = estep_fused(prep, True, precision="fp32", plan=replace(plan, BN=32, programs=3))
+    assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
+    assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5
+    assert rel(lp, ref["log_prob"]) < 1e-5
 
 
 def test_lse_feature_chunks(rng):
@@ -483,6 +523,7 @@ AOT_SHAPES = [  # (N, D, K, precision)
     (4 << 20, 16, 16, "fp32"), (1 << 20, 64, 64, "fp32"), (1 << 20, 32, 256, "fp32"), (1 << 20, 128, 1024, "fp32"),
     (4 << 20, 256, 16, "fp32"), (4 << 20, 256, 16, "tf32x3"),  # session 2: 327680 B > 232448 B
     (1 << 20, 32, 256, "auto"), (1 << 20, 128, 1024, "auto"), (4 << 20, 64, 128, "auto"),
+    (16 << 20, 8, 8, "fp32"), (1 << 20, 128, 1024, "bf16"),  # session 6: cat BD = 8 + prefetch; bf16 pass 1 DC = BD
 ]
 
 
@@ -515,7 +556,8 @@ def _aot_check_plans():
         P = fused._PREC[prec]
         if plan.path == "single":
             kernels = [("single", fused._diag_single_kernel,
-                        dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=False, WRITE_LOGP=False, PREC=P, FORM=plan.form))]
+                        dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=False, WRITE_LOGP=False, PREC=P, FORM=plan.form,
+                             PREFETCH=plan.prefetch))]
         else:
             kernels = [("stats", fused._diag_stats_kernel,
                         dict(BN=plan.BN, BD=plan.BD, BK=plan.BK_tile, HAS_SW=False, PREC=P))]
@@ -533,7 +575,10 @@ def _aot_check_plans():
             est = plan.smem_est if name != "lse" else smem_estimate("lse", plan.lse_BN, plan.DC, plan.lse_BK,
                                                                     plan.lse_warps, plan.num_stages, prec)
             assert shared <= est, f"{tag}: the model under-estimates shared memory ({est})"
-            assert stack == 0, f"{tag}: register spills (stack {stack} B)"
+            # measured exception: bf16 pass 1 with x on chip spills a little and still beats the
+            # spill-free chunked form (24.2 -> 17.6 ms at 1M x 128, K = 1024 on the H200)
+            spill_ok = name == "lse" and prec == "bf16" and plan.DC == plan.BD
+            assert stack == 0 or (spill_ok and stack <= 2048), f"{tag}: register spills (stack {stack} B)"
     sys.stdout.flush()
 
 

@@ -195,6 +195,7 @@ def _diag_single_kernel(
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr, FORM: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -211,10 +212,18 @@ def _diag_single_kernel(
         # instead of four, one operand conversion each way
         w12 = tl.reshape(tl.permute(tl.join(w1, w2), (0, 2, 1)), (2 * BD, BK))  # [2 BD, BK]
         acc_s12 = tl.zeros((BK, 2 * BD), dtype=tl.float32)
+        if PREFETCH:  # software pipelining by hand: the next block's rows load during this block's math
+            x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, (pid * BN + offs_n).to(tl.int64), offs_d, N, D)
+        else:  # unused (defined for front ends that resolve both branches of the loop body)
+            x_nxt = tl.zeros((BN, BD), dtype=tl.float32)
         for blk in range(pid, n_blocks, nprog):
             rows = blk * BN + offs_n
             nmask = rows < N
-            x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            if PREFETCH:
+                x = x_nxt
+                x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64) + nprog * BN, offs_d, N, D)
+            else:
+                x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
             xx = tl.reshape(tl.join(x, x * x), (BN, 2 * BD))  # [BN, 2 BD]
             lg = _mm(xx, w12, tl.zeros((BN, BK), dtype=tl.float32), PREC) + cst[None, :]
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
@@ -224,10 +233,18 @@ def _diag_single_kernel(
     else:
         acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
         acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
+        if PREFETCH:
+            x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, (pid * BN + offs_n).to(tl.int64), offs_d, N, D)
+        else:
+            x_nxt = tl.zeros((BN, BD), dtype=tl.float32)
         for blk in range(pid, n_blocks, nprog):
             rows = blk * BN + offs_n  # int32 in the loop; the int64 cast only for the addresses
             nmask = rows < N
-            x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            if PREFETCH:
+                x = x_nxt
+                x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64) + nprog * BN, offs_d, N, D)
+            else:
+                x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
             x2 = x * x
             lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, FORM)  # [BN, BK]
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
@@ -500,6 +517,69 @@ def _operands(prep: Prepared):
     return ops
 
 
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, args, kwargs, device) -> int | None:
+    """Programs of ``kernel`` one SM holds at once, from its COMPILED resources.
+
+    The launch model's register and shared-memory estimates are coarse (sm_90 compiles used
+    80-100 registers where it estimated 140-200, so the persistent grids ran at 4-8 warps per SM);
+    the compiled kernel knows: registers (allocated per warp in units of 256), shared memory
+    (+1 KB reserved per block), at most 64 warps and 32 blocks per SM.
+
+    Parameters
+    ----------
+    kernel : triton JITFunction
+    args : tuple
+        The launch's positional arguments.
+    kwargs : dict
+        The launch's keyword arguments (constexprs, ``num_warps``, ``num_stages``).
+    device : torch.device
+
+    Returns
+    -------
+    int or None
+        Programs per SM (>= 1); None where unknown (no CUDA device, the interpreter, or a Triton
+        without ``warmup``): the caller keeps the model's grid.
+    """
+    if device.type != "cuda" or not hasattr(kernel, "warmup"):
+        return None
+    key = (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
+           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+    if key not in _RESIDENT:
+        try:
+            ck = kernel.warmup(*args, grid=(1,), **kwargs)
+            regs, smem = int(ck.n_regs), int(ck.metadata.shared)
+        except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
+            _RESIDENT[key] = None
+            return None
+        from .model import gpu_info
+
+        info = gpu_info(device)
+        nw = int(kwargs.get("num_warps", 4))
+        warp_regs = -(-max(regs, 1) * 32 // 256) * 256
+        per_sm = min(32, 64 // nw, int(info["regs_per_sm"]) // (warp_regs * nw),
+                     int(info.get("smem_per_sm") or 233472) // (smem + 1024))
+        _RESIDENT[key] = max(1, per_sm)
+    return _RESIDENT[key]
+
+
+def _grid(kernel, args, kwargs, device, n_blocks, model_programs, max_programs=None) -> int:
+    """Persistent grid: every program resident at once (compiled resources), at most one per
+    block and ``max_programs`` (bounds the per-program partials); the model's count elsewhere."""
+    per_sm = resident_programs(kernel, args, kwargs, device)
+    if per_sm is None:
+        P = model_programs
+    else:
+        from .model import gpu_info
+
+        P = gpu_info(device)["sm_count"] * per_sm
+    if max_programs is not None:
+        P = min(P, max_programs)
+    return max(1, min(n_blocks, P))
+
+
 def _sw(prep: Prepared, dummy: torch.Tensor):
     if prep.sample_weight is None:
         return dummy, False
@@ -541,6 +621,14 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     if plan.path == "single":
         n_blocks = triton.cdiv(N, plan.BN)
         P = max(1, min(n_blocks, plan.programs))
+        if not full_like and plan.occupancy_grid:
+            args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
+                    dummy, dummy, dummy, dummy, N, D, K, n_blocks)
+            kw = dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec,
+                      FORM=plan.form, PREFETCH=plan.prefetch, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            # partials: P x K x D x 2 fp32, kept under ~32 MB
+            P = _grid(_diag_single_kernel, args, kw, dev, n_blocks, plan.programs,
+                      max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
         pnk = torch.empty(P, K, dtype=f32, device=dev)
         pll = torch.empty(P, dtype=f32, device=dev)
@@ -558,7 +646,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             _diag_single_kernel[(P,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
-                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, FORM=plan.form,
+                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch,
                 num_warps=plan.num_warps, num_stages=plan.num_stages)
         lp_out = logp if return_log_prob else None
     else:

@@ -32,6 +32,18 @@ choices for the target shapes):
   ``(row chunk, component tile)`` programs, chunk sizes chosen for ~8 programs per SM so that the
   tiles of one chunk run together and re-read X from L2 rather than HBM.
 * Software pipelining: ``num_stages = 2`` (one X tile in flight while the current one is used).
+* **Measured corrections** (H200, session 6, ``benchmarks/results/gmm_sweep-H200-2026-12-03-s6*``;
+  an ``ncu`` profile showed the single sweep at 4-8 warps per SM, 6-12 % achieved occupancy, with
+  80-90 registers where the estimate said 140-200):
+
+  - the single-sweep diag grid is sized from the COMPILED kernel (``occupancy_grid``,
+    :func:`fusedml.gmm.fused.resident_programs`: registers, shared memory, warps), not from the
+    estimate: 4M x 16, K = 16 bf16 0.56 -> 0.32 ms, fp32 0.68 -> 0.64;
+  - ``D <= 8``: ``BD = 8`` with the interleaved ``[x, x^2]`` operand (``form="cat"``, 16 wide: no
+    padded features) and the next block prefetched: 16M x 8, K = 8 fp32 3.30 -> 1.79 ms;
+  - bf16 pass 1 keeps x on chip (``DC = BD`` up to 128) in 64-row blocks: 1M x 128,
+    K = 1024 bf16 24.2 -> 17.6 ms (32-row blocks 19.9), although this kernel spills (~0.8 KB of stack
+    on sm_90): the spill-free chunked form re-reads x per chunk and loses.
 
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
@@ -119,6 +131,12 @@ class Plan:
     precision : str
         The operand precision planned for: the one asked for, or "fp32" when no tensor-core
         configuration fits (e.g. D = 256: its split operands spill at every block size).
+    prefetch : bool
+        Single sweep (diag): load the next row block before this block's products (software
+        pipelining by hand, one more [BN, BD] tile live).
+    occupancy_grid : bool
+        Single sweep (diag): size the persistent grid from the compiled kernel's registers and
+        shared memory (:func:`fusedml.gmm.fused.resident_programs`) instead of ``programs``.
     """
 
     path: str
@@ -140,6 +158,8 @@ class Plan:
     lse_BK: int = 0
     lse_warps: int = 0
     precision: str = ""
+    prefetch: bool = False
+    occupancy_grid: bool = False
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
@@ -365,9 +385,16 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
         if lse is None:
             lse = (16, 16, 8)
     lse_bk, lse_bn, lse_nw = lse
+    DC = lse_chunk(BD, precision) if not full_like else BD
+    if precision == "bf16" and not full_like and DC < BD <= 128:  # measured: x on chip beats chunked re-reads
+        DC, lse_bn = BD, 64
     lse_blocks = -(-N // lse_bn)
+    form, prefetch = "dot", False
+    if chosen == "single" and not full_like and D <= 8:  # [x, x^2] is 16 wide: no padded features
+        BD, form, prefetch = 8, "cat", True
+        DC = BD if DC > BD else DC
     return Plan(path=chosen, BN=BN, BD=BD, BK=BK, BK_tile=BK_tile, num_warps=nw,
                 programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
-                DC=lse_chunk(BD, precision) if not full_like else BD, lse_BN=lse_bn, lse_BK=lse_bk,
-                lse_warps=lse_nw, precision=precision)
+                form=form, DC=DC, lse_BN=lse_bn, lse_BK=lse_bk, lse_warps=lse_nw, precision=precision,
+                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like)
