@@ -228,7 +228,9 @@ def check_gmm(dev):
             for path in ("single", "two_pass"):
                 cases.append((cov, n, d, k, path, "auto"))
     cases += [("diag", 30_000, 64, 64, "auto", "tf32x3"), ("diag", 100_000, 128, 1024, "auto", "auto"),
-              ("diag", 50_000, 32, 256, "auto", "auto"), ("diag", 20_000, 256, 16, "auto", "tf32x3")]
+              ("diag", 50_000, 32, 256, "auto", "auto"), ("diag", 20_000, 256, 16, "auto", "tf32x3"),
+              # D <= 8 plan (16-wide [x, x^2], prefetch) over several blocks per persistent program
+              ("diag", 700_001, 8, 8, "auto", "auto"), ("spherical", 300_000, 2, 3, "auto", "auto")]
     for case in cases:
         try:
             _gmm_case(dev, *case)
