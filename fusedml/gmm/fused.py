@@ -550,6 +550,8 @@ def resident_programs(kernel, args, kwargs, device) -> int | None:
     if key not in _RESIDENT:
         try:
             ck = kernel.warmup(*args, grid=(1,), **kwargs)
+            if hasattr(ck, "_init_handles"):
+                ck._init_handles()  # loads the binary: n_regs is only known from then on
             regs, smem = int(ck.n_regs), int(ck.metadata.shared)
         except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
             _RESIDENT[key] = None
