@@ -295,7 +295,7 @@ def test_plan_small_d_and_occupancy_grid():
         assert (p.path, p.BD, p.form, p.prefetch, p.occupancy_grid) == ("single", 8, "cat", True, True)
     p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu)
     assert (p.BD, p.form, p.prefetch, p.occupancy_grid) == (16, "dot", False, True)
-    assert plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).occupancy_grid
+    assert not plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).occupancy_grid
     assert resident_programs(_diag_single_kernel, (torch.zeros(1),), {}, cpu) is None
 
 

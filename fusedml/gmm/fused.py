@@ -631,14 +631,6 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             # partials: P x K x D x 2 fp32, kept under ~32 MB
             P = _grid(_diag_single_kernel, args, kw, dev, n_blocks, plan.programs,
                       max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
-        elif full_like and plan.occupancy_grid:
-            args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
-                    ops["C"], dummy, dummy, dummy, dummy, dummy, N, D, K, n_blocks)
-            kw = dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=return_log_prob,
-                      TIED=(ct == "tied"), PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
-            # partials: P x (K D + K D^2) fp32 (tied: D^2), kept under ~32 MB
-            per = K * D + (D * D if ct == "tied" else K * D * D) + K + 1
-            P = _grid(_full_single_kernel, args, kw, dev, n_blocks, plan.programs, max(1, (32 << 20) // (4 * per)))
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
         pnk = torch.empty(P, K, dtype=f32, device=dev)
         pll = torch.empty(P, dtype=f32, device=dev)

@@ -397,4 +397,4 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
                 programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
                 form=form, DC=DC, lse_BN=lse_bn, lse_BK=lse_bk, lse_warps=lse_nw, precision=precision,
-                prefetch=prefetch, occupancy_grid=chosen == "single")
+                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like)
