@@ -301,7 +301,7 @@ TABLE_COLUMNS = ["N", "D", "K", "cov", "precision", "path", "BN", "num_warps", "
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny CPU smoke run under the Triton interpreter")
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32x3", "tf32", "bf16", "bf16-stats"],
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32x3", "tf32", "bf16"],
                     help="operand precision; auto = the library's per-shape rule (fusedml.gmm.model.auto_precision)")
     ap.add_argument("--full", action="store_true", help="all configurations (default: the 7 of DEFAULT)")
     ap.add_argument("--budget", type=float, default=50.0, help="--sweep: seconds of variants (model picks always run)")

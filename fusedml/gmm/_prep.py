@@ -13,7 +13,7 @@ import torch
 from .._validation import CSRMatrix, as_matrix, check_finite as _check_finite, to_tensor
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
-PRECISIONS = ("fp32", "tf32x3", "tf32", "bf16", "bf16-stats")
+PRECISIONS = ("fp32", "tf32x3", "tf32", "bf16")
 PATHS = ("auto", "single", "two_pass")
 
 # log(0) for a component of weight 0: finite so that max-subtraction never meets inf - inf.

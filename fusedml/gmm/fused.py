@@ -35,30 +35,16 @@ from .model import Plan, auto_precision, plan_launch
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-_PREC = {"fp32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "bf16": "bf16", "bf16-stats": "ieee+bf16"}
+_PREC = {"fp32": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "bf16": "bf16"}
 
 
 @triton.jit
 def _mm(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b with fp32 accumulation; PREC picks the operand precision ("ieee+bf16": fp32
-    here; only the diag statistics products, :func:`_mm_stats`, take bf16 operands)."""
+    """acc + a @ b with fp32 accumulation; PREC picks the operand precision."""
     if PREC == "bf16":
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    elif PREC == "ieee+bf16":
-        return tl.dot(a, b, acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, input_precision=PREC)
-
-
-@triton.jit
-def _mm_stats(a, b, acc, PREC: tl.constexpr):
-    """The diag statistics products r^T x, r^T x^2: bf16 operands (rounded to nearest) under
-    "ieee+bf16" -- sums over many rows, whose independent rounding errors average out -- else
-    as :func:`_mm`."""
-    if PREC == "ieee+bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    else:
-        return _mm(a, b, acc, PREC)
 
 
 @triton.jit
@@ -182,8 +168,8 @@ def _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC: tl.constexpr, FORM: tl
         acc_s2 += tl.sum(rb * x2[:, None, :], axis=0)
     else:
         rt = tl.trans(r)  # [BK, BN]
-        acc_s1 = _mm_stats(rt, x, acc_s1, PREC)
-        acc_s2 = _mm_stats(rt, x2, acc_s2, PREC)
+        acc_s1 = _mm(rt, x, acc_s1, PREC)
+        acc_s2 = _mm(rt, x2, acc_s2, PREC)
     return acc_nk, acc_s1, acc_s2
 
 
@@ -242,7 +228,7 @@ def _diag_single_kernel(
             lg = _mm(xx, w12, tl.zeros((BN, BK), dtype=tl.float32), PREC) + cst[None, :]
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
             acc_nk += tl.sum(r, axis=0)
-            acc_s12 = _mm_stats(tl.trans(r), xx, acc_s12, PREC)
+            acc_s12 = _mm(tl.trans(r), xx, acc_s12, PREC)
         acc_s1, acc_s2 = tl.split(tl.reshape(acc_s12, (BK, BD, 2)))
     else:
         acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
