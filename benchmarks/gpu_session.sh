@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_session.sh OUTDIR [part ...]   (parts: see the case list below; default all)
 set -uo pipefail
 out=${1:?usage: gpu_session.sh OUTDIR [parts...]}; shift
-parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests solver-ops profile profile-gmm distributed}
+parts=${*:-check mmchain dense-sweep csr-strategies gmm gmm-bf16 gmm-sweep kmeans kmeans-sweep e2e streaming cuda-tests solver-ops profile profile-gmm distributed}
 log=${LOGDIR:-/tmp/fusedml-logs}; mkdir -p "$out" "$log"
 export PYTHONUNBUFFERED=1
 run() {  # name seconds command...
@@ -26,6 +26,17 @@ for p in $parts; do
     csr-strategies) run csr-strategies 70 python3 benchmarks/bench_mmchain.py --csr-strategies --out "$out/mmchain-csr-strategies.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
     gmm-sweep) run gmm-sweep 50 python3 benchmarks/bench_gmm.py --sweep --budget 30 --out "$out/gmm-sweep.json" ;;
+    gmm-bf16) run gmm-bf16 60 python3 benchmarks/bench_gmm.py --precision bf16 --out "$out/gmm-bf16.json" ;;
+    ncu-gmm)  # Nsight Compute on the single sweep and the two-pass kernels (one launch each)
+      ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+      ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+      ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      run ncu-gmm-16 120 ncu $ncu_sec --kernel-name regex:_diag_single --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/ncu_gmm.py --shape 4194304,16,16
+      run ncu-gmm-8 120 ncu $ncu_sec --kernel-name regex:_diag_single --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/ncu_gmm.py --shape 16777216,8,8
+      run ncu-gmm-1024 120 ncu $ncu_sec --kernel-name "regex:_diag_(lse|stats)" --launch-skip 2 --launch-count 2 \
+        python3 benchmarks/ncu_gmm.py --shape 1048576,128,1024 --precision bf16 ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;

@@ -321,6 +321,14 @@ def test_small_d_cat_plan_matches_reference(rng, D, ct):
     assert rel(lp, ref["log_prob"]) < 1e-5
 
 
+def test_ncu_gmm_script_smoke():
+    """benchmarks/ncu_gmm.py (the run ncu profiles) on a tiny shape with a plan override."""
+    from _bench import bench_module
+
+    row = bench_module("ncu_gmm").main(["--shape", "300,5,4", "--plan", '{"BN": 32}'])
+    assert row["ms"] > 0 and row["plan"]["BN"] == 32 and row["plan"]["form"] == "cat"
+
+
 def test_lse_feature_chunks(rng):
     """Pass 1 with the feature axis in chunks (DC < BD, the tensor-core layout at large D) agrees."""
     from dataclasses import replace

@@ -167,15 +167,7 @@ def test_loss_gradient_bad_inputs():
     assert set(LOSSES) == {"logistic", "squared_hinge", "multinomial", "poisson", "gamma", "tweedie", "squared_error"}
 
 
-def _bench_module(name):
-    import importlib.util
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "benchmarks", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from _bench import bench_module as _bench_module  # noqa: E402
 
 
 def test_bench_solver_ops_smoke(tmp_path):
