@@ -304,6 +304,8 @@ def test_plan_small_d_and_occupancy_grid():
 def test_small_d_cat_plan_matches_reference(rng, D, ct):
     """The D <= 8 plan (BD = 8, [x, x^2] operand, prefetched blocks) against the float64 reference,
     with a row count that is no multiple of the block and more blocks than programs."""
+    from dataclasses import replace
+
     from fusedml.gmm._prep import validate
     from fusedml.gmm.fused import estep_fused
 
@@ -313,8 +315,6 @@ def test_small_d_cat_plan_matches_reference(rng, D, ct):
     prep = validate(torch.tensor(X), w, means, pc, ct)
     plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"))
     assert (plan.form, plan.BD, plan.prefetch) == ("cat", 8, True)
-    from dataclasses import replace
-
     lp, ll, nk, s1, s2 = estep_fused(prep, True, precision="fp32", plan=replace(plan, BN=32, programs=3))
     assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
     assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5

@@ -40,7 +40,7 @@ choices for the target shapes):
     :func:`fusedml.gmm.fused.resident_programs`: registers, shared memory, warps), not from the
     estimate: 4M x 16, K = 16 bf16 0.56 -> 0.32 ms, fp32 0.68 -> 0.64;
   - ``D <= 8``: ``BD = 8`` with the interleaved ``[x, x^2]`` operand (``form="cat"``, 16 wide: no
-    padded features) and the next block prefetched: 16M x 8, K = 8 fp32 3.30 -> 1.79 ms;
+    padded features) and the next block prefetched: 16M x 8, K = 8 fp32 3.30 -> 1.55 ms (bf16 2.81 -> 1.01);
   - bf16 pass 1 keeps x on chip (``DC = BD`` up to 128) in 64-row blocks: 1M x 128,
     K = 1024 bf16 24.2 -> 17.6 ms (32-row blocks 19.9), although this kernel spills (~0.8 KB of stack
     on sm_90): the spill-free chunked form re-reads x per chunk and loses.
