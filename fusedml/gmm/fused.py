@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ._prep import Prepared, diag_precisions
-from .model import Plan, auto_precision, plan_launch
+from .model import Plan, auto_precision, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -63,6 +63,28 @@ def _load_rows_g(X, stride_xn, stride_xd, g, rows, offs_d, N, D):
     x = tl.load(X + rows[:, None] * stride_xn + offs_d[None, :] * stride_xd, mask=mask, other=0.0)
     x = (x.to(g.dtype) - g[None, :]).to(tl.float32)
     return tl.where(mask, x, 0.0)
+
+
+@triton.jit
+def _first_rows(X, stride_xn, stride_xd, g, rows, offs_d, N, D, BN: tl.constexpr, BD: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """The tile a persistent loop carries in: its first block's rows (PREFETCH), else an unused
+    zero tile (defined for front ends that resolve both branches of the loop body)."""
+    if PREFETCH:
+        return _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)
+    else:
+        return tl.zeros((BN, BD), dtype=tl.float32)
+
+
+@triton.jit
+def _block_rows(X, stride_xn, stride_xd, g, rows, step, x_nxt, offs_d, N, D, PREFETCH: tl.constexpr):
+    """``(x, x_nxt)``: this block's [BN, BD] tile and the one to carry. PREFETCH (software
+    pipelining by hand): the tile loaded one iteration earlier, and the next block's rows
+    (``rows + step``) loading during this block's math; else a load now."""
+    if PREFETCH:
+        return x_nxt, _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64) + step, offs_d, N, D)
+    else:
+        return _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D), x_nxt
 
 
 @triton.jit
@@ -212,18 +234,11 @@ def _diag_single_kernel(
         # instead of four, one operand conversion each way
         w12 = tl.reshape(tl.permute(tl.join(w1, w2), (0, 2, 1)), (2 * BD, BK))  # [2 BD, BK]
         acc_s12 = tl.zeros((BK, 2 * BD), dtype=tl.float32)
-        if PREFETCH:  # software pipelining by hand: the next block's rows load during this block's math
-            x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, (pid * BN + offs_n).to(tl.int64), offs_d, N, D)
-        else:  # unused (defined for front ends that resolve both branches of the loop body)
-            x_nxt = tl.zeros((BN, BD), dtype=tl.float32)
+        x_nxt = _first_rows(X, stride_xn, stride_xd, g, pid * BN + offs_n, offs_d, N, D, BN, BD, PREFETCH)
         for blk in range(pid, n_blocks, nprog):
             rows = blk * BN + offs_n
             nmask = rows < N
-            if PREFETCH:
-                x = x_nxt
-                x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64) + nprog * BN, offs_d, N, D)
-            else:
-                x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            x, x_nxt = _block_rows(X, stride_xn, stride_xd, g, rows, nprog * BN, x_nxt, offs_d, N, D, PREFETCH)
             xx = tl.reshape(tl.join(x, x * x), (BN, 2 * BD))  # [BN, 2 BD]
             lg = _mm(xx, w12, tl.zeros((BN, BK), dtype=tl.float32), PREC) + cst[None, :]
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
@@ -233,18 +248,11 @@ def _diag_single_kernel(
     else:
         acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
         acc_s2 = tl.zeros((BK, BD), dtype=tl.float32)
-        if PREFETCH:
-            x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, (pid * BN + offs_n).to(tl.int64), offs_d, N, D)
-        else:
-            x_nxt = tl.zeros((BN, BD), dtype=tl.float32)
+        x_nxt = _first_rows(X, stride_xn, stride_xd, g, pid * BN + offs_n, offs_d, N, D, BN, BD, PREFETCH)
         for blk in range(pid, n_blocks, nprog):
             rows = blk * BN + offs_n  # int32 in the loop; the int64 cast only for the addresses
             nmask = rows < N
-            if PREFETCH:
-                x = x_nxt
-                x_nxt = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64) + nprog * BN, offs_d, N, D)
-            else:
-                x = _load_rows_g(X, stride_xn, stride_xd, g, rows.to(tl.int64), offs_d, N, D)  # [BN, BD]
+            x, x_nxt = _block_rows(X, stride_xn, stride_xd, g, rows, nprog * BN, x_nxt, offs_d, N, D, PREFETCH)
             x2 = x * x
             lg = _diag_logits_w(x, x2, w1, w2, cst, BN, BK, PREC, FORM)  # [BN, BK]
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
@@ -556,8 +564,6 @@ def resident_programs(kernel, args, kwargs, device) -> int | None:
         except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
             _RESIDENT[key] = None
             return None
-        from .model import gpu_info
-
         info = gpu_info(device)
         nw = int(kwargs.get("num_warps", 4))
         warp_regs = -(-max(regs, 1) * 32 // 256) * 256
@@ -574,8 +580,6 @@ def _grid(kernel, args, kwargs, device, n_blocks, model_programs, max_programs=N
     if per_sm is None:
         P = model_programs
     else:
-        from .model import gpu_info
-
         P = gpu_info(device)["sm_count"] * per_sm
     if max_programs is not None:
         P = min(P, max_programs)
