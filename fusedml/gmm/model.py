@@ -46,7 +46,8 @@ choices for the target shapes):
     on sm_90): the spill-free chunked form re-reads x per chunk and loses.
 
   The compiled-resource grid was also measured for the full/tied single sweep and is not used
-  there: 1M x 32, K = 64 full 13.7 -> 25.7 ms, 4M x 8, K = 8 full 3.97 -> 3.72, others within 1 %.
+  there (``results/gmm_fulltied_occupancy-H200-2026-12-03-s6-e.json``): 1M x 32, K = 64 full
+  13.7 -> 25.7 ms, 4M x 8, K = 8 full 3.97 -> 3.72, others within 1 %.
 
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
