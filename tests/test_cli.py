@@ -264,3 +264,19 @@ def test_bench_end_to_end_quick(tmp_path, capsys):
     np.testing.assert_allclose(
         [r["objective"] for r in data["rows"] if r["backend"] == "cpu"],
         [r["objective"] for r in data["rows"] if r["backend"] == "ops"], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- README
+def test_readme_has_the_two_commands_once():
+    """The README's set-up-and-go block: exactly two commands, the test one being what CI runs."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert text.count("## Set up and go") == 1
+    headings = [ln for ln in text.splitlines() if ln.startswith("#")]
+    assert len(headings) == len(set(headings)), "a README section is written twice"
+    cmds = [ln.split("#")[0].strip() for ln in text.splitlines() if ln.startswith("bash .ci/setup")]
+    assert len(cmds) == 2
+    assert any(c.endswith(".venv/bin/fusedml demo") for c in cmds)
+    test_cmd = next(c for c in cmds if "pytest" in c).split("&&", 1)[1].strip()
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        assert test_cmd in f.read()
