@@ -89,11 +89,14 @@ def passes(X, w, y, h, m):
     }
 
 
-def sweep_points(X, m, quick):
-    """Launch configurations around the model's pick (block_n, warps, programs, prefetch)."""
+def sweep_points(X, m, quick, only_precision=False):
+    """Launch configurations around the model's pick (block_n, warps, programs, prefetch), and for
+    m > 1 the padded ``tl.dot``'s two precisions (``only_precision``: the model and those alone)."""
     base = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
                                stride_xn=X.stride(0), stride_xd=X.stride(1))
     pts = [None]
+    if only_precision:
+        return pts + _precision_points(base)
     for f in (0.5, 2):
         if base.block_n * f >= (16 if base.mode == "dot" else 1):
             pts.append({"block_n": int(base.block_n * f)})
@@ -106,13 +109,28 @@ def sweep_points(X, m, quick):
     pf = {"prefetch": not base.prefetch}
     pts += [pf, dict(pf, block_n=2 * base.block_n), dict(pf, num_programs=2 * base.num_programs)]
     pts += [dict(pf, num_warps=int(base.num_warps * f)) for f in (0.5, 2) if 2 <= base.num_warps * f <= 16]
+    pts += _precision_points(base)
     return pts[:2] if quick else pts
+
+
+def _precision_points(base):
+    pts = []
+    if base.mode == "small":  # the padded tl.dot on the tensor cores (tf32x3) and with fp32 FMAs
+        dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "prefetch": False}
+        pts += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]
+    if base.mode in ("small", "dot"):  # the loss pass and the matvec run "dot": its FMA form
+        pts += [{"dot_precision": "ieee"}, {"dot_precision": "ieee", "block_n": 32},
+                {"block_n": 16, "num_warps": 4}, {"block_n": 32, "num_warps": 8}, {"block_n": 32, "num_warps": 4},
+                {"block_n": 64, "num_warps": 8}]
+    return pts
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=None, help="NxD or NxDxM (M classes; default the e2e shapes)")
     ap.add_argument("--sweep", action="store_true", help="also time launch configurations around the model")
+    ap.add_argument("--sweep-precision", action="store_true",
+                    help="sweep only the model's pick and the m > 1 tl.dot precisions / modes")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
@@ -135,9 +153,9 @@ def main(argv=None):
             row = {"shape": f"{N}x{D}", "m": m, "pass": name, "floor_ms": floor, "fused_ms": f_ms,
                    "GB/s": X.numel() * 4 / f_ms / 1e6, "%floor": 100 * floor / f_ms, "ops_ms": o_ms,
                    "speedup": o_ms / f_ms, "rel_err": err}
-            if args.sweep and (m == 1 or "matvec" not in name):
+            if args.sweep or args.sweep_precision:
                 pts = []
-                for cfg in sweep_points(X, m, quick):
+                for cfg in sweep_points(X, m, quick, args.sweep_precision):
                     try:
                         pts.append((bench_ms(lambda: fn("fused", cfg)), "model" if cfg is None else str(cfg)))
                     except Exception as e:  # an invalid point for this pass: recorded, not fatal

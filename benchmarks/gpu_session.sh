@@ -46,6 +46,11 @@ for p in $parts; do
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
+    solver-ops-prec) run solver-ops-prec 240 python3 benchmarks/bench_solver_ops.py --sweep-precision \
+                       --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;
+    host-overhead) run host-overhead 90 python3 benchmarks/host_overhead.py --out "$out/host_overhead.json" ;;
+    check-mm) run check-mm 120 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
+              grep -E "^FAIL|passed" "$log/check-mm.log" | tail -12 ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
     profile-big) run profile-big 150 python3 benchmarks/profile_fit.py --shape 4000000x64 --algo logistic \

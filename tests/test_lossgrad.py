@@ -189,3 +189,27 @@ def test_profile_fit_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["backend"] for r in rows] == ["fused", "ops"] and all(r["n_iter"] >= 1 for r in rows)
     assert all(r["wall_ms"] > 0 for r in rows)
+
+
+def test_host_overhead_smoke(tmp_path):
+    """benchmarks/host_overhead.py under the interpreter: every probe and both fits give a time."""
+    import json
+
+    out = tmp_path / "h.json"
+    _bench_module("host_overhead").main(["--cprofile", "3", "--out", str(out)])
+    d = json.loads(out.read_text())
+    whats = {(r["what"], r["backend"]) for r in d["rows"]}
+    assert ("empty Triton launch", "-") in whats and ("loss_gradient logistic, intercept", "fused") in whats
+    fits = [r for r in d["rows"] if r["what"].startswith("LogisticRegression")]
+    assert [r["backend"] for r in fits] == ["fused", "ops"] and all(r["us_per_call"] > 0 for r in d["rows"])
+    assert set(d["cprofile"]) == {"fused", "ops"}
+
+
+def test_solver_ops_precision_points():
+    """The sweep's m > 1 points: the padded tl.dot in both precisions; none for m = 1."""
+    mod = _bench_module("bench_solver_ops")
+    X = torch.randn(64, 100)
+    pts = mod.sweep_points(X, 3, quick=False, only_precision=True)
+    assert pts[0] is None and {"dot_precision": "ieee"} in pts
+    assert any(p and p.get("mode") == "dot" and p.get("dot_precision") == "ieee" for p in pts)
+    assert mod.sweep_points(X, 1, quick=False, only_precision=True) == [None]

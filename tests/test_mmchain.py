@@ -113,6 +113,31 @@ def test_dense_fused_elementwise_fp32_and_onchip_overrides(rng, poison):
     assert rel(w, mmchain_reference(X, y, v)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("prec", ["tf32x3", "ieee"])
+@pytest.mark.parametrize("strategy", ["onchip", "chunked"])
+def test_dense_fused_dot_precisions(rng, poison, prec, strategy):
+    """The padded tl.dot in both operand precisions (tensor-core tf32x3 is the default), matvec too."""
+    X = _dense(rng, 70, 40, torch.float32)
+    y, v, z = _operands(rng, 70, 40, 3, intercept=True)
+    cfg = {"mode": "dot", "m_pad": 16, "block_n": 16, "num_programs": 3, "dot_precision": prec}
+    if strategy == "chunked":
+        cfg.update(strategy="chunked", block_d=16)
+    w = fusedml.mmchain(X, y, v, z, 0.5, 2.0, intercept=True, backend="fused", config=cfg)
+    assert rel(w, mmchain_reference(X, y, v, z, 0.5, 2.0, intercept=True)) < TOL[torch.float32]
+    t = fusedml.matvec(X, y, intercept=True, backend="fused", config=dict(cfg, strategy="onchip", block_d=16))
+    assert rel(t, matvec_reference(X, y, intercept=True)) < TOL[torch.float32]
+
+
+def test_dense_dot_precision_default_and_bad_value(rng):
+    """The model's "dot" launches default to tf32x3; an unknown precision is a clear error."""
+    cfg = launch.dense_config(10_000, 100, 8, torch.float32, launch.gpu_info(torch.device("cpu")))
+    assert cfg.mode == "dot" and cfg.dot_precision == "tf32x3"
+    X = _dense(rng, 20, 8, torch.float32)
+    y, v, _ = _operands(rng, 20, 8, 8)
+    with pytest.raises(ValueError, match="dot_precision"):
+        fusedml.mmchain(X, y, v, backend="fused", config={"dot_precision": "tf32"})
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dense_fused_half_storage(rng, poison, dtype):
     X = _dense(rng, 33, 16, dtype)
@@ -536,6 +561,12 @@ def _aot_dense_variants():
         ("onchip m3 fp32 multinomial loss dot", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
          dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=1, BLOCK_N=16,
               BLOCK_D=128, M_PAD=16), 8, False),
+        ("onchip m3 fp32 multinomial loss dot tf32x3", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
+         dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=4,
+              BLOCK_N=16, BLOCK_D=128, M_PAD=16), 4, False),
+        ("onchip m4 fp32 softmax dot tf32x3", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
+         dict(base, **onchip, SOFTMAX=True, INTERCEPT=True, PREFETCH=False, MODE=4, BLOCK_N=16, BLOCK_D=128,
+              M_PAD=16), 4),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
                 ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD2=True)
@@ -549,7 +580,9 @@ def _aot_dense_variants():
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)
         regs, stack = resource_usage(k)
         vec = re.search(r"ld\.global(\.\w+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
-        print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec}")
+        mma = re.search(r"\b(mma|wgmma)\S*\.tf32", k.asm["ptx"]) is not None
+        print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec} tf32_mma={mma}")
+        assert mma == ("tf32x3" in name), f"{name}: tensor-core tf32 MMAs {'missing' if not mma else 'unexpected'}"
         assert stack == 0, f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
@@ -562,7 +595,7 @@ def _aot_dense_variants():
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 9)
+    run_aot(__file__, 11)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

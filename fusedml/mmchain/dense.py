@@ -82,6 +82,8 @@ def _xy(x, yt, MODE: tl.constexpr):
         t = tl.sum(x * yt, axis=1, keep_dims=True)
     elif MODE == 1:
         t = tl.dot(x, tl.trans(yt), input_precision="ieee")
+    elif MODE == 4:  # three tf32 tensor-core products (hi*hi + hi*lo + lo*hi): fp32-level error
+        t = tl.dot(x, tl.trans(yt), input_precision="tf32x3")
     else:
         t = tl.sum(x[:, None, :] * yt[None, :, :], axis=2)
     return t
@@ -94,6 +96,8 @@ def _xtp(acc, x, p, MODE: tl.constexpr):
         acc += tl.sum(x * p, axis=0, keep_dims=True)
     elif MODE == 1:
         acc = tl.dot(tl.trans(p), x, acc, input_precision="ieee")
+    elif MODE == 4:
+        acc = tl.dot(tl.trans(p), x, acc, input_precision="tf32x3")
     else:
         acc += tl.sum(p[:, :, None] * x[:, None, :], axis=0)
     return acc
@@ -645,6 +649,11 @@ def _matvec_kernel(
         tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
 
 
+def _mode(cfg: DenseConfig) -> int:
+    """The kernels' MODE: "dot" with ``dot_precision="tf32x3"`` is 4 (tensor cores), else _MODES."""
+    return 4 if cfg.mode == "dot" and cfg.dot_precision == "tf32x3" else _MODES[cfg.mode]
+
+
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Allocate an output every element of which the kernels overwrite (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -686,6 +695,8 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
+    if cfg.dot_precision not in ("tf32x3", "ieee"):
+        raise ValueError(f"dot_precision must be 'tf32x3' or 'ieee', got {cfg.dot_precision!r}")
     if cfg.strategy == "onchip" and cfg.block_d < P.D:
         raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
     if cfg.strategy == "coop" and (P.m != 1 or P.v_op != "mul"):
@@ -850,7 +861,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
             a_hi, a_lo, *mid,
             XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_MODES[cfg.mode],
+            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_mode(cfg),
             ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
         )
@@ -881,7 +892,7 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     n_tiles = triton.cdiv(N, cfg.block_n)
     _matvec_kernel[(max(1, min(cfg.num_programs, n_tiles)),)](
         X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
-        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_MODES[cfg.mode], ACC=_TL[acc],
+        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_mode(cfg), ACC=_TL[acc],
         BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D, num_warps=cfg.num_warps,
     )
     return t

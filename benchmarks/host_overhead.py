@@ -1,0 +1,135 @@
+"""Host cost of one operator call and of the solvers' bookkeeping, fused against "ops".
+
+The end-to-end fits at a million rows are bound by the host (``profile_fit.py``: the GPU is busy
+14-23 % of a 1M x 100 fit). This script measures where that time goes, on data so small that
+the device work is a few microseconds, so that every call's wall time is its host cost:
+
+* one call of each operator the solvers make (``mmchain`` with the intercept and ``z``,
+  ``loss_gradient``, ``matvec``) per backend;
+* the primitives under them: an empty Triton launch, one torch launch, one host sync;
+* one whole ``LogisticRegression`` fit per backend on tiny data (host only), with cProfile's
+  top functions by own time.
+
+    python benchmarks/host_overhead.py [--calls 300] [--out FILE]
+
+Without CUDA it runs under ``TRITON_INTERPRET=1`` (a smoke test of the script: the numbers are
+the interpreter's).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))
+
+import _common  # noqa: E402
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():  # before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+import fusedml  # noqa: E402
+
+
+@triton.jit
+def _empty_kernel(X, N):
+    pass
+
+
+def per_call_us(fn, calls, dev):
+    """Mean wall time of ``fn()`` over ``calls`` back-to-back calls (one sync at the end), in us."""
+    fn()
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(dev)
+    return 1e6 * (time.perf_counter() - t0) / calls
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cprofile", type=int, default=25, help="top functions by own time in the fit profile")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    dev = _common.device()
+    quick = dev.type != "cuda"
+    calls = 3 if quick else args.calls
+    N, D = (64, 8) if quick else (args.rows, 100)
+    g = torch.Generator(device=dev).manual_seed(0)
+    X = torch.randn(N, D, generator=g, device=dev)
+    s = torch.randn(D + 1, generator=g, device=dev)
+    h = torch.rand(N, generator=g, device=dev)
+    lbl = (torch.rand(N, generator=g, device=dev) < 0.5).float()
+    small = torch.zeros(D + 1, device=dev)
+    rows = []
+
+    def row(name, backend, us):
+        rows.append({"what": name, "backend": backend, "us_per_call": us})
+        print(f"{name:<40} {backend:<6} {us:9.1f} us", flush=True)
+
+    row("empty Triton launch", "-", per_call_us(lambda: _empty_kernel[(1,)](X, N), calls, dev))
+    row("torch.add (one launch)", "-", per_call_us(lambda: torch.add(small, small, alpha=0.5), calls, dev))
+    row("host sync (2-float tolist)", "-", per_call_us(lambda: small[:2].tolist(), calls, dev))
+    for be in ("fused", "ops"):
+        row("mmchain X^T(h*(Xs)) + l2 s, intercept", be, per_call_us(
+            lambda: fusedml.mmchain(X, s, v=h, z=s, beta=1e-3, intercept=True, backend=be), calls, dev))
+        row("matvec [X,1] s", be, per_call_us(lambda: fusedml.matvec(X, s, intercept=True, backend=be), calls, dev))
+        if be == "fused":
+            row("loss_gradient logistic, intercept", be, per_call_us(
+                lambda: fusedml.loss_gradient(X, s, lbl, loss="logistic", z=s, beta=1e-3, intercept=True,
+                                              backend=be), calls, dev))
+
+    from algorithms import LogisticRegression
+
+    profiles = {}
+    for be in ("fused", "ops"):
+        def fit():
+            return LogisticRegression(C=1.0, backend=be, max_iter=10).fit(X, lbl)
+        est = fit()
+        _sync(dev)
+        t0 = time.perf_counter()
+        reps = 2 if quick else 20
+        for _ in range(reps):
+            est = fit()
+        _sync(dev)
+        us = 1e6 * (time.perf_counter() - t0) / reps
+        info = est.fit_info_ if hasattr(est, "fit_info_") else {}
+        rows.append({"what": "LogisticRegression fit (tiny data: host only)", "backend": be, "us_per_call": us,
+                     "n_iter": est.n_iter_.tolist() if hasattr(est.n_iter_, "tolist") else est.n_iter_,
+                     "fit_info": {k: v for k, v in info.items() if isinstance(v, (int, float, str))}})
+        print(f"{'LogisticRegression fit (host only)':<40} {be:<6} {us:9.1f} us  n_iter={est.n_iter_}", flush=True)
+        pr = cProfile.Profile()
+        pr.enable()
+        fit()
+        _sync(dev)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
+        profiles[be] = buf.getvalue()
+        print(profiles[be])
+    path = _common.write_json("host_overhead", rows, {"args": vars(args), "cprofile": profiles}, args.out)
+    print(f"\nwrote {path}\n")
+    print(_common.markdown_table(rows, ["what", "backend", "us_per_call"]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
