@@ -42,12 +42,13 @@ for p in $parts; do
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     e2e-gmm) run e2e-gmm 120 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
                --out "$out/end_to_end_gmm.json" ;;
-    e2e3) run e2e3 320 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
+    e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 60 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_streaming.py ;;
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     solver-ops-prec) run solver-ops-prec 240 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                        --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;
+    solver-ops-table) run solver-ops-table 90 python3 benchmarks/bench_solver_ops.py --out "$out/solver_ops.json" ;;
     host-overhead) run host-overhead 90 python3 benchmarks/host_overhead.py --out "$out/host_overhead.json" ;;
     check-mm) run check-mm 120 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
               grep -E "^FAIL|passed" "$log/check-mm.log" | tail -12 ;;

@@ -128,6 +128,24 @@ def test_dense_fused_dot_precisions(rng, poison, prec, strategy):
     assert rel(t, matvec_reference(X, y, intercept=True)) < TOL[torch.float32]
 
 
+def test_dense_launch_memo_and_padded_dot_rules(rng):
+    """The per-problem launch is memoised (same object for the same call, overrides respected), and
+    the m <= 4 passes other than the Hessian product take the tensor-core padded dot."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    X = _dense(rng, 300, 20, torch.float32)
+    y, v, _ = _operands(rng, 300, 20, 3)
+    kw = dict(intercept=False, v_op="mul", check_finite=False)
+    P = prepare_mmchain(X, y, v, None, 1.0, 0.0, **kw)
+    a, b = dense_mod._config(P, None), dense_mod._config(P, None)
+    assert a is b and a.mode == "small"
+    assert dense_mod._config(P, {"block_n": 8}).block_n == 8
+    assert dense_mod._config(P, None, loss=True) == launch.padded_dot(a)  # the loss pass
+    Pt = prepare_mmchain(X, None, v, None, 1.0, 0.0, **kw)  # X^T V
+    assert dense_mod._config(Pt, None).mode == "dot" and dense_mod._config(Pt, None).dot_precision == "tf32x3"
+    assert launch.matvec_config(300, 20, 3, torch.float32, launch.gpu_info(X.device)).mode == "dot"
+
+
 def test_dense_dot_precision_default_and_bad_value(rng):
     """The model's "dot" launches default to tf32x3; an unknown precision is a clear error."""
     cfg = launch.dense_config(10_000, 100, 8, torch.float32, launch.gpu_info(torch.device("cpu")))
@@ -561,7 +579,10 @@ def _aot_dense_variants():
         ("onchip m3 fp32 multinomial loss dot", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
          dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=1, BLOCK_N=16,
               BLOCK_D=128, M_PAD=16), 8, False),
-        ("onchip m3 fp32 multinomial loss dot tf32x3", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
+        ("onchip m3 fp32 multinomial loss dot tf32x3 64x4 (spills)", dense_mod._mmchain_onchip_kernel, "fp32",
+         "fp32", dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False,
+                      MODE=4, BLOCK_N=64, BLOCK_D=128, M_PAD=16), 4, False),
+        ("onchip m3 fp32 multinomial loss dot tf32x3 16x4", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
          dict(base, LOSS=3, HAS_C=False, STORE_ETA=True, EVEN_D=False, INTERCEPT=True, PREFETCH=False, MODE=4,
               BLOCK_N=16, BLOCK_D=128, M_PAD=16), 4, False),
         ("onchip m4 fp32 softmax dot tf32x3", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
@@ -583,7 +604,9 @@ def _aot_dense_variants():
         mma = re.search(r"\b(mma|wgmma)\S*\.tf32", k.asm["ptx"]) is not None
         print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec} tf32_mma={mma}")
         assert mma == ("tf32x3" in name), f"{name}: tensor-core tf32 MMAs {'missing' if not mma else 'unexpected'}"
-        assert stack == 0, f"{name}: register spills (stack {stack} B)"
+        # the loss pass's launch (launch.padded_dot) spills ~0.7 KB on sm_90 and was still the
+        # fastest point of the H200 sweep (solver_ops-H200-2026-12-03-s7-a): bounded, not zero
+        assert stack <= (1024 if "(spills)" in name else 0), f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
         if fn is dense_mod._mmchain_coop_kernel:  # the row handshake: release-add, acquire-poll, L2-only reads
@@ -595,7 +618,7 @@ def _aot_dense_variants():
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 11)
+    run_aot(__file__, 12)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ._checks import Problem
-from .launch import DenseConfig, dense_config, gpu_info, matvec_config
+from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
@@ -679,7 +679,28 @@ def _split(x: float):
     return hi, float(np.float32(x - hi))
 
 
+_CONFIGS: dict = {}
+
+
 def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
+    """The launch of this problem (model pick, per-pass rules, the caller's overrides), memoised:
+    the solvers make the same call hundreds of times per fit and its host cost adds to each."""
+    X = P.X
+    try:
+        key = (P.N, P.D, P.m, X.dtype, X.device, X.stride(), P.acc_dtype, P.intercept, P.y is None, P.v_op, loss,
+               None if not config else tuple(sorted(config.items())))
+        hash(key)
+    except TypeError:  # unhashable override values: no memo
+        return _config_uncached(P, config, loss)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        if len(_CONFIGS) > 1024:
+            _CONFIGS.clear()
+        cfg = _CONFIGS[key] = _config_uncached(P, config, loss)
+    return cfg
+
+
+def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig:
     X = P.X
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
@@ -690,6 +711,8 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
         # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
         # buffer with half the warps: 0.12 / 0.49 / 0.25 ms against 0.16 / 0.64 / 0.34
         cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
+    elif P.y is None and cfg.mode == "small" and P.acc_dtype != torch.float64:
+        cfg = padded_dot(cfg)  # X^T V with m <= 4: no X Y to unroll (see padded_dot)
     cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
@@ -726,10 +749,10 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     if cfg.mode == "small":
         if acc == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
-        # 32-row tiles: the H200 sweeps of 1M x 100, m = 3 (solver_ops-H200-2026-12-03-s4-a/b):
-        # 0.574 / 0.586 ms against 0.828 at 16 rows (the sm_90 compile spills at 8 warps, yet it
-        # was the fastest point; the composed matvec + X^T v took 0.671)
-        return replace(cfg, mode="dot", m_pad=16, block_n=max(32, cfg.block_n), prefetch=False)
+        # the tensor-core tl.dot (see padded_dot: 0.438 ms at 1M x 100, m = 3, against 0.552 for
+        # the FMA form; the sm_90 compile spills ~0.7 KB at 64 rows x 4 warps, yet it was the
+        # fastest point, as the FMA form's was in session 4)
+        return padded_dot(cfg)
     return cfg
 
 

@@ -349,6 +349,19 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
                        prefetch=bool(prefetch))
 
 
+def padded_dot(cfg: DenseConfig) -> DenseConfig:
+    """``cfg`` moved to the padded tensor-core ``tl.dot`` (m padded to 16, tf32x3): 64-row tiles, 4 warps.
+
+    For m <= 4 passes that the unrolled "small" mode does not serve or serves slower: the loss
+    pass, ``t = X Y`` and ``X^T V``. H200 sweep (``solver_ops-H200-2026-12-03-s7-a.json``; ms at
+    1M x 100, m = 3 / 2M x 128, m = 4): loss pass 0.438 / 0.875 (fp32 FMA form 0.552 / 1.089,
+    tf32x3 at 32 rows x 8 warps 1.15 / 2.23); matvec 0.149 / 0.260 (FMA 0.408 / 0.798); ``X^T V``
+    0.196 / 0.416 (small mode 0.267 / 0.510). The Hessian product ``X^T (V ⊙ X Y)`` stays "small"
+    (0.194 / 0.372 against 0.355 / 0.746 here).
+    """
+    return replace(cfg, mode="dot", m_pad=16, block_n=64, num_warps=4, prefetch=False, dot_precision="tf32x3")
+
+
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
     """Launch parameters of the dense ``X y`` kernel: the mmchain model's tile, one program per tile.
 
@@ -371,8 +384,8 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
         # t only (no accumulator): twice the programs per SM (H200 sweeps, solver_ops-H200-2026-12-03-s4-*:
         # 1M x 100 0.107 ms against 0.13, 2M x 256 0.485 against 0.557, 4M x 64 0.257 against 0.285)
         cfg = replace(cfg, num_programs=2 * cfg.num_programs)
-    if cfg.mode == "small":  # t only: keep the padded dot (fp64: 3-D broadcast) of the matvec kernel
+    if cfg.mode == "small":  # t only: the padded dot (fp64: 3-D broadcast) of the matvec kernel
         if dtype == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
-        return replace(cfg, mode="dot", m_pad=16, block_n=max(16, cfg.block_n), prefetch=False)
+        return padded_dot(cfg)
     return cfg
