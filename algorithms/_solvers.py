@@ -24,6 +24,7 @@ iteration. Coefficients that differ per problem travel H2D from pinned memory (a
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 
 import torch
@@ -98,6 +99,164 @@ def _finite_or(x, default):
 
 
 # --------------------------------------------------------------------------------------------
+# the device half of a CG step: in place on persistent buffers, replayed from a CUDA graph
+# --------------------------------------------------------------------------------------------
+def graph_safe(X) -> bool:
+    """Whether products with ``X`` may be captured in a CUDA graph: X a CUDA tensor or CSR matrix
+    (not a streamed matrix, whose products copy chunks from the host), graphs not turned off by
+    ``FUSEDML_CUDA_GRAPHS=0``."""
+    from fusedml import CSRMatrix
+
+    if os.environ.get("FUSEDML_CUDA_GRAPHS", "1") == "0" or not isinstance(X, (torch.Tensor, CSRMatrix)):
+        return False
+    return X.device.type == "cuda"
+
+
+def _counters(owner):
+    return {} if owner is None else {k: v for k, v in vars(owner).items()
+                                     if k.startswith("n_") and type(v) is int}
+
+
+class _Replay:
+    """``fn()`` run eagerly, or replayed from a CUDA graph captured at its second call.
+
+    ``fn`` works in place on persistent buffers and returns tensors the caller reads before the
+    next call. Call 1 runs eagerly on a side stream (the warm-up a capture needs: lazy library
+    set-up, Triton compiles, the CSR strategy's CSC copy); call 2 captures ``fn`` and replays it;
+    later calls replay: ONE launch instead of the step's ~10 launches and its Python (on the H200
+    host, ~12 us per torch launch and ~50-150 us per fusedml call). A failed capture (an
+    operation that cannot be captured) leaves ``fn`` eager. ``fn``'s Python side effects happen
+    at the capture only: ``owner``'s integer ``n_*`` counters advance by the captured call's
+    increments at every replay.
+    """
+
+    captures = 0  # graphs captured by all instances (tests check that the GPU path is taken)
+
+    def __init__(self, fn, enabled, owner=None):
+        self.fn, self.enabled, self.owner = fn, bool(enabled), owner
+        self.calls, self.graph, self.out, self.delta = 0, None, None, {}
+
+    def __call__(self):
+        self.calls += 1
+        if not self.enabled:
+            return self.fn()
+        if self.graph is not None:
+            self.graph.replay()
+            for k, d in self.delta.items():
+                setattr(self.owner, k, getattr(self.owner, k) + d)
+            return self.out
+        cur = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(cur)
+        if self.calls == 1:  # the warm-up: a real step
+            with torch.cuda.stream(side):
+                out = self.fn()
+            cur.wait_stream(side)
+            return out
+        before = _counters(self.owner)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                g.capture_begin()
+                try:
+                    out = self.fn()
+                finally:
+                    g.capture_end()
+        except Exception:  # not capturable: eager from now on (nothing ran on the device)
+            for k, v in before.items():
+                setattr(self.owner, k, v)
+            cur.wait_stream(side)
+            self.enabled = False
+            return self.fn()
+        cur.wait_stream(side)
+        after = _counters(self.owner)
+        self.delta = {k: after[k] - before[k] for k in after if after[k] != before.get(k, after[k])}
+        self.graph, self.out = g, out
+        _Replay.captures += 1
+        g.replay()
+        return out
+
+
+class _CGEngine:
+    """Persistent CG state ``S`` (solution), ``R`` (residual), ``Dv`` (direction), per-problem
+    ``rTr``, ``beta`` and a running ``mask`` (P > 1), and the device half of one step.
+
+    :meth:`step` does, in place and without a host sync: ``Dv = R + beta Dv``; ``A Dv`` (one
+    mmchain); ``alpha = rTr / Dv^T A Dv`` (0 where undefined or masked); ``S += alpha Dv``,
+    ``R -= alpha A Dv`` (the previous ``S``, ``R`` kept in ``S0``, ``R0``); ``beta = ||R||^2 /
+    rTr`` and ``rTr = ||R||^2``; it returns ``[Dv^T A Dv, ||R||^2]`` ([2P], for the host's
+    decisions) and ``A Dv``. With ``graphs`` the step is a CUDA graph (:class:`_Replay`).
+    """
+
+    def __init__(self, apply, dot, like, P, graphs, owner=None):
+        self.apply, self.dot, self.P = apply, dot, P
+        z = torch.zeros_like(like)
+        self.S, self.R, self.Dv, self.S0, self.R0 = z, z.clone(), z.clone(), z.clone(), z.clone()
+        self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
+        self.beta = torch.zeros_like(self.rTr)
+        self.mask = torch.ones_like(self.rTr) if P > 1 else None
+        self.step = _Replay(self._step, graphs, owner)
+
+    def reset(self, R, rTr, run):
+        """A new solve from ``S = 0``, residual ``R``, ``rTr`` [P] device, problems ``run``."""
+        self.S.zero_()
+        self.R.copy_(R)
+        self.Dv.zero_()
+        self.beta.zero_()
+        self.rTr.copy_(rTr)
+        if self.mask is not None:
+            self.set_mask(run)
+
+    def set_mask(self, run):
+        self.mask.copy_(torch.tensor([1.0 if r else 0.0 for r in run], dtype=self.mask.dtype))
+
+    def set_scalars(self, beta, rTr):
+        """Host values (P floats each) for the next step's ``beta`` and ``rTr``."""
+        self.beta.copy_(torch.tensor(beta, dtype=self.beta.dtype))
+        self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
+
+    def _step(self):
+        self.S0.copy_(self.S)
+        self.R0.copy_(self.R)
+        self.Dv.mul_(self.beta.reshape(1, -1)).add_(self.R)
+        Ad = self.apply(self.Dv)
+        dAd = self.dot(self.Dv, Ad)
+        a = torch.nan_to_num(self.rTr / dAd, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.mask is not None:
+            a = a * self.mask
+        a = a.reshape(1, -1)
+        self.S.addcmul_(a, self.Dv)
+        self.R.addcmul_(a, Ad, value=-1.0)
+        rnew = self.dot(self.R, self.R)
+        b = torch.nan_to_num(rnew / self.rTr, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.mask is not None:
+            b = b * self.mask
+        self.beta.copy_(b)
+        self.rTr.copy_(rnew)
+        return torch.cat([dAd, rnew]), Ad
+
+
+def _tron_engine(obj, g, hstate, P):
+    """The CG engine of ``obj``'s TRON solves: kept on ``obj`` across outer iterations when graphs
+    apply (the Hessian state is copied into the captured buffers), a fresh eager one otherwise."""
+    if not (graph_safe(getattr(obj, "X", None)) and g.is_cuda):
+        return _CGEngine(lambda D: obj.hessp(hstate, D), obj.dot, g, P, False, obj)
+    key = (tuple(g.shape), g.dtype, P, tuple(
+        (k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, v) for k, v in sorted(hstate.items())))
+    eng = obj.__dict__.get("_cg_engine")
+    if eng is None or eng.key != key:
+        static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in hstate.items()}
+        eng = _CGEngine(lambda D: obj.hessp(static, D), obj.dot, g, P, True, obj)
+        eng.key, eng.static = key, static
+        obj._cg_engine = eng
+    else:
+        for k, v in hstate.items():
+            if isinstance(v, torch.Tensor):
+                eng.static[k].copy_(v)
+    return eng
+
+
+# --------------------------------------------------------------------------------------------
 # TRON
 # --------------------------------------------------------------------------------------------
 def _boundary(std, sts, dtd, dsq):
@@ -113,14 +272,15 @@ def _boundary(std, sts, dtd, dsq):
 def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
 
-    One host sync per CG step. The step ``alpha = r^T r / d^T H d`` is formed on the device and
-    the updates ``S + alpha D``, ``R - alpha H D`` and ``||R||^2`` are queued right behind the
-    Hessian product (hidden behind its read of X); the host then reads ``d^T H d`` and the new
-    ``||r||^2`` in ONE copy and decides in float64: curvature and trust-region tests (Steihaug's
-    recurrences for ``||S||^2``, ``S^T D``, ``D^T D``), convergence, ``beta``. A step that leaves
-    the region (rare: at most once per problem and solve) is redone from the kept ``S``/``R``
-    with the boundary root and the three inner products recomputed exactly.
-    Per CG step: ONE ``obj.hessp`` (one mmchain), one sync, seven small launches (P = 1).
+    One host sync per CG step. The device half of the step (:class:`_CGEngine`: the direction
+    update, the Hessian product, ``alpha = r^T r / d^T H d``, ``S + alpha D``, ``R - alpha H D``,
+    ``||R||^2`` and the next ``beta``) runs in place, from a CUDA graph on the GPU (one launch);
+    the host then reads ``d^T H d`` and the new ``||r||^2`` in ONE copy and decides in float64:
+    curvature and trust-region tests (Steihaug's recurrences for ``||S||^2``, ``S^T D``,
+    ``D^T D``), convergence. A step that leaves the region (rare: at most once per problem and
+    solve) is redone from the kept ``S``/``R`` with the boundary root and the three inner
+    products recomputed exactly.
+    Per CG step: ONE ``obj.hessp`` (one mmchain), one sync; eager, ~12 small launches (P = 1).
 
     Parameters
     ----------
@@ -134,8 +294,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
 
     Returns
     -------
-    S : [D~, K] step (zero for inactive problems)
-    R : [D~, K] residual ``-g - H S``
+    S : [D~, K] step (zero for inactive problems; a buffer the next solve on ``obj`` reuses)
+    R : [D~, K] residual ``-g - H S`` (likewise)
     n_cg : int
         CG iterations run (the maximum over problems).
     reach : list of bool
@@ -143,9 +303,6 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     """
     dot = obj.dot
     P = len(gnorm)
-    S = torch.zeros_like(g)
-    R = torch.neg(g)
-    Dv = R
     rTr = [x * x for x in gnorm]
     cgtol = [eps_cg * x for x in gnorm]
     dsq = [d * d for d in delta]
@@ -153,24 +310,18 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     run = [bool(a) and math.sqrt(r) > c for a, r, c in zip(active, rTr, cgtol)]
     reach = [False] * P
     if not any(run):
-        return S, R, 0, reach
-
-    def masked(t):  # [P] device values, zero for problems not running (their alpha must be 0)
-        return t if all(run) else t * _coef([1.0 if r else 0.0 for r in run], t).reshape(-1)
-
-    rTr_dev = masked(gg if gg is not None else dot(g, g))
+        return torch.zeros_like(g), torch.neg(g), 0, reach
+    rTr_dev = gg if gg is not None else dot(g, g)
+    if not all(run):  # problems not running: rTr 0, so their alpha is 0
+        rTr_dev = rTr_dev * _coef([1.0 if r else 0.0 for r in run], rTr_dev).reshape(-1)
+    eng = _tron_engine(obj, g, hstate, P)
+    eng.reset(torch.neg(g), rTr_dev, run)
+    S, R, Dv = eng.S, eng.R, eng.Dv
     n_cg = 0
     while n_cg < max_cg and any(run):
         n_cg += 1
-        Hd = obj.hessp(hstate, Dv)
-        dHd_dev = dot(Dv, Hd)
-        a_dev = rTr_dev / dHd_dev
-        if P > 1:  # columns not running: 0 / x (or 0 / 0) -> 0
-            a_dev = torch.nan_to_num(a_dev, nan=0.0, posinf=0.0, neginf=0.0).reshape(1, P)
-        S_try = torch.addcmul(S, a_dev, Dv)
-        R_try = torch.addcmul(R, a_dev, Hd, value=-1.0)
-        rnew_dev = dot(R_try, R_try)
-        v = _host(torch.cat([dHd_dev, rnew_dev]))  # THE sync of the step
+        packed, Hd = eng.step()
+        v = _host(packed)  # THE sync of the step
         dHd, rnew = v[:P], v[P:]
         alpha, over = [0.0] * P, [False] * P
         for j in range(P):
@@ -179,8 +330,10 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
                 over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
                 alpha[j] = a
         if any(over):
-            # exact S^T D, S^T S, D^T D (LIBLINEAR computes them directly), then redo the step
-            # from the kept S, R with the boundary root (and the plain alpha for the others)
+            # back to the kept S, R; exact S^T D, S^T S, D^T D (LIBLINEAR computes them directly),
+            # then the step again with the boundary root (and the plain alpha for the others)
+            S.copy_(eng.S0)
+            R.copy_(eng.R0)
             ex = _host(torch.stack([dot(S, Dv), dot(S, S), dot(Dv, Dv)]))
             for j in range(P):
                 if over[j]:
@@ -188,13 +341,13 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
                     a = alpha[j]
                     over[j] = not math.isfinite(a) or sts[j] + (2.0 * std[j] + a * dtd[j]) * a > dsq[j]
                     alpha[j] = _boundary(std[j], sts[j], dtd[j], dsq[j]) if over[j] else a
-            S_try = _axpy(S, _coef(alpha, S), Dv)
-            R_try = _axpy(R, _coef([-a for a in alpha], R), Hd)
+            S.copy_(_axpy(S, _coef(alpha, S), Dv))
+            R.copy_(_axpy(R, _coef([-a for a in alpha], R), Hd))
             if not all(over[j] for j in range(P) if run[j]):
-                rnew_dev = dot(R_try, R_try)
-                rnew = _host(rnew_dev)
-        S, R = S_try, R_try
-        beta = [0.0] * P
+                rnew = _host(dot(R, R))
+                eng.set_scalars([_finite_or(rnew[j] / rTr[j], 0.0) if run[j] and not over[j] and rTr[j] > 0 else 0.0
+                                 for j in range(P)], rnew)
+        was = list(run)
         for j in range(P):
             if run[j]:
                 a = alpha[j]
@@ -207,10 +360,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
                 dtd[j] = rnew[j] + b * b * dtd[j]
                 rTr[j] = rnew[j]
                 run[j] = math.sqrt(max(rnew[j], 0.0)) > cgtol[j]
-                beta[j] = b if run[j] else 0.0
-        if any(run):
-            Dv = _axpy(R, _coef(beta, R), Dv)  # stopped problems: beta 0, Dv = R stays finite
-            rTr_dev = masked(rnew_dev)
+        if P > 1 and any(run) and run != was:
+            eng.set_mask(run)  # stopped problems: alpha and beta 0 from the next step on
     return S, R, n_cg, reach
 
 
@@ -339,6 +490,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
                 active[j] = not conv[j] and not stalled[j]
         if history is not None:
             history.add(it, sum(f), max(gnorm), max(snorm), cg_iter=n_cg)
+    obj.__dict__.pop("_cg_engine", None)  # its CUDA graph and buffers
     status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv, stalled)]
     return SolverResult(st["W"], n_iter, status, st)
 
@@ -541,15 +693,15 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
 # --------------------------------------------------------------------------------------------
 # linear CG (SystemDS lmCG)
 # --------------------------------------------------------------------------------------------
-def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
+def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, graphs=False):
     """Conjugate gradient for ``A P = B`` with ``A`` symmetric positive (semi-)definite.
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
     one mmchain for all of them); each column stops when ``||r_j|| <= tol * ||b_j||``.
-    Per step ONE ``apply_A`` and ONE host sync: ``alpha`` is formed on the device and the
-    updates and ``||r||^2`` are queued behind ``apply_A``; the host reads ``d^T A d`` and
-    ``||r||^2`` in one copy and decides in float64 (about eight small launches for m = 1;
-    ``beta`` comes from the host). The recorded objective and step norm follow the
+    Per step ONE ``apply_A`` and ONE host sync: the device half of the step (:class:`_CGEngine`:
+    direction, ``apply_A``, ``alpha``, the updates, ``||r||^2``, ``beta``) runs in place, from a
+    CUDA graph when ``graphs`` and B is on the GPU (one launch); the host reads ``d^T A d`` and
+    ``||r||^2`` in one copy and decides in float64. The recorded objective and step norm follow the
     CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``, ``||D_new||^2 = ||r_new||^2 +
     beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
 
@@ -564,16 +716,17 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
         the largest residual norm and the largest step norm.
     offset : float
         Constant added to the recorded objective (e.g. ``||y||^2 / 2`` to report the loss).
+    graphs : bool
+        ``apply_A`` may be captured in a CUDA graph (no host sync, no host-side data decisions;
+        see :func:`graph_safe`).
 
     Returns
     -------
     SolverResult
+        With ``n_steps``, the number of ``apply_A`` evaluations.
     """
     cdot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
     m = B.shape[1]
-    P = torch.zeros_like(B)
-    R = B
-    Dv = B
     rr_dev = cdot(B, B)
     rr = _host(rr_dev)  # the one sync before the loop
     bnorm = [math.sqrt(max(x, 0.0)) for x in rr]
@@ -581,28 +734,20 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
-
-    def masked(t):  # [m] device values, zero for converged columns (their alpha must be 0)
-        return t if all(run) else t * _coef([1.0 if r else 0.0 for r in run], t).reshape(-1)
-
+    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda)
+    if not all(run):  # converged columns: rr 0, so their alpha is 0
+        rr_dev = rr_dev * _coef([1.0 if r else 0.0 for r in run], rr_dev).reshape(-1)
+    eng.reset(B, rr_dev, run)
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)
-    rr_dev = masked(rr_dev)
     it = 0
     while it < max_iter and any(run):
         it += 1
-        AD = apply_A(Dv)
-        # alpha on the device; the updates and ||r||^2 queue behind apply_A's read of X
-        dAd_dev = cdot(Dv, AD)
-        a_dev = torch.nan_to_num(rr_dev / dAd_dev, nan=0.0, posinf=0.0, neginf=0.0).reshape(1, m)
-        P = torch.addcmul(P, a_dev, Dv)
-        R = torch.addcmul(R, a_dev, AD, value=-1.0)
-        rnew_dev = cdot(R, R)
-        v = _host(torch.cat([dAd_dev, rnew_dev]))  # THE sync of the step
+        v = _host(eng.step()[0])  # THE sync of the step
         dAd, rnew = v[:m], v[m:]
         alpha = [(_finite_or(rr[j] / dAd[j], 0.0) if dAd[j] != 0 else 0.0) if run[j] else 0.0 for j in range(m)]
         step = max(abs(a) * math.sqrt(max(d, 0.0)) for a, d in zip(alpha, dd))
-        beta = [0.0] * m
+        was = list(run)
         for j in range(m):
             if run[j]:
                 q[j] -= 0.5 * alpha[j] * rr[j]
@@ -611,12 +756,13 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0):
                 rr[j] = rnew[j]
                 run[j] = math.sqrt(max(rnew[j], 0.0)) > tol * bnorm[j]
                 if run[j]:
-                    beta[j] = b
                     dd[j] = rnew[j] + b * b * dd[j]
-        if any(run):
-            Dv = _axpy(R, _coef(beta, R), Dv)
-            rr_dev = masked(rnew_dev)
+        if m > 1 and any(run) and run != was:
+            eng.set_mask(run)
         if history is not None:
             history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
+    P = eng.S
     status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
-    return SolverResult(P, n_iter, status)
+    res = SolverResult(P, n_iter, status)
+    res.n_steps = it  # apply_A calls (a replayed step runs its Python once)
+    return res

@@ -22,7 +22,7 @@ from ._base import (
     warn_not_converged,
 )
 from ._loss import MAX_COLS, hessvec, rmatvec
-from ._solvers import conjugate_gradient
+from ._solvers import conjugate_gradient, graph_safe
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -90,8 +90,6 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         V = Yc if c is None else Yc * c[:, None]
         B = torch.cat([rmatvec(M, V[:, j:j + MAX_COLS], alpha=cscale, intercept=False, backend=be)
                        for j in range(0, m, MAX_COLS)], dim=1).to(info.dtype)
-        n_pass = [0]
-
         mu_col = None if mu is None else mu[:, None]  # [D, 1]
 
         def apply_A(P):
@@ -99,7 +97,6 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
             z = alpha_s * P
             if mu_col is not None:
                 z = torch.addmm(z, mu_col, mu_col.T @ P, alpha=-1.0)
-            n_pass[0] += 1
             out = hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be)
             return out if out.dtype == info.dtype else out.to(info.dtype)
 
@@ -107,11 +104,11 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
         yy = ((Yc.double() ** 2).sum(0) * cscale if c is None else (c[:, None].double() * Yc.double() ** 2).sum(0))
         res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist,
-                                 offset=float(0.5 * yy.sum()))
+                                 offset=float(0.5 * yy.sum()), graphs=graph_safe(M))
         Wc = res.W  # [D, m]
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
-        self._fit_info = {"intercept": True, "n_mmchain": n_pass[0] + 1 + int(self.fit_intercept),
+        self._fit_info = {"intercept": True, "n_mmchain": res.n_steps + 1 + int(self.fit_intercept),
                           "n_xtv": 1 + int(self.fit_intercept), "n_matvec": 0,
                           "status": res.status, "dtype": info.dtype, "device": info.device}
         self._set_linear_attributes(W, info, True, vector=one_d)

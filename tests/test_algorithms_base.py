@@ -435,3 +435,76 @@ def test_exports():
                  "ConvergenceWarning", "GaussianMixture", "KMeans"):
         assert hasattr(algorithms, name), name
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA graphs of the CG steps (algorithms/_solvers.py: _CGEngine, _Replay). The same engine runs
+# eagerly on the CPU (every test above); these compare the replayed GPU fits with eager ones.
+# ------------------------------------------------------------------------------------------------
+def test_cg_engine_eager_matches_plain_cg():
+    """The in-place engine's steps (direction, product, alpha, updates, beta) against textbook CG."""
+    from algorithms._solvers import _CGEngine
+
+    g = torch.Generator().manual_seed(3)
+    M = torch.randn(12, 12, generator=g, dtype=torch.float64)
+    A = M @ M.T + 12 * torch.eye(12, dtype=torch.float64)
+    B = torch.randn(12, 2, generator=g, dtype=torch.float64)
+    cdot = lambda U, V: (U * V).sum(0)  # noqa: E731
+    eng = _CGEngine(lambda D: A @ D, cdot, B, 2, graphs=False)
+    eng.reset(B, cdot(B, B), [True, True])
+    x, r = torch.zeros_like(B), B.clone()
+    d, rr = r.clone(), cdot(r, r)
+    for k in range(4):
+        packed, Ad = eng.step()
+        a = rr / cdot(d, A @ d)
+        x, r_new = x + a * d, r - a * (A @ d)
+        assert torch.allclose(packed[:2], cdot(d, A @ d)) and torch.allclose(eng.S, x) and torch.allclose(eng.R, r_new)
+        rr_new = cdot(r_new, r_new)
+        d, r, rr = r_new + (rr_new / rr) * d, r_new, rr_new
+    eng.set_mask([True, False])  # a stopped column no longer moves
+    S1 = eng.S[:, 1].clone()
+    eng.step()
+    assert torch.equal(eng.S[:, 1], S1)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2", "logistic-csr"])
+def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
+    """Fits with the CG steps replayed from CUDA graphs equal eager fits (FUSEDML_CUDA_GRAPHS=0):
+    same iterations and passes, coefficients to float32 rounding; at least one graph captured."""
+    from algorithms import _solvers
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    X = torch.randn(20_000, 30, generator=g, device="cuda")
+    w = torch.randn(30, generator=g, device="cuda")
+    eta = X @ w / 4
+    if case == "logistic-csr":
+        X = X * (torch.rand(X.shape, generator=g, device="cuda") < 0.2)
+        Xin = X.to_sparse_csr()  # torch CSR on the GPU
+    else:
+        Xin = X
+    make, y = {
+        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend), (eta > 0).float()),
+        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend), (eta > 0).float()),
+        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend),
+                        torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-8, backend=backend),
+                    torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-8, backend=backend), torch.poisson(torch.exp(eta))),
+        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-10, backend=backend), torch.stack([eta, -eta + 1], 1)),
+    }[case]
+    monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "0")
+    ref = make().fit(Xin, y)
+    monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "1")
+    n0 = _solvers._Replay.captures
+    got = make().fit(Xin, y)
+    assert _solvers._Replay.captures > n0, "no CUDA graph was captured"
+    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
+    assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
+    for k in ("n_mmchain", "n_matvec", "n_xtv", "n_lossgrad"):
+        assert got._fit_info.get(k) == ref._fit_info.get(k), k
