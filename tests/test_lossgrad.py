@@ -1,4 +1,6 @@
 """fusedml.loss_gradient: the one-read loss / gradient / Hessian-weights pass (interpreter on the CPU)."""
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -54,7 +56,9 @@ def _rel(a, b):
 @pytest.mark.parametrize("loss,m,power", CASES, ids=[f"{c[0]}-m{c[1]}-p{c[2]}" for c in CASES])
 @pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
 def test_loss_gradient_matches_float64(loss, m, power, backend):
-    g = torch.Generator().manual_seed(hash((loss, m, power)) % 2**31)
+    # a fixed seed per case (hash() of a str changes per process: the data, and a loss sum near the
+    # tolerance, changed from run to run)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{loss}-{m}-{power}".encode()))
     N, D = 203, 10  # N not a multiple of any tile; D = 10: rows not 16-byte multiples
     X = torch.randn(N, D, generator=g)
     W = 0.3 * torch.randn(D + 1, m, generator=g)
