@@ -8,7 +8,9 @@ the device work is a few microseconds, so that every call's wall time is its hos
   ``loss_gradient``, ``matvec``) per backend;
 * the primitives under them: an empty Triton launch, one torch launch, one host sync;
 * one whole ``LogisticRegression`` fit per backend on tiny data (host only), with cProfile's
-  top functions by own time.
+  top functions by own time;
+* whole fits at real sizes (``--ab-shapes``) with the solvers' CG steps replayed from CUDA
+  graphs and eager (``FUSEDML_CUDA_GRAPHS=0``), per backend (median of ``--ab-reps``).
 
     python benchmarks/host_overhead.py [--calls 300] [--out FILE]
 
@@ -30,6 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import _common  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():  # before triton is imported
@@ -62,11 +65,48 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
+def graphs_ab(shapes, reps, dev):
+    """Whole fits with the CG steps replayed from CUDA graphs against eager steps
+    (``FUSEDML_CUDA_GRAPHS``), same data, both backends: median wall time of ``reps`` fits."""
+    from algorithms import LinearSVC, LogisticRegression, Ridge
+
+    rows = []
+    for spec in shapes:
+        N, D = (int(s) for s in spec.split("x"))
+        g = torch.Generator(device=dev).manual_seed(1)
+        X = torch.randn(N, D, generator=g, device=dev)
+        eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
+        lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
+        for algo, make, y in (("logistic", lambda be: LogisticRegression(C=1.0, backend=be), lbl),
+                              ("linearsvc", lambda be: LinearSVC(C=1.0, backend=be), lbl),
+                              ("ridge", lambda be: Ridge(alpha=1.0, backend=be), eta)):
+            for be in ("fused", "ops"):
+                for graphs in ("1", "0"):
+                    os.environ["FUSEDML_CUDA_GRAPHS"] = graphs
+                    make(be).fit(X, y)
+                    ts = []
+                    for _ in range(reps):
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        est = make(be).fit(X, y)
+                        _sync(dev)
+                        ts.append(time.perf_counter() - t0)
+                    ms = 1e3 * sorted(ts)[len(ts) // 2]
+                    rows.append({"what": f"fit {algo} {spec}, CUDA graphs {'on' if graphs == '1' else 'off'}",
+                                 "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_))})
+                    print(f"{rows[-1]['what']:<48} {be:<6} {ms:8.2f} ms", flush=True)
+    os.environ.pop("FUSEDML_CUDA_GRAPHS", None)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--cprofile", type=int, default=25, help="top functions by own time in the fit profile")
+    ap.add_argument("--ab-shapes", nargs="+", default=["1000000x100", "4000000x64"],
+                    help="NxD of the CUDA-graphs on/off fit comparison")
+    ap.add_argument("--ab-reps", type=int, default=7)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = _common.device()
@@ -125,6 +165,7 @@ def main(argv=None):
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
         profiles[be] = buf.getvalue()
         print(profiles[be])
+    rows += graphs_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev)
     path = _common.write_json("host_overhead", rows, {"args": vars(args), "cprofile": profiles}, args.out)
     print(f"\nwrote {path}\n")
     print(_common.markdown_table(rows, ["what", "backend", "us_per_call"]))

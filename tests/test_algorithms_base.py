@@ -475,7 +475,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs nee
 @pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2", "logistic-csr"])
 def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
     """Fits with the CG steps replayed from CUDA graphs equal eager fits (FUSEDML_CUDA_GRAPHS=0):
-    same iterations and passes, coefficients to float32 rounding; at least one graph captured."""
+    on "ops" (deterministic cuBLAS / cuSPARSE) the same iterations, passes and coefficients to
+    float32 rounding; on "fused" (float atomics: the bits differ run to run) within one outer
+    iteration and 1e-3; at least one graph captured."""
     from algorithms import _solvers
 
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -487,14 +489,15 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
         Xin = X.to_sparse_csr()  # torch CSR on the GPU
     else:
         Xin = X
+    tol = 1e-8 if backend == "ops" else 1e-5  # fused: stop before float32 noise decides the count
     make, y = {
-        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend), (eta > 0).float()),
-        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend), (eta > 0).float()),
-        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend),
+        "logistic": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
+        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
+        "multinomial": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend),
                         torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
-        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-8, backend=backend),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=tol, backend=backend),
                     torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
-        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-8, backend=backend), torch.poisson(torch.exp(eta))),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=tol, backend=backend), torch.poisson(torch.exp(eta))),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-10, backend=backend), torch.stack([eta, -eta + 1], 1)),
     }[case]
     monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "0")
@@ -503,8 +506,13 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
     n0 = _solvers._Replay.captures
     got = make().fit(Xin, y)
     assert _solvers._Replay.captures > n0, "no CUDA graph was captured"
-    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
     cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
-    assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
-    for k in ("n_mmchain", "n_matvec", "n_xtv", "n_lossgrad"):
-        assert got._fit_info.get(k) == ref._fit_info.get(k), k
+    if backend == "ops":
+        assert np.array_equal(ig, ir)
+        assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
+        for k in ("n_mmchain", "n_matvec", "n_xtv", "n_lossgrad"):
+            assert got._fit_info.get(k) == ref._fit_info.get(k), k
+    else:
+        assert np.abs(ig - ir).max() <= 1
+        assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)

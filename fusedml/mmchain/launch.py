@@ -350,7 +350,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
 
 def padded_dot(cfg: DenseConfig) -> DenseConfig:
-    """``cfg`` moved to the padded tensor-core ``tl.dot`` (m padded to 16, tf32x3): 64-row tiles, 4 warps.
+    """``cfg`` moved to the padded tensor-core ``tl.dot`` (m padded to 16, tf32x3): 64 x 128 tiles, 4 warps.
 
     For m <= 4 passes that the unrolled "small" mode does not serve or serves slower: the loss
     pass, ``t = X Y`` and ``X^T V``. H200 sweep (``solver_ops-H200-2026-12-03-s7-a.json``; ms at
@@ -359,7 +359,10 @@ def padded_dot(cfg: DenseConfig) -> DenseConfig:
     0.196 / 0.416 (small mode 0.267 / 0.510). The Hessian product ``X^T (V ⊙ X Y)`` stays "small"
     (0.194 / 0.372 against 0.355 / 0.746 here).
     """
-    return replace(cfg, mode="dot", m_pad=16, block_n=64, num_warps=4, prefetch=False, dot_precision="tf32x3")
+    # 64 x 128 elements per tile (rows scaled down for wider rows: 2M x 256, m = 3 at 64 rows
+    # spilled, its multinomial fit took 195 ms against 69 for ops)
+    bn = max(16, min(64, _pow2_floor(8192 / max(cfg.block_d, 1))))
+    return replace(cfg, mode="dot", m_pad=16, block_n=bn, num_warps=4, prefetch=False, dot_precision="tf32x3")
 
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
