@@ -644,12 +644,13 @@ class LinearObjective:
                           intercept=self.fit_intercept, backend=self.backend)
             return out if out.dtype == self.dtype else out.to(self.dtype)
         P, c = hstate["P"], hstate["c"]
-        if c is None and S.shape[1] <= MAX_COLS:
+        if c is None and S.shape[1] <= MAX_COLS and self._softmax_one_read():
             # fused multinomial Hessian: p_nj = P_nj (t_nj - sum_l P_nl t_nl), one read of X
             return fusedml.mmchain(self.X, S, v=P, z=z, alpha=hstate["alpha"], beta=self.l2,
                                    intercept=self.fit_intercept, v_op="softmax", backend=self.backend).to(self.dtype)
         # Non-uniform sample weights (or K > 16): the row weight c_n cannot enter the softmax
-        # form, so this product takes two passes (X S, then X^T p).
+        # form, so this product takes two passes (X S, then X^T p); so do wide dense rows on the
+        # fused backend (see _softmax_one_read).
         T = matvec(self.X, S, intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
         self.n_matvec += 1
         Pt = P * T
@@ -659,6 +660,17 @@ class LinearObjective:
         self.n_xtv += 1  # this mmchain has y=None: one read on every backend
         return rmatvec(self.X, Pm, z=z, beta=self.l2, alpha=hstate["alpha"], intercept=self.fit_intercept,
                        backend=self.backend).to(self.dtype)
+
+    def _softmax_one_read(self):
+        """Whether the multinomial Hessian product takes mmchain's one-read softmax form: not for
+        dense rows wider than 128 values on the fused backend, where the padded products are
+        slower than two reads (the loss pass's rule, :func:`fusedml.mmchain.lossgrad.one_read`;
+        2M x 256, m = 3 on the H200: ~6.9 ms per product against ~1.8 for two)."""
+        if not hasattr(self, "_softmax_1r"):
+            X = self.X
+            self._softmax_1r = not (isinstance(X, torch.Tensor) and X.layout == torch.strided and X.shape[1] > 128
+                                    and fusedml.resolve_backend(self.backend, X.device) == "fused")
+        return self._softmax_1r
 
     # -- the fused objective-and-gradient pass -------------------------------------------
     def _fused_loss(self):

@@ -44,6 +44,8 @@ for p in $parts; do
                --out "$out/end_to_end_gmm.json" ;;
     e2e-dense) run e2e-dense 300 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 3 \
                  --sklearn-budget 5 --out "$out/end_to_end_dense.json" ;;
+    e2e-multinomial) run e2e-multinomial 200 python3 benchmarks/bench_end_to_end.py --parts dense large \
+                       --algorithms logistic-multinomial --repeat 3 --sklearn-budget 5 --out "$out/end_to_end_multinomial.json" ;;
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \

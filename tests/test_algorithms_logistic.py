@@ -121,6 +121,19 @@ def test_weighted_multinomial_two_pass_hessian_same_model_across_backends(rng):
     assert _rel(a.coef_, b.coef_) <= 1e-9
 
 
+def test_wide_rows_multinomial_takes_two_reads_same_model(rng):
+    """Dense rows wider than 128 values, fused backend: the loss pass and the softmax Hessian
+    product take two reads (one_read is False there); the model equals the cpu backend's."""
+    from fusedml.mmchain.lossgrad import one_read
+
+    X, y = _data(rng, n=60, d=130, k=3)
+    assert not one_read(torch.from_numpy(X).float(), 3) and one_read(torch.from_numpy(X).float(), 1)
+    a = LogisticRegression(C=0.5, tol=1e-8, backend="cpu").fit(X, y)
+    b = LogisticRegression(C=0.5, tol=1e-8, backend="fused").fit(X, y)
+    assert _rel(a.coef_, b.coef_) <= 1e-9
+    assert b._fit_info["n_lossgrad"] == 0 and b._fit_info["n_matvec"] > 0
+
+
 def test_torch_input_gives_torch_outputs(rng):
     X, y = _data(rng, k=3)
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y)

@@ -145,7 +145,8 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     assert dense_mod._config(Pt, None).mode == "dot" and dense_mod._config(Pt, None).dot_precision == "tf32x3"
     assert launch.matvec_config(300, 20, 3, torch.float32, launch.gpu_info(X.device)).mode == "dot"
     wide = launch.dense_config(300, 256, 3, torch.float32, launch.gpu_info(X.device))
-    assert (launch.padded_dot(wide).block_n, launch.padded_dot(a).block_n) == (32, 64)  # 64 x 128 elements at most
+    assert (launch.padded_dot(wide).block_n, launch.padded_dot(wide).dot_precision) == (32, "ieee")  # wide rows
+    assert (launch.padded_dot(a).block_n, launch.padded_dot(a).dot_precision) == (64, "tf32x3")
 
 
 def test_dense_dot_precision_default_and_bad_value(rng):

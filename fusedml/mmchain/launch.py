@@ -349,20 +349,25 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
                        prefetch=bool(prefetch))
 
 
-def padded_dot(cfg: DenseConfig) -> DenseConfig:
-    """``cfg`` moved to the padded tensor-core ``tl.dot`` (m padded to 16, tf32x3): 64 x 128 tiles, 4 warps.
+def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
+    """``cfg`` moved to the padded ``tl.dot`` (m padded to 16), 4 warps: tensor-core tf32x3 with
+    64-row tiles for rows of at most 128 values, fp32 FMAs (ieee) with 32-row tiles (``rows``
+    if given) beyond.
 
     For m <= 4 passes that the unrolled "small" mode does not serve or serves slower: the loss
-    pass, ``t = X Y`` and ``X^T V``. H200 sweep (``solver_ops-H200-2026-12-03-s7-a.json``; ms at
+    pass, ``t = X Y`` and ``X^T V``. H200 sweeps (``solver_ops-H200-2026-12-03-s7-a.json``; ms at
     1M x 100, m = 3 / 2M x 128, m = 4): loss pass 0.438 / 0.875 (fp32 FMA form 0.552 / 1.089,
     tf32x3 at 32 rows x 8 warps 1.15 / 2.23); matvec 0.149 / 0.260 (FMA 0.408 / 0.798); ``X^T V``
     0.196 / 0.416 (small mode 0.267 / 0.510). The Hessian product ``X^T (V ⊙ X Y)`` stays "small"
-    (0.194 / 0.372 against 0.355 / 0.746 here).
+    (0.194 / 0.372 against 0.355 / 0.746 here). At 2M x 256, m = 3 (``-s7-d``) tf32x3's extra
+    operand registers cost more than they save: ``X^T V`` 0.851 ms with FMAs at 32 rows (tf32x3
+    1.02), matvec 0.961 with FMAs at 64 rows (tf32x3 1.43); the one-read loss pass was 4.3 ms
+    there, so the solvers take two reads instead (:func:`fusedml.mmchain.lossgrad.one_read`).
     """
-    # 64 x 128 elements per tile (rows scaled down for wider rows: 2M x 256, m = 3 at 64 rows
-    # spilled, its multinomial fit took 195 ms against 69 for ops)
-    bn = max(16, min(64, _pow2_floor(8192 / max(cfg.block_d, 1))))
-    return replace(cfg, mode="dot", m_pad=16, block_n=bn, num_warps=4, prefetch=False, dot_precision="tf32x3")
+    narrow = cfg.block_d <= 128
+    bn = rows or (64 if narrow else 32)
+    return replace(cfg, mode="dot", m_pad=16, block_n=bn, num_warps=4, prefetch=False,
+                   dot_precision="tf32x3" if narrow else "ieee")
 
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
@@ -390,5 +395,5 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     if cfg.mode == "small":  # t only: the padded dot (fp64: 3-D broadcast) of the matvec kernel
         if dtype == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
-        return padded_dot(cfg)
+        return padded_dot(cfg, rows=64)
     return cfg
