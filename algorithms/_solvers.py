@@ -121,16 +121,21 @@ class _Replay:
     """``fn()`` run eagerly, or replayed from a CUDA graph captured at its second call.
 
     ``fn`` works in place on persistent buffers and returns tensors the caller reads before the
-    next call. Call 1 runs eagerly on a side stream (the warm-up a capture needs: lazy library
-    set-up, Triton compiles, the CSR strategy's CSC copy); call 2 captures ``fn`` and replays it;
-    later calls replay: ONE launch instead of the step's ~10 launches and its Python (on the H200
-    host, ~12 us per torch launch and ~50-150 us per fusedml call). A failed capture (an
+    next call. The first ``capture_after`` calls run eagerly on a side stream (the warm-up a
+    capture needs: lazy library set-up, Triton compiles, the CSR strategy's CSC copy; and short
+    solves, which a capture would not pay back); the next captures ``fn`` and replays it; later
+    calls replay: ONE launch instead of the step's ~10 launches and its Python (on the H200
+    host, ~8-12 us per torch launch and ~100-250 us per fusedml call). A failed capture (an
     operation that cannot be captured) leaves ``fn`` eager. ``fn``'s Python side effects happen
     at the capture only: ``owner``'s integer ``n_*`` counters advance by the captured call's
     increments at every replay.
     """
 
     captures = 0  # graphs captured by all instances (tests check that the GPU path is taken)
+    #: eager calls before the capture: a capture costs ~1 ms on the H200 host and a replay saves
+    #: ~0.1-0.3 ms, so short solves never capture (host_overhead-H200-2026-12-03-s7-c: a 3-step
+    #: Ridge fit took 4.3 ms captured at step 2 against 3.5 eager; long CSR solves gained 10-40 %)
+    capture_after = 5
 
     def __init__(self, fn, enabled, owner=None):
         self.fn, self.enabled, self.owner = fn, bool(enabled), owner
@@ -148,7 +153,7 @@ class _Replay:
         cur = torch.cuda.current_stream()
         side = torch.cuda.Stream()
         side.wait_stream(cur)
-        if self.calls == 1:  # the warm-up: a real step
+        if self.calls <= self.capture_after:  # warm-up and short solves: real eager steps
             with torch.cuda.stream(side):
                 out = self.fn()
             cur.wait_stream(side)

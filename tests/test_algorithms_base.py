@@ -500,6 +500,7 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
         "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=tol, backend=backend), torch.poisson(torch.exp(eta))),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-10, backend=backend), torch.stack([eta, -eta + 1], 1)),
     }[case]
+    monkeypatch.setattr(_solvers._Replay, "capture_after", 1)  # capture at the second CG step
     monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "0")
     ref = make().fit(Xin, y)
     monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "1")
