@@ -13,8 +13,9 @@ vectors ([D~, K]) stay on the data's device; the per-problem scalars (P = 1 for 
 problem, K for K independent problems solved together) live on the HOST as float64 Python
 floats, fetched with one small copy per decision. Decisions on the host cost one sync each
 but no launches; decisions on the device cost ~60 tiny launches per CG step (the previous
-design). Per TRON CG step: one Hessian mmchain, ONE sync and ~8 small launches (alpha is formed
-on the device, the updates and ``||r||^2`` are queued behind the mmchain's read of X). Per TRON
+design). Per TRON CG step: one Hessian mmchain, ONE sync and ~12 small launches (alpha is formed
+on the device, the updates and ``||r||^2`` are queued behind the mmchain's read of X), all of it
+ONE CUDA-graph launch once a solve on the GPU has run a few steps (:class:`_CGEngine`). Per TRON
 outer iteration: one objective-and-gradient pass at the trial point (margins, loss, gradient and
 Hessian weights: one read of X on the fused backend, a matvec and an ``X^T v`` on the others),
 before the accept test, and ONE sync. Linear CG: one
@@ -118,7 +119,7 @@ def _counters(owner):
 
 
 class _Replay:
-    """``fn()`` run eagerly, or replayed from a CUDA graph captured at its second call.
+    """``fn()`` run eagerly, or replayed from a CUDA graph captured after ``capture_after`` calls.
 
     ``fn`` works in place on persistent buffers and returns tensors the caller reads before the
     next call. The first ``capture_after`` calls run eagerly on a side stream (the warm-up a
