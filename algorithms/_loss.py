@@ -663,13 +663,16 @@ class LinearObjective:
 
     def _softmax_one_read(self):
         """Whether the multinomial Hessian product takes mmchain's one-read softmax form: not for
-        dense rows wider than 128 values on the fused backend, where the padded products are
-        slower than two reads (the loss pass's rule, :func:`fusedml.mmchain.lossgrad.one_read`;
-        2M x 256, m = 3 on the H200: ~6.9 ms per product against ~1.8 for two)."""
+        dense X on the fused backend where the loss pass's rule says two reads are faster
+        (:func:`fusedml.mmchain.lossgrad.one_read`: rows wider than 128 values; 2M x 256, m = 3
+        on the H200: ~6.9 ms per product against ~1.8 for two)."""
         if not hasattr(self, "_softmax_1r"):
+            from fusedml.mmchain.lossgrad import one_read
+
             X = self.X
-            self._softmax_1r = not (isinstance(X, torch.Tensor) and X.layout == torch.strided and X.shape[1] > 128
-                                    and fusedml.resolve_backend(self.backend, X.device) == "fused")
+            self._softmax_1r = not (isinstance(X, torch.Tensor) and X.layout == torch.strided
+                                    and fusedml.resolve_backend(self.backend, X.device) == "fused"
+                                    and not one_read(X, self.n_cols))
         return self._softmax_1r
 
     # -- the fused objective-and-gradient pass -------------------------------------------

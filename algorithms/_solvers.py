@@ -141,6 +141,7 @@ class _Replay:
     def __init__(self, fn, enabled, owner=None):
         self.fn, self.enabled, self.owner = fn, bool(enabled), owner
         self.calls, self.graph, self.out, self.delta = 0, None, None, {}
+        self.side = torch.cuda.Stream() if self.enabled else None  # warm-up and capture stream
 
     def __call__(self):
         self.calls += 1
@@ -151,8 +152,7 @@ class _Replay:
             for k, d in self.delta.items():
                 setattr(self.owner, k, getattr(self.owner, k) + d)
             return self.out
-        cur = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        cur, side = torch.cuda.current_stream(), self.side
         side.wait_stream(cur)
         if self.calls <= self.capture_after:  # warm-up and short solves: real eager steps
             with torch.cuda.stream(side):
@@ -189,15 +189,17 @@ class _CGEngine:
 
     :meth:`step` does, in place and without a host sync: ``Dv = R + beta Dv``; ``A Dv`` (one
     mmchain); ``alpha = rTr / Dv^T A Dv`` (0 where undefined or masked); ``S += alpha Dv``,
-    ``R -= alpha A Dv`` (the previous ``S``, ``R`` kept in ``S0``, ``R0``); ``beta = ||R||^2 /
-    rTr`` and ``rTr = ||R||^2``; it returns ``[Dv^T A Dv, ||R||^2]`` ([2P], for the host's
-    decisions) and ``A Dv``. With ``graphs`` the step is a CUDA graph (:class:`_Replay`).
+    ``R -= alpha A Dv`` (with ``keep_previous``, for TRON's trust-region boundary, the previous
+    ``S``, ``R`` kept in ``S0``, ``R0``); ``beta = ||R||^2 / rTr`` and ``rTr = ||R||^2``; it
+    returns ``[Dv^T A Dv, ||R||^2]`` ([2P], for the host's decisions) and ``A Dv``. With
+    ``graphs`` the step is a CUDA graph (:class:`_Replay`).
     """
 
-    def __init__(self, apply, dot, like, P, graphs, owner=None):
+    def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True):
         self.apply, self.dot, self.P = apply, dot, P
         z = torch.zeros_like(like)
-        self.S, self.R, self.Dv, self.S0, self.R0 = z, z.clone(), z.clone(), z.clone(), z.clone()
+        self.S, self.R, self.Dv = z, z.clone(), z.clone()
+        self.S0, self.R0 = (z.clone(), z.clone()) if keep_previous else (None, None)
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
@@ -222,8 +224,9 @@ class _CGEngine:
         self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
 
     def _step(self):
-        self.S0.copy_(self.S)
-        self.R0.copy_(self.R)
+        if self.S0 is not None:
+            self.S0.copy_(self.S)
+            self.R0.copy_(self.R)
         self.Dv.mul_(self.beta.reshape(1, -1)).add_(self.R)
         Ad = self.apply(self.Dv)
         dAd = self.dot(self.Dv, Ad)
@@ -740,7 +743,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
-    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda)
+    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False)
     if not all(run):  # converged columns: rr 0, so their alpha is 0
         rr_dev = rr_dev * _coef([1.0 if r else 0.0 for r in run], rr_dev).reshape(-1)
     eng.reset(B, rr_dev, run)

@@ -626,8 +626,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     full_like = ct in ("full", "tied")
     if plan.path == "single":
         n_blocks = triton.cdiv(N, plan.BN)
-        P = max(1, min(n_blocks, plan.programs))
-        if not full_like and plan.occupancy_grid:
+        if full_like or not plan.occupancy_grid:
+            P = max(1, min(n_blocks, plan.programs))
+        else:
             args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
                     dummy, dummy, dummy, dummy, N, D, K, n_blocks)
             kw = dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec,
