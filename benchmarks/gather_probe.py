@@ -38,8 +38,8 @@ def _gather_kernel(IDX, VAL, Y, OUT, n, n_blocks, BLOCK: tl.constexpr, STREAM_CG
         o = b * BLOCK + offs  # n < 2^31
         m = o < n
         if STREAM_CG:
-            i = tl.load(IDX + o, mask=m, other=0, cache_modifier=".cg", eviction_policy="evict_first")
-            v = tl.load(VAL + o, mask=m, other=0.0, cache_modifier=".cg", eviction_policy="evict_first")
+            i = tl.load(IDX + o, mask=m, other=0, cache_modifier=".cg")
+            v = tl.load(VAL + o, mask=m, other=0.0, cache_modifier=".cg")
         else:
             i = tl.load(IDX + o, mask=m, other=0)
             v = tl.load(VAL + o, mask=m, other=0.0)
