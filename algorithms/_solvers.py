@@ -135,8 +135,10 @@ class _Replay:
     captures = 0  # graphs captured by all instances (tests check that the GPU path is taken)
     #: eager calls before the capture: a capture costs ~1 ms on the H200 host and a replay saves
     #: ~0.1-0.3 ms, so short solves never capture (host_overhead-H200-2026-12-03-s7-c: a 3-step
-    #: Ridge fit took 4.3 ms captured at step 2 against 3.5 eager; long CSR solves gained 10-40 %)
-    capture_after = 5
+    #: Ridge fit took 4.3 ms captured at step 2 against 3.5 eager; s8-a: with the capture after 5
+    #: steps the 1M x 100 and 4M x 64 dense fits (10-20 CG steps) were still 0.3-2 ms slower than
+    #: eager on both backends; long CSR solves, hundreds of steps, gained 10-40 %)
+    capture_after = 16
 
     def __init__(self, fn, enabled, owner=None):
         self.fn, self.enabled, self.owner = fn, bool(enabled), owner
