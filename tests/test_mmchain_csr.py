@@ -397,20 +397,11 @@ def test_gather_cache_invalidation(rng):
     assert relerr(w4, reference(A, None, v, None, 1.0, 0.0)) < TOL[torch.float32]
 
 
-def test_strategy_model_and_auto(rng, monkeypatch):
+def test_strategy_model_and_auto(rng):
     H200 = dict(sm_count=132, bandwidth=4.28e12, regs_per_sm=65536, smem_per_sm=228 * 1024, l2_bytes=50 << 20)
     n, d, k = 4_000_000, 100_000, 32  # the benchmark's 4M x 100k, 32 nnz/row, as statistics only
     rows = csr.CSRStats(n, d, n * k, k, (0,) * 6 + (n,), 4)
     cols = csr.CSRStats(d, n, n * k, 1400, (0,) * 11 + (d // 2, d - d // 2), 4)
-    # cache blocking: both passes tiled (y 400 KB, p 16 MB), gathers at the L1 rate, bytes bound
-    tiled = csr.csr_config(rows, 1, torch.float32, H200, col_stats=cols)
-    assert tiled.strategy == "gather" and tiled.tile_bytes == csr.TILE_BYTES
-    a_bytes = n * k * 8 + (n + 1) * 4
-    t1 = (a_bytes + n * 7 * 12 + 2 * n * 4) / 4.28e12  # 7 column tiles: pointers + partials
-    t2 = (n * k * 8 + (d + 1) * 4 + d * 245 * 12 + n * 4 + (d + 1) * 4) / 4.28e12  # 245 row tiles
-    launches = (1 + 3) + (1 + 2)  # each pass: its row kernel + the partial sums and p
-    assert abs(tiled.pred_gather_ms - (t1 + t2 + launches * csr.LAUNCH_S) * 1e3) < 0.002
-    monkeypatch.setattr(csr, "TILE_BYTES", 0)  # the untiled model, fitted to the session-2 sweep
     cfg = csr.csr_config(rows, 1, torch.float32, H200, col_stats=cols)
     floor = (n * k * 8 + (n + 1) * 4) / 4.28e12 * 1e3
     nnz = n * k
@@ -623,51 +614,3 @@ def test_kernels_compile_for_sm90():
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot_compile_variants()
-
-
-# ------------------------------------------------------------------------------------------------
-# Cache blocking of the gather strategy (tiled copies, CSRConfig.tile_bytes)
-# ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("idx", [torch.int32, torch.int64], ids=["i32", "i64"])
-@pytest.mark.parametrize("m,tile_bytes", [(1, 64), (3, 256)])
-def test_tiled_gather_passes(rng, idx, m, tile_bytes):
-    """Column-tiled pass over A and row-tiled pass over the CSC copy (tiny tiles forced), against
-    float64: intercept, alpha/beta/z, softmax, y=None, empty rows and columns; the solvers' matvec
-    reuses the column-tiled copy; repeated calls are bitwise equal; the copies follow A.val."""
-    n, d = 400, 96
-    lens = rng.integers(15, 40, n)
-    lens[::9] = 0  # empty rows
-    A = make_csr(rng, n, d - 6, lens, idx)  # the last 6 columns empty
-    A = CSRMatrix(A.crow, A.col, A.val, (n, d))
-    cfg = {"strategy": "gather", "tile_bytes": tile_bytes}
-    W, H = csr._tile_sizes(A, m, tile_bytes)
-    assert W < d and H < n  # both passes tiled
-    y, v, z = randn(rng, d + 1, m), torch.rand(n, m, dtype=torch.float32), randn(rng, d + 1, m)
-    for intercept in (False, True):
-        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
-        for v_op in (("mul", "softmax") if m > 1 else ("mul",)):
-            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
-            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
-        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
-        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
-        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
-        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
-    tl_ = csr._structure(A).tiled[(W, H)]
-    assert tl_.T == -(-d // W) and tl_.R == -(-n // H) and tl_.XC.nnz == tl_.XR.nnz == A.nnz
-    assert csr._structure(A).csc is None  # both passes read the tiled copies
-    w1 = csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg)
-    w2 = csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg)
-    assert torch.equal(w1, w2)
-    A.val.mul_(2.0)  # in place: the copies are rebuilt (X^T (v X y) is quadratic in X)
-    assert relerr(csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg), 4 * w1) < TOL[torch.float32]
-
-
-def test_tile_plan_model():
-    """Tiles only when the gathered vector outgrows L1 and the tiles' pointers and partials cost at
-    most the nonzero bytes; the solvers' matvec without a cached copy takes the plain pass."""
-    kb = csr.TILE_BYTES
-    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 1, 4, 8, 4, kb) == kb // 4  # y 400 KB: tiled
-    assert csr._tile_plan(1_000_000, 30_000, 32_000_000, 1, 4, 8, 4, kb) == 30_000  # y 120 KB fits
-    assert csr._tile_plan(1_000_000, 100_000, 2_000_000, 1, 4, 8, 4, kb) == 100_000  # 2 nnz/row: too costly
-    assert csr._tile_plan(10_000, 1_000_000, 32_000_000, 3, 4, 8, 4, kb) == kb // 12  # m = 3 slices
-    assert csr._tile_plan(10, 10**6, 10**6, 1, 4, 8, 4, 0) == 10**6  # tile_bytes 0: never

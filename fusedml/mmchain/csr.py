@@ -560,12 +560,6 @@ class CSRConfig:
     l1_bypass : bool
         Load A's values and indices with ``.cg`` (L2 only), leaving L1 to the gathered vector;
         the model sets it when that vector is small enough for L1 hits to matter.
-    tile_bytes : int
-        ``strategy="gather"``: cache blocking. A pass whose gathered vector (``y`` for the pass
-        over A, ``p`` for the pass over the copy) exceeds ``2 * tile_bytes`` reads a copy whose
-        nonzeros are grouped by slices of that vector of ``tile_bytes`` each (column tiles of A;
-        row tiles of the CSC copy), so the programs running at once gather from one slice, which
-        stays in L1; per-slice partial sums are added afterwards (:func:`_tile_plan`). 0: never.
     """
 
     strategy: str
@@ -584,7 +578,6 @@ class CSRConfig:
     long_warps: int
     gather: "CSRConfig | None" = None
     l1_bypass: bool = False
-    tile_bytes: int = 0
 
     def bin_block_r(self, width: int) -> int:
         """Rows per program for the bin of width ``width``.
@@ -602,7 +595,7 @@ class CSRConfig:
 
     def launch_key(self) -> "CSRConfig":
         """The launch fields only (strategy and the CSC pass dropped): the schedule cache key."""
-        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False, tile_bytes=0)
+        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -686,16 +679,6 @@ LAUNCH_S = 5e-6
 # hit rate of at least ~20 %; the --csr-strategies sweep times both settings).
 L1_BYPASS_MAX_BYTES = 1 << 20
 STRATEGIES = ("auto", "scatter", "gather")
-# Cache blocking of the gather strategy (``CSRConfig.tile_bytes``): MEASURED on one H200
-# (benchmarks/results/gather_probe-H200-2026-12-03-s8-b.json, 32M fp32 gathers + int32 indices):
-# random gathers from a vector of <= 128 KB ran at 436 G/s (81 % of the stream's bandwidth floor),
-# from 256 KB at 220 G/s, from 0.5-4 MB at 139-151 G/s (L2 sectors); the same 1 MB vector with the
-# stream sorted into 64 KB index tiles at 422 G/s (128 KB tiles: 333). cuSPARSE's SpMV: 126 G/s.
-TILE_BYTES = 64 << 10
-L1_GATHER_RATE_H200 = 430e9
-# Tiling a pass adds row pointers and per-tile partial sums; beyond this share of the pass's
-# nonzero bytes it is not worth it (assumption: the gathers get ~3x faster).
-TILE_MAX_OVERHEAD = 1.0
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -761,34 +744,6 @@ def _gather_terms(n_gathers: float, vec_bytes: float, sectors: float, prof: dict
     return n_gathers * sectors / rate, n_gathers * (1.0 - hit) * max(DRAM_BURST, 32 * sectors)
 
 
-def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, b_nnz: int, b_ptr: int,
-               tile_bytes: int) -> int:
-    """Entries of the gathered vector per tile for one gather pass (``n_vec``: the pass is not tiled).
-
-    A pass over ``n_rows`` rows whose ``nnz`` nonzeros (``b_nnz`` bytes each) gather m-vectors of
-    ``b_acc``-byte words from a vector of ``n_vec`` entries is tiled when that vector exceeds
-    ``2 * tile_bytes`` (L1 no longer holds it: gathers become L2 sector operations) and the tiles'
-    cost, ``n_rows`` row pointers (``b_ptr`` bytes) and one m-vector partial written and read per
-    row and tile, stays under ``TILE_MAX_OVERHEAD`` of the nonzero bytes.
-
-    Parameters
-    ----------
-    n_rows, n_vec, nnz, m, b_acc, b_nnz, b_ptr, tile_bytes : int
-
-    Returns
-    -------
-    int
-        Vector entries per tile (``tile_bytes // (m b_acc)``), or ``n_vec``.
-    """
-    if tile_bytes <= 0 or n_vec * m * b_acc <= 2 * tile_bytes:
-        return n_vec
-    per = max(1, tile_bytes // (m * b_acc))
-    tiles = -(-n_vec // per)
-    if n_rows * tiles * (b_ptr + 2 * m * b_acc) > TILE_MAX_OVERHEAD * nnz * b_nnz:
-        return n_vec
-    return per
-
-
 def _n_launches(stats: CSRStats, params: dict) -> int:
     """Kernel launches of one row pass: 1 when ordered, else one per non-empty length bin plus
     two for the long rows."""
@@ -826,28 +781,13 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
                   g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
     # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
-    # A pass over a tiled copy (_tile_plan) gathers from L1 at L1_GATHER_RATE and moves the tiles'
-    # row pointers and partial sums.
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
-    l1_rate = L1_GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
     t1 = 0.0
     if has_y:
-        per = _tile_plan(n, d, nnz, m, b_acc, b_val + stats.index_bytes, stats.index_bytes, TILE_BYTES)
-        if per < d:
-            tiles = -(-d // per)
-            t1 = max((a_bytes + n * tiles * (stats.index_bytes + 2 * m * b_acc) + v_bytes + p_bytes) / bw,
-                     nnz * sec / l1_rate) + (launch_a + 3) * LAUNCH_S
-        else:
-            g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
-            t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
-    per = _tile_plan(d, n, nnz, m, b_acc, b_val + b_csc, b_csc, TILE_BYTES)
-    if per < n:
-        tiles = -(-n // per)
-        t2 = max((csc_bytes + d * tiles * (b_csc + 2 * m * b_acc) + p_bytes + w_bytes) / bw,
-                 nnz * sec / l1_rate) + (launch_c + 2) * LAUNCH_S
-    else:
-        g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
-        t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
+        g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
+        t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
+    g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
+    t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
     return scatter * 1e3, (t1 + t2) * 1e3
 
 
@@ -957,8 +897,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     if strategy == "gather" and col_stats is not None:
         gather = CSRConfig(strategy="gather", pred_scatter_ms=t_s, pred_gather_ms=t_g,
                            **_launch_params(col_stats, m, dtype, prof))
-    return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g, gather=gather,
-                     tile_bytes=TILE_BYTES if strategy == "gather" else 0, **_launch_params(stats, m, dtype, prof))
+    return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g,
+                     gather=gather, **_launch_params(stats, m, dtype, prof))
 
 
 def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
@@ -1040,7 +980,6 @@ class _Structure:
         self.schedules = {}
         self.configs = {}  # (m, dtype, strategy, memory, has col stats) -> the model's CSRConfig
         self.csc = None  # _CSC: the gather strategy's copy, on demand
-        self.tiled = {}  # (per_col, per_row) -> _Tiled: the cache-blocked copies, on demand
         self.calls = 0  # csr_mmchain_fused calls seen (auto builds the copy from the second on)
 
     def valid_for(self, A: CSRMatrix) -> bool:
@@ -1106,109 +1045,6 @@ def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
     AT = CSRMatrix(colptr.to(idx), rows_t.contiguous(), val_t.contiguous(), (d, n))
     st.csc = _CSC(AT, _Structure(AT, _col_stats(A, st)), weakref.ref(A.val), A.val._version)
     return st.csc
-
-
-@dataclass
-class _Tiled:
-    """Cache-blocked copies of ``A`` for the gather strategy (:func:`_tile_plan` sizes them).
-
-    ``XC`` [T N, D]: A's nonzeros grouped by column tile, "row" ``k N + n`` = the entries of row n
-    with columns in ``[k W, (k+1) W)`` (global column ids), so a pass over XC gathers ``y`` one
-    W-slice at a time; ``t = sum_k (XC y)[k N + n]``. ``XR`` [R D, N]: the CSC copy grouped by row
-    tile, "row" ``r D + c`` = column c's entries in rows ``[r H, (r+1) H)`` (global row ids,
-    ascending), so a pass over XR gathers ``p`` one H-slice at a time; ``w = sum_r (XR p)[r D + c]``.
-    None where the pass is not tiled (T = 1: A itself; R = 1: the plain CSC copy). Each copy costs
-    A's nonzero bytes again plus its row pointers; every sum is in a fixed order (deterministic).
-    """
-
-    XC: CSRMatrix | None
-    xc_st: "_Structure | None"
-    T: int
-    XR: CSRMatrix | None
-    xr_st: "_Structure | None"
-    R: int
-    val_ref: weakref.ref
-    val_version: int
-
-
-def _tile_sizes(A: CSRMatrix, m: int, tile_bytes: int) -> tuple:
-    """``(W, H)``: columns and rows per tile of the two passes (``D``, ``N``: not tiled)."""
-    n, d = A.shape
-    b_acc = 8 if A.val.dtype == torch.float64 else 4
-    b_idx = A.col.element_size()
-    b_val = A.val.element_size()
-    b_csc = _csc_index_bytes(n, A.nnz)
-    W = _tile_plan(n, d, A.nnz, m, b_acc, b_val + b_idx, b_idx, tile_bytes)
-    H = _tile_plan(d, n, A.nnz, m, b_acc, b_val + b_csc, b_csc, tile_bytes)
-    return W, H
-
-
-def _tiled(A: CSRMatrix, st: _Structure, W: int, H: int) -> _Tiled:
-    """The cache-blocked copies for tile sizes ``(W, H)`` (cached with A's structure; rebuilt when
-    ``A.val`` is another tensor or was changed in place). Building sorts the nonzeros once per
-    tiled pass (~32 B/nnz of temporaries)."""
-    key = (W, H)
-    c = st.tiled.get(key)
-    if c is not None and c.val_ref() is A.val and c.val_version == A.val._version:
-        return c
-    st.tiled.pop(key, None)
-    n, d = A.shape
-    dev = A.device
-    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
-    rows = torch.repeat_interleave(torch.arange(n, device=dev, dtype=torch.int64), lengths)  # [nnz]
-    col = A.col.to(torch.int64)
-    XC = xc_st = XR = xr_st = None
-    T = R = 1
-    if W < d:
-        T = -(-d // W)
-        tile = col // W
-        order = torch.sort(tile, stable=True).indices  # CSR order is row-major: rows stay ascending
-        crow = torch.zeros(T * n + 1, dtype=torch.int64, device=dev)
-        crow[1:] = torch.cumsum(torch.bincount(tile * n + rows, minlength=T * n), 0)
-        del tile
-        XC = CSRMatrix(crow.to(A.crow.dtype), A.col[order].contiguous(), A.val[order].contiguous(), (T * n, d))
-        del order
-        xc_st = _Structure(XC)
-    if H < n:
-        R = -(-n // H)
-        idx = torch.int32 if _csc_index_bytes(n, A.nnz) == 4 else torch.int64
-        key2 = (rows // H) * d + col
-        order = torch.sort(key2, stable=True).indices  # (row tile, column, row) order
-        crow = torch.zeros(R * d + 1, dtype=torch.int64, device=dev)
-        crow[1:] = torch.cumsum(torch.bincount(key2, minlength=R * d), 0)
-        del key2
-        XR = CSRMatrix(crow.to(idx), rows[order].to(idx).contiguous(), A.val[order].contiguous(), (R * d, n))
-        del order
-        xr_st = _Structure(XR)
-    c = _Tiled(XC, xc_st, T, XR, xr_st, R, weakref.ref(A.val), A.val._version)
-    st.tiled[key] = c
-    return c
-
-
-def _copy_config(cst: "_Structure", m: int, dtype, prof: dict) -> CSRConfig:
-    """Launch config of a gather pass over a copy (its own row-length profile), A's stream kept
-    out of L1 (the gathered slice lives there); cached on the copy's structure."""
-    key = ("copy-pass", m, dtype)
-    cfg = cst.configs.get(key)
-    if cfg is None:
-        params = _launch_params(cst.stats, m, dtype, prof)
-        params["l1_bypass"] = True
-        cfg = CSRConfig(strategy="gather", pred_scatter_ms=0.0, pred_gather_ms=0.0, **params)
-        cst.configs[key] = cfg
-    return cfg
-
-
-def _tiled_xy(A: CSRMatrix, tl_: _Tiled, y: torch.Tensor, m: int, intercept: bool) -> torch.Tensor:
-    """``t = [A, 1] y`` [N, m] from the column-tiled copy: one pass, then the T partials summed."""
-    n, d = A.shape
-    acc = y.dtype
-    s = _alloc((tl_.T * n, m), acc, A.device)
-    _run(tl_.XC, tl_.xc_st, _copy_config(tl_.xc_st, m, A.val.dtype, _gpu_profile(None, A.device)),
-         y[:d].contiguous(), None, None, s, mode=0, intercept=False, softmax=False, alpha=1.0)
-    t = s.view(tl_.T, n, m).sum(0)
-    if intercept:
-        t += y[d]
-    return t
 
 
 @dataclass
@@ -1350,13 +1186,12 @@ def _gather_pass_config(csc: _CSC, cfg: CSRConfig, m: int, dtype, prof: dict, g=
 
 
 def _copy_fits(A: CSRMatrix) -> bool:
-    """Whether building the copies (CSC or the two tiled ones, and the sort temporaries) takes under
-    half the free memory."""
+    """Whether building the CSC copy (and its sort temporaries) takes under half the free memory."""
     if A.device.type != "cuda":
         return True
     free, _ = torch.cuda.mem_get_info(A.device)
     free += torch.cuda.memory_reserved(A.device) - torch.cuda.memory_allocated(A.device)
-    need = 2 * A.nnz * (A.val.element_size() + 4) + 32 * A.nnz + 8 * (A.shape[1] + 1)  # tiled: two copies
+    need = A.nnz * (A.val.element_size() + 4 + 32) + 8 * (A.shape[1] + 1)
     return need < 0.5 * free
 
 
@@ -1510,11 +1345,6 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     y = y.contiguous()
     st = _structure(A)
     cfg = _resolve_config(A, st, y.shape[1], config)[0]
-    if cfg.strategy == "gather" and cfg.tile_bytes and st.tiled:  # a solver's matvec: reuse the copy
-        W, H = _tile_sizes(A, y.shape[1], cfg.tile_bytes)
-        tl_ = st.tiled.get((W, H))
-        if tl_ is not None and tl_.XC is not None and tl_.val_ref() is A.val and tl_.val_version == A.val._version:
-            return _tiled_xy(A, tl_, y, y.shape[1], bool(intercept))
     out = _alloc((n, y.shape[1]), acc, A.device)
     _run(A, st, cfg, y, None, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0)
     return out
@@ -1588,50 +1418,27 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         return w
 
     # gather: p = alpha v ⊙ (A y) by the pass over A's rows, then w = A^T p (+ beta z) by the pass
-    # over the CSC copy's rows: fixed-order sums, no atomics (deterministic). With cache blocking
-    # (cfg.tile_bytes, _tile_plan) either pass may read a tiled copy instead (_Tiled).
-    W, H = _tile_sizes(A, m, cfg.tile_bytes) if cfg.tile_bytes else (d, n)
-    tl_ = _tiled(A, st, W, H) if (W < d or H < n) else None
-    prof = _gpu_profile(None, A.device)
+    # over the CSC copy's rows: fixed-order sums, no atomics (deterministic).
+    csc = _csc(A, st)
+    gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, _gpu_profile(None, A.device), g_over)
     w = _alloc((dx, m), acc, A.device)
-    if y is not None and tl_ is not None and tl_.XC is not None:
-        t = _tiled_xy(A, tl_, y, m, intercept)
-        if softmax:
-            p = v * (t - (v * t).sum(1, keepdim=True))
-        else:
-            p = t * v if v is not None else t
-        if alpha != 1.0:
-            p = p * alpha
-        isum = p.sum(0) if intercept else None
-        src, scale = p, 1.0
-    elif y is not None:
+    if y is not None:
         p = _alloc((n, m), acc, A.device)
         isum = _run(A, st, cfg, y, v, None, p, mode=2, intercept=intercept, softmax=softmax, alpha=alpha)
         src, scale = p, 1.0
     else:  # p = alpha v: alpha applied in the second pass
         isum = alpha * v.sum(0) if intercept else None
         src, scale = v, alpha
-    if tl_ is not None and tl_.XR is not None:
-        u = _alloc((tl_.R * d, m), acc, A.device)
-        _run(tl_.XR, tl_.xr_st, _copy_config(tl_.xr_st, m, A.val.dtype, prof), src.contiguous(), None, None, u,
-             mode=0, intercept=False, softmax=False, alpha=scale)
-        torch.sum(u.view(tl_.R, d, m), 0, out=w[:d])
-        if z is not None and beta != 0.0:
-            w[:d] += beta * z[:d]
-    else:
-        csc = _csc(A, st)
-        gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, prof, g_over)
-        _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
-             softmax=False, alpha=scale, beta=beta)
+    _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
+         softmax=False, alpha=scale, beta=beta)
     if intercept:
         w[d] = isum[:m] if z is None else isum[:m] + beta * z[d]
     return w
 
 
 def _csc_cached(A: CSRMatrix, st: _Structure) -> bool:
-    """Whether a copy of the gather strategy (the CSC copy or a tiled one) is cached and current."""
-    return any(c is not None and c.val_ref() is A.val and c.val_version == A.val._version
-               for c in [st.csc, *st.tiled.values()])
+    c = st.csc
+    return c is not None and c.val_ref() is A.val and c.val_version == A.val._version
 
 
 # ------------------------------------------------------------------------------------------------
