@@ -118,11 +118,6 @@ def _precision_points(base):
     if base.mode == "small":  # the padded tl.dot on the tensor cores (tf32x3) and with fp32 FMAs
         dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "prefetch": False}
         pts += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]
-        # the matvec's unrolled form (the mmchain kernels refuse it: recorded as invalid there), and
-        # the model's small-mode launch forced on every pass (X^T V's rule picks the padded dot)
-        pts += [{"mode": "unrolled", "m_pad": base.m_pad, "prefetch": False},
-                {"mode": "small", "m_pad": base.m_pad, "block_n": base.block_n, "num_warps": base.num_warps,
-                 "prefetch": base.prefetch}]
     if base.mode in ("small", "dot"):  # the loss pass and the matvec run "dot": its FMA form
         pts += [{"dot_precision": "ieee"}, {"dot_precision": "ieee", "block_n": 32},
                 {"block_n": 16, "num_warps": 4}, {"block_n": 32, "num_warps": 8}, {"block_n": 32, "num_warps": 4},

@@ -212,26 +212,6 @@ def test_matvec_all_backends(rng, poison, intercept, m):
         assert rel(t, ref) < TOL[torch.float32], cfg
 
 
-@pytest.mark.parametrize("m", [2, 3, 4])
-def test_matvec_unrolled_wide_rows(rng, poison, m):
-    """m <= 4 on rows wider than 128 values: the model's "unrolled" matvec (one row reduction per
-    right-hand side), one chunk and D in chunks, row-major and column-major X, with the intercept;
-    the mmchain kernels refuse that mode by name."""
-    from fusedml.mmchain import launch
-
-    assert launch.matvec_config(1000, 300, m, torch.float32).mode == "unrolled"
-    assert launch.matvec_config(1000, 100, m, torch.float32).mode == "dot"  # narrow rows: padded dot
-    for layout in ("row", "col"):
-        X = _dense(rng, 37, 300, torch.float32, layout)
-        y, _, _ = _operands(rng, 37, 300, m, intercept=True)
-        ref = matvec_reference(X, y, intercept=True)
-        for cfg in (None, {"block_d": 128, "block_n": 8, "num_programs": 2}):
-            t = fusedml.matvec(X, y, intercept=True, backend="fused", config=cfg)
-            assert rel(t, ref) < TOL[torch.float32], (layout, cfg)
-    with pytest.raises(ValueError, match="matvec kernel's mode only"):
-        fusedml.mmchain(X, y[:300], backend="fused", config={"mode": "unrolled"})
-
-
 def test_numpy_inputs_give_torch_and_are_not_modified(rng):
     X = rng.standard_normal((20, 6)).astype(np.float32)
     y, v = rng.standard_normal(6), rng.random(20)

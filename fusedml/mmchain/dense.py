@@ -45,7 +45,7 @@ import triton.language as tl
 from ._checks import Problem
 from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot
 
-_MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3, "unrolled": 5}
+_MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
 SMALL_M_MAX = 4
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -86,19 +86,6 @@ def _xy(x, yt, MODE: tl.constexpr):
         t = tl.dot(x, tl.trans(yt), input_precision="tf32x3")
     else:
         t = tl.sum(x[:, None, :] * yt[None, :, :], axis=2)
-    return t
-
-
-@triton.jit
-def _xy_unrolled(x, yt, M_PAD: tl.constexpr):
-    # x [BN, BD], y^T [M_PAD, BD] -> t [BN, M_PAD]: one row reduction per right-hand side, so
-    # every product keeps X's 2-D load layout (no [BN, M_PAD, BD] broadcast, no padded tl.dot)
-    jm = tl.arange(0, M_PAD)
-    t = tl.zeros([x.shape[0], M_PAD], dtype=x.dtype)
-    for j in tl.static_range(M_PAD):
-        yj = tl.sum(tl.where(jm[:, None] == j, yt, 0.0), axis=0)  # [BD]
-        tj = tl.sum(x * yj[None, :], axis=1)  # [BN]
-        t = tl.where(jm[None, :] == j, tj[:, None], t)
     return t
 
 
@@ -650,15 +637,13 @@ def _matvec_kernel(
     for tile in range(pid, n_tiles, nprog):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
         if ONE_CHUNK:
-            x = _load_x(X, rows, arange_d, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-            t = _xy_unrolled(x, yt, M_PAD) if MODE == 5 else _xy(x, yt, MODE)
+            t = _xy(_load_x(X, rows, arange_d, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC), yt, MODE)
         else:
             t = tl.zeros([BLOCK_N, M_PAD], dtype=ACC)
             for c in range(0, tl.cdiv(D, BLOCK_D)):
                 cols = c * BLOCK_D + arange_d
                 x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-                ytc = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)
-                t += _xy_unrolled(x, ytc, M_PAD) if MODE == 5 else _xy(x, ytc, MODE)
+                t += _xy(x, _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC), MODE)
         if INTERCEPT:
             t += yi[None, :]
         tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
@@ -729,9 +714,8 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
     elif P.y is None and cfg.mode == "small" and P.acc_dtype != torch.float64:
         cfg = padded_dot(cfg)  # X^T V with m <= 4: no X Y to unroll (see padded_dot)
     cfg = cfg.with_overrides(None if loss else config)
-    if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES or cfg.mode == "unrolled":
-        raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}"
-                         + (" (the matvec kernel's mode only)" if cfg.mode == "unrolled" else ""))
+    if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
+        raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
     if cfg.dot_precision not in ("tf32x3", "ieee"):

@@ -96,8 +96,7 @@ class DenseConfig:
         Rows per tile.
     block_d : int
         Columns per tile (>= D for "onchip"), a power of two.
-    mode : {"vector", "small", "dot", "elementwise", "unrolled"}
-        ``"unrolled"`` (the matvec kernel only, m <= 4): one row reduction per right-hand side.
+    mode : {"vector", "small", "dot", "elementwise"}
         m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows): ``"small"``, the
         right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each (2 m FMAs per
         element of X); larger m, fp32/bf16/fp16: ``tl.dot`` (m padded to 16,
@@ -396,9 +395,5 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     if cfg.mode == "small":  # t only: the padded dot (fp64: 3-D broadcast) of the matvec kernel
         if dtype == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
-        if cfg.block_d > 128:
-            # rows wider than 128 values: one row reduction per right-hand side ("unrolled"); the
-            # padded dot ran 0.96 ms (FMA) / 1.43 (tf32x3) at 2M x 256, m = 3 (solver_ops-*-s7-d)
-            return replace(cfg, mode="unrolled", prefetch=False)
         return padded_dot(cfg, rows=64)
     return cfg
