@@ -119,6 +119,23 @@ def test_one_read():
 
     assert not one_read(fusedml.as_csr(sp.csr_matrix(X.numpy())), 1)
     assert not one_read(torch.randn(4, 200_000), 1)  # wide rows: cooperative / chunked strategies
+    assert not one_read(torch.randn(100, 200), 3) and one_read(torch.randn(100, 200), 1)
+
+
+def test_wide_rows_m3_take_two_reads(monkeypatch):
+    """loss_gradient follows one_read: m > 1 on rows wider than 128 values composes matvec and
+    X^T V on the fused backend (the padded one-read pass is slower there), with the same result."""
+    from fusedml.mmchain import lossgrad
+
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(300, 200, generator=g)
+    W = 0.1 * torch.randn(201, 3, generator=g, dtype=torch.float32)
+    y = torch.nn.functional.one_hot(torch.randint(0, 3, (300,), generator=g), 3).float()
+    monkeypatch.setattr(lossgrad, "_dense_fused", lambda *a, **k: pytest.fail("one-read pass taken"))
+    r = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused")
+    A = torch.cat([X.double(), torch.ones(300, 1, dtype=torch.float64)], 1)
+    val, gr, h = loss_terms("multinomial", A @ W.double(), y.double())
+    assert _rel(r.grad, A.T @ gr) < 2e-6 and _rel(r.loss, val.sum(0)) < 2e-6 and _rel(r.hess, h) < 2e-6
 
 
 def test_loss_terms_match_the_estimators_losses():

@@ -448,7 +448,7 @@ def _stream_gather_kernel(
         o = b * BLOCK + offs  # nnz < 2^31 (checked on the host)
         m = o < nnz
         k = tl.load(KEY + o, mask=m, other=2147483647, cache_modifier=".cg")
-        kn = tl.load(KEY + o + 1, mask=(o + 1) < nnz, other=2147483647)
+        kn = tl.load(KEY + o + 1, mask=(o + 1) < nnz, other=2147483647, cache_modifier=".cg")  # L1 keeps the slice
         i = tl.load(IDX + o, mask=m, other=0, cache_modifier=".cg")
         v = tl.load(VAL + o, mask=m, other=0.0, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)

@@ -134,8 +134,9 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     ----------
     X : array-like [N, D] or sparse CSR
         As for :func:`fusedml.mmchain`. The one-read pass serves dense X whose rows fit on chip
-        (the mmchain "onchip" strategy); CSR and very wide rows are composed from
-        :func:`fusedml.matvec` and :func:`fusedml.mmchain` (two reads).
+        (the mmchain "onchip" strategy; for m > 1 rows of at most 128 values, see :func:`one_read`);
+        CSR and wider rows are composed from :func:`fusedml.matvec` and :func:`fusedml.mmchain`
+        (two reads).
     W : array-like [D(+1)] or [D(+1), m] (m <= 16)
         Coefficients (with the intercept in the last row when ``intercept``).
     target : array-like [N] or [N, m]
@@ -194,7 +195,8 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
             raise ValueError(f"sample_weight must have N = {N} entries, got shape {tuple(c.shape)}")
     be = resolve_backend(backend, P.device)
     out = None
-    if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor):
+    if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor) \
+            and (P.m == 1 or one_read(P.X, P.m)):  # m > 1 on wide rows: two reads are faster
         out = _dense_fused(P, code, p, c, bool(return_eta), deterministic, config)
     if out is None:
         out = _composed(P, loss, power, c, be, deterministic)
