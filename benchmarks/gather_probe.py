@@ -55,11 +55,11 @@ def gather(idx, val, y, programs, block=1024, cg=True):
     return out
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--nnz", type=int, default=1 << 25)
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = device()
     g = torch.Generator(device=dev).manual_seed(0)
     n = a.nnz
@@ -124,6 +124,7 @@ def main():
               f"{r['ms']:.3f} | {r['ggather_s']:.0f} | {r['pct_floor']:.1f} |")
     if a.out:
         write_json("gather_probe", rows, {"nnz": n}, out=a.out)
+    return rows
 
 
 if __name__ == "__main__":
