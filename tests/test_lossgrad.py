@@ -234,18 +234,3 @@ def test_solver_ops_precision_points():
     assert pts[0] is None and {"dot_precision": "ieee"} in pts
     assert any(p and p.get("mode") == "dot" and p.get("dot_precision") == "ieee" for p in pts)
     assert mod.sweep_points(X, 1, quick=False, only_precision=True) == [None]
-
-
-def test_gather_probe_smoke(tmp_path):
-    """benchmarks/gather_probe.py: its gather kernel sums val * y[idx] (against float64), and the
-    script runs end to end under the interpreter (every case, JSON written)."""
-    mod = _bench_module("gather_probe")
-    g = torch.Generator().manual_seed(5)
-    idx = torch.randint(0, 700, (5000,), generator=g, dtype=torch.int32)
-    val, y = torch.randn(5000, generator=g), torch.randn(700, generator=g)
-    for cg in (True, False):
-        out = mod.gather(idx, val, y, 3, block=256, cg=cg)
-        assert abs(float(out.double().sum()) - float((val.double() * y.double()[idx.long()]).sum())) < 1e-3
-    rows = mod.main(["--nnz", "2048", "--out", str(tmp_path / "g.json")])
-    assert {r["case"] for r in rows} >= {"random", "tiled 64 KB", "cusparse X@y", "cusparse tiles"}
-    assert (tmp_path / "g.json").exists()

@@ -614,3 +614,31 @@ def test_kernels_compile_for_sm90():
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot_compile_variants()
+
+
+# ------------------------------------------------------------------------------------------------
+# The gather probes of benchmarks/ (their kernels against float64; the scripts end to end)
+# ------------------------------------------------------------------------------------------------
+from _bench import bench_module as _bench_module  # noqa: E402
+
+
+def test_gather_probe_smoke(tmp_path):
+    """benchmarks/gather_probe.py: its gather kernel sums val * y[idx] (against float64), and the
+    script runs end to end under the interpreter (every case, JSON written)."""
+    mod = _bench_module("gather_probe")
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 700, (5000,), generator=g, dtype=torch.int32)
+    val, y = torch.randn(5000, generator=g), torch.randn(700, generator=g)
+    for cg in (True, False):
+        out = mod.gather(idx, val, y, 3, block=256, cg=cg)
+        assert abs(float(out.double().sum()) - float((val.double() * y.double()[idx.long()]).sum())) < 1e-3
+    rows = mod.main(["--nnz", "2048", "--out", str(tmp_path / "g.json")])
+    assert {r["case"] for r in rows} >= {"random", "tiled 64 KB", "cusparse X@y", "cusparse tiles"}
+    assert (tmp_path / "g.json").exists()
+
+
+def test_stream_probe_smoke(tmp_path):
+    """benchmarks/stream_probe.py: the full segmented pass (scan, owner stores, boundary atomics)
+    against float64 on a stream whose segments cross blocks; every step runs."""
+    rows, err = _bench_module("stream_probe").main(["--rows", "300", "--tiles", "3", "--out", str(tmp_path / "s.json")])
+    assert [r["step"] for r in rows] == ["gather", "+keys", "+scan", "+stores"] and err < 1e-6
