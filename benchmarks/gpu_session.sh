@@ -59,6 +59,7 @@ for p in $parts; do
                      --algorithms logistic-multinomial --repeat 3 --sklearn-budget 1 --no-plots \
                      --out "$out/end_to_end_multinomial_2Mx256.json" ;;
     solver-ops-table) run solver-ops-table 90 python3 benchmarks/bench_solver_ops.py --out "$out/solver_ops.json" ;;
+    csr-tiles) run csr-tiles 240 python3 benchmarks/bench_csr_tiles.py --out "$out/csr_tiles.json" ;;
     e2e-csr) run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 2 \
                --no-plots --out "$out/end_to_end_csr.json" ;;
     stream-probe) run stream-probe 90 python3 benchmarks/stream_probe.py --out "$out/stream_probe.json" ;;

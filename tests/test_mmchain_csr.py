@@ -397,11 +397,19 @@ def test_gather_cache_invalidation(rng):
     assert relerr(w4, reference(A, None, v, None, 1.0, 0.0)) < TOL[torch.float32]
 
 
-def test_strategy_model_and_auto(rng):
+def test_strategy_model_and_auto(rng, monkeypatch):
     H200 = dict(sm_count=132, bandwidth=4.28e12, regs_per_sm=65536, smem_per_sm=228 * 1024, l2_bytes=50 << 20)
     n, d, k = 4_000_000, 100_000, 32  # the benchmark's 4M x 100k, 32 nnz/row, as statistics only
     rows = csr.CSRStats(n, d, n * k, k, (0,) * 6 + (n,), 4)
     cols = csr.CSRStats(d, n, n * k, 1400, (0,) * 11 + (d // 2, d - d // 2), 4)
+    # cache blocking: both passes streamed (y 400 KB in 7 tiles, p 16 MB in 245), bytes bound
+    tiled = csr.csr_config(rows, 1, torch.float32, H200, col_stats=cols)
+    assert tiled.strategy == "gather" and tiled.tile_bytes == csr.TILE_BYTES
+    nnz = n * k
+    t1 = (nnz * 12 + 2 * 4 * n * 7 + n * 4 + 2 * n * 4) / 4.28e12 + 5 * csr.LAUNCH_S
+    t2 = (nnz * 12 + 2 * 4 * d * 245 + n * 4 + (d + 1) * 4) / 4.28e12 + 3 * csr.LAUNCH_S
+    assert abs(tiled.pred_gather_ms - (t1 + t2) * 1e3) < 0.002
+    monkeypatch.setattr(csr, "TILE_BYTES", 0)  # the untiled model, fitted to the session-2 sweep
     cfg = csr.csr_config(rows, 1, torch.float32, H200, col_stats=cols)
     floor = (n * k * 8 + (n + 1) * 4) / 4.28e12 * 1e3
     nnz = n * k
@@ -614,6 +622,74 @@ def test_kernels_compile_for_sm90():
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot_compile_variants()
+
+
+# ------------------------------------------------------------------------------------------------
+# Cache blocking of the gather strategy (flat tiled streams, CSRConfig.tile_bytes)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_stream_gather_passes(rng, idx):
+    """Both passes as tiled streams (tiny tiles forced; blocks of 1024 nonzeros shorter than some
+    segments and crossing others), against float64: intercept, alpha/beta/z, softmax, y=None,
+    empty rows and columns; the solvers' matvec reuses the stream; deterministic=True takes the
+    atomic-free CSC pass (bitwise repeatable); the streams follow A.val."""
+    n, d = 400, 96
+    lens = rng.integers(15, 40, n)
+    lens[::9] = 0  # empty rows
+    A = make_csr(rng, n, d - 6, lens, idx)
+    A = CSRMatrix(A.crow, A.col, A.val, (n, d))  # the last 6 columns empty
+    cfg = {"strategy": "gather", "tile_bytes": 64}
+    W, H = csr._tile_sizes(A, 1, 64)
+    assert W < d and H < n  # both passes tiled
+    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
+    for intercept in (False, True):
+        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
+        for v_op in ("mul", "softmax"):
+            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
+            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
+        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
+        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
+        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
+        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
+    st = csr._structure(A)
+    sm = st.streams[(W, H)]
+    assert sm.xy.tiles == -(-d // W) and sm.xtp.tiles == -(-n // H) and int((sm.xy.val != 0).sum()) == A.nnz
+    for sp_ in (sm.xy, sm.xtp):
+        k = sp_.key.long() & 0x7FFFFFFF
+        assert sp_.key.numel() % csr.STREAM_BLOCK == 0 and bool((k[1:] >= k[:-1]).all())
+        assert bool(((sp_.key < 0)[:-1] == (k[1:] != k[:-1])).all())  # the end flags
+    assert st.csc is None  # both passes streamed
+    w1 = csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg, deterministic=True)
+    assert st.csc is not None and torch.equal(w1, csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg,
+                                                                        deterministic=True))
+    A.val.mul_(2.0)  # in place: the streams are rebuilt (X^T (v X y) is quadratic in X)
+    assert relerr(csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg), 4 * w1) < TOL[torch.float32]
+
+
+def test_stream_kernel_segments(rng):
+    """The stream kernel alone: segments longer than a block, one per block, crossing blocks, and
+    empty segments, fp32 and fp64, against a float64 index_add."""
+    nnz, n_seg = 5000, 700
+    key = torch.sort(torch.from_numpy(rng.integers(0, n_seg, nnz)).to(torch.int32)).values
+    key[1000:3100] = key[1000]  # one segment over two whole blocks (BLOCK = 1024)
+    key = torch.sort(key).values
+    idx = torch.from_numpy(rng.integers(0, 300, nnz)).to(torch.int32)
+    for dt in (torch.float32, torch.float64):
+        val, vec = torch.randn(nnz, dtype=dt), torch.randn(300, dtype=dt)
+        ref = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, key.long(), val.double() * vec.double()[idx.long()])
+        out = csr._stream_pass(csr._make_stream(key.long(), idx, val, 1, n_seg), vec)
+        assert out.dtype == dt and relerr(out, ref) < TOL[dt]
+
+
+def test_tile_plan_model():
+    """Tiles only m = 1 passes whose gathered vector outgrows L1, when the stream's segment ids and
+    partials cost at most the nonzero bytes."""
+    kb = csr.TILE_BYTES
+    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 1, 4, 8, kb) == kb // 4  # y 400 KB: tiled
+    assert csr._tile_plan(1_000_000, 30_000, 32_000_000, 1, 4, 8, kb) == 30_000  # y 120 KB fits
+    assert csr._tile_plan(1_000_000, 100_000, 4_000_000, 1, 4, 8, kb) == 100_000  # 4 nnz/row: too costly
+    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 3, 4, 8, kb) == 100_000  # m > 1: not streamed
+    assert csr._tile_plan(10, 10**6, 10**6, 1, 4, 8, 0) == 10**6  # tile_bytes 0: never
 
 
 # ------------------------------------------------------------------------------------------------

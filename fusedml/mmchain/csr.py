@@ -419,6 +419,49 @@ def _csr_long_finish_kernel(
                 tl.atomic_add(out_ptr + cols[:, None] * M + j[None, :], vals[:, None] * p[None, :],
                               mask=nz_mask[:, None] & jmask[None, :], sem="relaxed")
 
+
+@triton.jit
+def _seg_add(k1, v1, k2, v2):
+    # segmented sum over keys sorted ascending: associative because equal keys are contiguous
+    return k2, tl.where(k1 == k2, v1 + v2, v2)
+
+
+@triton.jit
+def _stream_gather_kernel(
+    KEY,  # [nnz_pad] int32 segment id of each nonzero, ascending; bit 31 set on a segment's last
+    IDX,  # [nnz_pad] int32 index into VEC
+    VAL,  # [nnz_pad] values (any float dtype); the padding is 0
+    VEC,  # [n_vec] accumulation dtype: the gathered vector
+    OUT,  # [n_seg + 1] accumulation dtype, zeroed: OUT[KEY[j]] += VAL[j] * VEC[IDX[j]]
+    n_blocks,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr,
+):
+    """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
+    persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
+    in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
+    products; each segment's total is stored by the block that owns it, or added with a relaxed
+    atomic when it may continue across the block's first or last element. The stream is padded to
+    whole blocks (no masks: 16-byte loads) and carries its segment ends in the keys' sign bit (no
+    misaligned next-key load)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    for b in range(pid, n_blocks, nprog):
+        o = b * BLOCK + offs  # nnz < 2^31 (checked on the host)
+        kk = tl.load(KEY + o, cache_modifier=".cg")
+        i = tl.load(IDX + o, cache_modifier=".cg")
+        v = tl.load(VAL + o, cache_modifier=".cg")
+        v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
+        k = kk & 0x7FFFFFFF
+        prod = v * tl.load(VEC + i)
+        _, tot = tl.associative_scan((k, prod), 0, _seg_add)
+        k0 = tl.load(KEY + b * BLOCK) & 0x7FFFFFFF
+        last = offs == BLOCK - 1
+        end = (kk < 0) | last
+        tl.store(OUT + k, tot, mask=end & (k != k0) & (~last))
+        tl.atomic_add(OUT + k, tot, mask=end & ((k == k0) | last), sem="relaxed")
+
+
 # ------------------------------------------------------------------------------------------------
 # The analytical launch model
 # ------------------------------------------------------------------------------------------------
@@ -560,6 +603,12 @@ class CSRConfig:
     l1_bypass : bool
         Load A's values and indices with ``.cg`` (L2 only), leaving L1 to the gathered vector;
         the model sets it when that vector is small enough for L1 hits to matter.
+    tile_bytes : int
+        ``strategy="gather"``, m = 1: cache blocking. A pass whose gathered vector (``y`` for the
+        pass over A, ``p`` for the pass over the copy) exceeds ``2 * tile_bytes`` reads a flat
+        stream of (segment id, index, value) sorted by slices of ``tile_bytes`` of that vector
+        instead (:class:`_Stream`), so the programs running at once gather from one slice, which
+        stays in L1 (:func:`_tile_plan`). 0: never.
     """
 
     strategy: str
@@ -578,6 +627,7 @@ class CSRConfig:
     long_warps: int
     gather: "CSRConfig | None" = None
     l1_bypass: bool = False
+    tile_bytes: int = 0
 
     def bin_block_r(self, width: int) -> int:
         """Rows per program for the bin of width ``width``.
@@ -595,7 +645,7 @@ class CSRConfig:
 
     def launch_key(self) -> "CSRConfig":
         """The launch fields only (strategy and the CSC pass dropped): the schedule cache key."""
-        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False)
+        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False, tile_bytes=0)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -679,6 +729,15 @@ LAUNCH_S = 5e-6
 # hit rate of at least ~20 %; the --csr-strategies sweep times both settings).
 L1_BYPASS_MAX_BYTES = 1 << 20
 STRATEGIES = ("auto", "scatter", "gather")
+# Cache blocking of the gather strategy (``CSRConfig.tile_bytes``), MEASURED on one H200
+# (benchmarks/results/gather_probe-H200-2026-12-03-s8-b.json: a flat stream of 32M fp32 values and
+# int32 indices): random gathers from a vector of <= 128 KB ran at 436 G/s (81 % of the stream's
+# bandwidth floor), from 256 KB at 220 G/s, from 0.5-4 MB at 139-151 G/s (L2 sectors); the same
+# 1 MB vector with the stream sorted into 64 KB index tiles at 422 G/s. cuSPARSE's SpMV: 126 G/s.
+TILE_BYTES = 64 << 10
+L1_GATHER_RATE_H200 = 430e9
+STREAM_BLOCK = 1024  # nonzeros per block of the stream kernel (the probe's)
+STREAM_PROGRAMS_PER_SM = 8
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -744,6 +803,34 @@ def _gather_terms(n_gathers: float, vec_bytes: float, sectors: float, prof: dict
     return n_gathers * sectors / rate, n_gathers * (1.0 - hit) * max(DRAM_BURST, 32 * sectors)
 
 
+def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, b_nnz: int, tile_bytes: int) -> int:
+    """Entries of the gathered vector per tile for one gather pass (``n_vec``: the pass is not tiled).
+
+    A pass over ``n_rows`` rows whose ``nnz`` nonzeros (``b_nnz`` bytes each in CSR) gather from a
+    vector of ``n_vec`` entries is tiled (:class:`_Stream`) when m = 1, the vector exceeds
+    ``2 * tile_bytes`` (L1 no longer holds it: each gather becomes an L2 sector operation at
+    ~1/3 of the stream's rate), and the stream's cost, a 4-byte segment id per nonzero plus one
+    partial written and read per row and tile, stays under the nonzero bytes themselves (the
+    gathers get ~3x faster); segment ids and nonzeros below 2^31.
+
+    Parameters
+    ----------
+    n_rows, n_vec, nnz, m, b_acc, b_nnz, tile_bytes : int
+
+    Returns
+    -------
+    int
+        Vector entries per tile (``tile_bytes // b_acc``), or ``n_vec``.
+    """
+    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes or nnz >= 2**31:
+        return n_vec
+    per = max(1, tile_bytes // b_acc)
+    tiles = -(-n_vec // per)
+    if n_rows * tiles >= 2**31 or 4 * nnz + 2 * b_acc * n_rows * tiles > nnz * b_nnz:
+        return n_vec
+    return per
+
+
 def _n_launches(stats: CSRStats, params: dict) -> int:
     """Kernel launches of one row pass: 1 when ordered, else one per non-empty length bin plus
     two for the long rows."""
@@ -781,13 +868,26 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
                   g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
     # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
+    # A tiled pass (_tile_plan, _Stream) gathers from L1 at L1_GATHER_RATE and moves 12 bytes per
+    # fp32 nonzero plus the tiles' partials; 3 launches (zeroing, stream, sum over tiles).
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
+    l1_rate = L1_GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
     t1 = 0.0
     if has_y:
-        g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
-        t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
-    g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
-    t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
+        per = _tile_plan(n, d, nnz, m, b_acc, b_val + stats.index_bytes, TILE_BYTES)
+        if per < d:
+            seg = n * -(-d // per)
+            t1 = max((nnz * (b_val + 8) + 2 * seg * b_acc + v_bytes + 2 * p_bytes) / bw, nnz / l1_rate) + 5 * LAUNCH_S
+        else:
+            g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
+            t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
+    per = _tile_plan(d, n, nnz, m, b_acc, b_val + b_csc, TILE_BYTES)
+    if per < n:
+        seg = d * -(-n // per)
+        t2 = max((nnz * (b_val + 8) + 2 * seg * b_acc + p_bytes + w_bytes) / bw, nnz / l1_rate) + 3 * LAUNCH_S
+    else:
+        g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
+        t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
     return scatter * 1e3, (t1 + t2) * 1e3
 
 
@@ -897,8 +997,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     if strategy == "gather" and col_stats is not None:
         gather = CSRConfig(strategy="gather", pred_scatter_ms=t_s, pred_gather_ms=t_g,
                            **_launch_params(col_stats, m, dtype, prof))
-    return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g,
-                     gather=gather, **_launch_params(stats, m, dtype, prof))
+    return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g, gather=gather,
+                     tile_bytes=TILE_BYTES if strategy == "gather" else 0, **_launch_params(stats, m, dtype, prof))
 
 
 def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
@@ -980,6 +1080,7 @@ class _Structure:
         self.schedules = {}
         self.configs = {}  # (m, dtype, strategy, memory, has col stats) -> the model's CSRConfig
         self.csc = None  # _CSC: the gather strategy's copy, on demand
+        self.streams = {}  # (W, H) -> _Streams: the cache-blocked streams, on demand
         self.calls = 0  # csr_mmchain_fused calls seen (auto builds the copy from the second on)
 
     def valid_for(self, A: CSRMatrix) -> bool:
@@ -1045,6 +1146,114 @@ def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
     AT = CSRMatrix(colptr.to(idx), rows_t.contiguous(), val_t.contiguous(), (d, n))
     st.csc = _CSC(AT, _Structure(AT, _col_stats(A, st)), weakref.ref(A.val), A.val._version)
     return st.csc
+
+
+@dataclass
+class _Stream:
+    """One cache-blocked gather pass as a flat nonzero stream: ``out[key[j]] += val[j] * vec[idx[j]]``
+    with ``key`` ascending and the nonzeros grouped by tile of ``vec`` (segment ``tile * n_out + r``
+    is output ``r``'s part from that tile); ``out`` viewed ``[tiles, n_out]`` and summed over tiles."""
+
+    key: torch.Tensor  # [nnz_pad] int32, bit 31 set on each segment's last nonzero
+    idx: torch.Tensor  # [nnz_pad] int32
+    val: torch.Tensor  # [nnz_pad] A's value dtype
+    tiles: int
+    n_out: int
+
+
+def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles: int, n_out: int) -> _Stream:
+    """A :class:`_Stream` from segment ids sorted ascending (int64), indices and values: segment ends
+    flagged in the sign bit, padded to whole ``STREAM_BLOCK`` blocks with zeros in one extra segment
+    (``tiles * n_out``, dropped by :func:`_stream_pass`)."""
+    nnz = key.numel()
+    pad = -nnz % STREAM_BLOCK if nnz else STREAM_BLOCK
+    n_seg = tiles * n_out
+    k = torch.cat([key, torch.full((pad,), n_seg, dtype=torch.int64, device=key.device)])
+    end = torch.ones_like(k, dtype=torch.bool)
+    end[:-1] = k[1:] != k[:-1]
+    k = torch.where(end, k - 2**31, k).to(torch.int32)  # bit 31 set (int32 wrap) on segment ends
+    return _Stream(k, torch.cat([idx.to(torch.int32), idx.new_zeros(pad, dtype=torch.int32)]),
+                   torch.cat([val, val.new_zeros(pad)]), tiles, n_out)
+
+
+@dataclass
+class _Streams:
+    """The gather strategy's cache-blocked passes (:func:`_tile_plan` sizes them; None: not tiled).
+
+    ``xy``: ``t = A y``, A's nonzeros by column tile (W columns), rows ascending within a tile,
+    segment ``k N + n``. ``xtp``: ``w = A^T p``, by row tile (H rows) then column, segment ``r D + c``,
+    index = the row. Each costs 4 + 4 + ``b_val`` bytes per nonzero while cached.
+    """
+
+    xy: _Stream | None
+    xtp: _Stream | None
+    val_ref: weakref.ref
+    val_version: int
+
+
+def _tile_sizes(A: CSRMatrix, m: int, tile_bytes: int) -> tuple:
+    """``(W, H)``: columns and rows per tile of the two passes (``D``, ``N``: not tiled)."""
+    n, d = A.shape
+    b_acc = 8 if A.val.dtype == torch.float64 else 4
+    b_val = A.val.element_size()
+    W = _tile_plan(n, d, A.nnz, m, b_acc, b_val + A.col.element_size(), tile_bytes)
+    H = _tile_plan(d, n, A.nnz, m, b_acc, b_val + _csc_index_bytes(n, A.nnz), tile_bytes)
+    return W, H
+
+
+def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
+    """The cache-blocked streams for tile sizes ``(W, H)`` (cached with A's structure; rebuilt when
+    ``A.val`` is another tensor or was changed in place). Building sorts the nonzeros once per
+    tiled pass (~40 B/nnz of temporaries)."""
+    c = st.streams.get((W, H))
+    if c is not None and c.val_ref() is A.val and c.val_version == A.val._version:
+        return c
+    st.streams.pop((W, H), None)
+    n, d = A.shape
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=torch.int64), lengths)  # [nnz]
+    col = A.col.to(torch.int64)
+    xy = xtp = None
+    if W < d:
+        tile = col // W
+        order = torch.sort(tile, stable=True).indices  # CSR is row-major: rows stay ascending per tile
+        key = (tile * n + rows)[order]
+        del tile
+        xy = _make_stream(key, A.col[order], A.val[order], -(-d // W), n)
+        del order, key
+    if H < n:
+        key = (rows // H) * d + col
+        order = torch.sort(key, stable=True).indices  # (row tile, column, row)
+        xtp = _make_stream(key[order], rows[order], A.val[order], -(-n // H), d)
+        del key, order
+    c = _Streams(xy, xtp, weakref.ref(A.val), A.val._version)
+    st.streams[(W, H)] = c
+    return c
+
+
+def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
+    """``[n_out]`` sums of one cache-blocked pass gathering from ``vec`` ([n_vec], accumulation dtype)."""
+    dev = vec.device
+    n_seg = sp.tiles * sp.n_out
+    out = torch.zeros(n_seg + 1, dtype=vec.dtype, device=dev)  # + the padding's segment
+    n_blocks = sp.key.numel() // STREAM_BLOCK
+    P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
+    _stream_gather_kernel[(P,)](sp.key, sp.idx, sp.val, vec, out, n_blocks, BLOCK=STREAM_BLOCK,
+                                ACC64=vec.dtype == torch.float64, num_warps=8)
+    return out[:n_seg].view(sp.tiles, sp.n_out).sum(0)
+
+
+def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build: bool) -> _Streams | None:
+    """The streams the config's cache blocking asks for (built when ``build``), or None."""
+    if not cfg.tile_bytes:
+        return None
+    W, H = _tile_sizes(A, m, cfg.tile_bytes)
+    if W >= A.shape[1] and H >= A.shape[0]:
+        return None
+    if build:
+        return _streams(A, st, W, H)
+    c = st.streams.get((W, H))
+    return c if c is not None and c.val_ref() is A.val and c.val_version == A.val._version else None
 
 
 @dataclass
@@ -1345,6 +1554,10 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     y = y.contiguous()
     st = _structure(A)
     cfg = _resolve_config(A, st, y.shape[1], config)[0]
+    sm_ = _streams_for(A, st, cfg, y.shape[1], build=False) if cfg.strategy == "gather" else None
+    if sm_ is not None and sm_.xy is not None:  # a solver's matvec: the mmchain's cached stream
+        t = _stream_pass(sm_.xy, y[:d, 0].contiguous())[:, None]
+        return t + y[d] if intercept else t
     out = _alloc((n, y.shape[1]), acc, A.device)
     _run(A, st, cfg, y, None, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0)
     return out
@@ -1418,27 +1631,47 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         return w
 
     # gather: p = alpha v ⊙ (A y) by the pass over A's rows, then w = A^T p (+ beta z) by the pass
-    # over the CSC copy's rows: fixed-order sums, no atomics (deterministic).
-    csc = _csc(A, st)
-    gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, _gpu_profile(None, A.device), g_over)
+    # over the CSC copy's rows: fixed-order sums, no atomics (deterministic). With cache blocking
+    # (cfg.tile_bytes, m = 1, not deterministic) either pass may read a tiled stream instead.
+    sm_ = None if deterministic else _streams_for(A, st, cfg, m, build=True)
     w = _alloc((dx, m), acc, A.device)
-    if y is not None:
+    if y is not None and sm_ is not None and sm_.xy is not None:
+        t = _stream_pass(sm_.xy, y[:d, 0].contiguous())[:, None]
+        if intercept:
+            t = t + y[d]
+        if softmax:
+            p = v * (t - (v * t).sum(1, keepdim=True))
+        else:
+            p = t * v if v is not None else t
+        p = p * alpha if alpha != 1.0 else p
+        isum = p.sum(0) if intercept else None
+        src, scale = p, 1.0
+    elif y is not None:
         p = _alloc((n, m), acc, A.device)
         isum = _run(A, st, cfg, y, v, None, p, mode=2, intercept=intercept, softmax=softmax, alpha=alpha)
         src, scale = p, 1.0
     else:  # p = alpha v: alpha applied in the second pass
         isum = alpha * v.sum(0) if intercept else None
         src, scale = v, alpha
-    _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
-         softmax=False, alpha=scale, beta=beta)
+    if sm_ is not None and sm_.xtp is not None:
+        wd = _stream_pass(sm_.xtp, src[:, 0].contiguous())
+        w[:d, 0] = wd * scale if scale != 1.0 else wd
+        if z is not None and beta != 0.0:
+            w[:d] += beta * z[:d]
+    else:
+        csc = _csc(A, st)
+        gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, _gpu_profile(None, A.device), g_over)
+        _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
+             softmax=False, alpha=scale, beta=beta)
     if intercept:
         w[d] = isum[:m] if z is None else isum[:m] + beta * z[d]
     return w
 
 
 def _csc_cached(A: CSRMatrix, st: _Structure) -> bool:
-    c = st.csc
-    return c is not None and c.val_ref() is A.val and c.val_version == A.val._version
+    """Whether a copy of the gather strategy (the CSC copy or cache-blocked streams) is current."""
+    return any(c is not None and c.val_ref() is A.val and c.val_version == A.val._version
+               for c in [st.csc, *st.streams.values()])
 
 
 # ------------------------------------------------------------------------------------------------

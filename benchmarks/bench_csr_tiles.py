@@ -1,0 +1,110 @@
+"""CSR mmchain: the gather strategy's cache blocking (``CSRConfig.tile_bytes``: tiled nonzero
+streams) against no blocking and against the operator-level baselines, side by side in one run.
+
+For each matrix and m: ms (``do_bench`` median), % of the read-once floor, speed-up over "ops"
+with the cached transpose, relative error against a float64 cuSPARSE reference on fresh inputs,
+the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
+
+    python benchmarks/bench_csr_tiles.py [--quick] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))
+
+import _common  # noqa: E402
+
+if not torch.cuda.is_available():  # a smoke run of the script under the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import datasets  # noqa: E402
+import fusedml  # noqa: E402
+from fusedml.mmchain import csr  # noqa: E402
+
+
+def matrices(dev, quick):
+    if quick:
+        yield "powerlaw-2000x3000", datasets.make_csr(2000, 3000, 16, "powerlaw", device=dev, return_torch=True).X
+        return
+    yield "powerlaw-1Mx100k-32 (e2e)", datasets.make_csr(1_000_000, 100_000, 32, "powerlaw", device=dev,
+                                                         return_torch=True).X
+    n = 4_000_000
+    yield "uniform-4Mx100k-32", csr._bench_matrix(n, 100_000, torch.full((n,), 32), device=dev)
+    n = 1_000_000
+    yield "uniform-1Mx1M-100", csr._bench_matrix(n, 1_000_000, torch.full((n,), 100), device=dev)
+
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiles", nargs="+", type=int, default=[0, 32 << 10, 64 << 10, 128 << 10])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    dev = _common.device()
+    quick = a.quick or dev.type != "cuda"
+    bw = 4.28e12
+    rows = []
+    for name, A in matrices(dev, quick):
+        n, d = A.shape
+        floor_ms = (A.nnz * (A.val.element_size() + A.col.element_size()) + (n + 1) * A.crow.element_size()) / bw * 1e3
+        A64 = A.to(dtype=torch.float64)
+        for m in ((1, 3) if "powerlaw" in name else (1,)):
+            g = torch.Generator(device=dev).manual_seed(m)
+            shp = (lambda k: (k,)) if m == 1 else (lambda k: (k, m))
+            y = torch.randn(*shp(d), generator=g, device=dev)
+            v = torch.rand(*shp(n), generator=g, device=dev)
+            ref = fusedml.mmchain(A64, y.double(), v.double(), backend="ops")
+            ops = lambda: fusedml.mmchain(A, y, v, backend="ops", config={"ops_transpose": "cached"})  # noqa: E731
+            ops()
+            ops_ms = _common.bench_ms(ops)
+            rows.append(dict(matrix=name, m=m, variant="ops (cached X^T)", ms=ops_ms, pct_floor=100 * floor_ms / ops_ms,
+                             speedup=1.0, rel_err=rel(ops(), ref)))
+            for tb in a.tiles:
+                cfg = {"strategy": "gather", "tile_bytes": tb}
+                W, H = csr._tile_sizes(A, m, tb) if tb else (d, n)
+                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = fn()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                first_ms = (time.perf_counter() - t0) * 1e3
+                ms = _common.bench_ms(fn)
+                row = dict(matrix=name, m=m, variant=f"fused gather tile {tb >> 10} KB" if tb else "fused gather untiled",
+                           col_tiles=-(-d // W), row_tiles=-(-n // H), ms=ms, pct_floor=100 * floor_ms / ms,
+                           speedup=ops_ms / ms, rel_err=rel(out, ref), first_call_ms=first_ms)
+                mv = lambda: fusedml.matvec(A, y, backend="fused", config=cfg)  # noqa: E731
+                row["matvec_ms"] = _common.bench_ms(mv)
+                row["matvec_rel_err"] = rel(mv(), fusedml.matvec(A64, y.double(), backend="ops"))
+                rows.append(row)
+            auto = lambda: fusedml.mmchain(A, y, v, backend="fused")  # noqa: E731
+            auto(), auto()
+            ms = _common.bench_ms(auto)
+            rows.append(dict(matrix=name, m=m, variant="fused auto (model)", ms=ms, pct_floor=100 * floor_ms / ms,
+                             speedup=ops_ms / ms, rel_err=rel(auto(), ref)))
+            rows[-1]["floor_ms"] = floor_ms
+        del A, A64
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    cols = ["matrix", "m", "variant", "col_tiles", "row_tiles", "ms", "pct_floor", "speedup", "matvec_ms",
+            "rel_err", "first_call_ms"]
+    print(_common.markdown_table(rows, cols))
+    if a.out or dev.type == "cuda":
+        print(_common.write_json("csr_tiles", rows, {"args": vars(a)}, out=a.out))
+
+
+if __name__ == "__main__":
+    main()
