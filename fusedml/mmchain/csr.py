@@ -835,7 +835,7 @@ def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, b_nnz: int
     int
         Vector entries per tile (``tile_bytes // b_acc``), or ``n_vec``.
     """
-    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes or nnz >= 2**31:
+    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes or nnz >= 2**31 - STREAM_BLOCK:
         return n_vec
     per = max(1, tile_bytes // b_acc)
     tiles = -(-n_vec // per)
@@ -958,7 +958,10 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     read, w written). For m = 1 that is ``2/R_g = 16.7`` vs ``1/R_g + 1/R_a = 18.3`` ns per 1000
     nonzeros: gather by ~9 % (measured 2.08 vs 2.35 ms, 1.73 vs 1.83 ms); for m > 1 the gather's
     sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
-    (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Not modelled: L1
+    (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Cache blocking
+    (m = 1, :func:`_tile_plan`): a pass over a tiled stream gathers at ``L1_GATHER_RATE`` (430 G/s,
+    measured) and moves 12 bytes per fp32 nonzero plus two partial sums per (output, tile); it
+    replaces the pass's term above when the tile plan picks it. Not modelled: L1
     hits (``l1_bypass``: set for gathered vectors up to ``L1_BYPASS_MAX_BYTES`` = 1 MB, an
     assumption the ``--csr-strategies`` sweep of ``benchmarks/bench_mmchain.py`` checks); the
     one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
