@@ -734,12 +734,18 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
 
     The "small" mode (unrolled right-hand sides) has no loss epilogue: its m <= 4 problems take the
     onchip kernel's padded ``tl.dot`` (fp64: 3-D broadcast), as the matvec kernel does. Wide rows
-    (chunked / cooperative strategies) raise ``NotImplementedError``: the caller composes the pass
-    from ``matvec`` and ``mmchain`` instead (X read twice). ``tuned``: only check and convert (the
+    (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
+    ``NotImplementedError``: the caller composes the pass from ``matvec`` and ``mmchain`` instead
+    (X read twice). ``tuned``: only check and convert (the
     launch already adjusted, e.g. after a caller's overrides).
     """
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
+    if cfg.m_pad > 1 and cfg.block_d > 128:
+        # m > 1 on rows wider than 128 values: the padded tl.dot's one read is slower than two
+        # reads (H200, 2M x 256, m = 3: 4.3 ms with tf32x3 and 72 ms with FMAs, against 0.96 +
+        # 0.85 for matvec + X^T V; solver_ops-*-s7-d, solver_ops_wide_unrolled-*-s8-e)
+        raise NotImplementedError("no fused loss-gradient pass for m > 1 on rows wider than 128 values")
     if cfg.mode == "vector" and not tuned:
         # the epilogue's Hessian-weight store is a layout conversion (two barriers) per tile: keep
         # the next tile's loads in flight across it, with half the warps for the registers (H200

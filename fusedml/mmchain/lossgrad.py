@@ -195,8 +195,7 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
             raise ValueError(f"sample_weight must have N = {N} entries, got shape {tuple(c.shape)}")
     be = resolve_backend(backend, P.device)
     out = None
-    if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor) \
-            and (P.m == 1 or one_read(P.X, P.m)):  # m > 1 on wide rows: two reads are faster
+    if be == "fused" and not isinstance(P.X, CSRMatrix) and isinstance(P.X, torch.Tensor):
         out = _dense_fused(P, code, p, c, bool(return_eta), deterministic, config)
     if out is None:
         out = _composed(P, loss, power, c, be, deterministic)
@@ -229,11 +228,9 @@ def one_read(X, m: int = 1) -> bool:
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     try:
         loss_config(cfg, torch.float64 if X.dtype == torch.float64 else torch.float32)
-    except NotImplementedError:
+    except NotImplementedError:  # wide rows (for m > 1: wider than 128 values; see loss_config)
         return False
-    # m > 1 with rows wider than 128 values: the padded tl.dot's one read is slower than two reads
-    # (2M x 256, m = 3 on the H200: 4.3 ms against 0.96 + 0.85; launch.padded_dot)
-    return m == 1 or cfg.block_d <= 128
+    return True
 
 
 def _dense_fused(P, code, p, c, return_eta, deterministic, config):
@@ -246,7 +243,7 @@ def _dense_fused(P, code, p, c, return_eta, deterministic, config):
     try:
         g, lpart = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config,
                                        loss=(code, p, cc, eta, hess))
-    except NotImplementedError:  # wide rows: no one-read pass
+    except NotImplementedError:  # wide rows: no one-read pass (loss_config)
         return None
     return g, lpart.sum(0, dtype=torch.float64), eta, hess
 
