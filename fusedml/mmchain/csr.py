@@ -1139,13 +1139,19 @@ class _CSC:
     val_version: int
 
 
+def _current(copy, A: CSRMatrix) -> bool:
+    """Whether a cached copy of ``A`` (:class:`_CSC`, :class:`_Streams`) was taken from ``A.val``
+    as it is now (the same tensor, not changed in place since)."""
+    return copy is not None and copy.val_ref() is A.val and copy.val_version == A.val._version
+
+
 def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
     """The CSC copy of ``A`` (cached with A's structure; rebuilt when ``A.val`` is another tensor
     or was changed in place). Costs ``nnz (b_val + b_idx) + (D+1) b_idx`` bytes while cached (the
     2x memory the "ops" baseline's cached transpose also pays); building it sorts the column
     indices once (~32 B/nnz of temporaries)."""
     c = st.csc
-    if c is not None and c.val_ref() is A.val and c.val_version == A.val._version:
+    if _current(c, A):
         return c
     st.csc = None  # drop a stale copy before allocating the new one
     n, d = A.shape
@@ -1222,7 +1228,7 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
     ``A.val`` is another tensor or was changed in place). Building sorts the nonzeros once per
     tiled pass (~40 B/nnz of temporaries)."""
     c = st.streams.get((W, H))
-    if c is not None and c.val_ref() is A.val and c.val_version == A.val._version:
+    if _current(c, A):
         return c
     st.streams.pop((W, H), None)
     n, d = A.shape
@@ -1269,7 +1275,7 @@ def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build
     if build:
         return _streams(A, st, W, H)
     c = st.streams.get((W, H))
-    return c if c is not None and c.val_ref() is A.val and c.val_version == A.val._version else None
+    return c if _current(c, A) else None
 
 
 @dataclass
@@ -1686,8 +1692,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
 
 def _csc_cached(A: CSRMatrix, st: _Structure) -> bool:
     """Whether a copy of the gather strategy (the CSC copy or cache-blocked streams) is current."""
-    return any(c is not None and c.val_ref() is A.val and c.val_version == A.val._version
-               for c in [st.csc, *st.streams.values()])
+    return any(_current(c, A) for c in [st.csc, *st.streams.values()])
 
 
 # ------------------------------------------------------------------------------------------------
