@@ -322,11 +322,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     reach = [False] * P
     if not any(run):
         return torch.zeros_like(g), torch.neg(g), 0, reach
-    rTr_dev = gg if gg is not None else dot(g, g)
-    if not all(run):  # problems not running: rTr 0, so their alpha is 0
-        rTr_dev = rTr_dev * _coef([1.0 if r else 0.0 for r in run], rTr_dev).reshape(-1)
     eng = _tron_engine(obj, g, hstate, P)
-    eng.reset(torch.neg(g), rTr_dev, run)
+    eng.reset(torch.neg(g), gg if gg is not None else dot(g, g), run)  # problems not running: masked
     S, R, Dv = eng.S, eng.R, eng.Dv
     n_cg = 0
     while n_cg < max_cg and any(run):
@@ -746,9 +743,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
     eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False)
-    if not all(run):  # converged columns: rr 0, so their alpha is 0
-        rr_dev = rr_dev * _coef([1.0 if r else 0.0 for r in run], rr_dev).reshape(-1)
-    eng.reset(B, rr_dev, run)
+    eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)
     it = 0
