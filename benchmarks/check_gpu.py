@@ -134,6 +134,12 @@ def check_mmchain(dev):
         w1 = fusedml.mmchain(A, y, v, deterministic=True, backend="fused")
         same = torch.equal(w1, fusedml.mmchain(A, y, v, deterministic=True, backend="fused"))
         record(name + " deterministic", rel(w1, ref_mmchain(Xd, y, v, None, 1, 0)) if same else 1.0, TOL[torch.float32])
+        if n >= 50_000:  # the cache-blocked streams, forced with 1 KB tiles (both passes tiled)
+            cfg = {"strategy": "gather", "tile_bytes": 1024}
+            record(name + " streams", rel(fusedml.mmchain(A, yi, v, intercept=True, backend="fused", config=cfg),
+                                          ref_mmchain(Xd, yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])
+            record(name + " streams matvec", rel(fusedml.matvec(A, y, backend="fused", config=cfg), Xd @ y.double()),
+                   TOL[torch.float32])
 
 
 def check_loss_gradient(dev):

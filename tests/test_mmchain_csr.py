@@ -638,8 +638,8 @@ def test_stream_gather_passes(rng, idx):
     lens[::9] = 0  # empty rows
     A = make_csr(rng, n, d - 6, lens, idx)
     A = CSRMatrix(A.crow, A.col, A.val, (n, d))  # the last 6 columns empty
-    cfg = {"strategy": "gather", "tile_bytes": 64}
-    W, H = csr._tile_sizes(A, 1, 64)
+    cfg = {"strategy": "gather", "tile_bytes": 128}
+    W, H = csr._tile_sizes(A, 1, 128)
     assert W < d and H < n  # both passes tiled
     y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
     for intercept in (False, True):
@@ -654,10 +654,12 @@ def test_stream_gather_passes(rng, idx):
     st = csr._structure(A)
     sm = st.streams[(W, H)]
     assert sm.xy.tiles == -(-d // W) and sm.xtp.tiles == -(-n // H) and int((sm.xy.val != 0).sum()) == A.nnz
-    for sp_ in (sm.xy, sm.xtp):
-        k = sp_.key.long() & 0x7FFFFFFF
-        assert sp_.key.numel() % csr.STREAM_BLOCK == 0 and bool((k[1:] >= k[:-1]).all())
-        assert bool(((sp_.key < 0)[:-1] == (k[1:] != k[:-1])).all())  # the end flags
+    for sp_, per in ((sm.xy, W), (sm.xtp, H)):
+        k = sp_.key.to(torch.int32)
+        blocks = k.numel() // csr.STREAM_BLOCK
+        assert k.numel() % csr.STREAM_BLOCK == 0 and sp_.seg_base.numel() == sp_.vec_base.numel() == blocks
+        assert int(((k >> 14) & 1).sum()) == sp_.seg_out.numel() == int((k < 0).sum())  # starts, ends
+        assert bool(((k & 0x3FFF) < per).all()) and bool((sp_.vec_base % per == 0).all())
     assert st.csc is None  # both passes streamed
     w1 = csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg, deterministic=True)
     assert st.csc is not None and torch.equal(w1, csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg,
@@ -667,29 +669,39 @@ def test_stream_gather_passes(rng, idx):
 
 
 def test_stream_kernel_segments(rng):
-    """The stream kernel alone: segments longer than a block, one per block, crossing blocks, and
-    empty segments, fp32 and fp64, against a float64 index_add."""
-    nnz, n_seg = 5000, 700
-    key = torch.sort(torch.from_numpy(rng.integers(0, n_seg, nnz)).to(torch.int32)).values
-    key[1000:3100] = key[1000]  # one segment over two whole blocks (BLOCK = 1024)
-    key = torch.sort(key).values
-    idx = torch.from_numpy(rng.integers(0, 300, nnz)).to(torch.int32)
-    for dt in (torch.float32, torch.float64):
-        val, vec = torch.randn(nnz, dtype=dt), torch.randn(300, dtype=dt)
-        ref = torch.zeros(n_seg, dtype=torch.float64).index_add_(0, key.long(), val.double() * vec.double()[idx.long()])
-        out = csr._stream_pass(csr._make_stream(key.long(), idx, val, 1, n_seg), vec)
-        assert out.dtype == dt and relerr(out, ref) < TOL[dt]
+    """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
+    empty segments and tiles, a tile filling whole blocks, fp32 and fp64, against a float64
+    index_add."""
+    n_out, per, tiles = 700, 100, 4
+    outs = lambda k: torch.from_numpy(rng.integers(0, n_out, k))  # noqa: E731
+    parts = [outs(2048),  # tile 0: two whole blocks; tile 1: empty
+             2 * n_out + torch.cat([outs(400), torch.full((2100,), 350)]),  # one output over 3 blocks
+             3 * n_out + outs(452)]
+    for key in (torch.sort(torch.cat(parts)).values, torch.zeros(0, dtype=torch.int64)):
+        nnz = key.numel()
+        t = key // n_out
+        idx = (t * per + torch.from_numpy(rng.integers(0, per, nnz))).to(torch.int32)
+        for dt in (torch.float32, torch.float64):
+            val, vec = torch.randn(nnz, dtype=dt), torch.randn(per * tiles, dtype=dt)
+            ref = torch.zeros(n_out, dtype=torch.float64).index_add_(0, key % n_out,
+                                                                        val.double() * vec.double()[idx.long()])
+            sp_ = csr._make_stream(key, idx, val, tiles, n_out, per)
+            out = csr._stream_pass(sp_, vec)
+            assert out.dtype == dt and out.shape == (n_out,)
+            assert relerr(out, ref) < TOL[dt] if nnz else not out.any()
 
 
 def test_tile_plan_model():
     """Tiles only m = 1 passes whose gathered vector outgrows L1, when the stream's segment ids and
     partials cost at most the nonzero bytes."""
     kb = csr.TILE_BYTES
-    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 1, 4, 8, kb) == kb // 4  # y 400 KB: tiled
-    assert csr._tile_plan(1_000_000, 30_000, 32_000_000, 1, 4, 8, kb) == 30_000  # y 120 KB fits
-    assert csr._tile_plan(1_000_000, 100_000, 4_000_000, 1, 4, 8, kb) == 100_000  # 4 nnz/row: too costly
-    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 3, 4, 8, kb) == 100_000  # m > 1: not streamed
-    assert csr._tile_plan(10, 10**6, 10**6, 1, 4, 8, 0) == 10**6  # tile_bytes 0: never
+    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 1, 4, kb) == kb // 4  # y 400 KB: tiled
+    assert csr._tile_plan(1_000_000, 30_000, 32_000_000, 1, 4, kb) == 30_000  # y 120 KB fits
+    assert csr._tile_plan(1_000_000, 100_000, 4_000_000, 1, 4, kb) == 100_000  # 4 nnz/row: segments of 1
+    assert csr._tile_plan(1_000_000, 100_000, 32_000_000, 3, 4, kb) == 100_000  # m > 1: not streamed
+    assert csr._tile_plan(10, 10**6, 10**6, 1, 4, 0) == 10**6  # tile_bytes 0: never
+    assert csr._tile_plan(1000, 10**6, 10**7, 1, 4, 1 << 20) == 1 << 14  # at most 2^14 per tile
+    assert csr._tile_plan(1000, 10**6, 2**31 - 10**4, 1, 4, kb) == 10**6  # the padded stream < 2^31
 
 
 # ------------------------------------------------------------------------------------------------

@@ -71,15 +71,16 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   gathered vector larger than L1 makes every gather an L2 sector operation, but a slice of
   <= 128 KB stays in L1 (436 G/s on an H200 against ~140, ``benchmarks/gather_probe.py``). A pass
   whose vector is larger then reads a flat stream instead (:class:`_Stream`, cached like the CSC
-  copy): (segment id, index, value) per nonzero, grouped by 64 KB tile of the vector, so the
-  persistent programs running at once gather from one slice; segment ``tile * n_out + r`` holds
-  output r's part from that tile. ``_stream_gather_kernel`` scans each block of 1024 nonzeros
-  (segmented sum), stores the totals of the segments the block owns and adds those crossing its
-  edges with atomics; the per-tile partials are summed afterwards. The stream is padded to whole
-  blocks and flags segment ends in the keys' sign bit: unmasked, aligned loads (unpadded, the
-  same kernel ran at half the rate). 12 bytes per fp32 nonzero plus one partial per (output,
-  tile): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47 for
-  cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
+  copy): the nonzeros sorted by (64 KB tile of the vector, output), so the persistent programs
+  running at once gather from one slice; segment (t, r) holds output r's part from tile t.
+  Per nonzero a 16-bit index within the tile (with the segment start and end flags) and the
+  value: 6 bytes for fp32 against 8 in CSR; per segment a 4-byte output id. Each tile's run is
+  padded to whole blocks of 1024 (aligned, unmasked 16-byte loads: unpadded, an earlier form ran
+  at half the rate). ``_stream_gather_kernel`` scans each block (segmented sum, whose segment
+  count also numbers the segments) and adds each segment's total to its output with one atomic.
+  Session 8's form (int32 segment id + int32 index per nonzero, per-tile partials summed
+  afterwards): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47
+  for cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
 
 Both strategies: what the kernels do about the L2-operation bound
 -----------------------------------------------------------------
@@ -434,45 +435,42 @@ def _csr_long_finish_kernel(
 
 
 @triton.jit
-def _seg_add(k1, v1, k2, v2):
-    # segmented sum over keys sorted ascending: associative because equal keys are contiguous
-    return k2, tl.where(k1 == k2, v1 + v2, v2)
+def _seg_add(c1, v1, c2, v2):
+    # segmented sum (c: segment starts seen; a start on the right resets the sum): associative
+    return c1 + c2, tl.where(c2 > 0, v2, v1 + v2)
 
 
 @triton.jit
 def _stream_gather_kernel(
-    KEY,  # [nnz_pad] int32 segment id of each nonzero, ascending; bit 31 set on a segment's last
-    IDX,  # [nnz_pad] int32 index into VEC
+    KEY,  # [nnz_pad] int16: bits 0-13 index into the block's tile of VEC, 14 segment start, 15 end
     VAL,  # [nnz_pad] values (any float dtype); the padding is 0
+    SEGOUT,  # [n_seg] int32 output of each segment, in stream order (padding's: n_out)
+    SEGBASE,  # [n_blocks] int32 segments starting before each block
+    VBASE,  # [n_blocks] int32 first VEC entry of each block's tile
     VEC,  # [n_vec] accumulation dtype: the gathered vector
-    OUT,  # [n_seg + 1] accumulation dtype, zeroed: OUT[KEY[j]] += VAL[j] * VEC[IDX[j]]
+    OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[VBASE + idx(j)]
     n_blocks,
     BLOCK: tl.constexpr, ACC64: tl.constexpr,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
     in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
-    products; each segment's total is stored by the block that owns it, or added with a relaxed
-    atomic when it may continue across the block's first or last element. The stream is padded to
-    whole blocks (no masks: 16-byte loads) and carries its segment ends in the keys' sign bit (no
-    misaligned next-key load)."""
+    products, whose segment count also numbers the segments; each segment's total (or, at the
+    block's last element, its part so far) goes to its output with one relaxed atomic. Blocks are
+    whole (no masks: 16-byte loads) and never straddle a tile."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
     for b in range(pid, n_blocks, nprog):
-        o = b * BLOCK + offs  # nnz < 2^31 (checked on the host)
-        kk = tl.load(KEY + o, cache_modifier=".cg")
-        i = tl.load(IDX + o, cache_modifier=".cg")
+        o = b * BLOCK + offs  # < 2^31 (checked on the host)
+        kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        k = kk & 0x7FFFFFFF
-        prod = v * tl.load(VEC + i)
-        _, tot = tl.associative_scan((k, prod), 0, _seg_add)
-        k0 = tl.load(KEY + b * BLOCK) & 0x7FFFFFFF
-        last = offs == BLOCK - 1
-        end = (kk < 0) | last
-        tl.store(OUT + k, tot, mask=end & (k != k0) & (~last))
-        tl.atomic_add(OUT + k, tot, mask=end & ((k == k0) | last), sem="relaxed")
+        prod = v * tl.load(VEC + tl.load(VBASE + b) + (kk & 0x3FFF))
+        cnt, tot = tl.associative_scan((((kk >> 14) & 1).to(tl.float32), prod), 0, _seg_add)  # counts <= BLOCK: exact
+        emit = (kk < 0) | (offs == BLOCK - 1)
+        r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
+        tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -816,30 +814,31 @@ def _gather_terms(n_gathers: float, vec_bytes: float, sectors: float, prof: dict
     return n_gathers * sectors / rate, n_gathers * (1.0 - hit) * max(DRAM_BURST, 32 * sectors)
 
 
-def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, b_nnz: int, tile_bytes: int) -> int:
+def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, tile_bytes: int) -> int:
     """Entries of the gathered vector per tile for one gather pass (``n_vec``: the pass is not tiled).
 
-    A pass over ``n_rows`` rows whose ``nnz`` nonzeros (``b_nnz`` bytes each in CSR) gather from a
-    vector of ``n_vec`` entries is tiled (:class:`_Stream`) when m = 1, the vector exceeds
-    ``2 * tile_bytes`` (L1 no longer holds it: each gather becomes an L2 sector operation at
-    ~1/3 of the stream's rate), and the stream's cost, a 4-byte segment id per nonzero plus one
-    partial written and read per row and tile, stays under the nonzero bytes themselves (the
-    gathers get ~3x faster); segment ids and nonzeros below 2^31.
+    A pass over ``n_rows`` rows whose ``nnz`` nonzeros gather from a vector of ``n_vec`` entries
+    (``b_acc`` bytes each) is tiled (:class:`_Stream`) when m = 1, the vector exceeds
+    ``2 * tile_bytes`` (L1 no longer holds it: each gather becomes an L2 sector operation at ~1/3 of
+    the stream's rate), and its segments (one per row and tile at most) hold two nonzeros or more on
+    average: each costs a 4-byte output id and one atomic, against 2 bytes saved per nonzero (a
+    16-bit index within the tile). Tiles hold at most 2^14 entries; the padded stream stays below
+    2^31.
 
     Parameters
     ----------
-    n_rows, n_vec, nnz, m, b_acc, b_nnz, tile_bytes : int
+    n_rows, n_vec, nnz, m, b_acc, tile_bytes : int
 
     Returns
     -------
     int
-        Vector entries per tile (``tile_bytes // b_acc``), or ``n_vec``.
+        Vector entries per tile (``min(tile_bytes // b_acc, 2^14)``), or ``n_vec``.
     """
-    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes or nnz >= 2**31 - STREAM_BLOCK:
+    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes:
         return n_vec
-    per = max(1, tile_bytes // b_acc)
+    per = max(1, min(tile_bytes // b_acc, 1 << 14))
     tiles = -(-n_vec // per)
-    if n_rows * tiles >= 2**31 or 4 * nnz + 2 * b_acc * n_rows * tiles > nnz * b_nnz:
+    if nnz + (tiles + 1) * STREAM_BLOCK >= 2**31 or 2 * min(nnz, n_rows * tiles) > nnz:
         return n_vec
     return per
 
@@ -881,23 +880,26 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
                   g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
     # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
-    # A tiled pass (_tile_plan, _Stream) gathers from L1 at L1_GATHER_RATE and moves 12 bytes per
-    # fp32 nonzero plus the tiles' partials; 3 launches (zeroing, stream, sum over tiles).
+    # A tiled pass (_tile_plan, _Stream) gathers from L1 at L1_GATHER_RATE and moves 2 + b_val bytes
+    # per nonzero plus, per segment (at most one per row and tile), an output id and one atomic.
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
     l1_rate = L1_GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
+
+    def tiled(rows, vec, per, extra_bytes):
+        seg = min(nnz, rows * -(-vec // per))
+        return max((nnz * (b_val + 2) + seg * 4 + extra_bytes) / bw, nnz / l1_rate, seg / a_rate) + 2 * LAUNCH_S
+
     t1 = 0.0
     if has_y:
-        per = _tile_plan(n, d, nnz, m, b_acc, b_val + stats.index_bytes, TILE_BYTES)
+        per = _tile_plan(n, d, nnz, m, b_acc, TILE_BYTES)
         if per < d:
-            seg = n * -(-d // per)
-            t1 = max((nnz * (b_val + 8) + 2 * seg * b_acc + v_bytes + 2 * p_bytes) / bw, nnz / l1_rate) + 5 * LAUNCH_S
+            t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
         else:
             g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
             t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
-    per = _tile_plan(d, n, nnz, m, b_acc, b_val + b_csc, TILE_BYTES)
+    per = _tile_plan(d, n, nnz, m, b_acc, TILE_BYTES)
     if per < n:
-        seg = d * -(-n // per)
-        t2 = max((nnz * (b_val + 8) + 2 * seg * b_acc + p_bytes + w_bytes) / bw, nnz / l1_rate) + 3 * LAUNCH_S
+        t2 = tiled(d, n, per, p_bytes + w_bytes)
     else:
         g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
         t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
@@ -960,8 +962,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
     (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Cache blocking
     (m = 1, :func:`_tile_plan`): a pass over a tiled stream gathers at ``L1_GATHER_RATE`` (430 G/s,
-    measured) and moves 12 bytes per fp32 nonzero plus two partial sums per (output, tile); it
-    replaces the pass's term above when the tile plan picks it. Not modelled: L1
+    measured) and moves 6 bytes per fp32 nonzero plus an output id and an atomic per (output, tile)
+    segment; it replaces the pass's term above when the tile plan picks it. Not modelled: L1
     hits (``l1_bypass``: set for gathered vectors up to ``L1_BYPASS_MAX_BYTES`` = 1 MB, an
     assumption the ``--csr-strategies`` sweep of ``benchmarks/bench_mmchain.py`` checks); the
     one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
@@ -1172,30 +1174,57 @@ def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
 
 @dataclass
 class _Stream:
-    """One cache-blocked gather pass as a flat nonzero stream: ``out[key[j]] += val[j] * vec[idx[j]]``
-    with ``key`` ascending and the nonzeros grouped by tile of ``vec`` (segment ``tile * n_out + r``
-    is output ``r``'s part from that tile); ``out`` viewed ``[tiles, n_out]`` and summed over tiles."""
+    """One cache-blocked gather pass as a flat nonzero stream: ``out[r] += val[j] * vec[t P + i_j]``
+    over the nonzeros j of segment (t, r), output r's part from tile t of ``vec`` (P entries per
+    tile). Segments are sorted by (tile, output); each tile's run is padded to whole
+    ``STREAM_BLOCK`` blocks with one segment of zeros (output ``n_out``, dropped)."""
 
-    key: torch.Tensor  # [nnz_pad] int32, bit 31 set on each segment's last nonzero
-    idx: torch.Tensor  # [nnz_pad] int32
+    key: torch.Tensor  # [nnz_pad] int16: index within the tile (14 bits), segment start, end (sign)
     val: torch.Tensor  # [nnz_pad] A's value dtype
+    seg_out: torch.Tensor  # [n_seg] int32
+    seg_base: torch.Tensor  # [n_blocks] int32: segments starting before the block
+    vec_base: torch.Tensor  # [n_blocks] int32: t P of the block's tile
     tiles: int
     n_out: int
 
 
-def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles: int, n_out: int) -> _Stream:
-    """A :class:`_Stream` from segment ids sorted ascending (int64), indices and values: segment ends
-    flagged in the sign bit, padded to whole ``STREAM_BLOCK`` blocks with zeros in one extra segment
-    (``tiles * n_out``, dropped by :func:`_stream_pass`)."""
+def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles: int, n_out: int,
+                 per: int) -> _Stream:
+    """A :class:`_Stream` from segment ids ``tile * n_out + output`` sorted ascending (int64), the
+    gathered indices (``tile * per <= idx < (tile + 1) * per``, ``per <= 2^14``) and the values."""
+    B = STREAM_BLOCK
+    dev = key.device
     nnz = key.numel()
-    pad = -nnz % STREAM_BLOCK if nnz else STREAM_BLOCK
-    n_seg = tiles * n_out
-    k = torch.cat([key, torch.full((pad,), n_seg, dtype=torch.int64, device=key.device)])
-    end = torch.ones_like(k, dtype=torch.bool)
-    end[:-1] = k[1:] != k[:-1]
-    k = torch.where(end, k - 2**31, k).to(torch.int32)  # bit 31 set (int32 wrap) on segment ends
-    return _Stream(k, torch.cat([idx.to(torch.int32), idx.new_zeros(pad, dtype=torch.int32)]),
-                   torch.cat([val, val.new_zeros(pad)]), tiles, n_out)
+    tile = key // n_out
+    cnt = torch.bincount(tile, minlength=tiles)[:tiles] if nnz else torch.zeros(tiles, dtype=torch.int64, device=dev)
+    pcnt = (cnt + B - 1) // B * B  # each tile's run padded to whole blocks
+    if nnz == 0:
+        pcnt[0] = B
+    pend = torch.cumsum(pcnt, 0)
+    pstart, cstart = pend - pcnt, torch.cumsum(cnt, 0) - cnt
+    pos = pstart[tile] + torch.arange(nnz, device=dev) - cstart[tile]  # [nnz] place in the stream
+    n_pad = int(pend[-1])
+    new = torch.ones(nnz, dtype=torch.bool, device=dev)
+    new[1:] = key[1:] != key[:-1]
+    end = torch.ones_like(new)
+    end[:-1] = new[1:]
+    start_f = torch.zeros(n_pad, dtype=torch.bool, device=dev)
+    end_f = torch.zeros_like(start_f)
+    start_f[pos], end_f[pos] = new, end
+    padded = pcnt > cnt  # the padding: one segment at the end of the tile's run
+    start_f[(pstart + cnt)[padded]] = True
+    end_f[(pend - 1)[padded]] = True
+    local = torch.zeros(n_pad, dtype=torch.int32, device=dev)
+    local[pos] = (idx.to(torch.int64) - tile * per).to(torch.int32)
+    k = local + 16384 * start_f.to(torch.int32) - 32768 * end_f.to(torch.int32)  # int16 bits 14, 15
+    outs = torch.full((n_pad,), n_out, dtype=torch.int32, device=dev)
+    outs[pos] = (key - tile * n_out).to(torch.int32)
+    v = torch.zeros(n_pad, dtype=val.dtype, device=dev)
+    v[pos] = val
+    starts = start_f.view(-1, B).sum(1)
+    tile_of_block = torch.repeat_interleave(torch.arange(tiles, device=dev), pcnt // B)
+    return _Stream(k.to(torch.int16), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
+                   (tile_of_block * per).to(torch.int32), tiles, n_out)
 
 
 @dataclass
@@ -1204,7 +1233,7 @@ class _Streams:
 
     ``xy``: ``t = A y``, A's nonzeros by column tile (W columns), rows ascending within a tile,
     segment ``k N + n``. ``xtp``: ``w = A^T p``, by row tile (H rows) then column, segment ``r D + c``,
-    index = the row. Each costs 4 + 4 + ``b_val`` bytes per nonzero while cached.
+    index = the row. Each costs 2 + ``b_val`` bytes per nonzero and 4 per segment while cached.
     """
 
     xy: _Stream | None
@@ -1217,9 +1246,8 @@ def _tile_sizes(A: CSRMatrix, m: int, tile_bytes: int) -> tuple:
     """``(W, H)``: columns and rows per tile of the two passes (``D``, ``N``: not tiled)."""
     n, d = A.shape
     b_acc = 8 if A.val.dtype == torch.float64 else 4
-    b_val = A.val.element_size()
-    W = _tile_plan(n, d, A.nnz, m, b_acc, b_val + A.col.element_size(), tile_bytes)
-    H = _tile_plan(d, n, A.nnz, m, b_acc, b_val + _csc_index_bytes(n, A.nnz), tile_bytes)
+    W = _tile_plan(n, d, A.nnz, m, b_acc, tile_bytes)
+    H = _tile_plan(d, n, A.nnz, m, b_acc, tile_bytes)
     return W, H
 
 
@@ -1241,12 +1269,12 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
         order = torch.sort(tile, stable=True).indices  # CSR is row-major: rows stay ascending per tile
         key = (tile * n + rows)[order]
         del tile
-        xy = _make_stream(key, A.col[order], A.val[order], -(-d // W), n)
+        xy = _make_stream(key, A.col[order], A.val[order], -(-d // W), n, W)
         del order, key
     if H < n:
         key = (rows // H) * d + col
         order = torch.sort(key, stable=True).indices  # (row tile, column, row)
-        xtp = _make_stream(key[order], rows[order], A.val[order], -(-n // H), d)
+        xtp = _make_stream(key[order], rows[order], A.val[order], -(-n // H), d, H)
         del key, order
     c = _Streams(xy, xtp, weakref.ref(A.val), A.val._version)
     st.streams[(W, H)] = c
@@ -1256,13 +1284,12 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
 def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     """``[n_out]`` sums of one cache-blocked pass gathering from ``vec`` ([n_vec], accumulation dtype)."""
     dev = vec.device
-    n_seg = sp.tiles * sp.n_out
-    out = torch.zeros(n_seg + 1, dtype=vec.dtype, device=dev)  # + the padding's segment
+    out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
     n_blocks = sp.key.numel() // STREAM_BLOCK
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
-    _stream_gather_kernel[(P,)](sp.key, sp.idx, sp.val, vec, out, n_blocks, BLOCK=STREAM_BLOCK,
-                                ACC64=vec.dtype == torch.float64, num_warps=8)
-    return out[:n_seg].view(sp.tiles, sp.n_out).sum(0)
+    _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.vec_base, vec, out, n_blocks,
+                                BLOCK=STREAM_BLOCK, ACC64=vec.dtype == torch.float64, num_warps=8)
+    return out[:sp.n_out]
 
 
 def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build: bool) -> _Streams | None:
