@@ -748,6 +748,7 @@ STRATEGIES = ("auto", "scatter", "gather")
 TILE_BYTES = 64 << 10
 L1_GATHER_RATE_H200 = 430e9
 STREAM_BLOCK = 1024  # nonzeros per block of the stream kernel (the probe's)
+STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 8
 
 
@@ -1186,6 +1187,7 @@ class _Stream:
     vec_base: torch.Tensor  # [n_blocks] int32: t P of the block's tile
     tiles: int
     n_out: int
+    block: int  # nonzeros per block (STREAM_BLOCK when built)
 
 
 def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles: int, n_out: int,
@@ -1224,7 +1226,7 @@ def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles:
     starts = start_f.view(-1, B).sum(1)
     tile_of_block = torch.repeat_interleave(torch.arange(tiles, device=dev), pcnt // B)
     return _Stream(k.to(torch.int16), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
-                   (tile_of_block * per).to(torch.int32), tiles, n_out)
+                   (tile_of_block * per).to(torch.int32), tiles, n_out, B)
 
 
 @dataclass
@@ -1285,10 +1287,10 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     """``[n_out]`` sums of one cache-blocked pass gathering from ``vec`` ([n_vec], accumulation dtype)."""
     dev = vec.device
     out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
-    n_blocks = sp.key.numel() // STREAM_BLOCK
+    n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.vec_base, vec, out, n_blocks,
-                                BLOCK=STREAM_BLOCK, ACC64=vec.dtype == torch.float64, num_warps=8)
+                                BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
