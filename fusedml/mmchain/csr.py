@@ -446,18 +446,20 @@ def _stream_gather_kernel(
     VAL,  # [nnz_pad] values (any float dtype); the padding is 0
     SEGOUT,  # [n_seg] int32 output of each segment, in stream order (padding's: n_out)
     SEGBASE,  # [n_blocks] int32 segments starting before each block
-    VBASE,  # [n_blocks] int32 first VEC entry of each block's tile
+    TILE,  # [n_blocks] int32 tile of each block
     VEC,  # [n_vec] accumulation dtype: the gathered vector
-    OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[VBASE + idx(j)]
-    n_blocks,
-    BLOCK: tl.constexpr, ACC64: tl.constexpr,
+    OUT,  # zeroed, accumulation dtype: [tiles, n_out + 1] (PARTIALS) or [n_out + 1]
+    n_blocks, per, n_out1,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr, PARTIALS: tl.constexpr,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
     in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
-    products, whose segment count also numbers the segments; each segment's total (or, at the
-    block's last element, its part so far) goes to its output with one relaxed atomic. Blocks are
-    whole (no masks: 16-byte loads) and never straddle a tile."""
+    products, whose segment count also numbers the segments. PARTIALS: a segment that starts and
+    ends in the block is stored to its (tile, output) slot; one crossing the block's first or last
+    element is added there with a relaxed atomic (the tiles are summed afterwards). Otherwise
+    every segment's total goes to its output with one atomic. Blocks are whole (no masks: 16-byte
+    loads) and never straddle a tile."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -466,11 +468,20 @@ def _stream_gather_kernel(
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        prod = v * tl.load(VEC + tl.load(VBASE + b) + (kk & 0x3FFF))
-        cnt, tot = tl.associative_scan((((kk >> 14) & 1).to(tl.float32), prod), 0, _seg_add)  # counts <= BLOCK: exact
-        emit = (kk < 0) | (offs == BLOCK - 1)
+        t = tl.load(TILE + b)
+        prod = v * tl.load(VEC + t * per + (kk & 0x3FFF))
+        cnt, tot = tl.associative_scan((((kk >> 14) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
+        last = offs == BLOCK - 1
+        end = kk < 0
+        emit = end | last
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
-        tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
+        if PARTIALS:
+            dst = OUT + t.to(tl.int64) * n_out1 + r
+            owned = end & (cnt > 0)  # started and ended in this block
+            tl.store(dst, tot, mask=owned)
+            tl.atomic_add(dst, tot, mask=emit & ~owned, sem="relaxed")
+        else:
+            tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -747,9 +758,16 @@ STRATEGIES = ("auto", "scatter", "gather")
 # 1 MB vector with the stream sorted into 64 KB index tiles at 422 G/s. cuSPARSE's SpMV: 126 G/s.
 TILE_BYTES = 64 << 10
 L1_GATHER_RATE_H200 = 430e9
-STREAM_BLOCK = 1024  # nonzeros per block of the stream kernel (the probe's)
+# The stream kernel's launch, MEASURED (bench_csr_tiles --kernel, csr_tiles_kernel-*-s9-b): blocks
+# of 2048 nonzeros on 8 warps, 4 programs per SM: power-law 1M x 100k mmchain 0.32 ms, against 0.42
+# for 1024 x 8 warps x 8 and 0.34-0.37 for 1024 x 4, 2048 x 4, 4096 x 8 or 16; 16 warps with 1024
+# or 8192 ran at half speed. PARTIALS: per-(tile, output) slots stored by the owning block and
+# summed afterwards, instead of one atomic per segment (stream_probe-*-s9-b: the ~7M atomics of a
+# pass cost 0.07 ms, as much as its gathers).
+STREAM_BLOCK = 2048
 STREAM_WARPS = 8
-STREAM_PROGRAMS_PER_SM = 8
+STREAM_PROGRAMS_PER_SM = 4
+STREAM_PARTIALS = True
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -882,19 +900,21 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
                   g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
     # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
     # A tiled pass (_tile_plan, _Stream) gathers from L1 at L1_GATHER_RATE and moves 2 + b_val bytes
-    # per nonzero plus, per segment (at most one per row and tile), an output id and one atomic.
+    # per nonzero, a 4-byte output id per segment and its (tile, output) slots zeroed, written and
+    # summed; 3 launches (zeroing, stream, sum over tiles).
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
     l1_rate = L1_GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
 
     def tiled(rows, vec, per, extra_bytes):
-        seg = min(nnz, rows * -(-vec // per))
-        return max((nnz * (b_val + 2) + seg * 4 + extra_bytes) / bw, nnz / l1_rate, seg / a_rate) + 2 * LAUNCH_S
+        slots = rows * -(-vec // per)
+        moved = nnz * (b_val + 2) + min(nnz, slots) * 4 + 3 * slots * b_acc + extra_bytes
+        return max(moved / bw, nnz / l1_rate) + 3 * LAUNCH_S
 
     t1 = 0.0
     if has_y:
         per = _tile_plan(n, d, nnz, m, b_acc, TILE_BYTES)
         if per < d:
-            t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
+            t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 2 * LAUNCH_S
         else:
             g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
             t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
@@ -963,8 +983,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
     (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Cache blocking
     (m = 1, :func:`_tile_plan`): a pass over a tiled stream gathers at ``L1_GATHER_RATE`` (430 G/s,
-    measured) and moves 6 bytes per fp32 nonzero plus an output id and an atomic per (output, tile)
-    segment; it replaces the pass's term above when the tile plan picks it. Not modelled: L1
+    measured) and moves 6 bytes per fp32 nonzero plus an output id per segment and three passes
+    over its (tile, output) slots; it replaces the pass's term above when the tile plan picks it. Not modelled: L1
     hits (``l1_bypass``: set for gathered vectors up to ``L1_BYPASS_MAX_BYTES`` = 1 MB, an
     assumption the ``--csr-strategies`` sweep of ``benchmarks/bench_mmchain.py`` checks); the
     one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
@@ -1184,9 +1204,10 @@ class _Stream:
     val: torch.Tensor  # [nnz_pad] A's value dtype
     seg_out: torch.Tensor  # [n_seg] int32
     seg_base: torch.Tensor  # [n_blocks] int32: segments starting before the block
-    vec_base: torch.Tensor  # [n_blocks] int32: t P of the block's tile
+    tile: torch.Tensor  # [n_blocks] int32: the block's tile
     tiles: int
     n_out: int
+    per: int  # vector entries per tile
     block: int  # nonzeros per block (STREAM_BLOCK when built)
 
 
@@ -1226,7 +1247,7 @@ def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles:
     starts = start_f.view(-1, B).sum(1)
     tile_of_block = torch.repeat_interleave(torch.arange(tiles, device=dev), pcnt // B)
     return _Stream(k.to(torch.int16), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
-                   (tile_of_block * per).to(torch.int32), tiles, n_out, B)
+                   tile_of_block.to(torch.int32), tiles, n_out, per, B)
 
 
 @dataclass
@@ -1286,12 +1307,14 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
 def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     """``[n_out]`` sums of one cache-blocked pass gathering from ``vec`` ([n_vec], accumulation dtype)."""
     dev = vec.device
-    out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
+    partials = STREAM_PARTIALS and sp.tiles > 1
+    out = torch.zeros((sp.tiles if partials else 1) * (sp.n_out + 1), dtype=vec.dtype, device=dev)
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
-    _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.vec_base, vec, out, n_blocks,
-                                BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
-    return out[:sp.n_out]
+    _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
+                                sp.n_out + 1, BLOCK=sp.block, ACC64=vec.dtype == torch.float64,
+                                PARTIALS=partials, num_warps=STREAM_WARPS)
+    return out.view(-1, sp.n_out + 1).sum(0)[:sp.n_out] if partials else out[:sp.n_out]
 
 
 def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build: bool) -> _Streams | None:
