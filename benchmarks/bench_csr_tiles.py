@@ -50,9 +50,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tiles", nargs="+", type=int, default=[0, 16 << 10, 32 << 10, 64 << 10])
-    ap.add_argument("--kernel", nargs="+", default=[], metavar="BLOCKxWARPSxPROGS[xatomics]",
-                    help="also time the 64 KB streams with these stream-kernel settings, e.g. 2048x8x4 "
-                         "(x atomics: one atomic per segment instead of per-tile partials)")
+    ap.add_argument("--kernel", nargs="+", default=[], metavar="BLOCKxWARPSxPROGS",
+                    help="also time the default tiles (csr.TILE_BYTES) with these stream-kernel settings, e.g. 2048x8x4")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     dev = _common.device()
@@ -95,19 +94,17 @@ def main():
                 row["matvec_rel_err"] = rel(mv(), fusedml.matvec(A64, y.double(), backend="ops"))
                 rows.append(row)
             for spec in a.kernel if m == 1 else []:  # the stream kernel's block, warps, programs per SM
-                default = csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM, csr.STREAM_PARTIALS
-                f = spec.split("x")
-                csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = map(int, f[:3])
-                csr.STREAM_PARTIALS = f[3:] != ["atomics"]
+                default = csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM
+                csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = map(int, spec.split("x"))
                 csr._structure(A).streams.clear()
-                cfg = {"strategy": "gather", "tile_bytes": 64 << 10}
+                cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}
                 fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
                 out = fn()
                 ms = _common.bench_ms(fn)
-                rows.append(dict(matrix=name, m=m, variant=f"fused 64 KB, stream kernel {spec}", ms=ms,
+                rows.append(dict(matrix=name, m=m, variant=f"fused {csr.TILE_BYTES >> 10} KB, stream kernel {spec}", ms=ms,
                                  pct_floor=100 * floor_ms / ms, speedup=ops_ms / ms, rel_err=rel(out, ref),
                                  matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
-                csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM, csr.STREAM_PARTIALS = default
+                csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = default
                 csr._structure(A).streams.clear()
             auto = lambda: fusedml.mmchain(A, y, v, backend="fused")  # noqa: E731
             auto(), auto()

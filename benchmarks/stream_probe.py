@@ -16,8 +16,7 @@ the tile with the segment flags, 6 B per nonzero, per-segment output ids):
 
 * ``v2 gather`` -- ``sum val * vec[base + idx]``;
 * ``v2 +scan``  -- also the segmented scan (its totals at the segment ends summed);
-* ``v2 pass``   -- the library's pass (``_stream_pass``; ``v2 pass atomics``: one atomic per
-  segment instead of the per-tile partials).
+* ``v2 pass``   -- the library's pass (``_stream_pass``: one atomic per segment).
 
     python benchmarks/stream_probe.py [--nnz 33554432] [--out FILE]
 """
@@ -42,7 +41,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fusedml.mmchain import csr  # noqa: E402
 
 STEPS = ("gather", "+keys", "+scan", "+stores")
-V2_STEPS = ("v2 gather", "v2 +scan", "v2 pass", "v2 pass atomics")
+V2_STEPS = ("v2 gather", "v2 +scan", "v2 pass")
 
 
 @triton.jit
@@ -107,13 +106,8 @@ def _seg_cnt_add(c1, v1, c2, v2):
 
 def run_v2(step, sp, vec, programs):
     """One launch of the v2 probe kernel (step 0, 1) or the library's pass (step 2) on stream ``sp``."""
-    if step >= 2:
-        keep = csr.STREAM_PARTIALS
-        csr.STREAM_PARTIALS = step == 2
-        try:
-            return csr._stream_pass(sp, vec)
-        finally:
-            csr.STREAM_PARTIALS = keep
+    if step == 2:
+        return csr._stream_pass(sp, vec)
     acc = torch.empty(programs, device=vec.device)
     _v2_kernel[(programs,)](sp.key, sp.val, sp.tile, vec, acc, sp.key.numel() // sp.block, sp.per, BLOCK=sp.block,
                             STEP=step, num_warps=csr.STREAM_WARPS)
@@ -165,13 +159,13 @@ def main(argv=None):
     n_pad = sp.key.numel()
     for s, name in enumerate(V2_STEPS):
         ms = bench_ms(lambda: run_v2(s, sp, vec, sm * csr.STREAM_PROGRAMS_PER_SM))
-        bytes_ = n_pad * 6 + (sp.seg_out.numel() * 8 if s >= 2 else 0)
+        bytes_ = n_pad * 6 + (sp.seg_out.numel() * 8 if s == 2 else 0)
         rows.append(dict(step=name, nnz=nnz, segments=sp.seg_out.numel(), ms=ms, g_nnz_s=nnz / ms / 1e6,
                          pct_floor=100 * bytes_ / 4.28e9 / ms))
-    t, t_atomics = run_v2(2, sp, vec, 0), run_v2(3, sp, vec, 0)
+    t = run_v2(2, sp, vec, 0)
     ref_t = torch.zeros(a.rows, dtype=torch.float64, device=dev).index_add_(
         0, key.long() % a.rows, val.double() * vec.double()[idx.long()])
-    err_v2 = max(float((x.double() - ref_t).norm() / ref_t.norm()) for x in (t, t_atomics))
+    err_v2 = float((t.double() - ref_t).norm() / ref_t.norm())
     out.zero_()
     run(3, key, idx, val, vec, out, sm * 8)
     ref = torch.zeros(n_seg, dtype=torch.float64, device=dev).index_add_(

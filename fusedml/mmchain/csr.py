@@ -77,9 +77,8 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   value: 6 bytes for fp32 against 8 in CSR; per segment a 4-byte output id. Each tile's run is
   padded to whole blocks of 2048 (aligned, unmasked 16-byte loads: unpadded, an earlier form ran
   at half the rate). ``_stream_gather_kernel`` scans each block (segmented sum, whose segment
-  count also numbers the segments) and stores each segment's total to its (tile, output) slot,
-  with atomics only for the segments crossing the block's edges; the tiles are summed afterwards
-  (one atomic per segment instead: the atomics cost as much as the gathers).
+  count also numbers the segments) and adds each segment's total to its output with one atomic
+  (measured faster than storing per-(tile, output) partials and summing the tiles afterwards).
   Session 8's form (int32 segment id + int32 index per nonzero, per-tile partials summed
   afterwards): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47
   for cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
@@ -450,18 +449,16 @@ def _stream_gather_kernel(
     SEGBASE,  # [n_blocks] int32 segments starting before each block
     TILE,  # [n_blocks] int32 tile of each block
     VEC,  # [n_vec] accumulation dtype: the gathered vector
-    OUT,  # zeroed, accumulation dtype: [tiles, n_out + 1] (PARTIALS) or [n_out + 1]
-    n_blocks, per, n_out1,
-    BLOCK: tl.constexpr, ACC64: tl.constexpr, PARTIALS: tl.constexpr,
+    OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
+    n_blocks, per,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
     in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
-    products, whose segment count also numbers the segments. PARTIALS: a segment that starts and
-    ends in the block is stored to its (tile, output) slot; one crossing the block's first or last
-    element is added there with a relaxed atomic (the tiles are summed afterwards). Otherwise
-    every segment's total goes to its output with one atomic. Blocks are whole (no masks: 16-byte
-    loads) and never straddle a tile."""
+    products, whose segment count also numbers the segments; each segment's total (at the block's
+    last element: its part so far) goes to its output with one relaxed atomic. Blocks are whole
+    (no masks: 16-byte loads) and never straddle a tile."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -470,20 +467,11 @@ def _stream_gather_kernel(
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        t = tl.load(TILE + b)
-        prod = v * tl.load(VEC + t * per + (kk & 0x3FFF))
+        prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & 0x3FFF))
         cnt, tot = tl.associative_scan((((kk >> 14) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
-        last = offs == BLOCK - 1
-        end = kk < 0
-        emit = end | last
+        emit = (kk < 0) | (offs == BLOCK - 1)
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
-        if PARTIALS:
-            dst = OUT + t.to(tl.int64) * n_out1 + r
-            owned = end & (cnt > 0)  # started and ended in this block
-            tl.store(dst, tot, mask=owned)
-            tl.atomic_add(dst, tot, mask=emit & ~owned, sem="relaxed")
-        else:
-            tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
+        tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -629,10 +617,10 @@ class CSRConfig:
         the model sets it when that vector is small enough for L1 hits to matter.
     tile_bytes : int
         ``strategy="gather"``, m = 1: cache blocking. A pass whose gathered vector (``y`` for the
-        pass over A, ``p`` for the pass over the copy) exceeds ``2 * tile_bytes`` reads a flat
-        stream of (segment id, index, value) sorted by slices of ``tile_bytes`` of that vector
-        instead (:class:`_Stream`), so the programs running at once gather from one slice, which
-        stays in L1 (:func:`_tile_plan`). 0: never.
+        pass over A, ``p`` for the pass over the copy) outgrows L1 (``L1_VECTOR_BYTES``) reads a
+        flat stream of its nonzeros sorted by slices of ``tile_bytes`` of that vector instead
+        (:class:`_Stream`), so the programs running at once gather from one slice, which stays in
+        L1 (:func:`_tile_plan`). 0: never.
     """
 
     strategy: str
@@ -758,18 +746,17 @@ STRATEGIES = ("auto", "scatter", "gather")
 # int32 indices): random gathers from a vector of <= 128 KB ran at 436 G/s (81 % of the stream's
 # bandwidth floor), from 256 KB at 220 G/s, from 0.5-4 MB at 139-151 G/s (L2 sectors); the same
 # 1 MB vector with the stream sorted into 64 KB index tiles at 422 G/s. cuSPARSE's SpMV: 126 G/s.
-TILE_BYTES = 64 << 10
+TILE_BYTES = 32 << 10
+L1_VECTOR_BYTES = 128 << 10  # a gathered vector up to this size stays in L1: no tiling
 L1_GATHER_RATE_H200 = 430e9
-# The stream kernel's launch, MEASURED (bench_csr_tiles --kernel, csr_tiles_kernel-*-s9-b): blocks
-# of 2048 nonzeros on 8 warps, 4 programs per SM: power-law 1M x 100k mmchain 0.32 ms, against 0.42
-# for 1024 x 8 warps x 8 and 0.34-0.37 for 1024 x 4, 2048 x 4, 4096 x 8 or 16; 16 warps with 1024
-# or 8192 ran at half speed. PARTIALS: per-(tile, output) slots stored by the owning block and
-# summed afterwards, instead of one atomic per segment (stream_probe-*-s9-b: the ~7M atomics of a
-# pass cost 0.07 ms, as much as its gathers).
+# The stream kernel's launch, MEASURED (bench_csr_tiles --kernel: csr_tiles_kernel-*-s9-b,
+# csr_tiles-*-s9-c): blocks of 2048 nonzeros on 8 warps, 4 programs per SM: power-law 1M x 100k
+# mmchain 0.32 ms at 64 KB tiles, against 0.42 for 1024 x 8 warps x 8 and 0.34-0.37 for 1024 x 4,
+# 2048 x 4, 4096 x 8 or 16; 16 warps with 1024 or 8192 ran at half speed. 32 KB tiles then beat
+# 64 KB (csr_tiles-*-s9-d: 0.30 vs 0.32 ms; uniform 4M x 100k 1.17 vs 1.28).
 STREAM_BLOCK = 2048
 STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 4
-STREAM_PARTIALS = True
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -840,11 +827,11 @@ def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, tile_bytes
 
     A pass over ``n_rows`` rows whose ``nnz`` nonzeros gather from a vector of ``n_vec`` entries
     (``b_acc`` bytes each) is tiled (:class:`_Stream`) when m = 1, the vector exceeds
-    ``2 * tile_bytes`` (L1 no longer holds it: each gather becomes an L2 sector operation at ~1/3 of
-    the stream's rate), and its segments (one per row and tile at most) hold two nonzeros or more on
-    average: each costs a 4-byte output id and a (tile, output) slot zeroed, stored and summed,
-    against 2 bytes saved per nonzero (a 16-bit index within the tile). Tiles hold at most 2^14
-    entries; the padded stream stays below 2^31.
+    ``L1_VECTOR_BYTES`` (L1 no longer holds it: each gather becomes an L2 sector operation at ~1/3
+    of the stream's rate), and its segments (one per row and tile at most) hold two nonzeros or more on
+    average: each costs a 4-byte output id and one atomic, against 2 bytes saved per nonzero (a
+    16-bit index within the tile). Tiles hold at most 2^14 entries; the padded stream stays below
+    2^31.
 
     Parameters
     ----------
@@ -855,7 +842,7 @@ def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, tile_bytes
     int
         Vector entries per tile (``min(tile_bytes // b_acc, 2^14)``), or ``n_vec``.
     """
-    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= 2 * tile_bytes:
+    if tile_bytes <= 0 or m != 1 or n_vec * b_acc <= max(L1_VECTOR_BYTES, tile_bytes):
         return n_vec
     per = max(1, min(tile_bytes // b_acc, 1 << 14))
     tiles = -(-n_vec // per)
@@ -902,21 +889,20 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
                   g_s + nnz * m / a_rate) + (launch_a + 1) * LAUNCH_S
     # gather: pass 1 over A (y gathers; v read, p written), pass 2 over the copy (p gathers; w written).
     # A tiled pass (_tile_plan, _Stream) gathers from L1 at L1_GATHER_RATE and moves 2 + b_val bytes
-    # per nonzero, a 4-byte output id per segment and its (tile, output) slots zeroed, written and
-    # summed; 3 launches (zeroing, stream, sum over tiles).
+    # per nonzero plus, per segment (at most one per row and tile), an output id and one atomic;
+    # 2 launches (zeroing, stream).
     csc_bytes = nnz * (b_val + b_csc) + (d + 1) * b_csc
     l1_rate = L1_GATHER_RATE_H200 * prof["sm_count"] / RATE_SMS
 
     def tiled(rows, vec, per, extra_bytes):
-        slots = rows * -(-vec // per)
-        moved = nnz * (b_val + 2) + min(nnz, slots) * 4 + 3 * slots * b_acc + extra_bytes
-        return max(moved / bw, nnz / l1_rate) + 3 * LAUNCH_S
+        seg = min(nnz, rows * -(-vec // per))
+        return max((nnz * (b_val + 2) + seg * 4 + extra_bytes) / bw, nnz / l1_rate, seg / a_rate) + 2 * LAUNCH_S
 
     t1 = 0.0
     if has_y:
         per = _tile_plan(n, d, nnz, m, b_acc, TILE_BYTES)
         if per < d:
-            t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 2 * LAUNCH_S
+            t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
         else:
             g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
             t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
@@ -985,8 +971,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     sector count stays ~1 per nonzero while the scatter's REDs grow with m. The byte terms
     (~2.1x the read-once floor for gather) only bind for vectors far beyond L2. Cache blocking
     (m = 1, :func:`_tile_plan`): a pass over a tiled stream gathers at ``L1_GATHER_RATE`` (430 G/s,
-    measured) and moves 6 bytes per fp32 nonzero plus an output id per segment and three passes
-    over its (tile, output) slots; it replaces the pass's term above when the tile plan picks it. Not modelled: L1
+    measured), moves 6 bytes per fp32 nonzero and adds each (output, tile) segment with one atomic
+    (at ``ATOMIC_RATE``); it replaces the pass's term above when the tile plan picks it. Not modelled: L1
     hits (``l1_bypass``: set for gathered vectors up to ``L1_BYPASS_MAX_BYTES`` = 1 MB, an
     assumption the ``--csr-strategies`` sweep of ``benchmarks/bench_mmchain.py`` checks); the
     one-off build of the copy (a stable sort of the column indices; ``"auto"`` builds it only from
@@ -1309,14 +1295,12 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
 def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     """``[n_out]`` sums of one cache-blocked pass gathering from ``vec`` ([n_vec], accumulation dtype)."""
     dev = vec.device
-    slots = sp.tiles if STREAM_PARTIALS else 1  # one tile: its slots are the outputs
-    out = torch.zeros(slots * (sp.n_out + 1), dtype=vec.dtype, device=dev)
+    out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-                                sp.n_out + 1, BLOCK=sp.block, ACC64=vec.dtype == torch.float64,
-                                PARTIALS=STREAM_PARTIALS, num_warps=STREAM_WARPS)
-    return out.view(slots, sp.n_out + 1).sum(0)[:sp.n_out] if slots > 1 else out[:sp.n_out]
+                                BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
+    return out[:sp.n_out]
 
 
 def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build: bool) -> _Streams | None:
