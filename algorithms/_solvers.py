@@ -113,6 +113,13 @@ def graph_safe(X) -> bool:
     return X.device.type == "cuda"
 
 
+def is_csr(X) -> bool:
+    """Whether ``X`` is a :class:`fusedml.CSRMatrix` (its CG steps capture early, see :class:`_Replay`)."""
+    from fusedml import CSRMatrix
+
+    return isinstance(X, CSRMatrix)
+
+
 def _counters(owner):
     return {} if owner is None else {k: v for k, v in vars(owner).items()
                                      if k.startswith("n_") and type(v) is int}
@@ -139,9 +146,14 @@ class _Replay:
     #: steps the 1M x 100 and 4M x 64 dense fits (10-20 CG steps) were still 0.3-2 ms slower than
     #: eager on both backends; long CSR solves, hundreds of steps, gained 10-40 %)
     capture_after = 16
+    #: the same for products with a CSR matrix: a CG step there is ~0.5 ms on the GPU against
+    #: ~1.2 ms eager (end_to_end_csr-H200-2026-12-03-s9-a: the Ridge fit's steps), so the ~1 ms
+    #: capture pays back after two replays
+    capture_after_sparse = 2
 
-    def __init__(self, fn, enabled, owner=None):
+    def __init__(self, fn, enabled, owner=None, sparse=False):
         self.fn, self.enabled, self.owner = fn, bool(enabled), owner
+        self.capture_after = self.capture_after_sparse if sparse else type(self).capture_after
         self.calls, self.graph, self.out, self.delta = 0, None, None, {}
         self.side = torch.cuda.Stream() if self.enabled else None  # warm-up and capture stream
 
@@ -197,7 +209,7 @@ class _CGEngine:
     ``graphs`` the step is a CUDA graph (:class:`_Replay`).
     """
 
-    def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True):
+    def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True, sparse=False):
         self.apply, self.dot, self.P = apply, dot, P
         z = torch.zeros_like(like)
         self.S, self.R, self.Dv = z, z.clone(), z.clone()
@@ -205,7 +217,7 @@ class _CGEngine:
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
-        self.step = _Replay(self._step, graphs, owner)
+        self.step = _Replay(self._step, graphs, owner, sparse)
 
     def reset(self, R, rTr, run):
         """A new solve from ``S = 0``, residual ``R``, ``rTr`` [P] device, problems ``run``."""
@@ -257,7 +269,7 @@ def _tron_engine(obj, g, hstate, P):
     eng = obj.__dict__.get("_cg_engine")
     if eng is None or eng.key != key:
         static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in hstate.items()}
-        eng = _CGEngine(lambda D: obj.hessp(static, D), obj.dot, g, P, True, obj)
+        eng = _CGEngine(lambda D: obj.hessp(static, D), obj.dot, g, P, True, obj, sparse=is_csr(obj.X))
         eng.key, eng.static = key, static
         obj._cg_engine = eng
     else:
@@ -701,7 +713,7 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
 # --------------------------------------------------------------------------------------------
 # linear CG (SystemDS lmCG)
 # --------------------------------------------------------------------------------------------
-def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, graphs=False):
+def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, graphs=False, sparse=False):
     """Conjugate gradient for ``A P = B`` with ``A`` symmetric positive (semi-)definite.
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
@@ -727,6 +739,9 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     graphs : bool
         ``apply_A`` may be captured in a CUDA graph (no host sync, no host-side data decisions;
         see :func:`graph_safe`).
+    sparse : bool
+        ``apply_A`` multiplies by a CSR matrix: with ``graphs``, the capture comes after
+        ``_Replay.capture_after_sparse`` eager steps instead of ``_Replay.capture_after``.
 
     Returns
     -------
@@ -742,7 +757,7 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
-    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False)
+    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False, sparse=sparse)
     eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)

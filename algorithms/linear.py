@@ -22,7 +22,7 @@ from ._base import (
     warn_not_converged,
 )
 from ._loss import MAX_COLS, hessvec, rmatvec
-from ._solvers import conjugate_gradient, graph_safe
+from ._solvers import conjugate_gradient, graph_safe, is_csr
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -104,7 +104,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
         yy = ((Yc.double() ** 2).sum(0) * cscale if c is None else (c[:, None].double() * Yc.double() ** 2).sum(0))
         res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist,
-                                 offset=float(0.5 * yy.sum()), graphs=graph_safe(M))
+                                 offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M))
         Wc = res.W  # [D, m]
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)

@@ -467,6 +467,27 @@ def test_cg_engine_eager_matches_plain_cg():
     assert torch.equal(eng.S[:, 1], S1)
 
 
+def test_sparse_cg_captures_early(monkeypatch):
+    """CG steps over a CSR matrix are captured after ``capture_after_sparse`` eager steps, dense
+    ones after ``capture_after``; Ridge on CSR input asks its CG for the sparse rule."""
+    from algorithms import _solvers, linear
+
+    assert _solvers._Replay(lambda: None, False, sparse=True).capture_after == _solvers._Replay.capture_after_sparse == 2
+    assert _solvers._Replay(lambda: None, False).capture_after == _solvers._Replay.capture_after == 16
+    seen = []
+    cg = linear.conjugate_gradient
+    monkeypatch.setattr(linear, "conjugate_gradient", lambda *a, **k: seen.append(k["sparse"]) or cg(*a, **k))
+    rng = np.random.default_rng(3)
+    X = sp.random(60, 8, density=0.4, format="csr", random_state=4, dtype=np.float32)
+    y = rng.standard_normal(60).astype(np.float32)
+    for Xin in (X, X.toarray()):
+        Ridge(alpha=1.0, backend="cpu").fit(Xin, y)
+    assert seen == [True, False]
+    from fusedml._validation import as_csr
+
+    assert _solvers.is_csr(as_csr(X)) and not _solvers.is_csr(torch.zeros(2, 2))
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
