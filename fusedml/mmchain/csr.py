@@ -71,7 +71,7 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   gathered vector larger than L1 makes every gather an L2 sector operation, but a slice of
   <= 128 KB stays in L1 (436 G/s on an H200 against ~140, ``benchmarks/gather_probe.py``). A pass
   whose vector is larger then reads a flat stream instead (:class:`_Stream`, cached like the CSC
-  copy): the nonzeros sorted by (64 KB tile of the vector, output), so the persistent programs
+  copy): the nonzeros sorted by (32 KB tile of the vector, output), so the persistent programs
   running at once gather from one slice; segment (t, r) holds output r's part from tile t.
   Per nonzero a 16-bit index within the tile (with the segment start and end flags) and the
   value: 6 bytes for fp32 against 8 in CSR; per segment a 4-byte output id. Each tile's run is
@@ -1150,6 +1150,12 @@ class _CSC:
     val_version: int
 
 
+def _row_ids(A: CSRMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """``[nnz]`` the row of each nonzero of ``A`` (dtype ``dtype``)."""
+    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
+    return torch.repeat_interleave(torch.arange(A.shape[0], device=A.device, dtype=dtype), lengths)
+
+
 def _current(copy, A: CSRMatrix) -> bool:
     """Whether a cached copy of ``A`` (:class:`_CSC`, :class:`_Streams`) was taken from ``A.val``
     as it is now (the same tensor, not changed in place since)."""
@@ -1170,8 +1176,7 @@ def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
     col = A.col.to(torch.int64)
     order = torch.sort(col, stable=True).indices  # (col, row) order: CSR is row-major
     del col
-    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
-    rows_t = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=idx), lengths)[order]
+    rows_t = _row_ids(A, idx)[order]
     val_t = A.val[order]
     del order
     colptr = torch.zeros(d + 1, dtype=torch.int64, device=A.device)
@@ -1207,7 +1212,7 @@ def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles:
     dev = key.device
     nnz = key.numel()
     tile = key // n_out
-    cnt = torch.bincount(tile, minlength=tiles)[:tiles] if nnz else torch.zeros(tiles, dtype=torch.int64, device=dev)
+    cnt = torch.bincount(tile, minlength=tiles)  # [tiles] nonzeros per tile
     pcnt = (cnt + B - 1) // B * B  # each tile's run padded to whole blocks
     if nnz == 0:
         pcnt[0] = B
@@ -1271,8 +1276,7 @@ def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
         return c
     st.streams.pop((W, H), None)
     n, d = A.shape
-    lengths = (A.crow[1:] - A.crow[:-1]).to(torch.int64)
-    rows = torch.repeat_interleave(torch.arange(n, device=A.device, dtype=torch.int64), lengths)  # [nnz]
+    rows = _row_ids(A, torch.int64)
     col = A.col.to(torch.int64)
     xy = xtp = None
     if W < d:
@@ -1301,6 +1305,12 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
                                 BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
+
+
+def _stream_matvec(sp: _Stream, y: torch.Tensor, d: int, intercept: bool) -> torch.Tensor:
+    """``[N, 1]``: ``A y`` (+ ``y[d]`` with the intercept) by the cache-blocked pass ``sp`` (m = 1)."""
+    t = _stream_pass(sp, y[:d, 0].contiguous())[:, None]
+    return t + y[d] if intercept else t
 
 
 def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build: bool) -> _Streams | None:
@@ -1616,8 +1626,7 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     cfg = _resolve_config(A, st, y.shape[1], config)[0]
     sm_ = _streams_for(A, st, cfg, y.shape[1], build=False) if cfg.strategy == "gather" else None
     if sm_ is not None and sm_.xy is not None:  # a solver's matvec: the mmchain's cached stream
-        t = _stream_pass(sm_.xy, y[:d, 0].contiguous())[:, None]
-        return t + y[d] if intercept else t
+        return _stream_matvec(sm_.xy, y, d, intercept)
     out = _alloc((n, y.shape[1]), acc, A.device)
     _run(A, st, cfg, y, None, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0)
     return out
@@ -1696,9 +1705,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     sm_ = None if deterministic else _streams_for(A, st, cfg, m, build=True)
     w = _alloc((dx, m), acc, A.device)
     if y is not None and sm_ is not None and sm_.xy is not None:
-        t = _stream_pass(sm_.xy, y[:d, 0].contiguous())[:, None]
-        if intercept:
-            t = t + y[d]
+        t = _stream_matvec(sm_.xy, y, d, intercept)
         if softmax:
             p = v * (t - (v * t).sum(1, keepdim=True))
         else:
