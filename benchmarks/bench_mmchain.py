@@ -140,21 +140,12 @@ def dense_sweep(X, m, quick):
     for f in (0.5, 2):
         grid.append({"num_programs": max(1, int(base.num_programs * f))})
     if base.strategy == "onchip" and base.mode in ("vector", "small") and base.block_n * base.block_d <= 8192:
-        if base.mode != "small":
-            grid.append({"prefetch": not base.prefetch})
+        grid.append({"prefetch": not base.prefetch})
     if base.mode == "vector" and X.shape[1] >= 8192:  # wide rows that still fit on chip: the coop split
         grid.append({"strategy": "coop", "block_n": 1, "block_d": 4096, "num_warps": 8, "num_programs": 2 * sms})
     if base.mode == "small":  # other strip counts, the session-4 launch (one load per row per thread)
         grid += [{"chunks": c} for c in (base.chunks // 2, base.chunks * 2) if 1 <= c <= base.block_d]
-        grid += [{"prefetch": p} for p in (0, 1, 2) if p != int(base.prefetch)]
-        old = {"chunks": 1, "block_n": 16, "num_warps": 8, "num_programs": 4 * sms, "prefetch": 1}
-        grid += [old, dict(old, prefetch=2)]  # the session-4 launch (one load per row per thread)
-        if base.block_d == 128:  # 8 or 16 of a row's values per thread, 4 or 8 warps
-            grid += [{"chunks": 2, "block_n": 8, "num_warps": 4, "prefetch": p, "num_programs": n * sms}
-                     for p, n in ((2, 4), (1, 5), (0, 5))]
-            grid += [{"chunks": 2, "block_n": 16, "num_warps": 8, "prefetch": 2, "num_programs": 2 * sms},
-                     {"chunks": 4, "block_n": 16, "num_warps": 4, "prefetch": 0, "num_programs": 3 * sms},
-                     {"chunks": 4, "block_n": 32, "num_warps": 8, "prefetch": 2, "num_programs": sms}]
+        grid.append({"chunks": 1, "block_n": 16, "num_warps": 8, "num_programs": 4 * sms})
     if base.mode == "small":  # the padded tl.dot (tf32x3 tensor cores, then ieee FMAs) at its former best launch
         dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "num_programs": 4 * sms, "prefetch": False}
         grid += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]

@@ -313,7 +313,7 @@ def _small_load_x(X, r3, c3, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN
 
 @triton.jit
 def _small_y(Y, c3, j: tl.constexpr, D, M, stride_yd, stride_ym, XTY: tl.constexpr, ACC: tl.constexpr):
-    # column j of y at the columns c3 [NC, 1, CW]; zeros beyond D, for j >= M, and when XTY
+    # column j of y as [NC, 1, CW] (zeros beyond D, for j >= M, and when XTY)
     if XTY:
         yj = tl.zeros(c3.shape, dtype=ACC)
     else:
@@ -326,6 +326,7 @@ def _small_col(x, yj, Y, V, rows, j: tl.constexpr, N, D, M, stride_yd, stride_ym
                HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr):
     # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M
     # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
+    # t: the strips first (in-thread adds), then across the threads of a strip (few shuffles)
     if HAS_V:
         vj = tl.load(V + rows * stride_vn + j * stride_vm, mask=(rows < N) & ((rows * 0 + j) < M),
                      other=0.0).to(ACC)
@@ -334,7 +335,6 @@ def _small_col(x, yj, Y, V, rows, j: tl.constexpr, N, D, M, stride_yd, stride_ym
     if XTY:
         t = vj * 0.0
     else:
-        # the strips first (in-thread adds), then across the threads of a strip (few shuffles)
         t = tl.sum(tl.sum(x * yj, axis=0), axis=1)
         if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
             t += tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
@@ -396,8 +396,7 @@ def _mmchain_small_kernel(
     # row's CHUNKS strips of CW columns, so that each thread holds CHUNKS loads of one row and a
     # row's dot product takes CHUNKS - 1 in-thread adds before log2(CW / VEC) shuffles (sm_90
     # compile at m = 4, 16 x 128 fp32: 16 instead of 32 instructions and 0.75 instead of 5
-    # shuffles per element of X with 4 strips of 32 columns). y is held in registers throughout;
-    # PREFETCH (0, 1, 2): row tiles loaded ahead into registers.
+    # shuffles per element of X with 4 strips of 32 columns). y is held in registers throughout.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     CW: tl.constexpr = BLOCK_D // CHUNKS
@@ -419,33 +418,25 @@ def _mmchain_small_kernel(
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
-    if PREFETCH > 0:
+    if PREFETCH:
         x_nxt = _small_load_x(X, rows[None, :, None], c3, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-    if PREFETCH > 1:
-        x_nxt2 = _small_load_x(X, (rows + nprog * BLOCK_N)[None, :, None], c3, N, D, stride_xn, stride_xd,
-                               ACC, EVEN_D, VEC)
     for tile in range(pid, n_tiles, nprog):
-        if PREFETCH > 1:
-            x = x_nxt
-            x_nxt = x_nxt2
-            x_nxt2 = _small_load_x(X, (rows + 2 * nprog * BLOCK_N)[None, :, None], c3, N, D, stride_xn,
-                                   stride_xd, ACC, EVEN_D, VEC)
-        elif PREFETCH > 0:
+        if PREFETCH:
             x = x_nxt
             x_nxt = _small_load_x(X, (rows + nprog * BLOCK_N)[None, :, None], c3, N, D, stride_xn, stride_xd,
                                   ACC, EVEN_D, VEC)
         else:
             x = _small_load_x(X, rows[None, :, None], c3, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-        t0, v0 = _small_col(x, y0, Y, V, rows, 0, N, D, M, stride_yd, stride_ym, stride_vn,
-                            stride_vm, HAS_V, XTY, INTERCEPT, ACC)
-        t1, v1 = _small_col(x, y1, Y, V, rows, 1, N, D, M, stride_yd, stride_ym, stride_vn,
-                            stride_vm, HAS_V, XTY, INTERCEPT, ACC)
+        t0, v0 = _small_col(x, y0, Y, V, rows, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC)
+        t1, v1 = _small_col(x, y1, Y, V, rows, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC)
         s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
         if M_PAD > 2:
-            t2, v2 = _small_col(x, y2, Y, V, rows, 2, N, D, M, stride_yd, stride_ym, stride_vn,
-                                stride_vm, HAS_V, XTY, INTERCEPT, ACC)
-            t3, v3 = _small_col(x, y3, Y, V, rows, 3, N, D, M, stride_yd, stride_ym, stride_vn,
-                                stride_vm, HAS_V, XTY, INTERCEPT, ACC)
+            t2, v2 = _small_col(x, y2, Y, V, rows, 2, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC)
+            t3, v3 = _small_col(x, y3, Y, V, rows, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC)
             s += v2 * t2 + v3 * t3
         p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
         p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
@@ -904,7 +895,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         if cfg.strategy == "chunked":
             kernel, extra = _mmchain_chunked_kernel, {}
         elif cfg.mode == "small":
-            kernel, extra = _mmchain_small_kernel, {"PREFETCH": int(cfg.prefetch), "CHUNKS": cfg.chunks}
+            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch), "CHUNKS": cfg.chunks}
         else:
             kernel = _mmchain_onchip_kernel
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)

@@ -109,9 +109,9 @@ class DenseConfig:
         Persistent grid size (programs loop over row tiles ``pid, pid + P, ...``).
     num_stages : int
         Triton software-pipelining depth of the row-tile loop.
-    prefetch : bool or int
+    prefetch : bool
         "onchip": load row tile i + 1 (and its v) into registers before computing tile i, so
-        each program keeps two tiles of loads in flight ("small": 2 loads tiles i + 1 and i + 2). "coop": hold three rows (i, i + R
+        each program keeps two tiles of loads in flight. "coop": hold three rows (i, i + R
         loaded, i + 2R loading) instead of two.
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
