@@ -114,8 +114,7 @@ def reference64(X, y, v):
 
 def dense_sweep(X, m, quick):
     """A grid around the model's pick: block_n x {1/2, 2}, warps x {1/2, 2}, programs x {1/2, 2},
-    plus per strategy: prefetch on/off (onchip), for small m other strip counts (``chunks``) and the padded
-    ``tl.dot`` (tf32x3 and ieee), and for wide
+    plus per strategy: prefetch on/off (onchip), the padded ``tl.dot`` for small m (tf32x3 and ieee), and for wide
     rows ("coop") wider column blocks, two launches and the former "chunked" strategy."""
     base = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
                                stride_xn=X.stride(0), stride_xd=X.stride(1))
@@ -143,9 +142,6 @@ def dense_sweep(X, m, quick):
         grid.append({"prefetch": not base.prefetch})
     if base.mode == "vector" and X.shape[1] >= 8192:  # wide rows that still fit on chip: the coop split
         grid.append({"strategy": "coop", "block_n": 1, "block_d": 4096, "num_warps": 8, "num_programs": 2 * sms})
-    if base.mode == "small":  # other strip counts, the session-4 launch (one load per row per thread)
-        grid += [{"chunks": c} for c in (base.chunks // 2, base.chunks * 2) if 1 <= c <= base.block_d]
-        grid.append({"chunks": 1, "block_n": 16, "num_warps": 8, "num_programs": 4 * sms})
     if base.mode == "small":  # the padded tl.dot (tf32x3 tensor cores, then ieee FMAs) at its former best launch
         dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "num_programs": 4 * sms, "prefetch": False}
         grid += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]

@@ -22,7 +22,7 @@ for p in $parts; do
            grep -E "^FAIL|passed" "$log/check.log" | tail -12 ;;
     check-kmeans) run check-kmeans 60 python3 benchmarks/check_gpu.py --parts kmeans --out "$out/check_gpu_kmeans.json" ;;
     mmchain) run mmchain 60 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json" ;;
-    dense-sweep) run dense-sweep 100 python3 benchmarks/bench_mmchain.py --dense-sweep --out "$out/mmchain-dense-sweep.json" ;;
+    dense-sweep) run dense-sweep 60 python3 benchmarks/bench_mmchain.py --dense-sweep --out "$out/mmchain-dense-sweep.json" ;;
     csr-strategies) run csr-strategies 70 python3 benchmarks/bench_mmchain.py --csr-strategies --out "$out/mmchain-csr-strategies.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
     gmm-sweep) run gmm-sweep 50 python3 benchmarks/bench_gmm.py --sweep --budget 30 --out "$out/gmm-sweep.json" ;;

@@ -453,26 +453,25 @@ def test_dense_coop_rejects_matrix_y(rng):
 
 # ----------------------------------------------------------------- small-m and prefetch variants
 SMALL = [
-    # (N, D, m, dtype, layout, intercept, v_op, det, prefetch, block_n, programs, chunks)
-    (1, 1, 3, torch.float32, "row", True, "softmax", False, True, 4, 2, 1),
-    (37, 5, 4, torch.float32, "strided", False, "mul", True, True, 8, 3, 2),
-    (45, 24, 2, torch.float32, "col", True, "mul", False, False, 16, 1, 4),
-    (50, 300, 4, torch.float64, "row", True, "softmax", True, True, 2, 5, 4),
-    (33, 16, 3, torch.float16, "row", False, "mul", False, True, 4, 4, 2),
-    (20, 7, 1, torch.float32, "row", False, "mul", False, True, 4, 2, 8),
-    (70, 100, 4, torch.float32, "row", True, "mul", False, True, 16, 3, 4),
+    # (N, D, m, dtype, layout, intercept, v_op, det, prefetch, block_n, programs)
+    (1, 1, 3, torch.float32, "row", True, "softmax", False, True, 4, 2),
+    (37, 5, 4, torch.float32, "strided", False, "mul", True, True, 8, 3),
+    (45, 24, 2, torch.float32, "col", True, "mul", False, False, 16, 1),
+    (50, 300, 4, torch.float64, "row", True, "softmax", True, True, 2, 5),
+    (33, 16, 3, torch.float16, "row", False, "mul", False, True, 4, 4),
+    (20, 7, 1, torch.float32, "row", False, "mul", False, True, 4, 2),
 ]
 
 
 @pytest.mark.parametrize("case", SMALL, ids=[f"{c[0]}x{c[1]}-m{c[2]}-{str(c[3])[6:]}-{c[4]}-icpt{c[5]}-{c[6]}-det{c[7]}-pf{c[8]}"
-                                             f"-c{c[11]}" for c in SMALL])
+                                             for c in SMALL])
 def test_dense_fused_small_m(rng, poison, case):
-    """The unrolled small-m kernel (m <= 4) against float64, forced on odd shapes and strip counts."""
-    N, D, m, dtype, layout, intercept, v_op, det, prefetch, bn, P, chunks = case
+    """The unrolled small-m kernel (m <= 4) against float64, forced on odd shapes."""
+    N, D, m, dtype, layout, intercept, v_op, det, prefetch, bn, P = case
     X = _dense(rng, N, D, dtype, layout)
     y, v, z = _operands(rng, N, D, m, intercept=intercept)
     cfg = {"strategy": "onchip", "mode": "small", "m_pad": 2 if m <= 2 else 4, "block_n": bn,
-           "block_d": max(1, 1 << (D - 1).bit_length()), "num_programs": P, "prefetch": prefetch, "chunks": chunks}
+           "block_d": max(1, 1 << (D - 1).bit_length()), "num_programs": P, "prefetch": prefetch}
     ref = mmchain_reference(X.double() if dtype != torch.float64 else X, y, v, z, 0.7, -0.4, intercept=intercept,
                             v_op=v_op)
     w = fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused",
@@ -565,11 +564,11 @@ def _aot_dense_variants():
     onchip = dict(LOSS=0, HAS_C=False, STORE_ETA=False)
     variants = [
         ("small m4 fp32 16x128", dense_mod._mmchain_small_kernel, "fp32", "fp32",
-         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4, CHUNKS=4), 4),
-        ("small m4 bf16 16x128 softmax intercept", dense_mod._mmchain_small_kernel, "bf16", "fp32",
-         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4, CHUNKS=2, SOFTMAX=True, INTERCEPT=True), 4),
+         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4), 8),
+        ("small m4 bf16 32x128 softmax intercept", dense_mod._mmchain_small_kernel, "bf16", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=128, M_PAD=4, SOFTMAX=True, INTERCEPT=True), 16),
         ("small m2 fp64 2x1024 det", dense_mod._mmchain_small_kernel, "fp64", "fp64",
-         dict(MODE=3, BLOCK_N=2, BLOCK_D=1024, M_PAD=2, CHUNKS=1, ACC=tl.float64, DETERMINISTIC=True), 8),
+         dict(MODE=3, BLOCK_N=2, BLOCK_D=1024, M_PAD=2, ACC=tl.float64, DETERMINISTIC=True), 8),
         ("onchip m1 bf16 32x128 prefetch", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
          dict(onchip, VEC=8, MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
     ]

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ._checks import Problem
-from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot, resident_programs
+from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
@@ -297,47 +297,24 @@ def _mmchain_onchip_kernel(
 
 
 @triton.jit
-def _small_load_x(X, r3, c3, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
-                  VEC: tl.constexpr):
-    # r3 [1, BN, 1] int64 rows, c3 [NC, 1, CW] columns -> x [NC, BN, CW] (zeros outside X)
-    if VEC > 1:  # as _load_x: lets the compiler prove 16-byte alignment
-        stride_xn = (stride_xn // VEC) * VEC
-        D = (D // VEC) * VEC
-    ptrs = X + r3 * stride_xn + c3.to(tl.int64) * stride_xd
-    if EVEN_D:
-        mask = r3 < N
-    else:
-        mask = (r3 < N) & (c3 < D)
-    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
-
-
-@triton.jit
-def _small_y(Y, c3, j: tl.constexpr, D, M, stride_yd, stride_ym, XTY: tl.constexpr, ACC: tl.constexpr):
-    # column j of y as [NC, 1, CW] (zeros beyond D, for j >= M, and when XTY)
-    if XTY:
-        yj = tl.zeros(c3.shape, dtype=ACC)
-    else:
-        yj = tl.load(Y + c3 * stride_yd + j * stride_ym, mask=(c3 < D) & ((c3 * 0 + j) < M), other=0.0).to(ACC)
-    return yj
-
-
-@triton.jit
-def _small_col(x, yj, Y, V, rows, j: tl.constexpr, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-               HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr):
+def _small_col(x, Y, V, rows, cols, j: tl.constexpr, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+               HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M
     # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
-    # t: the strips first (in-thread adds), then across the threads of a strip (few shuffles)
+    if XTY:
+        t = tl.zeros([BLOCK_N], dtype=ACC)
+    else:
+        yj = tl.load(Y + cols * stride_yd + j * stride_ym, mask=(cols < D) & ((cols * 0 + j) < M),
+                     other=0.0).to(ACC)
+        t = tl.sum(x * yj[None, :], axis=1)
+        if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
+            t += tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
     if HAS_V:
         vj = tl.load(V + rows * stride_vn + j * stride_vm, mask=(rows < N) & ((rows * 0 + j) < M),
                      other=0.0).to(ACC)
     else:
         vj = tl.where((rows * 0 + j) < M, 1.0, 0.0).to(ACC)
-    if XTY:
-        t = vj * 0.0
-    else:
-        t = tl.sum(tl.sum(x * yj, axis=0), axis=1)
-        if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
-            t += tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
     return t, vj
 
 
@@ -357,12 +334,12 @@ def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, alpha, XTY: tl.constexpr, HA
 
 
 @triton.jit
-def _small_out(acc, psum, W, PART, pid, c2, j: tl.constexpr, D, M,
+def _small_out(acc, psum, W, PART, pid, cols, j: tl.constexpr, D, M,
                INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
-    # column j of the program's X^T p (acc [NC, BN, CW] summed over rows) -> partials row or atomics
-    a = tl.sum(acc, axis=1)
-    offs = c2.to(tl.int64) * M + j
-    omask = (c2 < D) & ((c2 * 0 + j) < M)
+    # column j of the program's X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
+    a = tl.sum(acc, axis=0)
+    offs = cols.to(tl.int64) * M + j
+    omask = (cols < D) & ((cols * 0 + j) < M)
     if DETERMINISTIC:
         base = PART + pid.to(tl.int64) * ((D + INTERCEPT) * M)
         tl.store(base + offs, a, mask=omask)
@@ -389,76 +366,64 @@ def _mmchain_small_kernel(
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
-    CHUNKS: tl.constexpr,
 ):
-    # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled (2 m
-    # FMAs per element of X, no padded tl.dot). A row tile is held as [CHUNKS, BLOCK_N, CW]: the
-    # row's CHUNKS strips of CW columns, so that each thread holds CHUNKS loads of one row and a
-    # row's dot product takes CHUNKS - 1 in-thread adds before log2(CW / VEC) shuffles (sm_90
-    # compile at m = 4, 16 x 128 fp32: 16 instead of 32 instructions and 0.75 instead of 5
-    # shuffles per element of X with 4 strips of 32 columns). y is held in registers throughout.
+    # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled, so every
+    # tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
+    # 2 m FMAs per element of X plus one row reduction per right-hand side.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    CW: tl.constexpr = BLOCK_D // CHUNKS
-    c3 = (tl.arange(0, CHUNKS)[:, None, None] * CW
-          + tl.max_contiguous(tl.multiple_of(tl.arange(0, CW), CW), CW)[None, None, :])
-    c2 = tl.arange(0, CHUNKS)[:, None] * CW + tl.arange(0, CW)[None, :]
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
-    y0 = _small_y(Y, c3, 0, D, M, stride_yd, stride_ym, XTY, ACC)
-    y1 = _small_y(Y, c3, 1, D, M, stride_yd, stride_ym, XTY, ACC)
-    acc0 = tl.zeros([CHUNKS, BLOCK_N, CW], dtype=ACC)
-    acc1 = tl.zeros([CHUNKS, BLOCK_N, CW], dtype=ACC)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     ps0 = tl.zeros([BLOCK_N], dtype=ACC)
     ps1 = tl.zeros([BLOCK_N], dtype=ACC)
     if M_PAD > 2:
-        y2 = _small_y(Y, c3, 2, D, M, stride_yd, stride_ym, XTY, ACC)
-        y3 = _small_y(Y, c3, 3, D, M, stride_yd, stride_ym, XTY, ACC)
-        acc2 = tl.zeros([CHUNKS, BLOCK_N, CW], dtype=ACC)
-        acc3 = tl.zeros([CHUNKS, BLOCK_N, CW], dtype=ACC)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH:
-        x_nxt = _small_load_x(X, rows[None, :, None], c3, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
     for tile in range(pid, n_tiles, nprog):
         if PREFETCH:
             x = x_nxt
-            x_nxt = _small_load_x(X, (rows + nprog * BLOCK_N)[None, :, None], c3, N, D, stride_xn, stride_xd,
-                                  ACC, EVEN_D, VEC)
+            x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         else:
-            x = _small_load_x(X, rows[None, :, None], c3, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-        t0, v0 = _small_col(x, y0, Y, V, rows, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                            HAS_V, XTY, INTERCEPT, ACC)
-        t1, v1 = _small_col(x, y1, Y, V, rows, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                            HAS_V, XTY, INTERCEPT, ACC)
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        t0, v0 = _small_col(x, Y, V, rows, cols, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+        t1, v1 = _small_col(x, Y, V, rows, cols, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
         s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
         if M_PAD > 2:
-            t2, v2 = _small_col(x, y2, Y, V, rows, 2, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC)
-            t3, v3 = _small_col(x, y3, Y, V, rows, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC)
+            t2, v2 = _small_col(x, Y, V, rows, cols, 2, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t3, v3 = _small_col(x, Y, V, rows, cols, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
             s += v2 * t2 + v3 * t3
         p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
         p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
-        acc0 += x * p0[None, :, None]
-        acc1 += x * p1[None, :, None]
+        acc0 += x * p0[:, None]
+        acc1 += x * p1[:, None]
         if INTERCEPT:
             ps0 += p0
             ps1 += p1
         if M_PAD > 2:
             p2 = _small_p(t2, v2, s, rows, 2, N, M, alpha, XTY, HAS_V, SOFTMAX)
             p3 = _small_p(t3, v3, s, rows, 3, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            acc2 += x * p2[None, :, None]
-            acc3 += x * p3[None, :, None]
+            acc2 += x * p2[:, None]
+            acc3 += x * p3[:, None]
             if INTERCEPT:
                 ps2 += p2
                 ps3 += p3
         rows += nprog * BLOCK_N
-    _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, c2, 0, D, M, INTERCEPT, DETERMINISTIC)
-    _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, c2, 1, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
     if M_PAD > 2:
-        _small_out(acc2, tl.sum(ps2, axis=0), W, PART, pid, c2, 2, D, M, INTERCEPT, DETERMINISTIC)
-        _small_out(acc3, tl.sum(ps3, axis=0), W, PART, pid, c2, 3, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc2, tl.sum(ps2, axis=0), W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc3, tl.sum(ps3, axis=0), W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
 
 
 @triton.jit
@@ -761,10 +726,6 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
     if cfg.mode == "small" and not (cfg.m_pad in (2, 4) and P.m <= cfg.m_pad):
         raise ValueError(f"mode='small' needs m <= m_pad in (2, 4); got m={P.m}, m_pad={cfg.m_pad}")
-    if cfg.chunks > cfg.block_d and not (config and "chunks" in config):
-        cfg = replace(cfg, chunks=cfg.block_d)  # the model's strips, for a caller's narrower tile
-    if cfg.chunks < 1 or cfg.chunks & (cfg.chunks - 1) or cfg.chunks > cfg.block_d:
-        raise ValueError(f"chunks must be a power of two <= block_d = {cfg.block_d}, got {cfg.chunks}")
     return cfg
 
 
@@ -801,6 +762,29 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     return cfg
 
 
+def _coop_capacity(args, consts, warps, dev) -> int | None:
+    """Co-resident programs of the compiled cooperative kernel on ``dev`` (None under the interpreter).
+
+    From the compiled kernel's registers and shared memory, as the Triton fused-softmax tutorial
+    does: every program of the cooperative grid must be resident at once (they wait on each other).
+    """
+    if dev.type != "cuda":
+        return None
+    key = (dev, str(args[0].dtype), tuple(sorted(consts.items())), warps)
+    if key not in _COOP_CAPACITY:
+        k = _mmchain_coop_kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=1, **consts)
+        k._init_handles()
+        gpu = gpu_info(dev)
+        threads = 32 * warps
+        regs = ((max(1, int(k.n_regs)) + 7) // 8) * 8
+        smem = int(k.metadata.shared) + 1024  # sm_90 reserves 1 KB of shared memory per block
+        per_sm = min(gpu.max_threads_per_sm // threads, gpu.regs_per_sm // (regs * threads),
+                     gpu.smem_per_sm // smem, 32)
+        _COOP_CAPACITY[key] = gpu.sm_count * per_sm
+    return _COOP_CAPACITY[key]
+
+
+_COOP_CAPACITY: dict = {}
 #: Polls of the row counters (each an L2 round trip, ~1 us) a program may spend over its whole run
 #: before it stops waiting and counts an error in ``CNT[N]`` instead of hanging (never reached when
 #: the grid is co-resident: a normal run polls a few times per row).
@@ -823,9 +807,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
         return (X, y, v, w, part, tp, cnt, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
                 a_hi, a_lo)
 
-    per_sm = resident_programs(_mmchain_coop_kernel, args(R, w),
-                               dict(consts, PHASE=0, num_warps=cfg.num_warps, num_stages=1), dev)
-    cap = None if per_sm is None else per_sm * gpu_info(dev).sm_count
+    cap = _coop_capacity(args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
     # one launch when a grid of G x R programs can be co-resident (R shrunk to fit); under the
     # interpreter, which runs programs one after another, only with one column block (G = 1).
     # Otherwise two launches (partials, then combine + accumulate): X read twice.
@@ -895,7 +877,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         if cfg.strategy == "chunked":
             kernel, extra = _mmchain_chunked_kernel, {}
         elif cfg.mode == "small":
-            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch), "CHUNKS": cfg.chunks}
+            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
         else:
             kernel = _mmchain_onchip_kernel
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
@@ -903,18 +885,15 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
             extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
-        args = (*lead, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0),
-                stride_vm, a_hi, a_lo, *mid)
-        kw = dict(XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-                  DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D),
-                  MODE=_mode(cfg), ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
-        if kernel is _mmchain_small_kernel and not deterministic:
-            # one wave: the model's register estimate may overshoot what the compile leaves room for
-            per_sm = resident_programs(kernel, args, kw, dev)
-            if per_sm is not None:
-                grid = max(1, min(grid, per_sm * gpu_info(dev).sm_count))
-        kernel[(grid,)](*args, **kw)
+        kernel[(grid,)](
+            *lead, N, D, M, n_tiles,
+            X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
+            a_hi, a_lo, *mid,
+            XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
+            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_mode(cfg),
+            ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        )
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)

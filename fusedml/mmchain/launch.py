@@ -116,10 +116,6 @@ class DenseConfig:
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
-    chunks : int
-        "small" only: a row tile is held as ``chunks`` strips of ``block_d / chunks`` columns, so
-        each thread holds ``chunks`` 16-byte loads of one row and sums them before the shuffles
-        across the strip's threads (1: a thread holds one load per row, as in the other modes).
     dot_precision : {"tf32x3", "ieee"}
         "dot" only: ``tl.dot``'s operand precision. "tf32x3" (the default for "dot") splits each
         fp32 operand into a tf32 high and low part and sums three tensor-core products (the low
@@ -139,7 +135,6 @@ class DenseConfig:
     prefetch: bool = False
     two_pass: bool = False
     dot_precision: str = "tf32x3"
-    chunks: int = 1
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
@@ -179,8 +174,6 @@ L2_FRACTION = 0.5
 COOP_PROGRAMS_PER_SM = 2
 #: Largest m served by the unrolled "small" kernel (one accumulator per right-hand side).
 SMALL_M = 4
-#: 32-bit words of one row that each thread of the "small" kernel holds (rows up to 32 x this).
-SMALL_ROW_VALUES = 16
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
@@ -296,20 +289,6 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
         if -(-D // bd) <= gpu.sm_count * per_sm:  # one group's G column blocks must be co-resident
             return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=8,
                                num_programs=gpu.sm_count * per_sm, prefetch=True)
-    if mode == "small" and onchip and bd_full * w_acc <= 32 * SMALL_ROW_VALUES:
-        # one row per group of tpr threads, SMALL_ROW_VALUES 32-bit values of it per thread, in
-        # `chunks` 16-byte loads (see DenseConfig.chunks); 4 warps; programs per SM from the
-        # registers: x (twice, prefetched), y and the accumulator per right-hand side, + 40
-        # (sm_90 compile at m = 4, 16 x 128 fp32: 207)
-        e = SMALL_ROW_VALUES // w_acc
-        chunks = max(1, min(bd_full, e // max(1, 16 // b)))
-        tpr = max(1, bd_full // e)
-        warps = 4
-        reg_est = 2 * e * w_acc + 2 * m_pad * e * w_acc + 40
-        per_sm = max(1, min(4, gpu.regs_per_sm // (32 * warps * reg_est)))
-        return DenseConfig(strategy="onchip", block_n=32 * warps // tpr, block_d=bd_full, mode="small",
-                           m_pad=int(m_pad), num_warps=warps, num_programs=gpu.sm_count * per_sm,
-                           prefetch=True, chunks=chunks)
     short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
     tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
     ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
@@ -418,53 +397,3 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
             return replace(cfg, mode="elementwise", prefetch=False)
         return padded_dot(cfg, rows=64)
     return cfg
-
-
-_RESIDENT: dict = {}
-
-
-def resident_programs(kernel, args, kwargs, device) -> int | None:
-    """Programs of ``kernel`` one SM holds at once, from its COMPILED resources.
-
-    Launch models estimate registers and shared memory coarsely (GMM: sm_90 compiles used 80-100
-    registers where the model estimated 140-200, so persistent grids ran at 4-8 warps per SM);
-    the compiled kernel knows: registers (allocated per warp in units of 256), shared memory
-    (+1 KB reserved per block), at most 64 warps and 32 blocks per SM. Persistent grids use it
-    so that all their programs run in one wave, and the cooperative dense kernel so that its
-    programs, which wait on each other, are co-resident.
-
-    Parameters
-    ----------
-    kernel : triton JITFunction
-    args : tuple
-        The launch's positional arguments.
-    kwargs : dict
-        The launch's keyword arguments (constexprs, ``num_warps``, ``num_stages``).
-    device : torch.device
-
-    Returns
-    -------
-    int or None
-        Programs per SM (>= 1); None where unknown (no CUDA device, the interpreter, or a Triton
-        without ``warmup``): the caller keeps the model's grid.
-    """
-    if device.type != "cuda" or not hasattr(kernel, "warmup"):
-        return None
-    key = (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
-           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
-    if key not in _RESIDENT:
-        try:
-            ck = kernel.warmup(*args, grid=(1,), **kwargs)
-            if hasattr(ck, "_init_handles"):
-                ck._init_handles()  # loads the binary: n_regs is only known from then on
-            regs, smem = int(ck.n_regs), int(ck.metadata.shared)
-        except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
-            _RESIDENT[key] = None
-            return None
-        info = gpu_info(device)
-        nw = int(kwargs.get("num_warps", 4))
-        warp_regs = -(-max(regs, 1) * 32 // 256) * 256
-        per_sm = min(32, info.max_threads_per_sm // (32 * nw), info.regs_per_sm // (warp_regs * nw),
-                     info.smem_per_sm // (smem + 1024))
-        _RESIDENT[key] = max(1, per_sm)
-    return _RESIDENT[key]
