@@ -37,6 +37,14 @@ for p in $parts; do
         python3 benchmarks/ncu_gmm.py --shape 16777216,8,8
       run ncu-gmm-1024 120 ncu $ncu_sec --kernel-name "regex:_diag_(lse|stats)" --launch-skip 2 --launch-count 2 \
         python3 benchmarks/ncu_gmm.py --shape 1048576,128,1024 --precision bf16 ;;
+    ncu-mm)  # Nsight Compute on the dense small-m (m = 4) and bf16 m = 1 mmchain kernels (one launch each)
+      ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+      ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+      ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      run ncu-mm-m4 120 ncu $ncu_sec --kernel-name regex:_mmchain_small --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/ncu_mmchain.py --shape 2000000,128,4
+      run ncu-mm-bf16 120 ncu $ncu_sec --kernel-name regex:_mmchain_onchip --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/ncu_mmchain.py --shape 2000000,128,1 --dtype bfloat16 ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
