@@ -41,9 +41,9 @@ for p in $parts; do
       ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
       ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
       ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-      run ncu-mm-m4 120 ncu $ncu_sec --kernel-name regex:_mmchain_small --launch-skip 1 --launch-count 1 \
+      run ncu-mm-m4 60 ncu $ncu_sec --kernel-name regex:_mmchain_small --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,4
-      run ncu-mm-bf16 120 ncu $ncu_sec --kernel-name regex:_mmchain_onchip --launch-skip 1 --launch-count 1 \
+      run ncu-mm-bf16 60 ncu $ncu_sec --kernel-name regex:_mmchain_onchip --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,1 --dtype bfloat16 ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
