@@ -397,3 +397,52 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
             return replace(cfg, mode="elementwise", prefetch=False)
         return padded_dot(cfg, rows=64)
     return cfg
+
+
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, args, kwargs, device) -> int | None:
+    """Programs of ``kernel`` one SM holds at once, from its COMPILED resources.
+
+    Launch models estimate registers and shared memory coarsely (GMM: sm_90 compiles used 80-100
+    registers where the model estimated 140-200, so its persistent grids ran at 4-8 warps per
+    SM; dense mmchain: a persistent grid one program per SM larger than what fits runs a second,
+    partial wave); the compiled kernel knows: registers (allocated per warp in units of 256),
+    shared memory (+1 KB reserved per block), at most 64 warps and 32 blocks per SM.
+
+    Parameters
+    ----------
+    kernel : triton JITFunction
+    args : tuple
+        The launch's positional arguments.
+    kwargs : dict
+        The launch's keyword arguments (constexprs, ``num_warps``, ``num_stages``).
+    device : torch.device
+
+    Returns
+    -------
+    int or None
+        Programs per SM (>= 1); None where unknown (no CUDA device, the interpreter, or a Triton
+        without ``warmup``): the caller keeps the model's grid.
+    """
+    if device.type != "cuda" or not hasattr(kernel, "warmup"):
+        return None
+    key = (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
+           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+    if key not in _RESIDENT:
+        try:
+            ck = kernel.warmup(*args, grid=(1,), **kwargs)
+            if hasattr(ck, "_init_handles"):
+                ck._init_handles()  # loads the binary: n_regs is only known from then on
+            regs, smem = int(ck.n_regs), int(ck.metadata.shared)
+        except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
+            _RESIDENT[key] = None
+            return None
+        info = gpu_info(device)
+        nw = int(kwargs.get("num_warps", 4))
+        warp_regs = -(-max(regs, 1) * 32 // 256) * 256
+        per_sm = min(32, info.max_threads_per_sm // (32 * nw), info.regs_per_sm // (warp_regs * nw),
+                     info.smem_per_sm // (smem + 1024))
+        _RESIDENT[key] = max(1, per_sm)
+    return _RESIDENT[key]
