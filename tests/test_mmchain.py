@@ -487,35 +487,6 @@ def test_dense_fused_small_m(rng, poison, case):
     assert rel(wx, refx) < TOL[dtype]
 
 
-@pytest.mark.parametrize("det", [False, True])
-@pytest.mark.parametrize("mode", ["vector", "small", "loss"])
-def test_dense_grid_capped_to_resident_programs(rng, poison, monkeypatch, det, mode):
-    """A persistent grid larger than the compiled kernel's residency shrinks to one wave (the
-    residency is mocked: the interpreter has none) and still covers every row tile."""
-    calls = []
-
-    def one_per_sm(kernel, args, kw, dev):
-        calls.append(kernel)
-        return 1
-
-    monkeypatch.setattr(dense_mod, "resident_programs", one_per_sm)
-    monkeypatch.setattr(dense_mod, "gpu_info", lambda dev=None: launch.GPUInfo("tiny", 3, 65536, 233472, 1 << 25, 2048))
-    N, D, m = 61, 9, (3 if mode == "small" else 1)
-    X = torch.from_numpy(rng.standard_normal((N, D))).float()
-    cfg = {"block_n": 2, "num_programs": 16}
-    if mode == "loss":
-        lbl = torch.from_numpy((rng.random(N) < 0.5).astype(np.float32))
-        w0 = torch.from_numpy(rng.standard_normal(D)).float()
-        r = fusedml.loss_gradient(X, w0, lbl, loss="logistic", backend="fused", config=cfg)
-        ref = fusedml.loss_gradient(X, w0, lbl, loss="logistic", backend="ops")
-        assert rel(r.grad, ref.grad) < 1e-5 and abs(r.loss - ref.loss) <= 1e-5 * abs(ref.loss)
-    else:
-        y, v, z = _operands(rng, N, D, m, intercept=False)
-        w = fusedml.mmchain(X, y, v, z, 0.7, -0.4, backend="fused", deterministic=det, config=cfg)
-        assert rel(w, mmchain_reference(X.double(), y, v, z, 0.7, -0.4)) < 1e-5
-    assert calls, "the launcher did not ask for the compiled residency"
-
-
 def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
     """The model's pick for m = 4 on short rows runs the small kernel (and no other)."""
     launched = []

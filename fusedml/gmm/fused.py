@@ -30,7 +30,6 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ._prep import Prepared, diag_precisions
-from ..mmchain.launch import resident_programs
 from .model import Plan, auto_precision, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
@@ -524,6 +523,54 @@ def _operands(prep: Prepared):
         ops["CONST"] = (LOG2E * prep.const).to(f32).contiguous()
         ops["C"] = (prep.center - prep.shift).to(f32).contiguous()
     return ops
+
+
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, args, kwargs, device) -> int | None:
+    """Programs of ``kernel`` one SM holds at once, from its COMPILED resources.
+
+    The launch model's register and shared-memory estimates are coarse (sm_90 compiles used
+    80-100 registers where it estimated 140-200, so the persistent grids ran at 4-8 warps per SM);
+    the compiled kernel knows: registers (allocated per warp in units of 256), shared memory
+    (+1 KB reserved per block), at most 64 warps and 32 blocks per SM.
+
+    Parameters
+    ----------
+    kernel : triton JITFunction
+    args : tuple
+        The launch's positional arguments.
+    kwargs : dict
+        The launch's keyword arguments (constexprs, ``num_warps``, ``num_stages``).
+    device : torch.device
+
+    Returns
+    -------
+    int or None
+        Programs per SM (>= 1); None where unknown (no CUDA device, the interpreter, or a Triton
+        without ``warmup``): the caller keeps the model's grid.
+    """
+    if device.type != "cuda" or not hasattr(kernel, "warmup"):
+        return None
+    key = (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
+           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+    if key not in _RESIDENT:
+        try:
+            ck = kernel.warmup(*args, grid=(1,), **kwargs)
+            if hasattr(ck, "_init_handles"):
+                ck._init_handles()  # loads the binary: n_regs is only known from then on
+            regs, smem = int(ck.n_regs), int(ck.metadata.shared)
+        except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
+            _RESIDENT[key] = None
+            return None
+        info = gpu_info(device)
+        nw = int(kwargs.get("num_warps", 4))
+        warp_regs = -(-max(regs, 1) * 32 // 256) * 256
+        per_sm = min(32, 64 // nw, int(info["regs_per_sm"]) // (warp_regs * nw),
+                     int(info.get("smem_per_sm") or 233472) // (smem + 1024))
+        _RESIDENT[key] = max(1, per_sm)
+    return _RESIDENT[key]
 
 
 def _grid(kernel, args, kwargs, device, n_blocks, model_programs, max_programs=None) -> int:

@@ -37,7 +37,7 @@ choices for the target shapes):
   80-90 registers where the estimate said 140-200):
 
   - the single-sweep diag grid is sized from the COMPILED kernel (``occupancy_grid``,
-    :func:`fusedml.mmchain.launch.resident_programs`: registers, shared memory, warps), not from the
+    :func:`fusedml.gmm.fused.resident_programs`: registers, shared memory, warps), not from the
     estimate: 4M x 16, K = 16 bf16 0.56 -> 0.32 ms, fp32 0.68 -> 0.64;
   - ``D <= 8``: ``BD = 8`` with the interleaved ``[x, x^2]`` operand (``form="cat"``, 16 wide: no
     padded features) and the next block prefetched: 16M x 8, K = 8 fp32 3.30 -> 1.55 ms (bf16 2.81 -> 1.01);
@@ -140,7 +140,7 @@ class Plan:
         pipelining by hand, one more [BN, BD] tile live).
     occupancy_grid : bool
         Single sweep (diag): size the persistent grid from the compiled kernel's registers and
-        shared memory (:func:`fusedml.mmchain.launch.resident_programs`) instead of ``programs``.
+        shared memory (:func:`fusedml.gmm.fused.resident_programs`) instead of ``programs``.
     """
 
     path: str

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ._checks import Problem
-from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot, resident_programs
+from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
@@ -762,6 +762,29 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     return cfg
 
 
+def _coop_capacity(args, consts, warps, dev) -> int | None:
+    """Co-resident programs of the compiled cooperative kernel on ``dev`` (None under the interpreter).
+
+    From the compiled kernel's registers and shared memory, as the Triton fused-softmax tutorial
+    does: every program of the cooperative grid must be resident at once (they wait on each other).
+    """
+    if dev.type != "cuda":
+        return None
+    key = (dev, str(args[0].dtype), tuple(sorted(consts.items())), warps)
+    if key not in _COOP_CAPACITY:
+        k = _mmchain_coop_kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=1, **consts)
+        k._init_handles()
+        gpu = gpu_info(dev)
+        threads = 32 * warps
+        regs = ((max(1, int(k.n_regs)) + 7) // 8) * 8
+        smem = int(k.metadata.shared) + 1024  # sm_90 reserves 1 KB of shared memory per block
+        per_sm = min(gpu.max_threads_per_sm // threads, gpu.regs_per_sm // (regs * threads),
+                     gpu.smem_per_sm // smem, 32)
+        _COOP_CAPACITY[key] = gpu.sm_count * per_sm
+    return _COOP_CAPACITY[key]
+
+
+_COOP_CAPACITY: dict = {}
 #: Polls of the row counters (each an L2 round trip, ~1 us) a program may spend over its whole run
 #: before it stops waiting and counts an error in ``CNT[N]`` instead of hanging (never reached when
 #: the grid is co-resident: a normal run polls a few times per row).
@@ -784,9 +807,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
         return (X, y, v, w, part, tp, cnt, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
                 a_hi, a_lo)
 
-    per_sm = resident_programs(_mmchain_coop_kernel, args(R, w),
-                               dict(consts, PHASE=0, num_warps=cfg.num_warps, num_stages=1), dev)
-    cap = None if per_sm is None else per_sm * gpu_info(dev).sm_count
+    cap = _coop_capacity(args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
     # one launch when a grid of G x R programs can be co-resident (R shrunk to fit); under the
     # interpreter, which runs programs one after another, only with one column block (G = 1).
     # Otherwise two launches (partials, then combine + accumulate): X read twice.
@@ -846,6 +867,13 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     if cfg.strategy == "coop":
         part, grid = _launch_coop(P, cfg, y, v, w, deterministic, a_hi, a_lo)
     else:
+        if not deterministic:
+            part = w  # unused
+        elif cfg.strategy == "chunked":  # read-modify-write per tile
+            part = torch.zeros((grid, L), dtype=acc, device=dev)
+        else:  # every program stores its whole row
+            part = _empty((grid, L), acc, dev)
+        lead, mid = (X, y, v, w, part), ()
         if cfg.strategy == "chunked":
             kernel, extra = _mmchain_chunked_kernel, {}
         elif cfg.mode == "small":
@@ -853,35 +881,19 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         else:
             kernel = _mmchain_onchip_kernel
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
+            lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
+            lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
             extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
-        kw = dict(XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-                  DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D),
-                  MODE=_mode(cfg), ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
-
-        def args(part, lpart):
-            lead, mid = (X, y, v, w, part), ()
-            if kernel is _mmchain_onchip_kernel:
-                lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
-            return (*lead, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0),
-                    stride_vm, a_hi, a_lo, *mid)
-
-        if not deterministic:
-            part = w  # unused
-        elif cfg.strategy == "chunked":  # read-modify-write per tile
-            part = torch.zeros((grid, L), dtype=acc, device=dev)
-        else:  # every program stores its whole row
-            part = _empty((grid, L), acc, dev)
-        lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
-        # a persistent grid in one wave: the compiled kernel's registers may leave room for fewer
-        # programs per SM than the model's estimate (a second, partial wave: up to twice the time)
-        per_sm = resident_programs(kernel, args(part, lpart), kw, dev)
-        if per_sm is not None and per_sm * gpu_info(dev).sm_count < grid:
-            grid = per_sm * gpu_info(dev).sm_count
-            part = part[:grid] if deterministic else part
-            lpart = lpart[:grid] if loss is not None else lpart
-        kernel[(grid,)](*args(part, lpart), **kw)
+        kernel[(grid,)](
+            *lead, N, D, M, n_tiles,
+            X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
+            a_hi, a_lo, *mid,
+            XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
+            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_mode(cfg),
+            ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        )
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)
