@@ -92,6 +92,18 @@ def check_mmchain(dev):
             acc = torch.float64 if dtype == torch.float64 else torch.float32
             w = fusedml.mmchain(X, y.to(acc), v.to(acc), z.to(acc), 0.7, -1.3, backend="fused")
             record(f"dense {n}x{d} {str(dtype)[6:]}", rel(w, ref_mmchain(X.double(), y, v, z, 0.7, -1.3)), TOL[dtype])
+    # the cooperative wide-row kernel at the benchmark's shape (16 programs per row, 16 row groups
+    # in one launch): atomics and deterministic, with the intercept, and X^T v
+    Xw = torch.randn(4096, 65536, device=dev)
+    Xw64 = Xw.double()
+    yw, vw, zw = torch.randn(65537, device=dev), torch.rand(4096, device=dev), torch.randn(65537, device=dev)
+    for det in (False, True):
+        w = fusedml.mmchain(Xw, yw, vw, zw, 0.7, -1.3, intercept=True, deterministic=det, backend="fused")
+        record(f"dense coop 4096x65536 intercept det={det}",
+               rel(w, ref_mmchain(Xw64, yw, vw, zw, 0.7, -1.3, intercept=True)), TOL[torch.float32])
+    record("dense coop 4096x65536 X^T v", rel(fusedml.mmchain(Xw, None, vw, backend="fused"),
+                                              ref_mmchain(Xw64, None, vw, None, 1, 0)), TOL[torch.float32])
+    del Xw, Xw64
     # strided / transposed X, matrix y, intercept, softmax, X^T v, deterministic.
     X = torch.randn(3000, 300, device=dev)
     Xt = torch.randn(300, 3000, device=dev).T

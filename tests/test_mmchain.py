@@ -553,8 +553,8 @@ def _aot_dense_variants():
                 sig[a] = "constexpr"
                 continue
             sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else (
-                "fp32" if a.startswith("alpha") or a == "power" else ("*i32" if a == "CNT" else (
-                    "*fp64" if a == "LPART" else f"*{acc}"))))
+                "fp32" if a.startswith("alpha") or a == "power" else ("*i32" if a == "ERR" else ("*i64" if a == "TP" else (
+                    "*fp64" if a == "LPART" else f"*{acc}")))))
             if sig[a].startswith("*") or (aligned and a in ("stride_xn", "stride_yd", "stride_vn", "D")):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X
         return triton.compile(ASTSource(fn, sig, consts, attrs), target=target, options=dict(num_warps=warps))
@@ -593,12 +593,12 @@ def _aot_dense_variants():
               M_PAD=16), 4),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
-                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD2=True)
+                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD2=True, WORDS=1)
     variants += [
         ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
         ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),
         ("coop fp64 2048 one row ahead", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
-         dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD2=False), 8),
+         dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD2=False, WORDS=2), 8),
     ]
     for name, fn, xdt, acc, over, warps, *aligned in variants:
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)
@@ -612,10 +612,10 @@ def _aot_dense_variants():
         assert stack <= (1024 if "(spills)" in name else 0), f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
-        if fn is dense_mod._mmchain_coop_kernel:  # the row handshake: release-add, acquire-poll, L2-only reads
+        if fn is dense_mod._mmchain_coop_kernel:  # the row handshake: tagged 64-bit words polled from L2
             ptx = k.asm["ptx"]
-            assert re.search(r"(red|atom)\.global\.gpu\.(release|acq_rel)\.add", ptx), name
-            assert re.search(r"\.acquire\.", ptx) and "ld.global.cg" in ptx, name
+            assert re.search(r"ld\.volatile\.global(\.\w+)*\.b64", ptx) and "st.global.b64" in ptx, name
+            assert not re.search(r"\.(release|acquire|acq_rel)\b|membar|fence", ptx), name
 
 
 def test_dense_kernels_compile_for_sm90():

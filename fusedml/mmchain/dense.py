@@ -19,8 +19,8 @@ Strategies (chosen by :func:`fusedml.mmchain.launch.dense_config`; see README.md
   (a 3-D ``[BN, m, BD]`` broadcast or a ``tl.dot`` padded to m = 16 cost 4-10x the instructions).
 * ``_mmchain_coop_kernel`` -- wide rows, m = 1: G co-resident programs share each row, one column
   block each (its y slice and ``X^T p`` accumulator stay in registers for the whole run); the
-  row's t is combined through global memory (partial store, release-add on a per-row counter,
-  acquire-poll) and each program multiplies the part of the row it still holds: X read once.
+  row's t is combined through global memory (each partial stored as a tagged 64-bit word, polled
+  until all G tags are set) and each program multiplies the part of the row it still holds: X read once.
   Two launches (X read twice) where the group cannot be co-resident or under the interpreter.
 * ``_mmchain_chunked_kernel`` -- wide D with m > 1: pass 1 over the tile's D chunks computes t; pass 2 walks
   the chunks backwards (the most recently read first: they are still in L2) and adds the chunk's
@@ -427,11 +427,45 @@ def _mmchain_small_kernel(
 
 
 @triton.jit
-def _coop_partial(x, y_g, TP, tile, g, G, PHASE: tl.constexpr):
-    # publish this program's part of t_tile = X[tile, cols_g] . y_g (PHASE 0: release to the group)
-    tl.store(TP + tile * G + g, tl.sum(x * y_g, axis=0))
-    if PHASE == 0:
-        tl.debug_barrier()  # every thread's store is ordered before the release below
+def _coop_publish(x, y_g, TP, row, g, G, WORDS: tl.constexpr):
+    # publish this program's part of t_row = X[row, cols_g] . y_g as tagged 64-bit words: the low 32
+    # bits carry the value (fp32; fp64 in two words, high half first), the high 32 bits the tag 1.
+    # A reader that sees the tag sees the value (one aligned 64-bit store): no fence, no counter.
+    s = tl.sum(x * y_g, axis=0)
+    tag = tl.full([], 1 << 32, tl.int64)
+    if WORDS == 1:
+        tl.store(TP + row * G + g, s.to(tl.uint32, bitcast=True).to(tl.int64) | tag)
+    else:
+        b = s.to(tl.int64, bitcast=True)
+        tl.store(TP + (row * G + g) * 2, ((b >> 32) & 0xFFFFFFFF) | tag)
+        tl.store(TP + (row * G + g) * 2 + 1, (b & 0xFFFFFFFF) | tag)
+
+
+@triton.jit
+def _coop_poll(TP, row, gg, G, WORDS: tl.constexpr):
+    # the G tagged words of a row straight from L2 (volatile: a fresh read every poll) and the
+    # smallest tag among them (1 once every partial of the row has arrived)
+    gmask = gg < G
+    one = tl.full([], 1 << 32, tl.int64)
+    if WORDS == 1:
+        w0 = tl.load(TP + row * G + gg, mask=gmask, other=one, volatile=True)
+        return w0, w0, tl.min(w0 >> 32, axis=0)
+    else:
+        base = TP + (row * G + gg) * 2
+        w0 = tl.load(base, mask=gmask, other=one, volatile=True)
+        w1 = tl.load(base + 1, mask=gmask, other=one, volatile=True)
+        return w0, w1, tl.minimum(tl.min(w0 >> 32, axis=0), tl.min(w1 >> 32, axis=0))
+
+
+@triton.jit
+def _coop_t(w0, w1, gg, G, ACC: tl.constexpr, WORDS: tl.constexpr):
+    # t_row: the G partials decoded and summed in a fixed order
+    if WORDS == 1:
+        part = w0.to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        b = (w0 << 32) | (w1 & 0xFFFFFFFF)
+        part = b.to(tl.float64, bitcast=True)
+    return tl.sum(tl.where(gg < G, part.to(ACC), 0.0), axis=0)
 
 
 @triton.jit
@@ -441,24 +475,26 @@ def _mmchain_coop_kernel(
     V,  # [N, 1] accumulation dtype
     W,  # [Dx, 1] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
     PART,  # [R, Dx] per-row-group partials (DETERMINISTIC)
-    TP,  # [n_tiles, G] accumulation dtype: partial t of each row and column block
-    CNT,  # [n_tiles + 1] int32, zero: arrivals per row (last entry: spin-limit overflows)
+    TP,  # [N, G, WORDS] int64, zero: tagged partial t of each row and column block
+    ERR,  # [1] int32, zero: rows whose wait hit the spin limit
     N, D, G, R,
     stride_xn, stride_xd, stride_yd, stride_vn,
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr,
     EVEN_D: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr, G_PAD: tl.constexpr,
-    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr, AHEAD2: tl.constexpr,
+    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr, AHEAD2: tl.constexpr, WORDS: tl.constexpr,
 ):
     # Wide rows, m = 1, one row per tile. Program pid owns column block g = pid % G of row group
     # pid // G for the whole run: its slice of y and its X^T p accumulator stay in registers. Row
     # i's t is the sum of the G partial dot products of its group; PHASE 0 (GPU) combines them
-    # through global memory -- each program publishes its partial and waits for the other G - 1
-    # (a counter per row; every program of the grid is co-resident, the launcher sizes it so) --
-    # and then multiplies the part of the row still in its registers: X is read once.
-    # The partial of row i + R is published before waiting on row i, and row i + R's load is in
-    # flight during that wait. PHASE 1 / 2 split the same work into two launches (partials, then
-    # combine + accumulate: X read twice): the Triton interpreter runs programs one after another.
+    # through global memory -- each program publishes its partial as a tagged word and polls the
+    # row's G words until every tag is set (every program of the grid is co-resident, the
+    # launcher sizes it so) -- and then multiplies the part of the row still in its registers: X
+    # is read once. The wait is one L2 round trip when the partials are there (a release-add /
+    # acquire-poll counter cost three: fence, poll, load). The partial of row i + R is published
+    # before waiting on row i, and row i + R's load is in flight during that wait. PHASE 1 / 2
+    # split the same work into two launches (partials, then combine + accumulate: X read twice):
+    # the Triton interpreter runs programs one after another.
     pid = tl.program_id(0)
     g = pid % G
     r0 = pid // G
@@ -479,9 +515,7 @@ def _mmchain_coop_kernel(
     if not XTY:
         if PHASE != 2:
             if row < N:
-                _coop_partial(x_nxt, y_g, TP, row, g, G, PHASE)
-                if PHASE == 0:
-                    tl.atomic_add(CNT + row, 1, sem="release")
+                _coop_publish(x_nxt, y_g, TP, row, g, G, WORDS)
     if AHEAD2:  # a third row in registers: row i + 2R loads while row i + R is published
         x_n2 = tl.load(X + (row + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + R) < N),
                        other=0.0).to(ACC)
@@ -497,15 +531,14 @@ def _mmchain_coop_kernel(
             x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
         if PHASE != 1:
             if not XTY:
+                w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)
                 if PHASE == 0:  # wait for the group's G partials of this row
-                    cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
-                    while (cnt < G) & (spin_left > 0):
-                        cnt = tl.atomic_add(CNT + row, 0, sem="acquire")
+                    while (ok < 1) & (spin_left > 0):
+                        w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)
                         spin_left -= 1
-                    if cnt < G:  # never expected: count it instead of hanging (host can check)
-                        tl.atomic_add(CNT + N, 1)
-                # fixed order over the G partials (L2 only: the line may sit stale in L1)
-                t = tl.sum(tl.load(TP + row * G + gg, mask=gg < G, other=0.0, cache_modifier=".cg"), axis=0)
+                    if ok < 1:  # never expected: count it instead of hanging (host can check)
+                        tl.atomic_add(ERR, 1, sem="relaxed")
+                t = _coop_t(w0, w1, gg, G, ACC, WORDS)
                 if INTERCEPT:
                     t += yi
             if HAS_V:
@@ -519,9 +552,7 @@ def _mmchain_coop_kernel(
         if not XTY:
             if PHASE != 2:
                 if nxt < N:  # publish row i + R before waiting on it next iteration
-                    _coop_partial(x_nxt, y_g, TP, nxt, g, G, PHASE)
-                    if PHASE == 0:
-                        tl.atomic_add(CNT + nxt, 1, sem="release")
+                    _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
         row = nxt
     if PHASE != 1:
         if DETERMINISTIC:
@@ -785,8 +816,8 @@ def _coop_capacity(args, consts, warps, dev) -> int | None:
 
 
 _COOP_CAPACITY: dict = {}
-#: Polls of the row counters (each an L2 round trip, ~1 us) a program may spend over its whole run
-#: before it stops waiting and counts an error in ``CNT[N]`` instead of hanging (never reached when
+#: Polls of a row's tagged partials (each an L2 round trip, ~1 us) a program may spend over its whole run
+#: before it stops waiting and counts an error in ``ERR`` instead of hanging (never reached when
 #: the grid is co-resident: a normal run polls a few times per row).
 COOP_MAX_SPIN = 1 << 20
 
@@ -798,13 +829,13 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     consts = dict(XTY=P.y is None, HAS_V=P.v is not None, INTERCEPT=P.intercept,
                   DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, ACC=_TL[acc],
                   BLOCK_D=cfg.block_d, G_PAD=triton.next_power_of_2(G), MAX_SPIN=COOP_MAX_SPIN,
-                  AHEAD2=bool(cfg.prefetch))
-    tp = torch.empty((max(N, 1), G), dtype=acc, device=dev)
-    cnt = torch.zeros(N + 1, dtype=torch.int32, device=dev)
+                  AHEAD2=bool(cfg.prefetch), WORDS=2 if acc == torch.float64 else 1)
+    tp = torch.zeros((max(N, 1), G, consts["WORDS"]), dtype=torch.int64, device=dev)  # tags 0: nothing yet
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
     R = max(1, min(N, cfg.num_programs // G))
 
     def args(R, part):
-        return (X, y, v, w, part, tp, cnt, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
+        return (X, y, v, w, part, tp, err, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
                 a_hi, a_lo)
 
     cap = _coop_capacity(args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
