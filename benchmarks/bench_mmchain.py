@@ -125,6 +125,7 @@ def dense_sweep(X, m, quick):
         grid += [{"block_d": 2 * base.block_d, "num_warps": 16, "num_programs": sms},
                  {"block_d": 2 * base.block_d, "num_programs": sms},
                  {"block_d": base.block_d // 2, "num_warps": 4, "num_programs": 4 * sms},
+                 {"block_d": base.block_d // 2, "num_programs": 4 * sms},
                  {"block_d": base.block_d // 4, "num_warps": 2, "num_programs": 8 * sms},
                  {"block_d": base.block_d // 2, "num_warps": 4, "num_programs": 4 * sms, "prefetch": False},
                  {"num_programs": sms}, {"prefetch": False}, {"two_pass": True},

@@ -491,8 +491,10 @@ def _mmchain_coop_kernel(
     # row's G words until every tag is set (every program of the grid is co-resident, the
     # launcher sizes it so) -- and then multiplies the part of the row still in its registers: X
     # is read once. The wait is one L2 round trip when the partials are there (a release-add /
-    # acquire-poll counter cost three: fence, poll, load). The partial of row i + R is published
-    # before waiting on row i, and row i + R's load is in flight during that wait. PHASE 1 / 2
+    # acquire-poll counter cost three: fence, poll, load). With AHEAD2 (three rows in registers)
+    # the partial of row i + R is published while row i's poll is in flight, so by the time row
+    # i + R is polled the group's partials have had a whole iteration to land, and row i + 2R
+    # loads meanwhile; without it, row i + R loads during row i's wait and is published after. PHASE 1 / 2
     # split the same work into two launches (partials, then combine + accumulate: X read twice):
     # the Triton interpreter runs programs one after another.
     pid = tl.program_id(0)
@@ -531,7 +533,14 @@ def _mmchain_coop_kernel(
             x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
         if PHASE != 1:
             if not XTY:
-                w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)
+                w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)  # in flight while row i + R is published
+        if AHEAD2:
+            if not XTY:
+                if PHASE != 2:
+                    if nxt < N:  # row i + R (loaded an iteration ago) goes out a whole wait before its poll
+                        _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
+        if PHASE != 1:
+            if not XTY:
                 if PHASE == 0:  # wait for the group's G partials of this row
                     while (ok < 1) & (spin_left > 0):
                         w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)
@@ -549,10 +558,11 @@ def _mmchain_coop_kernel(
             p = p * alpha
             acc += x * p
             psum += p
-        if not XTY:
-            if PHASE != 2:
-                if nxt < N:  # publish row i + R before waiting on it next iteration
-                    _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
+        if not AHEAD2:
+            if not XTY:
+                if PHASE != 2:
+                    if nxt < N:  # publish row i + R (just loaded) before waiting on it next iteration
+                        _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
         row = nxt
     if PHASE != 1:
         if DETERMINISTIC:
