@@ -416,7 +416,7 @@ COOP = [
 
 @pytest.mark.parametrize("case", COOP, ids=[f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}-bd{c[4]}-P{c[5]}-icpt{c[6]}-det{c[7]}"
                                            f"-2pass{c[8]}" for c in COOP])
-@pytest.mark.parametrize("ahead", [False, True], ids=["ahead1", "ahead2"])
+@pytest.mark.parametrize("ahead", [0, 1, 2], ids=["ahead1", "ahead2", "ahead3"])
 def test_dense_fused_coop(rng, poison, case, ahead):
     """The cooperative wide-row strategy (row split over G column blocks) against float64."""
     N, D, dtype, layout, bd, P, intercept, det, two_pass = case
@@ -593,12 +593,14 @@ def _aot_dense_variants():
               M_PAD=16), 4),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
-                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD2=True, WORDS=1)
+                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD=2, WORDS=1)
     variants += [
         ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
         ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),
         ("coop fp64 2048 one row ahead", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
-         dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD2=False, WORDS=2), 8),
+         dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD=1, WORDS=2), 8),
+        ("coop fp32 1024 three rows ahead", dense_mod._mmchain_coop_kernel, "fp32", "fp32",
+         dict(coop, BLOCK_D=1024, G_PAD=64, AHEAD=3), 2),
     ]
     for name, fn, xdt, acc, over, warps, *aligned in variants:
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)

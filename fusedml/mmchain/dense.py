@@ -442,10 +442,10 @@ def _coop_publish(x, y_g, TP, row, g, G, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _coop_poll(TP, row, gg, G, WORDS: tl.constexpr):
+def _coop_poll(TP, row, gg, G, N, WORDS: tl.constexpr):
     # the G tagged words of a row straight from L2 (volatile: a fresh read every poll) and the
-    # smallest tag among them (1 once every partial of the row has arrived)
-    gmask = gg < G
+    # smallest tag among them (1 once every partial of the row has arrived; rows past N read as 1)
+    gmask = (gg < G) & ((gg * 0 + row) < N)
     one = tl.full([], 1 << 32, tl.int64)
     if WORDS == 1:
         w0 = tl.load(TP + row * G + gg, mask=gmask, other=one, volatile=True)
@@ -482,7 +482,7 @@ def _mmchain_coop_kernel(
     alpha_hi, alpha_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr,
     EVEN_D: tl.constexpr, ACC: tl.constexpr, BLOCK_D: tl.constexpr, G_PAD: tl.constexpr,
-    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr, AHEAD2: tl.constexpr, WORDS: tl.constexpr,
+    PHASE: tl.constexpr, MAX_SPIN: tl.constexpr, AHEAD: tl.constexpr, WORDS: tl.constexpr,
 ):
     # Wide rows, m = 1, one row per tile. Program pid owns column block g = pid % G of row group
     # pid // G for the whole run: its slice of y and its X^T p accumulator stay in registers. Row
@@ -491,10 +491,12 @@ def _mmchain_coop_kernel(
     # row's G words until every tag is set (every program of the grid is co-resident, the
     # launcher sizes it so) -- and then multiplies the part of the row still in its registers: X
     # is read once. The wait is one L2 round trip when the partials are there (a release-add /
-    # acquire-poll counter cost three: fence, poll, load). With AHEAD2 (three rows in registers)
-    # the partial of row i + R is published while row i's poll is in flight, so by the time row
-    # i + R is polled the group's partials have had a whole iteration to land, and row i + 2R
-    # loads meanwhile; without it, row i + R loads during row i's wait and is published after. PHASE 1 / 2
+    # acquire-poll counter cost three: fence, poll, load). AHEAD = rows in registers: 1: row i + R
+    # loads during row i's wait and is published after it; 2: row i + R (loaded an iteration ago)
+    # is published while row i's poll is in flight, row i + 2R loads; 3: row i + 2R is published,
+    # row i + 3R loads, and row i + R's poll is issued at the end of the iteration, so neither a
+    # load nor a poll issued in this iteration is waited on in it (the wait leaves the critical
+    # path; one more row of registers). PHASE 1 / 2
     # split the same work into two launches (partials, then combine + accumulate: X read twice):
     # the Triton interpreter runs programs one after another.
     pid = tl.program_id(0)
@@ -513,37 +515,53 @@ def _mmchain_coop_kernel(
     col_off = cols.to(tl.int64) * stride_xd
     lmask = cmask
     row = r0.to(tl.int64)
+    PUB: tl.constexpr = (not XTY) and PHASE != 2  # this launch publishes partials
+    WAIT: tl.constexpr = (not XTY) and PHASE != 1  # this launch combines them
     x_nxt = tl.load(X + row * stride_xn + col_off, mask=lmask & ((cols * 0 + row) < N), other=0.0).to(ACC)
-    if not XTY:
-        if PHASE != 2:
-            if row < N:
-                _coop_publish(x_nxt, y_g, TP, row, g, G, WORDS)
-    if AHEAD2:  # a third row in registers: row i + 2R loads while row i + R is published
+    if PUB:
+        if row < N:
+            _coop_publish(x_nxt, y_g, TP, row, g, G, WORDS)
+    if AHEAD >= 2:  # row i + 2R loads while row i + R is published
         x_n2 = tl.load(X + (row + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + R) < N),
                        other=0.0).to(ACC)
+    if AHEAD == 3:  # rows published two iterations ahead; each row's poll issued an iteration ahead
+        if PUB:
+            if row + R < N:
+                _coop_publish(x_n2, y_g, TP, row + R, g, G, WORDS)
+        x_n3 = tl.load(X + (row + 2 * R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + 2 * R) < N),
+                       other=0.0).to(ACC)
+        if WAIT:
+            w0, w1, ok = _coop_poll(TP, row, gg, G, N, WORDS)
     spin_left = MAX_SPIN  # polls for the whole run: a broken grid ends in about a second, not per row
     for _ in range(r0, N, R):  # row = r0, r0 + R, ... (int64, carried)
         x = x_nxt
         nxt = row + R
-        if AHEAD2:
+        if AHEAD == 3:
+            x_nxt = x_n2
+            x_n2 = x_n3
+            x_n3 = tl.load(X + (nxt + 2 * R) * stride_xn + col_off,
+                           mask=lmask & ((cols * 0 + nxt + 2 * R) < N), other=0.0).to(ACC)
+            if PUB:
+                if nxt + R < N:  # row i + 2R, loaded an iteration ago
+                    _coop_publish(x_n2, y_g, TP, nxt + R, g, G, WORDS)
+        elif AHEAD == 2:
             x_nxt = x_n2
             x_n2 = tl.load(X + (nxt + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt + R) < N),
                            other=0.0).to(ACC)
         else:
             x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
+        if WAIT:
+            if AHEAD != 3:
+                w0, w1, ok = _coop_poll(TP, row, gg, G, N, WORDS)  # in flight while row i + R is published
+        if AHEAD == 2:
+            if PUB:
+                if nxt < N:  # row i + R (loaded an iteration ago) goes out a whole wait before its poll
+                    _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
         if PHASE != 1:
-            if not XTY:
-                w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)  # in flight while row i + R is published
-        if AHEAD2:
-            if not XTY:
-                if PHASE != 2:
-                    if nxt < N:  # row i + R (loaded an iteration ago) goes out a whole wait before its poll
-                        _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
-        if PHASE != 1:
-            if not XTY:
+            if WAIT:
                 if PHASE == 0:  # wait for the group's G partials of this row
                     while (ok < 1) & (spin_left > 0):
-                        w0, w1, ok = _coop_poll(TP, row, gg, G, WORDS)
+                        w0, w1, ok = _coop_poll(TP, row, gg, G, N, WORDS)
                         spin_left -= 1
                     if ok < 1:  # never expected: count it instead of hanging (host can check)
                         tl.atomic_add(ERR, 1, sem="relaxed")
@@ -558,11 +576,13 @@ def _mmchain_coop_kernel(
             p = p * alpha
             acc += x * p
             psum += p
-        if not AHEAD2:
-            if not XTY:
-                if PHASE != 2:
-                    if nxt < N:  # publish row i + R (just loaded) before waiting on it next iteration
-                        _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
+        if AHEAD == 1:
+            if PUB:
+                if nxt < N:  # publish row i + R (just loaded) before waiting on it next iteration
+                    _coop_publish(x_nxt, y_g, TP, nxt, g, G, WORDS)
+        if AHEAD == 3:
+            if WAIT:
+                w0, w1, ok = _coop_poll(TP, nxt, gg, G, N, WORDS)  # published an iteration ago
         row = nxt
     if PHASE != 1:
         if DETERMINISTIC:
@@ -839,7 +859,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     consts = dict(XTY=P.y is None, HAS_V=P.v is not None, INTERCEPT=P.intercept,
                   DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, ACC=_TL[acc],
                   BLOCK_D=cfg.block_d, G_PAD=triton.next_power_of_2(G), MAX_SPIN=COOP_MAX_SPIN,
-                  AHEAD2=bool(cfg.prefetch), WORDS=2 if acc == torch.float64 else 1)
+                  AHEAD=1 + int(cfg.prefetch), WORDS=2 if acc == torch.float64 else 1)
     tp = torch.zeros((max(N, 1), G, consts["WORDS"]), dtype=torch.int64, device=dev)  # tags 0: nothing yet
     err = torch.zeros(1, dtype=torch.int32, device=dev)
     R = max(1, min(N, cfg.num_programs // G))
