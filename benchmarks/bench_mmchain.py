@@ -115,20 +115,18 @@ def reference64(X, y, v):
 def dense_sweep(X, m, quick):
     """A grid around the model's pick: block_n x {1/2, 2}, warps x {1/2, 2}, programs x {1/2, 2},
     plus per strategy: prefetch on/off (onchip), the padded ``tl.dot`` for small m (tf32x3 and ieee), and for wide
-    rows ("coop") wider column blocks, two launches and the former "chunked" strategy."""
+    rows ("coop") narrower and wider column blocks, fewer rows held ahead, half the grid, session
+    10's launch, two launches and the former "chunked" strategy."""
     base = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
                                stride_xn=X.stride(0), stride_xd=X.stride(1))
     bn_min = 16 if base.mode == "dot" else 1
     sms = launch.gpu_info(X.device).sm_count
     grid = [{}]
     if base.strategy == "coop":
-        grid += [{"block_d": 2 * base.block_d, "num_warps": 16, "num_programs": sms},
-                 {"block_d": 2 * base.block_d, "num_programs": sms},
-                 {"block_d": base.block_d // 2, "num_warps": 4, "num_programs": 4 * sms},
-                 {"block_d": base.block_d // 2, "num_programs": 4 * sms},
-                 {"block_d": base.block_d // 4, "num_warps": 2, "num_programs": 8 * sms},
-                 {"block_d": base.block_d // 2, "num_warps": 4, "num_programs": 4 * sms, "prefetch": False},
-                 {"num_programs": sms}, {"prefetch": False}, {"two_pass": True},
+        grid += [{"block_d": base.block_d // 2, "num_warps": 1}, {"block_d": 2 * base.block_d, "num_warps": 4},
+                 {"prefetch": 1}, {"prefetch": 0}, {"num_programs": base.num_programs // 2},
+                 {"block_d": 2 * base.block_d, "num_warps": 8, "prefetch": 1, "num_programs": 2 * sms},  # session 10's
+                 {"two_pass": True},
                  {"strategy": "chunked", "block_n": 4, "block_d": 16384, "num_warps": 8, "num_programs": 2 * sms}]
         return grid[:2] if quick else grid
     for f in (0.5, 2):
@@ -144,7 +142,8 @@ def dense_sweep(X, m, quick):
     if base.strategy == "onchip" and base.mode in ("vector", "small") and base.block_n * base.block_d <= 8192:
         grid.append({"prefetch": not base.prefetch})
     if base.mode == "vector" and X.shape[1] >= 8192:  # wide rows that still fit on chip: the coop split
-        grid.append({"strategy": "coop", "block_n": 1, "block_d": 4096, "num_warps": 8, "num_programs": 2 * sms})
+        grid.append({"strategy": "coop", "block_n": 1, "block_d": 2048, "num_warps": 2, "num_programs": 4 * sms,
+                     "prefetch": 2})
     if base.mode == "small":  # the padded tl.dot (tf32x3 tensor cores, then ieee FMAs) at its former best launch
         dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "num_programs": 4 * sms, "prefetch": False}
         grid += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]

@@ -437,7 +437,7 @@ def test_dense_fused_coop(rng, poison, case, ahead):
 def test_dense_coop_is_the_model_pick_for_wide_rows(rng, poison):
     """D = 40000 (> one row on chip): the model picks coop; the interpreter runs it in two launches."""
     cfg = launch.dense_config(3, 40_000, 1, torch.float32)
-    assert cfg.strategy == "coop" and cfg.block_d == 4096 and cfg.prefetch
+    assert cfg.strategy == "coop" and cfg.block_d == 2048 and cfg.num_warps == 2 and cfg.prefetch == 2
     X = _dense(rng, 3, 40_000, torch.float32)
     y, v, z = _operands(rng, 3, 40_000, None)
     w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
@@ -593,14 +593,16 @@ def _aot_dense_variants():
               M_PAD=16), 4),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
-                ACC=tl.float32, BLOCK_D=4096, G_PAD=16, PHASE=0, MAX_SPIN=1 << 20, AHEAD=2, WORDS=1)
+                ACC=tl.float32, BLOCK_D=2048, G_PAD=32, PHASE=0, MAX_SPIN=1 << 20, AHEAD=3, WORDS=1)
     variants += [
-        ("coop fp32 4096 one launch", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 8),
-        ("coop bf16 4096 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 8),
+        ("coop fp32 2048 one launch (the model's)", dense_mod._mmchain_coop_kernel, "fp32", "fp32", coop, 2),
+        ("coop bf16 2048 det", dense_mod._mmchain_coop_kernel, "bf16", "fp32", dict(coop, DETERMINISTIC=True), 2),
+        ("coop fp32 4096 two rows ahead", dense_mod._mmchain_coop_kernel, "fp32", "fp32",
+         dict(coop, BLOCK_D=4096, G_PAD=16, AHEAD=2), 8),
         ("coop fp64 2048 one row ahead", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
          dict(coop, ACC=tl.float64, BLOCK_D=2048, AHEAD=1, WORDS=2), 8),
-        ("coop fp32 1024 three rows ahead", dense_mod._mmchain_coop_kernel, "fp32", "fp32",
-         dict(coop, BLOCK_D=1024, G_PAD=64, AHEAD=3), 2),
+        ("coop fp64 512 four rows", dense_mod._mmchain_coop_kernel, "fp64", "fp64",
+         dict(coop, ACC=tl.float64, BLOCK_D=512, G_PAD=128, WORDS=2), 2),
     ]
     for name, fn, xdt, acc, over, warps, *aligned in variants:
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)
@@ -623,7 +625,7 @@ def _aot_dense_variants():
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 12)
+    run_aot(__file__, 14)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

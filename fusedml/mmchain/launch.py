@@ -109,10 +109,11 @@ class DenseConfig:
         Persistent grid size (programs loop over row tiles ``pid, pid + P, ...``).
     num_stages : int
         Triton software-pipelining depth of the row-tile loop.
-    prefetch : bool
+    prefetch : bool or int
         "onchip": load row tile i + 1 (and its v) into registers before computing tile i, so
-        each program keeps two tiles of loads in flight. "coop": hold three rows (i, i + R
-        loaded, i + 2R loading) instead of two.
+        each program keeps two tiles of loads in flight. "coop": rows held ahead of the one
+        consumed: 0 (row i + R loads during row i's wait), 1 (i + R published, i + 2R loading),
+        2 (i + R waiting, i + 2R published, i + 3R loading; polls issued an iteration ahead).
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
@@ -132,7 +133,7 @@ class DenseConfig:
     num_warps: int
     num_programs: int
     num_stages: int = 1
-    prefetch: bool = False
+    prefetch: bool | int = False
     two_pass: bool = False
     dot_precision: str = "tf32x3"
 
@@ -170,8 +171,8 @@ TILE_BYTES = 16 * 1024
 REG_DATA = 96
 #: Fraction of L2 that the in-flight row tiles of the chunked strategy may occupy.
 L2_FRACTION = 0.5
-#: Programs per SM of the cooperative wide-row strategy (register-limited at 104 registers x 256 threads).
-COOP_PROGRAMS_PER_SM = 2
+#: Programs per SM of the cooperative wide-row strategy (register-limited: ~242 registers x 64 threads).
+COOP_PROGRAMS_PER_SM = 4
 #: Largest m served by the unrolled "small" kernel (one accumulator per right-hand side).
 SMALL_M = 4
 
@@ -224,15 +225,18 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        2M x 128, m = 4 sweep preferred 4 programs per SM, 0.716 ms against 0.901 ms at 2);
        a persistent grid of ``sm_count * programs_per_sm`` programs.
     7. **Wide rows, m = 1: "coop".** When a row does not fit "onchip" (D > 16384 fp32), a row is
-       split over G column blocks of ``block_d`` = 4096 (2048 fp64) columns held by G programs of
-       8 warps (16 values per thread), which combine the row's t through global memory (one
-       store, one release-add, one acquire-poll per row and program) and each multiply their
-       part of the row still in registers: one read of X (the "chunked" two-pass strategy
-       re-read most of it from DRAM: 4k x 65536 reached 44 % of the floor). The partial of row
-       i + R is published before waiting on row i; with ``prefetch`` (the default here) row
-       i + 2R is loading meanwhile, so publishing never waits for DRAM. Grid: ``sm_count * 2``
-       programs (register-limited: 118 registers x 256 threads), R = programs // G row groups.
-       Taken while G fits in the co-resident grid (D up to ~1M columns on an H200).
+       split over G column blocks of ``block_d`` = 2048 (512 fp64) columns held by G programs of
+       2 warps (32 values per thread), which combine the row's t through global memory (each
+       publishes its partial as a tagged 64-bit word and polls the row's G words) and each
+       multiply their part of the row still in registers: one read of X (the "chunked" two-pass
+       strategy re-read most of it from DRAM: 4k x 65536 reached 44 % of the floor). The loop is
+       latency-bound, so ``prefetch=2`` keeps four rows per program: row i + 2R is published,
+       row i + 3R loads, and row i + R's poll is issued an iteration before it is needed
+       (H200 sweep, 4k x 65536: 0.315 ms, 80 % of the floor, against 0.40 ms with three rows and
+       0.58 ms with the former 8-warp, 4096-column launch; ``benchmarks/coop_sweep.py``,
+       ``results/coop_sweep-H200-2026-12-03-s11-*``). Grid: ``sm_count * 4`` programs
+       (register-limited), R = programs // G row groups; the launcher caps it to the compiled
+       kernel's residency. Taken while G fits in the co-resident grid (D up to ~1M columns).
     6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
        up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
        keeps only ~24 KB in flight and the kernel is latency-bound (bf16: 61 % of the floor).
@@ -282,13 +286,14 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     bd_full = max(bd_min, _pow2_ceil(D))
     onchip = regs(bn_min, bd_full, 16, True) <= REG_DATA
     if not onchip and mode == "vector":
-        # cooperative wide rows: 8 warps, 16 values per thread (8 for fp64) of x, the next two
-        # rows, the accumulator and y: ~80 + 40 registers (118 in the sm_90 AOT compile)
-        bd = 4096 // w_acc
-        per_sm = max(1, min(COOP_PROGRAMS_PER_SM, gpu.regs_per_sm // (256 * 120)))
+        # cooperative wide rows: 2 warps, 32 values per thread (8 for fp64: 16 spill) of each of
+        # four rows (one consumed, one waiting on its poll, one being published, one loading) +
+        # the accumulator + y: ~240 registers (sm_90 AOT), four programs per SM
+        bd = 512 if fp64 else 2048
+        per_sm = max(1, min(COOP_PROGRAMS_PER_SM, gpu.regs_per_sm // (64 * 248)))
         if -(-D // bd) <= gpu.sm_count * per_sm:  # one group's G column blocks must be co-resident
-            return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=8,
-                               num_programs=gpu.sm_count * per_sm, prefetch=True)
+            return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=2,
+                               num_programs=gpu.sm_count * per_sm, prefetch=2)
     short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
     tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
     ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
