@@ -136,6 +136,7 @@ def main(argv=None):
 
     algos = {
         "logistic": (LogisticRegression, "binary", {"C": 1.0, "tol": 1e-6, "max_iter": 100}),
+        "multinomial": (LogisticRegression, "multiclass", {"C": 1.0, "tol": 1e-6, "max_iter": 100}),
         "linearsvc": (LinearSVC, "binary", {"C": 1.0, "tol": 1e-6, "max_iter": 100}),
         "poisson": (PoissonRegressor, "counts", {"alpha": 1e-3, "tol": 1e-6, "max_iter": 100}),
         "ridge": (Ridge, "regression", {"alpha": 1.0, "tol": 1e-6, "max_iter": 100}),

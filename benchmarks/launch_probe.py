@@ -1,0 +1,109 @@
+"""Launch probes of the dense mmchain kernels, one question each.
+
+    python benchmarks/launch_probe.py --probe coop --shape 4096,65536 --out results/coop_sweep.json
+    python benchmarks/launch_probe.py --probe small --out results/small_prefetch.json
+
+``coop``: the cooperative wide-row kernel (m = 1) over column block x warps x rows held ahead
+(``num_programs`` is an upper bound: the launcher caps the grid to the compiled kernel's
+residency). ``small``: the unrolled m <= 4 kernel with and without its register prefetch, on the
+shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
+the intercept), crossed over D, m and the intercept. Each point: ``fusedml.mmchain`` timed with
+``triton.testing.do_bench`` (median) and checked against float64; one line per point.
+"""
+import argparse
+import json
+
+import torch
+import triton
+
+import fusedml
+from fusedml.mmchain import launch
+
+
+SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (1_000_000, 128, 3), (2_000_000, 256, 3))
+
+
+def small_probe(dev):
+    """The m <= 4 kernel, prefetch off / on, at the model's other launch parameters."""
+    rows = []
+    for N, D, m in SMALL_SHAPES:
+        X = torch.randn(N, D, device=dev)
+        X64 = X.double()
+        for icpt in (False, True):
+            Dx = D + icpt
+            Y, V = torch.randn(Dx, m, device=dev), torch.rand(N, m, device=dev)
+            Xi = torch.cat([X64, torch.ones(N, 1, dtype=X64.dtype, device=dev)], 1) if icpt else X64
+            ref = Xi.T @ (V.double() * (Xi @ Y.double()))
+            base = launch.dense_config(N, D, m, X.dtype, launch.gpu_info(dev))
+            Ps = torch.softmax(torch.randn(N, m, device=dev), 1)  # the multinomial Hessian's softmax form
+            T = Xi @ Y.double()
+            Pt = Ps.double() * T
+            ref_sm = Xi.T @ (Pt - Ps.double() * Pt.sum(1, keepdim=True))
+            for pf, v_op in ((False, "mul"), (True, "mul"), (False, "softmax"), (True, "softmax")):
+                cfg = {"prefetch": pf}
+                VV, r = (V, ref) if v_op == "mul" else (Ps, ref_sm)
+                f = lambda: fusedml.mmchain(X, Y, VV, intercept=icpt, v_op=v_op, backend="fused", config=cfg)  # noqa: E731
+                err = float((f().double() - r).norm() / r.norm())
+                ms = triton.testing.do_bench(f, warmup=5, rep=40)
+                floor = X.numel() * 4 / 4.28e12 * 1e3
+                rows.append({"shape": f"{N}x{D}", "m": m, "intercept": icpt, "prefetch": pf, "v_op": v_op,
+                             "model": f"{base.mode} bn={base.block_n} w={base.num_warps} P={base.num_programs} "
+                                      f"prefetch={base.prefetch}", "ms": ms, "%floor": 100 * floor / ms, "rel_err": err})
+                print(f"{N}x{D} m={m} intercept={icpt} {v_op} prefetch={pf}: {ms:.4f} ms {100 * floor / ms:.1f} % "
+                      f"err {err:.1e}  (model: {rows[-1]['model']})", flush=True)
+            if D > 128 and icpt:  # the solvers' two-read form at rows > 128 values (matvec, then X^T p)
+                def two():
+                    t = fusedml.matvec(X, Y, intercept=True, backend="fused")
+                    pt = Ps * t
+                    return fusedml.mmchain(X, None, pt - Ps * pt.sum(1, keepdim=True), intercept=True, backend="fused")
+                ms = triton.testing.do_bench(two, warmup=5, rep=40)
+                err = float((two().double() - ref_sm).norm() / ref_sm.norm())
+                rows.append({"shape": f"{N}x{D}", "m": m, "intercept": True, "v_op": "softmax two reads", "ms": ms,
+                             "rel_err": err})
+                print(f"{N}x{D} m={m} softmax as matvec + X^T p: {ms:.4f} ms err {err:.1e}", flush=True)
+        del X, X64, Xi
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--probe", choices=["coop", "small"], default="coop")
+    ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    sms = launch.gpu_info(dev).sm_count
+    rows = small_probe(dev) if a.probe == "small" else []
+    for shape in (a.shape or ["4096,65536"]) if a.probe == "coop" else []:
+        N, D = map(int, shape.split(","))
+        X = torch.randn(N, D, device=dev)
+        y, v = torch.randn(D, device=dev), torch.rand(N, device=dev)
+        floor = X.numel() * 4 / 4.28e12 * 1e3
+        ref = (X.double().T @ (v.double() * (X.double() @ y.double())))
+        for bd in (512, 1024, 2048, 4096):
+            for w in (1, 2, 4, 8):
+                if bd // (32 * w) < 4 or bd // (32 * w) > 32:
+                    continue
+                for per_sm, ahead in ((32, 0), (32, 1), (32, 2)):
+                    cfg = {"strategy": "coop", "block_n": 1, "block_d": bd, "num_warps": w,
+                           "num_programs": per_sm * sms, "prefetch": ahead}
+                    f = lambda: fusedml.mmchain(X, y, v, backend="fused", config=cfg)  # noqa: E731
+                    try:
+                        err = float((f().double() - ref).norm() / ref.norm())
+                        ms = triton.testing.do_bench(f, warmup=5, rep=30)
+                    except Exception as e:  # noqa: BLE001 -- a point that does not compile is reported
+                        print(shape, cfg, "error", str(e)[:100])
+                        continue
+                    rows.append({"shape": shape, "config": cfg, "ms": ms, "%floor": 100 * floor / ms, "rel_err": err})
+                    print(f"{shape} bd={bd} w={w} P<={per_sm}/SM rows ahead={ahead + 1}: {ms:.4f} ms "
+                          f"{100 * floor / ms:.1f} % err {err:.1e}", flush=True)
+        best = min((r for r in rows if r["shape"] == shape and "config" in r), key=lambda r: r["ms"])
+        print("BEST", shape, best)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
