@@ -9,6 +9,7 @@ residency). ``small``: the unrolled m <= 4 kernel with and without its register 
 shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
 the intercept), crossed over D, m and the intercept. Each point: ``fusedml.mmchain`` timed with
 ``triton.testing.do_bench`` (median) and checked against float64; one line per point.
+``bf16``: 2M x 128 bf16 storage, m = 1, one or two tiles prefetched in registers.
 """
 import argparse
 import json
@@ -65,15 +66,35 @@ def small_probe(dev):
     return rows
 
 
+def bf16_probe(dev, sms):
+    """2M x 128 bf16, m = 1: one or two tiles prefetched, over tile rows x warps x programs per SM."""
+    rows = []
+    N, D = 2_000_000, 128
+    X = torch.randn(N, D, device=dev).to(torch.bfloat16)
+    y, v = torch.randn(D, device=dev), torch.rand(N, device=dev)
+    ref = X.double().T @ (v.double() * (X.double() @ y.double()))
+    floor = X.numel() * 2 / 4.28e12 * 1e3
+    for depth in (1, 2):
+        for bn, w, per_sm in ((32, 16, 3), (32, 16, 2), (16, 8, 4), (16, 8, 6), (32, 8, 4), (32, 8, 3), (64, 16, 2)):
+            cfg = {"prefetch": depth, "block_n": bn, "num_warps": w, "num_programs": per_sm * sms}
+            f = lambda: fusedml.mmchain(X, y, v, backend="fused", config=cfg)  # noqa: E731
+            err = float((f().double() - ref).norm() / ref.norm())
+            ms = triton.testing.do_bench(f, warmup=5, rep=40)
+            rows.append({"shape": f"{N}x{D} bf16", "config": cfg, "ms": ms, "%floor": 100 * floor / ms, "rel_err": err})
+            print(f"bf16 {N}x{D} prefetch={depth} bn={bn} w={w} {per_sm}/SM: {ms:.4f} ms {100 * floor / ms:.1f} % "
+                  f"err {err:.1e}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     dev = torch.device("cuda")
     sms = launch.gpu_info(dev).sm_count
-    rows = small_probe(dev) if a.probe == "small" else []
+    rows = small_probe(dev) if a.probe == "small" else (bf16_probe(dev, sms) if a.probe == "bf16" else [])
     for shape in (a.shape or ["4096,65536"]) if a.probe == "coop" else []:
         N, D = map(int, shape.split(","))
         X = torch.randn(N, D, device=dev)

@@ -502,11 +502,12 @@ def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
 
 @pytest.mark.parametrize("N,D,bn,P", [(1, 1, 4, 3), (61, 13, 4, 3), (100, 64, 8, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_dense_fused_prefetch_vector(rng, poison, N, D, bn, P, dtype):
-    """Register double buffering (the next tile loaded before this one computes), m = 1."""
+@pytest.mark.parametrize("depth", [1, 2])
+def test_dense_fused_prefetch_vector(rng, poison, N, D, bn, P, dtype, depth):
+    """Register double (triple) buffering: the next tile (two) loaded before this one computes, m = 1."""
     X = _dense(rng, N, D, dtype, "strided")
     y, v, z = _operands(rng, N, D, None, intercept=True)
-    cfg = {"prefetch": True, "block_n": bn, "num_programs": P}
+    cfg = {"prefetch": depth, "block_n": bn, "num_programs": P}
     for det in (False, True):
         w = fusedml.mmchain(X, y, v, z, 0.5, 2.0, intercept=True, backend="fused", deterministic=det, config=cfg)
         assert rel(w, mmchain_reference(X.double(), y, v, z, 0.5, 2.0, intercept=True)) < TOL[dtype]
@@ -571,6 +572,8 @@ def _aot_dense_variants():
          dict(MODE=3, BLOCK_N=2, BLOCK_D=1024, M_PAD=2, ACC=tl.float64, DETERMINISTIC=True), 8),
         ("onchip m1 bf16 32x128 prefetch", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
          dict(onchip, VEC=8, MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
+        ("onchip m1 bf16 32x128 prefetch two tiles", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
+         dict(onchip, VEC=8, MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0, PREFETCH=2), 8),
     ]
     # rows of 100 fp32 values (stride and D not multiples of 16: only VEC tells the compiler that
     # 16-byte loads are aligned), with the fused logistic loss and sample weights, and the
@@ -625,7 +628,7 @@ def _aot_dense_variants():
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 14)
+    run_aot(__file__, 15)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -55,6 +55,12 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
             VEC: tl.constexpr):
     # rows [BN] int64, cols [BD] -> tile [BN, BD] in the accumulation dtype (zeros outside X)
+    return _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC).to(ACC)
+
+
+@triton.jit
+def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr):
+    # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers)
     if VEC > 1:
         # row starts and D are multiples of VEC elements (checked on the host): written so, the
         # compiler can prove it and emits 16-byte loads (it only assumes that for multiples of 16)
@@ -65,7 +71,7 @@ def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D
         mask = rows[:, None] < N
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < D)
-    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -246,16 +252,25 @@ def _mmchain_onchip_kernel(
         lsum = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float64)
     if PREFETCH:  # register double buffer: tile i+1's loads are in flight while tile i computes
         rows0 = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
-        x_nxt = _load_x(X, rows0, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        x_nxt = _load_x_raw(X, rows0, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)  # storage dtype
         v_nxt = _load_v(V, rows0, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+        if PREFETCH == 2:  # and tile i+2's
+            x_n2 = _load_x_raw(X, rows0 + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
+            v_n2 = _load_v(V, rows0 + nprog * BLOCK_N, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
     for tile in range(pid, n_tiles, nprog):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
         if PREFETCH:
-            x = x_nxt
+            x = x_nxt.to(ACC)
             vv = v_nxt
-            rows_nxt = rows + nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
-            x_nxt = _load_x(X, rows_nxt, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-            v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+            rows_nxt = rows + PREFETCH * nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
+            if PREFETCH == 2:
+                x_nxt = x_n2
+                v_nxt = v_n2
+                x_n2 = _load_x_raw(X, rows_nxt, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
+                v_n2 = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+            else:
+                x_nxt = _load_x_raw(X, rows_nxt, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
+                v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         else:
             x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         if XTY:
@@ -944,7 +959,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
             lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
-            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
+            extra = {"PREFETCH": int(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
         kernel[(grid,)](
             *lead, N, D, M, n_tiles,
