@@ -662,17 +662,22 @@ class LinearObjective:
                        backend=self.backend).to(self.dtype)
 
     def _softmax_one_read(self):
-        """Whether the multinomial Hessian product takes mmchain's one-read softmax form: not for
-        dense X on the fused backend where the loss pass's rule says two reads are faster
-        (:func:`fusedml.mmchain.lossgrad.one_read`: rows wider than 128 values; 2M x 256, m = 3
-        on the H200: ~6.9 ms per product against ~1.8 for two)."""
+        """Whether the multinomial Hessian product takes mmchain's one-read softmax form: on dense X
+        on the fused backend only where the loss pass reads X once
+        (:func:`fusedml.mmchain.lossgrad.one_read`) or the unrolled m <= 4 kernel takes the product
+        (rows of up to 1024 values; H200, 2M x 256, m = 3: 1.78 ms against 1.90 for the two reads,
+        ``small_probe-H200-2026-12-03-s11-f``); wider m on wide rows pads ``tl.dot`` to 16 columns
+        and took ~6.9 ms against ~1.8 for two reads."""
         if not hasattr(self, "_softmax_1r"):
+            from fusedml.mmchain.launch import dense_config, gpu_info
             from fusedml.mmchain.lossgrad import one_read
 
             X = self.X
-            self._softmax_1r = not (isinstance(X, torch.Tensor) and X.layout == torch.strided
-                                    and fusedml.resolve_backend(self.backend, X.device) == "fused"
-                                    and not one_read(X, self.n_cols))
+            dense_fused = (isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2
+                           and fusedml.resolve_backend(self.backend, X.device) == "fused")
+            self._softmax_1r = not dense_fused or one_read(X, self.n_cols) or dense_config(
+                int(X.shape[0]), int(X.shape[1]), self.n_cols, X.dtype, gpu_info(X.device),
+                stride_xn=X.stride(0), stride_xd=X.stride(1)).mode == "small"
         return self._softmax_1r
 
     # -- the fused objective-and-gradient pass -------------------------------------------

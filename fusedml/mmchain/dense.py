@@ -254,23 +254,14 @@ def _mmchain_onchip_kernel(
         rows0 = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
         x_nxt = _load_x_raw(X, rows0, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)  # storage dtype
         v_nxt = _load_v(V, rows0, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
-        if PREFETCH == 2:  # and tile i+2's
-            x_n2 = _load_x_raw(X, rows0 + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
-            v_n2 = _load_v(V, rows0 + nprog * BLOCK_N, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
     for tile in range(pid, n_tiles, nprog):
         rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
         if PREFETCH:
             x = x_nxt.to(ACC)
             vv = v_nxt
-            rows_nxt = rows + PREFETCH * nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
-            if PREFETCH == 2:
-                x_nxt = x_n2
-                v_nxt = v_n2
-                x_n2 = _load_x_raw(X, rows_nxt, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
-                v_n2 = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
-            else:
-                x_nxt = _load_x_raw(X, rows_nxt, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
-                v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
+            rows_nxt = rows + nprog * BLOCK_N  # rows >= N (past the last tile) load nothing
+            x_nxt = _load_x_raw(X, rows_nxt, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC)
+            v_nxt = _load_v(V, rows_nxt, jm, N, M, stride_vn, stride_vm, HAS_V, ACC)
         else:
             x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         if XTY:
@@ -789,6 +780,13 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
     elif P.y is None and cfg.mode == "small" and P.acc_dtype != torch.float64:
         cfg = padded_dot(cfg)  # X^T V with m <= 4: no X Y to unroll (see padded_dot)
+    elif cfg.mode == "small" and cfg.prefetch and not P.intercept and cfg.block_d <= 128:
+        # the unrolled m <= 4 kernel keeps its register prefetch only with the intercept or on
+        # rows over 128 values: H200 probe (small_probe-H200-2026-12-03-s11-f, 1-2M rows, D = 100 /
+        # 128, m = 3 / 4, mul and softmax) -- without the intercept every case was faster without
+        # it (2M x 128, m = 4: 0.440 against 0.486 ms), with it every case twice as fast with it
+        # (0.370 against 0.732 ms); rows of 256 values: 1.56 against 2.40 ms
+        cfg = replace(cfg, prefetch=False)
     cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
@@ -959,7 +957,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
             lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
-            extra = {"PREFETCH": int(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
+            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
         kernel[(grid,)](
             *lead, N, D, M, n_tiles,

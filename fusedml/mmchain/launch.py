@@ -209,9 +209,10 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2);
        rows shorter than 2 KB take half that with 8 elements per thread, whatever the dtype
        (H200 sweeps, benchmarks/results/mmchain-H200-2026-12-02-s2.json: 8M x 32 and 2M x 128
-       fp32 best at 8 KB tiles, 8 warps = 32 B per thread; 2M x 128 bf16 best at 32 x 128 tiles
-       with 16 warps = one 16-byte load per thread, 3 programs per SM: 0.145 ms against 0.195 ms
-       with 8 warps), ``tl.dot`` tiles twice it.
+       fp32 best at 8 KB tiles, 8 warps = 32 B per thread); 2-byte storage keeps ``TILE_BYTES``
+       (2M x 128 bf16: 64 x 128 tiles, 16 warps = two 16-byte loads per thread, 2 programs per
+       SM: 0.139 ms, 86 % of the floor, against 0.145 ms at 32 x 128 with 3 per SM and 0.195 ms
+       with 8 warps; ``results/bf16_probe-H200-2026-12-03-s11-f``), ``tl.dot`` tiles twice it.
        Chunked (wide) tiles keep at least 4 rows even when that overflows the L2 budget: with one
        row per tile the atomics (one per element of X) cost more than re-reading from DRAM
        (4k x 65536 on the H200: 0.89 ms at 1 row, 0.57 ms at 4).
@@ -295,8 +296,9 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
             return DenseConfig(strategy="coop", block_n=1, block_d=bd, mode="vector", m_pad=1, num_warps=2,
                                num_programs=gpu.sm_count * per_sm, prefetch=2)
     short_rows = bd_full * b < 2048  # measured on the H200: short rows like smaller tiles, 8 elements/thread
-    tile_bytes = TILE_BYTES // 2 if short_rows else TILE_BYTES
-    ept = 8 if short_rows else 32  # tile elements per thread (bf16 short rows: one 16-byte load)
+    # (fp32; 2-byte storage keeps whole 16 KB tiles: two 16-byte loads per thread at 16 warps)
+    tile_bytes = TILE_BYTES // 2 if short_rows and b > 2 else TILE_BYTES
+    ept = 8 if short_rows else 32  # tile elements per thread (fp32 short rows: two 16-byte loads)
     if mode == "dot":  # measured: 64-row tiles with 4 warps amortise the tl.dot layout conversions
         tile_bytes, ept = 2 * TILE_BYTES, 64
     bn_chunk_min = 4 if mode == "vector" else bn_min  # atomics per X element <= 1/4
