@@ -234,7 +234,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        latency-bound, so ``prefetch=2`` keeps four rows per program: row i + 2R is published,
        row i + 3R loads, and row i + R's poll is issued an iteration before it is needed
        (H200 sweep, 4k x 65536: 0.315 ms, 80 % of the floor, against 0.40 ms with three rows and
-       0.58 ms with the former 8-warp, 4096-column launch; ``benchmarks/coop_sweep.py``,
+       0.58 ms with the former 8-warp, 4096-column launch; ``benchmarks/launch_probe.py --probe coop``,
        ``results/coop_sweep-H200-2026-12-03-s11-*``). Grid: ``sm_count * 4`` programs
        (register-limited), R = programs // G row groups; the launcher caps it to the compiled
        kernel's residency. Taken while G fits in the co-resident grid (D up to ~1M columns).
