@@ -207,7 +207,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        row > L2 / (2 P)) block_n drops to 1 and the atomics land in L2 (w is small and stays
        there) at one per element of X.
     4. **Tile size.** block_n so that one tile is about ``TILE_BYTES`` of X, clipped by (2);
-       rows shorter than 2 KB take half that with 8 elements per thread, whatever the dtype
+       rows shorter than 2 KB take 8 elements per thread and, for fp32, half that
        (H200 sweeps, benchmarks/results/mmchain-H200-2026-12-02-s2.json: 8M x 32 and 2M x 128
        fp32 best at 8 KB tiles, 8 warps = 32 B per thread); 2-byte storage keeps ``TILE_BYTES``
        (2M x 128 bf16: 64 x 128 tiles, 16 warps = two 16-byte loads per thread, 2 programs per
@@ -241,6 +241,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
        up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
        keeps only ~24 KB in flight and the kernel is latency-bound (bf16: 61 % of the floor).
+       The launcher drops it again for the "small" mode on rows of <= 128 values without the
+       intercept (measured faster there; ``dense._config_uncached``).
 
     Parameters
     ----------
