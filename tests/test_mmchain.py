@@ -149,6 +149,20 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     assert (launch.padded_dot(a).block_n, launch.padded_dot(a).dot_precision) == (64, "tf32x3")
 
 
+def test_small_mode_prefetch_rule(rng):
+    """The m <= 4 kernel keeps its register prefetch with the intercept or on rows over 128 values
+    only (small_probe-H200-2026-12-03-s11-f); an explicit override still wins."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    for D, intercept, expect in ((100, False, False), (100, True, True), (256, False, True)):
+        X = _dense(rng, 64, D, torch.float32)
+        y, v, _ = _operands(rng, 64, D, 4, intercept=intercept)
+        P = prepare_mmchain(X, y, v, None, 1.0, 0.0, intercept=intercept, v_op="mul", check_finite=False)
+        cfg = dense_mod._config(P, None)
+        assert cfg.mode == "small" and cfg.prefetch == expect, (D, intercept, cfg)
+        assert dense_mod._config(P, {"prefetch": not expect}).prefetch == (not expect)
+
+
 def test_dense_dot_precision_default_and_bad_value(rng):
     """The model's "dot" launches default to tf32x3; an unknown precision is a clear error."""
     cfg = launch.dense_config(10_000, 100, 8, torch.float32, launch.gpu_info(torch.device("cpu")))
