@@ -9,7 +9,8 @@ residency). ``small``: the unrolled m <= 4 kernel with and without its register 
 shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
 the intercept), crossed over D, m and the intercept. Each point: ``fusedml.mmchain`` timed with
 ``triton.testing.do_bench`` (median) and checked against float64; one line per point.
-``bf16``: 2M x 128 bf16 storage, m = 1, one or two tiles prefetched in registers.
+``bf16``: 2M x 128 bf16 storage, m = 1, one or two tiles prefetched in registers. ``tiles``:
+tile rows x warps x programs around the model's picks (m <= 4 and bf16).
 """
 import argparse
 import json
@@ -24,7 +25,7 @@ from fusedml.mmchain import launch
 SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (1_000_000, 128, 3), (2_000_000, 256, 3))
 
 
-def small_probe(dev):
+def small_probe(dev, sms=None):
     """The m <= 4 kernel, prefetch off / on, at the model's other launch parameters."""
     rows = []
     for N, D, m in SMALL_SHAPES:
@@ -86,15 +87,55 @@ def bf16_probe(dev, sms):
     return rows
 
 
+TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
+               (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
+
+
+def tiles_probe(dev, sms):
+    """Tile rows x warps x programs around the model's picks: the m <= 4 kernel (2M x 128, m = 4; the
+    solvers' 1M x 100, m = 3 with the intercept, mul and softmax) and bf16 2M x 128, m = 1."""
+    rows = []
+    for N, D, m, icpt, v_op, dt in TILES_CASES:
+        X = torch.randn(N, D, device=dev).to(dt)
+        Dx = D + icpt
+        Y, V = torch.randn(Dx, m, device=dev), torch.rand(N, m, device=dev)
+        if v_op == "softmax":
+            V = torch.softmax(torch.randn(N, m, device=dev), 1)
+        floor = X.numel() * X.element_size() / 4.28e12 * 1e3
+        base = launch.dense_config(N, D, m, dt, launch.gpu_info(dev))
+        if m > 1:
+            grid = [(bn, w, per) for bn, w in ((16, 8), (16, 16), (32, 16), (8, 8), (8, 4)) for per in (2, 4)]
+        else:
+            grid = [(64, 16, 2), (64, 8, 4), (64, 8, 3), (128, 16, 1), (32, 16, 3), (128, 8, 2)]
+        ref = fusedml.mmchain(X, Y, V, intercept=icpt, v_op=v_op, backend="ops").double()
+        for bn, w, per in grid:
+            cfg = {"block_n": bn, "num_warps": w, "num_programs": per * sms}
+            f = lambda: fusedml.mmchain(X, Y, V, intercept=icpt, v_op=v_op, backend="fused", config=cfg)  # noqa: E731
+            try:
+                err = float((f().double() - ref).norm() / ref.norm())
+                ms = triton.testing.do_bench(f, warmup=5, rep=40)
+            except Exception as e:  # noqa: BLE001 -- a launch that does not fit is reported
+                print(N, D, m, cfg, "error", str(e)[:80])
+                continue
+            rows.append({"shape": f"{N}x{D}", "m": m, "dtype": str(dt)[6:], "intercept": icpt, "v_op": v_op,
+                         "config": cfg, "model": f"bn={base.block_n} w={base.num_warps} P={base.num_programs}",
+                         "ms": ms, "%floor": 100 * floor / ms, "rel_err_vs_ops": err})
+            print(f"{N}x{D} m={m} {str(dt)[6:]} icpt={icpt} {v_op} bn={bn} w={w} {per}/SM: {ms:.4f} ms "
+                  f"{100 * floor / ms:.1f} % (model {rows[-1]['model']})", flush=True)
+        del X
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small", "bf16"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     dev = torch.device("cuda")
     sms = launch.gpu_info(dev).sm_count
-    rows = small_probe(dev) if a.probe == "small" else (bf16_probe(dev, sms) if a.probe == "bf16" else [])
+    rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe}.get(a.probe, lambda d, s: [])(dev, sms) \
+        if a.probe != "coop" else []
     for shape in (a.shape or ["4096,65536"]) if a.probe == "coop" else []:
         N, D = map(int, shape.split(","))
         X = torch.randn(N, D, device=dev)
