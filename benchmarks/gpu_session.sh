@@ -71,6 +71,8 @@ for p in $parts; do
     e2e-csr) run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 2 \
                --no-plots --out "$out/end_to_end_csr.json" ;;
     stream-probe) run stream-probe 90 python3 benchmarks/stream_probe.py --out "$out/stream_probe.json" ;;
+    strips-probe) run strips-probe 60 python3 benchmarks/strips_probe.py --out "$out/strips_probe.json" ;;
+    tiles-probe) run tiles-probe 90 python3 benchmarks/launch_probe.py --probe tiles --out "$out/tiles_probe.json" ;;
     gather-probe) run gather-probe 120 python3 benchmarks/gather_probe.py --out "$out/gather_probe.json" ;;
     host-overhead) run host-overhead 90 python3 benchmarks/host_overhead.py --out "$out/host_overhead.json" ;;
     check-mm) run check-mm 120 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
