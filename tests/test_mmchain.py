@@ -639,6 +639,36 @@ def _aot_dense_variants():
             assert not re.search(r"\.(release|acquire|acq_rel)\b|membar|fence", ptx), name
 
 
+# ------------------------------------------------------------------ the dense probes of benchmarks/
+def test_strips_probe_smoke(tmp_path):
+    """benchmarks/strips_probe.py: the 2-strip m = 4 kernel against float64, end to end (JSON written)."""
+    from _bench import bench_module
+
+    mod = bench_module("strips_probe")
+    X = torch.randn(70, 64, generator=torch.Generator().manual_seed(3))
+    Y, V = torch.randn(64, 4), torch.rand(70, 4)
+    for chunks, bn in ((2, 4), (4, 8)):
+        w = mod.strips_mmchain(X, Y, V, block_n=bn, chunks=chunks, warps=2, programs=3, prefetch=chunks == 2)
+        assert rel(w, mmchain_reference(X.double(), Y, V, None, 1.0, 0.0)) < TOL[torch.float32]
+    rows = mod.main(["--out", str(tmp_path / "s.json")])
+    assert len(rows) == 3 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+    assert (tmp_path / "s.json").exists()
+
+
+def test_launch_probe_smoke(monkeypatch):
+    """benchmarks/launch_probe.py: the small-m and tiles probes on tiny shapes, every point checked."""
+    from _bench import bench_module
+
+    mod = bench_module("launch_probe")
+    monkeypatch.setattr(mod.triton.testing, "do_bench", lambda f, warmup=0, rep=0: (f(), 1.0)[1])
+    monkeypatch.setattr(mod, "SMALL_SHAPES", ((40, 128, 4), (30, 256, 3)))
+    monkeypatch.setattr(mod, "TILES_CASES", [(40, 100, 3, True, "softmax", torch.float32)])
+    rows = mod.small_probe(torch.device("cpu"))
+    assert len(rows) == 17 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+    rows = mod.tiles_probe(torch.device("cpu"), 1)
+    assert len(rows) == 10 and max(r["rel_err_vs_ops"] for r in rows) < TOL[torch.float32]
+
+
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
