@@ -9,8 +9,8 @@ butterfly, ~30 instructions per element of X on sm_90. Session 10 held the tile 
 and lost: 193-200 registers, one 8-warp program per SM. With CHUNKS = 2 a thread holds 8 values
 of a row (16 lanes per row, 4 levels): the sm_90 AOT compile of this kernel at 16 x 128, 8 warps
 has 111 registers (two programs per SM, as the library's kernel) and 141 instructions per tile
-loop (17.6 per element of X, against 242-274 / 30-34 for the library's; 8 x 128 on 4 warps: 96
-registers, 143). Re-reading y from L1 every tile instead of holding it in registers did not help
+loop (17.6 per element of X, against 242-274 / 30-34 for the library's, which also masks the
+columns j >= m; 8 x 128 on 4 warps: 96 registers, 143). Re-reading y from L1 every tile instead of holding it in registers did not help
 there (the loads lose their 16-byte vectors: 184 registers). This probe times the strips over a
 few launches next to the library's pick (``fusedml.mmchain``) and checks each against float64.
 It is a probe, not a library path: m = 4, ``v_op="mul"``, no intercept, atomics. On the CPU (no
