@@ -4,8 +4,8 @@
         python benchmarks/ncu_mmchain.py --shape 2000000,128,4 [--dtype bfloat16] [--config '{"block_n": 32}']
 
 The problem is the Hessian product ``X^T (v ⊙ X y)`` (``v`` [N, m]). Prints the launch that ran and
-the median ms (``do_bench``) so that each profile is tied to a time. Without CUDA it runs under
-the Triton interpreter (a smoke test on tiny shapes; one timed call).
+the median ms (``_common.bench_ms``: ``do_bench``'s median) so that each profile is tied to a time.
+Without CUDA it runs under the Triton interpreter (a smoke test on tiny shapes; one timed call).
 """
 from __future__ import annotations
 
@@ -13,18 +13,21 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import bench_ms  # noqa: E402
 
 
 def main(argv=None):
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import fusedml
-    from fusedml.mmchain import launch
+    from fusedml.mmchain import dense
+    from fusedml.mmchain._checks import prepare_mmchain
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", required=True, help="N,D,m")
@@ -45,16 +48,10 @@ def main(argv=None):
 
     for _ in range(args.reps):
         call()
-    if dev.type == "cuda":
-        import triton.testing
-
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(call, rep=20)
-    else:
-        t0 = time.perf_counter()
-        call()
-        ms = 1e3 * (time.perf_counter() - t0)
-    cfg = launch.dense_config(N, D, m, X.dtype, launch.gpu_info(dev)).with_overrides(config)
+    ms = bench_ms(call, rep=20)
+    # the launch that ran: the model's pick after the per-problem rules and the overrides
+    P = prepare_mmchain(X, y, v, None, 1.0, 0.0, intercept=False, v_op="mul", check_finite=False)
+    cfg = dense._config(P, config or None)
     row = {"shape": [N, D, m], "dtype": args.dtype, "ms": ms, "config": repr(cfg)}
     print(json.dumps(row))
     return row
