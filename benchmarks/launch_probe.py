@@ -9,9 +9,10 @@ residency). ``small``: the unrolled m <= 4 kernel with and without its register 
 shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
 the intercept), crossed over D, m and the intercept. ``bf16``: 2M x 128 bf16 storage, m = 1, over
 tile rows x warps x programs per SM. ``tiles``: tile rows x warps x programs around the model's
-picks (m <= 4 and bf16). Each point: ``fusedml.mmchain`` timed with ``_common.bench_ms`` (the
-median of ``triton.testing.do_bench``) and checked against a float64 reference; one line per
-point. (Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default
+picks (m <= 4 and bf16). ``grid``: the m <= 4 kernel at one wave of resident programs (the
+launcher's cap), over tile elements per thread x warps x prefetch. Each point: ``fusedml.mmchain``
+timed with ``_common.bench_ms`` (the median of ``triton.testing.do_bench``) and checked against a
+float64 reference; one line per point. (Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default
 mean, and its bf16 probe also tried a second prefetched tile, since removed from the kernel.)
 """
 import argparse
@@ -28,6 +29,10 @@ from _common import H200_BANDWIDTH, bench_ms, write_json  # noqa: E402
 from fusedml.mmchain import launch  # noqa: E402
 
 SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (1_000_000, 128, 3), (2_000_000, 256, 3))
+GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (2_000_000, 128, 4, True, "softmax"), (1_000_000, 100, 3, True, "softmax"),
+              (1_000_000, 100, 3, True, "mul"), (2_000_000, 256, 3, True, "softmax"), (2_000_000, 256, 4, False, "mul"),
+              (4_000_000, 64, 3, True, "softmax"), (8_000_000, 32, 4, False, "mul"), (500_000, 512, 4, False, "mul"),
+              (2_000_000, 128, 2, False, "mul")]
 TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
                (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
 
@@ -136,6 +141,34 @@ def tiles_probe(dev, sms):
     return rows
 
 
+def grid_probe(dev, sms):
+    """The m <= 4 kernel with its persistent grid capped to the compiled kernel's residency (one wave):
+    tile elements per thread (4 / 8) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op."""
+    from fusedml.mmchain import dense
+
+    rows = []
+    for N, D, m, icpt, v_op in GRID_CASES:
+        X = torch.randn(N, D, device=dev)
+        Y, V = torch.randn(D + icpt, m, device=dev), torch.rand(N, m, device=dev)
+        if v_op == "softmax":
+            V = torch.softmax(torch.randn(N, m, device=dev), 1)
+        ref = _ref64(X, Y, V, icpt, v_op)
+        bd = launch._pow2_ceil(D)
+        label = f"{N}x{D} m={m} icpt={icpt} {v_op}"
+        grid = [{"block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
+                for ept in (4, 8) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]
+        model = _model(N, D, m, X.dtype, dev)
+        for r in _launch_sweep(X, Y, V, ref, grid, label, intercept=icpt, v_op=v_op):
+            r.update(m=m, intercept=icpt, v_op=v_op, model=model, resident=list(dense._RESIDENT.values())[-1] if dense._RESIDENT else None)
+            rows.append(r)
+        # the model's own launch (its grid capped the same way)
+        ms, pct, err = _point(lambda: fusedml.mmchain(X, Y, V, intercept=icpt, v_op=v_op, backend="fused"), ref, X)
+        rows.append({"shape": label, "config": "model", "ms": ms, "%floor": pct, "rel_err": err, "model": model})
+        print(f"{label} MODEL {model}: {ms:.4f} ms {pct:.1f} %", flush=True)
+        del X
+    return rows
+
+
 def coop_probe(dev, sms, shapes):
     """The cooperative kernel on ``shapes`` ("N,D"): column block x warps x rows held ahead."""
     rows = []
@@ -157,7 +190,7 @@ def coop_probe(dev, sms, shapes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -166,7 +199,7 @@ def main(argv=None):
     if a.probe == "coop":
         rows = coop_probe(dev, sms, a.shape or ["4096,65536"])
     else:
-        rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe}[a.probe](dev, sms)
+        rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe, "grid": grid_probe}[a.probe](dev, sms)
     print("saved", write_json(f"launch_probe_{a.probe}", rows, out=a.out))
     return rows
 

@@ -656,7 +656,7 @@ def test_strips_probe_smoke(tmp_path):
 
 
 def test_launch_probe_smoke(monkeypatch):
-    """benchmarks/launch_probe.py: the small-m and tiles probes on tiny shapes, every point checked."""
+    """benchmarks/launch_probe.py: the small-m, tiles and grid probes on tiny shapes, every point checked."""
     from _bench import bench_module
 
     mod = bench_module("launch_probe")
@@ -666,6 +666,9 @@ def test_launch_probe_smoke(monkeypatch):
     assert len(rows) == 17 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
     rows = mod.tiles_probe(torch.device("cpu"), 1)
     assert len(rows) == 10 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+    monkeypatch.setattr(mod, "GRID_CASES", [(40, 100, 3, True, "softmax")])
+    rows = mod.grid_probe(torch.device("cpu"), 1)
+    assert len(rows) == 13 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
 
 
 def test_dense_kernels_compile_for_sm90():

@@ -836,17 +836,20 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     return cfg
 
 
-def _coop_capacity(args, consts, warps, dev) -> int | None:
-    """Co-resident programs of the compiled cooperative kernel on ``dev`` (None under the interpreter).
+def _resident_programs(kernel, args, consts, warps, dev, stages=1) -> int | None:
+    """Programs of the compiled ``kernel`` that ``dev`` holds at once (None under the interpreter).
 
     From the compiled kernel's registers and shared memory, as the Triton fused-softmax tutorial
-    does: every program of the cooperative grid must be resident at once (they wait on each other).
+    does. The cooperative kernel needs its whole grid co-resident (programs wait on each other);
+    the persistent "small" kernel's grid is capped to it (a second wave of programs doubles the
+    time: 1M x 100, m = 3 at 16 warps, 86 registers, 2 x 132 programs: 0.51 ms against 0.19).
     """
     if dev.type != "cuda":
         return None
-    key = (dev, str(args[0].dtype), tuple(sorted(consts.items())), warps)
-    if key not in _COOP_CAPACITY:
-        k = _mmchain_coop_kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=1, **consts)
+    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), dev, str(args[0].dtype),
+           tuple(sorted(consts.items())), warps, stages)
+    if key not in _RESIDENT:
+        k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts)
         k._init_handles()
         gpu = gpu_info(dev)
         threads = 32 * warps
@@ -854,11 +857,11 @@ def _coop_capacity(args, consts, warps, dev) -> int | None:
         smem = int(k.metadata.shared) + 1024  # sm_90 reserves 1 KB of shared memory per block
         per_sm = min(gpu.max_threads_per_sm // threads, gpu.regs_per_sm // (regs * threads),
                      gpu.smem_per_sm // smem, 32)
-        _COOP_CAPACITY[key] = gpu.sm_count * per_sm
-    return _COOP_CAPACITY[key]
+        _RESIDENT[key] = gpu.sm_count * max(1, per_sm)
+    return _RESIDENT[key]
 
 
-_COOP_CAPACITY: dict = {}
+_RESIDENT: dict = {}
 #: Polls of a row's tagged partials (each an L2 round trip, ~1 us) a program may spend over its whole run
 #: before it stops waiting and counts an error in ``ERR`` instead of hanging (never reached when
 #: the grid is co-resident: a normal run polls a few times per row).
@@ -881,7 +884,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
         return (X, y, v, w, part, tp, err, N, D, G, R, X.stride(0), X.stride(1), y.stride(0), v.stride(0),
                 a_hi, a_lo)
 
-    cap = _coop_capacity(args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
+    cap = _resident_programs(_mmchain_coop_kernel, args(R, w), dict(consts, PHASE=0), cfg.num_warps, dev)
     # one launch when a grid of G x R programs can be co-resident (R shrunk to fit); under the
     # interpreter, which runs programs one after another, only with one column block (G = 1).
     # Otherwise two launches (partials, then combine + accumulate): X read twice.
@@ -941,6 +944,20 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     if cfg.strategy == "coop":
         part, grid = _launch_coop(P, cfg, y, v, w, deterministic, a_hi, a_lo)
     else:
+        consts = dict(XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
+                      DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D),
+                      MODE=_mode(cfg), ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad)
+        scalars = (N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
+                   a_hi, a_lo)
+        if cfg.strategy == "chunked":
+            kernel, extra = _mmchain_chunked_kernel, {}
+        elif cfg.mode == "small":
+            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
+            cap = _resident_programs(kernel, (X, y, v, w, w) + scalars, dict(consts, **extra), cfg.num_warps, dev,
+                                     cfg.num_stages)
+            grid = min(grid, cap or grid)  # persistent: one wave
+        else:
+            kernel = _mmchain_onchip_kernel
         if not deterministic:
             part = w  # unused
         elif cfg.strategy == "chunked":  # read-modify-write per tile
@@ -948,26 +965,14 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         else:  # every program stores its whole row
             part = _empty((grid, L), acc, dev)
         lead, mid = (X, y, v, w, part), ()
-        if cfg.strategy == "chunked":
-            kernel, extra = _mmchain_chunked_kernel, {}
-        elif cfg.mode == "small":
-            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
-        else:
-            kernel = _mmchain_onchip_kernel
+        if kernel is _mmchain_onchip_kernel:
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
             lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
             extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
-        kernel[(grid,)](
-            *lead, N, D, M, n_tiles,
-            X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
-            a_hi, a_lo, *mid,
-            XTY=P.y is None, HAS_V=P.v is not None, SOFTMAX=P.v_op == "softmax", INTERCEPT=P.intercept,
-            DETERMINISTIC=bool(deterministic), EVEN_D=D % cfg.block_d == 0, VEC=_vec(X, D), MODE=_mode(cfg),
-            ACC=_TL[acc], BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, M_PAD=cfg.m_pad,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
-        )
+        kernel[(grid,)](*lead, *scalars, *mid, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                        **extra)
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)
