@@ -63,6 +63,8 @@ for p in $parts; do
                        --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;
     solver-ops-wide) run solver-ops-wide 200 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                        --shapes 2000000x256x3 1000000x100x3 --out "$out/solver_ops_wide.json" ;;
+    solver-ops-m5) run solver-ops-m5 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x5 2000000x256x3 \
+                     --out "$out/solver_ops_m5.json" ;;
     e2e-mult-wide) run e2e-mult-wide 200 python3 benchmarks/bench_end_to_end.py --parts large --large 2000000x256 \
                      --algorithms logistic-multinomial --repeat 3 --sklearn-budget 1 --no-plots \
                      --out "$out/end_to_end_multinomial_2Mx256.json" ;;
