@@ -32,17 +32,21 @@ SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (
 GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (2_000_000, 128, 4, True, "softmax"), (1_000_000, 100, 3, True, "softmax"),
               (1_000_000, 100, 3, True, "mul"), (2_000_000, 256, 3, True, "softmax"), (2_000_000, 256, 4, False, "mul"),
               (4_000_000, 64, 3, True, "softmax"), (8_000_000, 32, 4, False, "mul"), (500_000, 512, 4, False, "mul"),
-              (2_000_000, 128, 2, False, "mul")]
+              (2_000_000, 128, 2, False, "mul"), (2_000_000, 256, 3, True, "xtv"), (1_000_000, 100, 3, True, "xtv"),
+              (2_000_000, 128, 4, False, "xtv")]
 TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
                (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
 
 
 def _ref64(X, Y, V, intercept=False, v_op="mul"):
-    """float64 ``[X,1]^T (V op ([X,1] Y))`` on X's device (``fusedml.mmchain_reference`` computes on the
-    CPU: seconds per probe case at these sizes, paid in device time)."""
+    """float64 ``[X,1]^T (V op ([X,1] Y))`` (``[X,1]^T V`` when Y is None) on X's device
+    (``fusedml.mmchain_reference`` computes on the CPU: seconds per probe case at these sizes, paid
+    in device time)."""
     X64 = X.double()
     if intercept:
         X64 = torch.cat([X64, torch.ones(X64.shape[0], 1, dtype=X64.dtype, device=X.device)], 1)
+    if Y is None:
+        return X64.T @ V.double()
     T = X64 @ Y.double()
     V64 = V.double() if V.ndim == T.ndim else V.double()[:, None]
     P = V64 * (T - (V64 * T).sum(1, keepdim=True)) if v_op == "softmax" else V64 * T
@@ -143,7 +147,8 @@ def tiles_probe(dev, sms):
 
 def grid_probe(dev, sms):
     """The m <= 4 kernel with its persistent grid capped to the compiled kernel's residency (one wave):
-    tile elements per thread (4 / 8) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op."""
+    tile elements per thread (4 / 8) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op
+    ("xtv": ``X^T V``, which the model sends to the padded ``tl.dot``; here forced to the m <= 4 kernel)."""
     from fusedml.mmchain import dense
 
     rows = []
@@ -152,19 +157,25 @@ def grid_probe(dev, sms):
         Y, V = torch.randn(D + icpt, m, device=dev), torch.rand(N, m, device=dev)
         if v_op == "softmax":
             V = torch.softmax(torch.randn(N, m, device=dev), 1)
+        xtv = v_op == "xtv"
+        Y, v_op = (None, "mul") if xtv else (Y, v_op)
         ref = _ref64(X, Y, V, icpt, v_op)
         bd = launch._pow2_ceil(D)
-        label = f"{N}x{D} m={m} icpt={icpt} {v_op}"
-        grid = [{"block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
+        force = {"mode": "small", "m_pad": 4} if xtv else {}
+        label = f"{N}x{D} m={m} icpt={icpt} {'xtv' if xtv else v_op}"
+        grid = [{**force, "block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
                 for ept in (4, 8) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]
         model = _model(N, D, m, X.dtype, dev)
         for r in _launch_sweep(X, Y, V, ref, grid, label, intercept=icpt, v_op=v_op):
-            r.update(m=m, intercept=icpt, v_op=v_op, model=model, resident=list(dense._RESIDENT.values())[-1] if dense._RESIDENT else None)
+            r.update(m=m, intercept=icpt, v_op="xtv" if xtv else v_op, model=model,
+                     resident=list(dense._RESIDENT.values())[-1] if dense._RESIDENT else None)
             rows.append(r)
-        # the model's own launch (its grid capped the same way)
-        ms, pct, err = _point(lambda: fusedml.mmchain(X, Y, V, intercept=icpt, v_op=v_op, backend="fused"), ref, X)
-        rows.append({"shape": label, "config": "model", "ms": ms, "%floor": pct, "rel_err": err, "model": model})
-        print(f"{label} MODEL {model}: {ms:.4f} ms {pct:.1f} %", flush=True)
+        # the model's own launch (its grid capped the same way) and the operator-level baseline
+        for be in ("fused", "ops"):
+            ms, pct, err = _point(lambda: fusedml.mmchain(X, Y, V, intercept=icpt, v_op=v_op, backend=be), ref, X)
+            rows.append({"shape": label, "config": "model" if be == "fused" else "ops", "ms": ms, "%floor": pct,
+                         "rel_err": err, "model": model})
+            print(f"{label} {'MODEL ' + model if be == 'fused' else 'OPS'}: {ms:.4f} ms {pct:.1f} %", flush=True)
         del X
     return rows
 
