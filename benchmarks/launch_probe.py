@@ -33,7 +33,7 @@ GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (2_000_000, 128, 4, True, "soft
               (1_000_000, 100, 3, True, "mul"), (2_000_000, 256, 3, True, "softmax"), (2_000_000, 256, 4, False, "mul"),
               (4_000_000, 64, 3, True, "softmax"), (8_000_000, 32, 4, False, "mul"), (500_000, 512, 4, False, "mul"),
               (2_000_000, 128, 2, False, "mul"), (2_000_000, 256, 3, True, "xtv"), (1_000_000, 100, 3, True, "xtv"),
-              (2_000_000, 128, 4, False, "xtv")]
+              (2_000_000, 128, 4, False, "xtv"), (2_000_000, 256, 5, True, "xtv"), (2_000_000, 256, 5, True, "softmax")]
 TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
                (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
 
@@ -148,7 +148,8 @@ def tiles_probe(dev, sms):
 def grid_probe(dev, sms):
     """The m <= 4 kernel with its persistent grid capped to the compiled kernel's residency (one wave):
     tile elements per thread (4 / 8) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op
-    ("xtv": ``X^T V``, which the model sends to the padded ``tl.dot``; here forced to the m <= 4 kernel)."""
+    ("xtv": ``X^T V``, which the model sends to the padded ``tl.dot``; here forced to the unrolled kernel,
+    as is m = 5..8, there with 8 columns)."""
     from fusedml.mmchain import dense
 
     rows = []
@@ -161,7 +162,7 @@ def grid_probe(dev, sms):
         Y, v_op = (None, "mul") if xtv else (Y, v_op)
         ref = _ref64(X, Y, V, icpt, v_op)
         bd = launch._pow2_ceil(D)
-        force = {"mode": "small", "m_pad": 4} if xtv else {}
+        force = {"mode": "small", "m_pad": 4 if m <= 4 else 8} if xtv or m > 4 else {}
         label = f"{N}x{D} m={m} icpt={icpt} {'xtv' if xtv else v_op}"
         grid = [{**force, "block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
                 for ept in (4, 8) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]

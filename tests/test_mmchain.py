@@ -475,17 +475,20 @@ SMALL = [
     (50, 300, 4, torch.float64, "row", True, "softmax", True, True, 2, 5),
     (33, 16, 3, torch.float16, "row", False, "mul", False, True, 4, 4),
     (20, 7, 1, torch.float32, "row", False, "mul", False, True, 4, 2),
+    (29, 40, 5, torch.float32, "row", True, "softmax", True, True, 4, 3),
+    (41, 256, 8, torch.float32, "strided", False, "mul", False, False, 2, 4),
+    (17, 9, 7, torch.float64, "row", True, "mul", False, True, 8, 2),
 ]
 
 
 @pytest.mark.parametrize("case", SMALL, ids=[f"{c[0]}x{c[1]}-m{c[2]}-{str(c[3])[6:]}-{c[4]}-icpt{c[5]}-{c[6]}-det{c[7]}-pf{c[8]}"
                                              for c in SMALL])
 def test_dense_fused_small_m(rng, poison, case):
-    """The unrolled small-m kernel (m <= 4) against float64, forced on odd shapes."""
+    """The unrolled small-m kernel (m <= 8) against float64, forced on odd shapes."""
     N, D, m, dtype, layout, intercept, v_op, det, prefetch, bn, P = case
     X = _dense(rng, N, D, dtype, layout)
     y, v, z = _operands(rng, N, D, m, intercept=intercept)
-    cfg = {"strategy": "onchip", "mode": "small", "m_pad": 2 if m <= 2 else 4, "block_n": bn,
+    cfg = {"strategy": "onchip", "mode": "small", "m_pad": 2 if m <= 2 else (4 if m <= 4 else 8), "block_n": bn,
            "block_d": max(1, 1 << (D - 1).bit_length()), "num_programs": P, "prefetch": prefetch}
     ref = mmchain_reference(X.double() if dtype != torch.float64 else X, y, v, z, 0.7, -0.4, intercept=intercept,
                             v_op=v_op)
@@ -543,6 +546,9 @@ def test_dense_small_mode_rejects_large_m(rng):
     y, v, _ = _operands(rng, 10, 4, 5)
     with pytest.raises(ValueError, match="mode='small'"):
         fusedml.mmchain(X, y, v, backend="fused", config={"mode": "small", "m_pad": 4})
+    y, v, _ = _operands(rng, 10, 4, 9)
+    with pytest.raises(ValueError, match="mode='small'"):
+        fusedml.mmchain(X, y, v, backend="fused", config={"mode": "small", "m_pad": 8})
 
 
 # ------------------------------------------------------------------------------------------------

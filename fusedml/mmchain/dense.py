@@ -47,7 +47,7 @@ from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_d
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
-SMALL_M_MAX = 4
+SMALL_M_MAX = 8
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
@@ -373,9 +373,9 @@ def _mmchain_small_kernel(
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # "small" mode, 2 <= M_PAD <= 4: the onchip kernel with the right-hand sides unrolled, so every
+    # "small" mode, M_PAD in (2, 4, 8): the onchip kernel with the right-hand sides unrolled, so every
     # tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
-    # 2 m FMAs per element of X plus one row reduction per right-hand side.
+    # 2 m FMAs per element of X plus one row reduction per right-hand side (none for X^T V).
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
@@ -389,6 +389,15 @@ def _mmchain_small_kernel(
         acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
+    if M_PAD > 4:
+        acc4 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc7 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        ps4 = tl.zeros([BLOCK_N], dtype=ACC)
+        ps5 = tl.zeros([BLOCK_N], dtype=ACC)
+        ps6 = tl.zeros([BLOCK_N], dtype=ACC)
+        ps7 = tl.zeros([BLOCK_N], dtype=ACC)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH:
         x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
@@ -409,6 +418,16 @@ def _mmchain_small_kernel(
             t3, v3 = _small_col(x, Y, V, rows, cols, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
                                 HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
             s += v2 * t2 + v3 * t3
+        if M_PAD > 4:
+            t4, v4 = _small_col(x, Y, V, rows, cols, 4, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t5, v5 = _small_col(x, Y, V, rows, cols, 5, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t6, v6 = _small_col(x, Y, V, rows, cols, 6, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t7, v7 = _small_col(x, Y, V, rows, cols, 7, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            s += v4 * t4 + v5 * t5 + v6 * t6 + v7 * t7
         p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
         p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
         acc0 += x * p0[:, None]
@@ -424,12 +443,31 @@ def _mmchain_small_kernel(
             if INTERCEPT:
                 ps2 += p2
                 ps3 += p3
+        if M_PAD > 4:
+            p4 = _small_p(t4, v4, s, rows, 4, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p5 = _small_p(t5, v5, s, rows, 5, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p6 = _small_p(t6, v6, s, rows, 6, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p7 = _small_p(t7, v7, s, rows, 7, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            acc4 += x * p4[:, None]
+            acc5 += x * p5[:, None]
+            acc6 += x * p6[:, None]
+            acc7 += x * p7[:, None]
+            if INTERCEPT:
+                ps4 += p4
+                ps5 += p5
+                ps6 += p6
+                ps7 += p7
         rows += nprog * BLOCK_N
     _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
     _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
     if M_PAD > 2:
         _small_out(acc2, tl.sum(ps2, axis=0), W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
         _small_out(acc3, tl.sum(ps3, axis=0), W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
+    if M_PAD > 4:
+        _small_out(acc4, tl.sum(ps4, axis=0), W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc5, tl.sum(ps5, axis=0), W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc6, tl.sum(ps6, axis=0), W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc7, tl.sum(ps7, axis=0), W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC)
 
 
 @triton.jit
@@ -798,8 +836,8 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
     if cfg.strategy == "coop" and (P.m != 1 or P.v_op != "mul"):
         raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
-    if cfg.mode == "small" and not (cfg.m_pad in (2, 4) and P.m <= cfg.m_pad):
-        raise ValueError(f"mode='small' needs m <= m_pad in (2, 4); got m={P.m}, m_pad={cfg.m_pad}")
+    if cfg.mode == "small" and not (cfg.m_pad in (2, 4, 8) and P.m <= cfg.m_pad):
+        raise ValueError(f"mode='small' needs m <= m_pad in (2, 4, 8); got m={P.m}, m_pad={cfg.m_pad}")
     return cfg
 
 
