@@ -147,7 +147,7 @@ def tiles_probe(dev, sms):
 
 def grid_probe(dev, sms):
     """The m <= 4 kernel with its persistent grid capped to the compiled kernel's residency (one wave):
-    tile elements per thread (4 / 8) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op
+    tile elements per thread (4 / 8; X^T V also 16) x warps (4 / 8 / 16) x prefetch, over D, m, the intercept and v_op
     ("xtv": ``X^T V``, which the model sends to the padded ``tl.dot``; here forced to the unrolled kernel,
     as is m = 5..8, there with 8 columns)."""
     from fusedml.mmchain import dense
@@ -165,7 +165,7 @@ def grid_probe(dev, sms):
         force = {"mode": "small", "m_pad": 4 if m <= 4 else 8} if xtv or m > 4 else {}
         label = f"{N}x{D} m={m} icpt={icpt} {'xtv' if xtv else v_op}"
         grid = [{**force, "block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
-                for ept in (4, 8) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]
+                for ept in ((4, 8, 16) if xtv else (4, 8)) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]
         model = _model(N, D, m, X.dtype, dev)
         for r in _launch_sweep(X, Y, V, ref, grid, label, intercept=icpt, v_op=v_op):
             r.update(m=m, intercept=icpt, v_op="xtv" if xtv else v_op, model=model,

@@ -325,9 +325,10 @@ def _small_col(x, Y, V, rows, cols, j: tl.constexpr, N, D, M, stride_yd, stride_
 
 
 @triton.jit
-def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, alpha, XTY: tl.constexpr, HAS_V: tl.constexpr,
+def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, XTY: tl.constexpr, HAS_V: tl.constexpr,
              SOFTMAX: tl.constexpr):
-    # p_j [BN] = alpha * (v_j t_j | v_j (t_j - s) | v_j); zero on rows >= N and j >= M
+    # p_j [BN] = v_j t_j | v_j (t_j - s) | v_j (alpha applied once, in _small_out); zero on rows >= N
+    # and j >= M: v_j was loaded as 0 there, so only v = 1 (no V) needs the mask
     if XTY:
         p = vj
     elif SOFTMAX:
@@ -335,15 +336,16 @@ def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, alpha, XTY: tl.constexpr, HA
     elif HAS_V:
         p = vj * t
     else:
-        p = t
-    return tl.where((rows < N) & ((rows * 0 + j) < M), p * alpha, 0.0)
+        p = tl.where((rows < N) & ((rows * 0 + j) < M), t, 0.0)
+    return p
 
 
 @triton.jit
-def _small_out(acc, psum, W, PART, pid, cols, j: tl.constexpr, D, M,
+def _small_out(acc, psum, alpha, W, PART, pid, cols, j: tl.constexpr, D, M,
                INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
-    # column j of the program's X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
-    a = tl.sum(acc, axis=0)
+    # column j of the program's alpha X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
+    a = tl.sum(acc, axis=0) * alpha
+    psum = psum * alpha
     offs = cols.to(tl.int64) * M + j
     omask = (cols < D) & ((cols * 0 + j) < M)
     if DETERMINISTIC:
@@ -428,26 +430,26 @@ def _mmchain_small_kernel(
             t7, v7 = _small_col(x, Y, V, rows, cols, 7, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
                                 HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
             s += v4 * t4 + v5 * t5 + v6 * t6 + v7 * t7
-        p0 = _small_p(t0, v0, s, rows, 0, N, M, alpha, XTY, HAS_V, SOFTMAX)
-        p1 = _small_p(t1, v1, s, rows, 1, N, M, alpha, XTY, HAS_V, SOFTMAX)
+        p0 = _small_p(t0, v0, s, rows, 0, N, M, XTY, HAS_V, SOFTMAX)
+        p1 = _small_p(t1, v1, s, rows, 1, N, M, XTY, HAS_V, SOFTMAX)
         acc0 += x * p0[:, None]
         acc1 += x * p1[:, None]
         if INTERCEPT:
             ps0 += p0
             ps1 += p1
         if M_PAD > 2:
-            p2 = _small_p(t2, v2, s, rows, 2, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            p3 = _small_p(t3, v3, s, rows, 3, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p2 = _small_p(t2, v2, s, rows, 2, N, M, XTY, HAS_V, SOFTMAX)
+            p3 = _small_p(t3, v3, s, rows, 3, N, M, XTY, HAS_V, SOFTMAX)
             acc2 += x * p2[:, None]
             acc3 += x * p3[:, None]
             if INTERCEPT:
                 ps2 += p2
                 ps3 += p3
         if M_PAD > 4:
-            p4 = _small_p(t4, v4, s, rows, 4, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            p5 = _small_p(t5, v5, s, rows, 5, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            p6 = _small_p(t6, v6, s, rows, 6, N, M, alpha, XTY, HAS_V, SOFTMAX)
-            p7 = _small_p(t7, v7, s, rows, 7, N, M, alpha, XTY, HAS_V, SOFTMAX)
+            p4 = _small_p(t4, v4, s, rows, 4, N, M, XTY, HAS_V, SOFTMAX)
+            p5 = _small_p(t5, v5, s, rows, 5, N, M, XTY, HAS_V, SOFTMAX)
+            p6 = _small_p(t6, v6, s, rows, 6, N, M, XTY, HAS_V, SOFTMAX)
+            p7 = _small_p(t7, v7, s, rows, 7, N, M, XTY, HAS_V, SOFTMAX)
             acc4 += x * p4[:, None]
             acc5 += x * p5[:, None]
             acc6 += x * p6[:, None]
@@ -458,16 +460,16 @@ def _mmchain_small_kernel(
                 ps6 += p6
                 ps7 += p7
         rows += nprog * BLOCK_N
-    _small_out(acc0, tl.sum(ps0, axis=0), W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
-    _small_out(acc1, tl.sum(ps1, axis=0), W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc0, tl.sum(ps0, axis=0), alpha, W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc1, tl.sum(ps1, axis=0), alpha, W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
     if M_PAD > 2:
-        _small_out(acc2, tl.sum(ps2, axis=0), W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
-        _small_out(acc3, tl.sum(ps3, axis=0), W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc2, tl.sum(ps2, axis=0), alpha, W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc3, tl.sum(ps3, axis=0), alpha, W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
     if M_PAD > 4:
-        _small_out(acc4, tl.sum(ps4, axis=0), W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
-        _small_out(acc5, tl.sum(ps5, axis=0), W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
-        _small_out(acc6, tl.sum(ps6, axis=0), W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC)
-        _small_out(acc7, tl.sum(ps7, axis=0), W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc4, tl.sum(ps4, axis=0), alpha, W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc5, tl.sum(ps5, axis=0), alpha, W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc6, tl.sum(ps6, axis=0), alpha, W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc7, tl.sum(ps7, axis=0), alpha, W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC)
 
 
 @triton.jit
