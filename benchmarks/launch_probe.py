@@ -29,11 +29,10 @@ from _common import H200_BANDWIDTH, bench_ms, write_json  # noqa: E402
 from fusedml.mmchain import launch  # noqa: E402
 
 SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (1_000_000, 128, 3), (2_000_000, 256, 3))
-GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (2_000_000, 128, 4, True, "softmax"), (1_000_000, 100, 3, True, "softmax"),
-              (1_000_000, 100, 3, True, "mul"), (2_000_000, 256, 3, True, "softmax"), (2_000_000, 256, 4, False, "mul"),
-              (4_000_000, 64, 3, True, "softmax"), (8_000_000, 32, 4, False, "mul"), (500_000, 512, 4, False, "mul"),
-              (2_000_000, 128, 2, False, "mul"), (2_000_000, 256, 3, True, "xtv"), (1_000_000, 100, 3, True, "xtv"),
-              (2_000_000, 128, 4, False, "xtv"), (2_000_000, 256, 5, True, "xtv"), (2_000_000, 256, 5, True, "softmax")]
+GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (1_000_000, 100, 3, True, "softmax"), (2_000_000, 256, 3, True, "softmax"),
+              (2_000_000, 256, 4, False, "mul"), (4_000_000, 64, 3, True, "softmax"), (2_000_000, 256, 3, True, "xtv"),
+              (1_000_000, 100, 3, True, "xtv"), (2_000_000, 128, 4, False, "xtv"), (2_000_000, 256, 5, True, "xtv"),
+              (2_000_000, 256, 5, True, "softmax")]
 TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
                (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
 
