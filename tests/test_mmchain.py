@@ -129,8 +129,8 @@ def test_dense_fused_dot_precisions(rng, poison, prec, strategy):
 
 
 def test_dense_launch_memo_and_padded_dot_rules(rng):
-    """The per-problem launch is memoised (same object for the same call, overrides respected), and
-    the m <= 4 passes other than the Hessian product take the tensor-core padded dot."""
+    """The per-problem launch is memoised (same object for the same call, overrides respected); the
+    m <= 4 loss pass and matvec take the tensor-core padded dot, X^T V the unrolled kernel."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     X = _dense(rng, 300, 20, torch.float32)
@@ -140,27 +140,44 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     a, b = dense_mod._config(P, None), dense_mod._config(P, None)
     assert a is b and a.mode == "small"
     assert dense_mod._config(P, {"block_n": 8}).block_n == 8
-    assert dense_mod._config(P, None, loss=True) == launch.padded_dot(a)  # the loss pass
+    model = launch.dense_config(300, 20, 3, torch.float32, launch.gpu_info(X.device))
+    assert dense_mod._config(P, None, loss=True) == launch.padded_dot(model)  # the loss pass
     Pt = prepare_mmchain(X, None, v, None, 1.0, 0.0, **kw)  # X^T V
-    assert dense_mod._config(Pt, None).mode == "dot" and dense_mod._config(Pt, None).dot_precision == "tf32x3"
+    assert dense_mod._config(Pt, None).mode == "small" and not dense_mod._config(Pt, None).prefetch
     assert launch.matvec_config(300, 20, 3, torch.float32, launch.gpu_info(X.device)).mode == "dot"
     wide = launch.dense_config(300, 256, 3, torch.float32, launch.gpu_info(X.device))
     assert (launch.padded_dot(wide).block_n, launch.padded_dot(wide).dot_precision) == (32, "ieee")  # wide rows
     assert (launch.padded_dot(a).block_n, launch.padded_dot(a).dot_precision) == (64, "tf32x3")
 
 
-def test_small_mode_prefetch_rule(rng):
-    """The m <= 4 kernel keeps its register prefetch with the intercept or on rows over 128 values
-    only (small_probe-H200-2026-12-03-s11-f); an explicit override still wins."""
+def test_small_config_rules(rng):
+    """launch.small_config (grid_probe-H200-2026-12-03-s12-b): X Y products prefetch, 4 elements per
+    thread on 16 warps only for the plain product on rows of <= 128 values, else 8 on 8 warps; X^T V
+    without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half; overrides still win."""
     from fusedml.mmchain._checks import prepare_mmchain
 
-    for D, intercept, expect in ((100, False, False), (100, True, True), (256, False, True)):
-        X = _dense(rng, 64, D, torch.float32)
-        y, v, _ = _operands(rng, 64, D, 4, intercept=intercept)
-        P = prepare_mmchain(X, y, v, None, 1.0, 0.0, intercept=intercept, v_op="mul", check_finite=False)
+    cases = [  # D, m, intercept, xtv, dtype -> warps, elements per thread, prefetch, m_pad
+        (100, 4, False, False, torch.float32, 16, 4, True, 4), (100, 3, True, False, torch.float32, 8, 8, True, 4),
+        (256, 4, False, False, torch.float32, 8, 8, True, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
+        (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, True, 2),
+        (600, 8, False, True, torch.float64, 16, 4, False, 8)]
+    for D, m, intercept, xtv, dtype, warps, ept, pf, m_pad in cases:
+        X = _dense(rng, 64, D, dtype)
+        y, v, _ = _operands(rng, 64, D, m, intercept=intercept)
+        P = prepare_mmchain(X, None if xtv else y, v, None, 1.0, 0.0, intercept=intercept, v_op="mul",
+                            check_finite=False)
         cfg = dense_mod._config(P, None)
-        assert cfg.mode == "small" and cfg.prefetch == expect, (D, intercept, cfg)
-        assert dense_mod._config(P, {"prefetch": not expect}).prefetch == (not expect)
+        bd = 1 << (D - 1).bit_length()
+        assert (cfg.mode, cfg.num_warps, cfg.block_n * bd // (32 * warps), cfg.prefetch, cfg.m_pad) == (
+            "small", warps, ept, pf, m_pad), (D, m, intercept, xtv, cfg)
+        assert cfg.num_programs == 132 * (2048 // (32 * warps))  # an upper bound: the launcher caps it
+        assert dense_mod._config(P, {"prefetch": not pf}).prefetch == (not pf)
+    with pytest.raises(ValueError, match="m <= 4"):
+        launch.small_config(launch.dense_config(10, 8, 5, torch.float32), 8, 5, torch.float32, xtv=False,
+                            intercept=False)
+    with pytest.raises(ValueError, match="1024"):
+        launch.small_config(launch.dense_config(10, 2000, 3, torch.float32), 2000, 3, torch.float32, xtv=True,
+                            intercept=False)
 
 
 def test_dense_dot_precision_default_and_bad_value(rng):

@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 
 from ._checks import Problem
-from .launch import DenseConfig, dense_config, gpu_info, matvec_config, padded_dot
+from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, padded_dot,
+                     small_config)
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 #: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
@@ -818,15 +819,10 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
         # buffer with half the warps: 0.12 / 0.49 / 0.25 ms against 0.16 / 0.64 / 0.34
         cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
-    elif P.y is None and cfg.mode == "small" and P.acc_dtype != torch.float64:
-        cfg = padded_dot(cfg)  # X^T V with m <= 4: no X Y to unroll (see padded_dot)
-    elif cfg.mode == "small" and cfg.prefetch and not P.intercept and cfg.block_d <= 128:
-        # the unrolled m <= 4 kernel keeps its register prefetch only with the intercept or on
-        # rows over 128 values: H200 probe (small_probe-H200-2026-12-03-s11-f, 1-2M rows, D = 100 /
-        # 128, m = 3 / 4, mul and softmax) -- without the intercept every case was faster without
-        # it (2M x 128, m = 4: 0.440 against 0.486 ms), with it every case twice as fast with it
-        # (0.370 against 0.732 ms); rows of 256 values: 1.56 against 2.40 ms
-        cfg = replace(cfg, prefetch=False)
+    elif cfg.mode == "small" or (P.y is None and 2 <= P.m <= SMALL_M_XTV and P.D <= SMALL_D):
+        # the unrolled kernel: its own tile, prefetch and grid rules (launch.small_config)
+        cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=P.y is None, intercept=P.intercept, gpu=gpu_info(X.device),
+                           stride_xn=X.stride(0))
     cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")

@@ -97,13 +97,13 @@ class DenseConfig:
     block_d : int
         Columns per tile (>= D for "onchip"), a power of two.
     mode : {"vector", "small", "dot", "elementwise"}
-        m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows): ``"small"``, the
-        right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each (2 m FMAs per
-        element of X); larger m, fp32/bf16/fp16: ``tl.dot`` (m padded to 16,
+        m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows; X^T V up to m = 8):
+        ``"small"``, the right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each
+        (2 m FMAs per element of X; see :func:`small_config`); larger m, fp32/bf16/fp16: ``tl.dot`` (m padded to 16,
         ``input_precision="ieee"``: FMA, fp32-exact, 32 FMAs per element); fp64 with m > 4:
         3-D broadcast + ``tl.sum`` (no fp64 tl.dot).
     m_pad : int
-        Padded number of right-hand sides (1; 2 or 4 for "small"; 16 for "dot"; next power of two).
+        Padded number of right-hand sides (1; 2, 4 or 8 for "small"; 16 for "dot"; next power of two).
     num_warps : int
     num_programs : int
         Persistent grid size (programs loop over row tiles ``pid, pid + P, ...``).
@@ -175,6 +175,10 @@ L2_FRACTION = 0.5
 COOP_PROGRAMS_PER_SM = 4
 #: Largest m served by the unrolled "small" kernel (one accumulator per right-hand side).
 SMALL_M = 4
+#: Longest rows (values) the unrolled kernel holds whole (one [block_n, block_d] tile per right-hand side).
+SMALL_D = 1024
+#: Largest m of ``X^T V`` (no ``X Y``, so no row reductions) served by the unrolled kernel.
+SMALL_M_XTV = 8
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
@@ -241,8 +245,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     6. **Prefetch** (register double buffer) for 2-byte storage and the "small" mode with tiles
        up to ``TILE_BYTES``: their loop holds one 16-byte load per thread, so without it an SM
        keeps only ~24 KB in flight and the kernel is latency-bound (bf16: 61 % of the floor).
-       The launcher drops it again for the "small" mode on rows of <= 128 values without the
-       intercept (measured faster there; ``dense._config_uncached``).
+       The "small" mode's tile, prefetch and grid are then set per product by
+       :func:`small_config` (``dense._config_uncached``).
 
     Parameters
     ----------
@@ -265,7 +269,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     w_acc = 2 if fp64 else 1  # 32-bit registers per accumulated value
     if m == 1:
         mode, m_pad = "vector", 1
-    elif m <= SMALL_M and _pow2_ceil(D) * 4 <= 4096:  # short rows: unrolled right-hand sides
+    elif m <= SMALL_M and D <= SMALL_D:  # short rows: unrolled right-hand sides
         mode, m_pad = "small", _pow2_ceil(m)
     elif fp64:
         mode, m_pad = "elementwise", _pow2_ceil(m)
@@ -356,6 +360,75 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
                        mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs),
                        prefetch=bool(prefetch))
+
+
+def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: bool, intercept: bool,
+                 gpu: GPUInfo | None = None, stride_xn: int | None = None) -> DenseConfig:
+    """The unrolled ("small") kernel's launch for one product, from :func:`dense_config`'s ``cfg``.
+
+    Measured on the H200 (``benchmarks/launch_probe.py --probe grid``,
+    ``results/grid_probe-H200-2026-12-03-s12-b``: tile elements per thread x warps x prefetch at one
+    wave of resident programs, 10 cases, each point checked against float64):
+
+    * **Grid: one wave.** ``num_programs`` is an upper bound (the thread limit); the launcher caps it
+      to what the compiled kernel keeps resident (:func:`fusedml.mmchain.dense._resident_programs`).
+      A grid from the register estimate either left slots empty (8 rows x 8 warps: 48 registers,
+      5 programs per SM, 2 launched: 0.66 ms against 0.41 on 2M x 128, m = 4) or ran two waves
+      (2M x 256, m = 3: 1.79 against 1.13 ms).
+    * ``X Y`` products: the register prefetch of the next tile, 8 elements of X per thread on
+      8 warps (1M x 100, m = 3 softmax with the intercept 0.193 ms; 2M x 256 1.13; 4M x 64 0.373,
+      within 3 % of the best there), and 4 per thread on 16 warps for the plain product without the
+      intercept on rows of <= 128 values (2M x 128, m = 4: **0.343 ms, 70 % of the floor**, against
+      0.47 at 8 per thread and session 11's 0.44).
+    * ``X^T V`` (no row reductions, no prefetch): 16 elements per thread on 8 warps for m <= 4
+      (2M x 128, m = 4 0.259 ms, 92 %; 2M x 256, m = 3 0.491 ms, 97 %; 1M x 100 0.131 ms; the
+      padded ``tl.dot`` took 0.369 / 0.850 / 0.195), 8 on 16 warps for m = 5..8 (2M x 256, m = 5:
+      0.726 ms against the padded ``tl.dot``'s 0.771; 16 per thread spilled: 14 ms).
+
+    fp64 holds half as many elements per thread (two registers each).
+
+    Parameters
+    ----------
+    cfg : DenseConfig
+        :func:`dense_config`'s launch for the same X.
+    D : int
+        Columns of X (at most ``SMALL_D``: a whole row is one tile).
+    m : int
+        Right-hand sides (2..4; 5..8 with ``xtv``).
+    dtype : torch.dtype
+        Storage dtype of X.
+    xtv : bool
+        ``X^T V`` (no ``y``).
+    intercept : bool
+        Whether the product carries the intercept column.
+    gpu : GPUInfo, optional
+        Default :func:`gpu_info`.
+    stride_xn : int, optional
+        X's row stride (1: column-major X, whose tiles keep at least 32 rows).
+
+    Returns
+    -------
+    DenseConfig
+    """
+    gpu = gpu or gpu_info()
+    m_pad = _pow2_ceil(max(2, m))
+    if m_pad > (SMALL_M_XTV if xtv else SMALL_M):
+        raise ValueError(f"the unrolled kernel serves m <= {SMALL_M} (X^T V: <= {SMALL_M_XTV}), got m = {m}")
+    if D > SMALL_D:
+        raise ValueError(f"the unrolled kernel holds whole rows of at most {SMALL_D} values, got D = {D}")
+    bd = _pow2_ceil(D)
+    if xtv:
+        ept, warps, prefetch = (16, 8, False) if m_pad <= 4 else (8, 16, False)
+    elif not intercept and bd <= 128:
+        ept, warps, prefetch = 4, 16, True
+    else:
+        ept, warps, prefetch = 8, 8, True
+    if dtype == torch.float64:
+        ept = max(1, ept // 2)
+    bn = max(32 if stride_xn == 1 else 1, ept * 32 * warps // bd)
+    programs = gpu.sm_count * max(1, gpu.max_threads_per_sm // (32 * warps))
+    return replace(cfg, strategy="onchip", mode="small", m_pad=m_pad, block_n=int(bn), block_d=bd, num_warps=warps,
+                   num_programs=int(programs), prefetch=prefetch)
 
 
 def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
