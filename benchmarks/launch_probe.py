@@ -10,7 +10,8 @@ shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 10
 the intercept), crossed over D, m and the intercept. ``bf16``: 2M x 128 bf16 storage, m = 1, over
 tile rows x warps x programs per SM. ``tiles``: tile rows x warps x programs around the model's
 picks (m <= 4 and bf16). ``grid``: the m <= 4 kernel at one wave of resident programs (the
-launcher's cap), over tile elements per thread x warps x prefetch. Each point: ``fusedml.mmchain``
+launcher's cap), over tile elements per thread x warps x prefetch. ``dot``: m = 5..8 on rows over 128 values (padded
+``tl.dot`` precisions and tiles, the unrolled kernel, ops). Each point: ``fusedml.mmchain``
 timed with ``_common.bench_ms`` (the median of ``triton.testing.do_bench``) and checked against a
 float64 reference; one line per point. (Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default
 mean, and its bf16 probe also tried a second prefetched tile, since removed from the kernel.)
@@ -180,6 +181,44 @@ def grid_probe(dev, sms):
     return rows
 
 
+DOT_CASES = ((2_000_000, 256, 5), (2_000_000, 256, 8), (1_000_000, 512, 5))
+
+
+def dot_probe(dev, sms):
+    """m = 5..8 on rows of more than 128 values: the padded ``tl.dot`` (tf32x3 / ieee) x tile rows x warps
+    for ``matvec`` and the one-read ``mmchain`` (with the intercept), the unrolled kernel (m_pad 8) for
+    the latter, and the operator-level baseline of each."""
+    rows = []
+    dots = [{"mode": "dot", "m_pad": 16, "dot_precision": p, "block_n": bn, "num_warps": w, "prefetch": False}
+            for p in ("ieee", "tf32x3") for bn, w in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8))]
+    for N, D, m in DOT_CASES:
+        X = torch.randn(N, D, device=dev)
+        Y, V = torch.randn(D + 1, m, device=dev), torch.rand(N, m, device=dev)
+        X1 = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1)
+        ref_t = X1 @ Y.double()
+        ref_w = _ref64(X, Y, V, True)
+        bd = launch._pow2_ceil(D)
+        small = [{"mode": "small", "m_pad": 8, "block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf,
+                  "num_programs": 64 * sms} for ept, w in ((4, 8), (8, 8), (8, 4)) for pf in (False, True)]
+        for op, ref, grid in (("matvec", ref_t, dots), ("mmchain", ref_w, dots + small)):
+            def run(be, cfg):
+                if op == "matvec":
+                    return fusedml.matvec(X, Y, intercept=True, backend=be, config=cfg)
+                return fusedml.mmchain(X, Y, V, intercept=True, backend=be, config=cfg)
+            for cfg in grid + [None, "ops"]:
+                be, c = ("ops", None) if cfg == "ops" else ("fused", cfg)
+                try:
+                    ms, pct, err = _point(lambda: run(be, c), ref, X)
+                except Exception as e:  # noqa: BLE001 -- a launch that does not fit is reported
+                    print(N, D, m, op, cfg, "error", str(e)[:100])
+                    continue
+                label = f"{N}x{D} m={m} {op}"
+                rows.append({"shape": label, "config": cfg or "model", "ms": ms, "%floor": pct, "rel_err": err})
+                print(f"{label} {cfg or 'MODEL'}: {ms:.4f} ms {pct:.1f} % err {err:.1e}", flush=True)
+        del X, X1
+    return rows
+
+
 def coop_probe(dev, sms, shapes):
     """The cooperative kernel on ``shapes`` ("N,D"): column block x warps x rows held ahead."""
     rows = []
@@ -201,7 +240,7 @@ def coop_probe(dev, sms, shapes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid", "dot"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -210,7 +249,8 @@ def main(argv=None):
     if a.probe == "coop":
         rows = coop_probe(dev, sms, a.shape or ["4096,65536"])
     else:
-        rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe, "grid": grid_probe}[a.probe](dev, sms)
+        rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe, "grid": grid_probe,
+                  "dot": dot_probe}[a.probe](dev, sms)
     print("saved", write_json(f"launch_probe_{a.probe}", rows, out=a.out))
     return rows
 

@@ -692,6 +692,9 @@ def test_launch_probe_smoke(monkeypatch):
     monkeypatch.setattr(mod, "GRID_CASES", [(40, 100, 3, True, "softmax"), (30, 64, 2, True, "xtv")])
     rows = mod.grid_probe(torch.device("cpu"), 1)
     assert len(rows) == 34 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+    monkeypatch.setattr(mod, "DOT_CASES", ((20, 150, 5),))
+    rows = mod.dot_probe(torch.device("cpu"), 1)
+    assert len(rows) == 30 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
 
 
 def test_dense_kernels_compile_for_sm90():
