@@ -181,9 +181,24 @@ def test_small_config_rules(rng):
 
 
 def test_dense_dot_precision_default_and_bad_value(rng):
-    """The model's "dot" launches default to tf32x3; an unknown precision is a clear error."""
-    cfg = launch.dense_config(10_000, 100, 8, torch.float32, launch.gpu_info(torch.device("cpu")))
+    """The model's "dot" launches take tf32x3 on rows of <= 128 values and fp32 FMAs (16 rows x 4
+    warps) beyond (dot_probe-H200-2026-12-03-s12-d); matvec 64 rows there; an unknown precision is a
+    clear error; the fp32 FMA launch is exact to fp32 on wide rows."""
+    gpu = launch.gpu_info(torch.device("cpu"))
+    cfg = launch.dense_config(10_000, 100, 8, torch.float32, gpu)
     assert cfg.mode == "dot" and cfg.dot_precision == "tf32x3"
+    for D in (256, 600, 3000):
+        cfg = launch.dense_config(10_000, D, 5, torch.float32, gpu)
+        assert cfg.mode == "dot" and cfg.dot_precision == "ieee", (D, cfg)
+        if cfg.strategy == "onchip":
+            assert (cfg.block_n, cfg.num_warps) == (16, 4)
+    assert launch.matvec_config(10_000, 256, 5, torch.float32, gpu).block_n == 64
+    X = _dense(rng, 40, 200, torch.float32)
+    y, v, z = _operands(rng, 40, 200, 6, intercept=True)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True)) < TOL[torch.float32]
+    t = fusedml.matvec(X, y, intercept=True, backend="fused")
+    assert rel(t, matvec_reference(X, y, intercept=True)) < TOL[torch.float32]
     X = _dense(rng, 20, 8, torch.float32)
     y, v, _ = _operands(rng, 20, 8, 8)
     with pytest.raises(ValueError, match="dot_precision"):

@@ -357,9 +357,17 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     # register double buffer where a program's tile is small: 2-byte storage and the small mode
     # (latency-bound at 24 KB in flight per SM); fp32 short rows were at 94-96 % without it
     prefetch = onchip and mode in ("vector", "small") and (b <= 2 or mode == "small") and bn * bd * b <= TILE_BYTES
+    precision = "tf32x3"
+    if mode == "dot" and b == 4 and bd > 128:
+        # fp32 tiles over 128 values wide: the tf32x3 split's extra operands spill (H200, 2M x 256,
+        # m = 5, results/dot_probe-H200-2026-12-03-s12-d: mmchain 53.6 ms at 32 rows x 8 warps,
+        # 1M x 512 60.7 ms; ops 1.90 / 1.81); fp32 FMAs at 16 rows x 4 warps: 1.54 / 1.70 ms
+        precision = "ieee"
+        if onchip:
+            bn, warps = 16, 4
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
                        mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs),
-                       prefetch=bool(prefetch))
+                       prefetch=bool(prefetch), dot_precision=precision)
 
 
 def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: bool, intercept: bool,
@@ -478,4 +486,8 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
         if dtype == torch.float64:
             return replace(cfg, mode="elementwise", prefetch=False)
         return padded_dot(cfg, rows=64)
+    if cfg.mode == "dot" and cfg.dot_precision == "ieee" and cfg.strategy == "onchip":
+        # t only: 64-row tiles where shared memory allows (2M x 256, m = 5: 0.962 ms against 1.04 at 16
+        # rows, ops 0.956; 1M x 512: 1.06-1.10 at 16-32 rows, 64 does not fit; dot_probe-*-s12-d)
+        cfg = replace(cfg, block_n=max(16, min(64, 16384 // cfg.block_d)))
     return cfg
