@@ -1,7 +1,7 @@
 """Launch probes of the dense mmchain kernels, one question each.
 
     python benchmarks/launch_probe.py --probe coop --shape 4096,65536 --out results/coop_sweep.json
-    python benchmarks/launch_probe.py --probe small --out results/small_prefetch.json
+    python benchmarks/launch_probe.py --probe grid --out results/grid_probe.json
 
 ``coop``: the cooperative wide-row kernel (m = 1) over column block x warps x rows held ahead
 (``num_programs`` is an upper bound: the launcher caps the grid to the compiled kernel's
@@ -9,12 +9,13 @@ residency). ``small``: the unrolled m <= 4 kernel with and without its register 
 shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
 the intercept), crossed over D, m and the intercept. ``bf16``: 2M x 128 bf16 storage, m = 1, over
 tile rows x warps x programs per SM. ``tiles``: tile rows x warps x programs around the model's
-picks (m <= 4 and bf16). ``grid``: the m <= 4 kernel at one wave of resident programs (the
-launcher's cap), over tile elements per thread x warps x prefetch. ``dot``: m = 5..8 on rows over 128 values (padded
-``tl.dot`` precisions and tiles, the unrolled kernel, ops). Each point: ``fusedml.mmchain``
-timed with ``_common.bench_ms`` (the median of ``triton.testing.do_bench``) and checked against a
-float64 reference; one line per point. (Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default
-mean, and its bf16 probe also tried a second prefetched tile, since removed from the kernel.)
+picks (m <= 4 and bf16). ``grid``: the unrolled kernel at one wave of resident programs (the
+launcher's cap), over tile elements per thread x warps x prefetch. ``dot``: m = 5..8 on rows over
+128 values (padded ``tl.dot`` precisions and tiles, the unrolled kernel, ops). Each point:
+``fusedml.mmchain`` (or ``fusedml.matvec``) timed with ``_common.bench_ms`` (the median of
+``triton.testing.do_bench``) and checked against a float64 reference; one line per point.
+(Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default mean, and
+its bf16 probe also tried a second prefetched tile, since removed from the kernel.)
 """
 import argparse
 import os
@@ -30,10 +31,10 @@ from _common import H200_BANDWIDTH, bench_ms, write_json  # noqa: E402
 from fusedml.mmchain import launch  # noqa: E402
 
 SMALL_SHAPES = ((2_000_000, 128, 4), (1_000_000, 100, 3), (2_000_000, 100, 4), (1_000_000, 128, 3), (2_000_000, 256, 3))
-GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (1_000_000, 100, 3, True, "softmax"), (2_000_000, 256, 3, True, "softmax"),
-              (2_000_000, 256, 4, False, "mul"), (4_000_000, 64, 3, True, "softmax"), (2_000_000, 256, 3, True, "xtv"),
-              (1_000_000, 100, 3, True, "xtv"), (2_000_000, 128, 4, False, "xtv"), (2_000_000, 256, 5, True, "xtv"),
-              (2_000_000, 256, 5, True, "softmax")]
+GRID_CASES = [(2_000_000, 128, 4, False, "mul"), (1_000_000, 100, 3, True, "softmax"),
+              (2_000_000, 256, 3, True, "softmax"), (2_000_000, 256, 4, False, "mul"),
+              (4_000_000, 64, 3, True, "softmax"), (2_000_000, 256, 3, True, "xtv"), (1_000_000, 100, 3, True, "xtv"),
+              (2_000_000, 128, 4, False, "xtv"), (2_000_000, 256, 5, True, "xtv"), (2_000_000, 256, 5, True, "softmax")]
 TILES_CASES = [(2_000_000, 128, 4, False, "mul", torch.float32), (1_000_000, 100, 3, True, "mul", torch.float32),
                (1_000_000, 100, 3, True, "softmax", torch.float32), (2_000_000, 128, 1, False, "mul", torch.bfloat16)]
 
@@ -165,7 +166,8 @@ def grid_probe(dev, sms):
         force = {"mode": "small", "m_pad": 4 if m <= 4 else 8} if xtv or m > 4 else {}
         label = f"{N}x{D} m={m} icpt={icpt} {'xtv' if xtv else v_op}"
         grid = [{**force, "block_n": ept * 32 * w // bd, "num_warps": w, "prefetch": pf, "num_programs": 64 * sms}
-                for ept in ((4, 8, 16) if xtv else (4, 8)) for w in (4, 8, 16) if ept * 32 * w >= bd for pf in (False, True)]
+                for ept in ((4, 8, 16) if xtv else (4, 8)) for w in (4, 8, 16) if ept * 32 * w >= bd
+                for pf in (False, True)]
         model = _model(N, D, m, X.dtype, dev)
         for r in _launch_sweep(X, Y, V, ref, grid, label, intercept=icpt, v_op=v_op):
             r.update(m=m, intercept=icpt, v_op="xtv" if xtv else v_op, model=model,

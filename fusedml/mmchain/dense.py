@@ -47,8 +47,6 @@ from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, 
                      small_config)
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
-#: Right-hand sides the "small" kernel unrolls (one [BLOCK_N, BLOCK_D] accumulator each).
-SMALL_M_MAX = 8
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 

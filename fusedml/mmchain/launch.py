@@ -99,9 +99,9 @@ class DenseConfig:
     mode : {"vector", "small", "dot", "elementwise"}
         m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows; X^T V up to m = 8):
         ``"small"``, the right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each
-        (2 m FMAs per element of X; see :func:`small_config`); larger m, fp32/bf16/fp16: ``tl.dot`` (m padded to 16,
-        ``input_precision="ieee"``: FMA, fp32-exact, 32 FMAs per element); fp64 with m > 4:
-        3-D broadcast + ``tl.sum`` (no fp64 tl.dot).
+        (2 m FMAs per element of X; see :func:`small_config`); larger m, fp32/bf16/fp16:
+        ``tl.dot`` with m padded to 16 (``dot_precision``); fp64 with m > 4: 3-D broadcast +
+        ``tl.sum`` (no fp64 tl.dot).
     m_pad : int
         Padded number of right-hand sides (1; 2, 4 or 8 for "small"; 16 for "dot"; next power of two).
     num_warps : int
@@ -118,11 +118,12 @@ class DenseConfig:
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
     dot_precision : {"tf32x3", "ieee"}
-        "dot" only: ``tl.dot``'s operand precision. "tf32x3" (the default for "dot") splits each
-        fp32 operand into a tf32 high and low part and sums three tensor-core products (the low
-        parts' product dropped: ~2^-22 relative, fp32 level); "ieee" runs fp32 FMAs, whose
-        m-padded-to-16 work made the passes compute-bound (17-23 % of the read-once floor at
-        m = 3, 1M x 100).
+        "dot" only: ``tl.dot``'s operand precision. "tf32x3" (the model's pick on tiles of <= 128
+        values) splits each fp32 operand into a tf32 high and low part and sums three tensor-core
+        products (the low parts' product dropped: ~2^-22 relative, fp32 level); "ieee" runs fp32
+        FMAs, whose m-padded-to-16 work made the short-row passes compute-bound (17-23 % of the
+        read-once floor at m = 3, 1M x 100) but which the model takes on wider tiles, where the
+        tf32x3 split's operands spill (2M x 256, m = 5: 1.54 against 53.6 ms).
     """
 
     strategy: str
