@@ -153,14 +153,15 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
 def test_small_config_rules(rng):
     """launch.small_config (grid_probe-H200-2026-12-03-s12-b): X Y products prefetch, 4 elements per
     thread on 16 warps only for the plain product on rows of <= 128 values, else 8 on 8 warps; X^T V
-    without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half; overrides still win."""
+    without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half, 2-byte storage at least 8;
+    overrides still win."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     cases = [  # D, m, intercept, xtv, dtype -> warps, elements per thread, prefetch, m_pad
         (100, 4, False, False, torch.float32, 16, 4, True, 4), (100, 3, True, False, torch.float32, 8, 8, True, 4),
         (256, 4, False, False, torch.float32, 8, 8, True, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
         (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, True, 2),
-        (600, 8, False, True, torch.float64, 16, 4, False, 8)]
+        (600, 8, False, True, torch.float64, 16, 4, False, 8), (128, 4, False, False, torch.bfloat16, 16, 8, True, 4)]
     for D, m, intercept, xtv, dtype, warps, ept, pf, m_pad in cases:
         X = _dense(rng, 64, D, dtype)
         y, v, _ = _operands(rng, 64, D, m, intercept=intercept)

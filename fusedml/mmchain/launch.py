@@ -394,7 +394,8 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
       padded ``tl.dot`` took 0.369 / 0.850 / 0.195), 8 on 16 warps for m = 5..8 (2M x 256, m = 5:
       0.726 ms against the padded ``tl.dot``'s 0.771; 16 per thread spilled: 14 ms).
 
-    fp64 holds half as many elements per thread (two registers each).
+    fp64 holds half as many elements per thread (two registers each), 2-byte storage at least 8
+    (one 16-byte load); neither was part of the probe.
 
     Parameters
     ----------
@@ -432,8 +433,10 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         ept, warps, prefetch = 4, 16, True
     else:
         ept, warps, prefetch = 8, 8, True
+    b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
+    ept = max(ept, 16 // b)  # at least one 16-byte load per thread (2-byte storage: 8 values)
     bn = max(32 if stride_xn == 1 else 1, ept * 32 * warps // bd)
     programs = gpu.sm_count * max(1, gpu.max_threads_per_sm // (32 * warps))
     return replace(cfg, strategy="onchip", mode="small", m_pad=m_pad, block_n=int(bn), block_d=bd, num_warps=warps,
