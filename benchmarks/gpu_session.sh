@@ -74,6 +74,7 @@ for p in $parts; do
                --no-plots --out "$out/end_to_end_csr.json" ;;
     stream-probe) run stream-probe 90 python3 benchmarks/stream_probe.py --out "$out/stream_probe.json" ;;
     strips-probe) run strips-probe 60 python3 benchmarks/strips_probe.py --out "$out/strips_probe.json" ;;
+    softmax-probe) run softmax-probe 120 python3 benchmarks/launch_probe.py --probe softmax --out "$out/softmax_probe.json" ;;
     dot-probe) run dot-probe 300 python3 benchmarks/launch_probe.py --probe dot --out "$out/dot_probe.json" ;;
     grid-probe) run grid-probe 500 python3 benchmarks/launch_probe.py --probe grid --out "$out/grid_probe.json" ;;
     tiles-probe) run tiles-probe 90 python3 benchmarks/launch_probe.py --probe tiles --out "$out/tiles_probe.json" ;;

@@ -11,7 +11,8 @@ the intercept), crossed over D, m and the intercept. ``bf16``: 2M x 128 bf16 sto
 tile rows x warps x programs per SM. ``tiles``: tile rows x warps x programs around the model's
 picks (m <= 4 and bf16). ``grid``: the unrolled kernel at one wave of resident programs (the
 launcher's cap), over tile elements per thread x warps x prefetch. ``dot``: m = 5..8 on rows over
-128 values (padded ``tl.dot`` precisions and tiles, the unrolled kernel, ops). Each point:
+128 values (padded ``tl.dot`` precisions and tiles, the unrolled kernel, ops). ``softmax``: the
+multinomial Hessian product in one read, two reads and ops. Each point:
 ``fusedml.mmchain`` (or ``fusedml.matvec``) timed with ``_common.bench_ms`` (the median of
 ``triton.testing.do_bench``) and checked against a float64 reference; one line per point.
 (Session 11's ``-s11-c``, ``-d`` and ``-f`` runs of this script took do_bench's default mean, and
@@ -221,6 +222,36 @@ def dot_probe(dev, sms):
     return rows
 
 
+SOFTMAX_CASES = ((2_000_000, 256, 5), (2_000_000, 256, 3), (1_000_000, 100, 5))
+
+
+def softmax_probe(dev, sms):
+    """The multinomial Hessian product ``[X,1]^T (P ⊙ (T - rowsum(P ⊙ T)))``, T = [X,1] S: one read
+    (``mmchain(v_op="softmax")`` at the model's launch), two reads (``matvec``, then ``X^T p``: what
+    the solvers take where the one read is not known to be faster), and ops."""
+    rows = []
+    for N, D, m in SOFTMAX_CASES:
+        X = torch.randn(N, D, device=dev)
+        S = torch.randn(D + 1, m, device=dev)
+        Pm = torch.softmax(torch.randn(N, m, device=dev), 1)
+        ref = _ref64(X, S, Pm, True, "softmax")
+
+        def two(be="fused"):
+            t = fusedml.matvec(X, S, intercept=True, backend=be)
+            pt = Pm * t
+            return fusedml.mmchain(X, None, pt - Pm * pt.sum(1, keepdim=True), intercept=True, backend=be)
+
+        forms = {"one read": lambda: fusedml.mmchain(X, S, Pm, intercept=True, v_op="softmax", backend="fused"),
+                 "two reads": two, "ops": lambda: two("ops")}
+        for name, f in forms.items():
+            ms, pct, err = _point(f, ref, X)
+            rows.append({"shape": f"{N}x{D}", "m": m, "form": name, "ms": ms, "%floor": pct, "rel_err": err,
+                         "model": _model(N, D, m, X.dtype, dev)})
+            print(f"{N}x{D} m={m} softmax Hessian, {name}: {ms:.4f} ms {pct:.1f} % err {err:.1e}", flush=True)
+        del X
+    return rows
+
+
 def coop_probe(dev, sms, shapes):
     """The cooperative kernel on ``shapes`` ("N,D"): column block x warps x rows held ahead."""
     rows = []
@@ -242,7 +273,7 @@ def coop_probe(dev, sms, shapes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid", "dot"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid", "dot", "softmax"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -252,7 +283,7 @@ def main(argv=None):
         rows = coop_probe(dev, sms, a.shape or ["4096,65536"])
     else:
         rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe, "grid": grid_probe,
-                  "dot": dot_probe}[a.probe](dev, sms)
+                  "dot": dot_probe, "softmax": softmax_probe}[a.probe](dev, sms)
     print("saved", write_json(f"launch_probe_{a.probe}", rows, out=a.out))
     return rows
 

@@ -695,7 +695,8 @@ def test_strips_probe_smoke(tmp_path):
 
 
 def test_launch_probe_smoke(monkeypatch):
-    """benchmarks/launch_probe.py: the small-m, tiles and grid probes on tiny shapes, every point checked."""
+    """benchmarks/launch_probe.py: the small-m, tiles, grid, softmax and dot probes on tiny shapes, every
+    point checked."""
     from _bench import bench_module
 
     mod = bench_module("launch_probe")
@@ -708,6 +709,9 @@ def test_launch_probe_smoke(monkeypatch):
     monkeypatch.setattr(mod, "GRID_CASES", [(40, 100, 3, True, "softmax"), (30, 64, 2, True, "xtv")])
     rows = mod.grid_probe(torch.device("cpu"), 1)
     assert len(rows) == 34 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+    monkeypatch.setattr(mod, "SOFTMAX_CASES", ((30, 150, 5), (25, 40, 3)))
+    rows = mod.softmax_probe(torch.device("cpu"), 1)
+    assert len(rows) == 6 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
     monkeypatch.setattr(mod, "DOT_CASES", ((20, 150, 5),))
     rows = mod.dot_probe(torch.device("cpu"), 1)
     assert len(rows) == 30 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
