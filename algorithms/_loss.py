@@ -649,8 +649,8 @@ class LinearObjective:
             return fusedml.mmchain(self.X, S, v=P, z=z, alpha=hstate["alpha"], beta=self.l2,
                                    intercept=self.fit_intercept, v_op="softmax", backend=self.backend).to(self.dtype)
         # Non-uniform sample weights (or K > 16): the row weight c_n cannot enter the softmax
-        # form, so this product takes two passes (X S, then X^T p); so do wide dense rows on the
-        # fused backend (see _softmax_one_read).
+        # form, so this product takes two passes (X S, then X^T p); so do dense rows too wide for
+        # the fused on-chip kernels (see _softmax_one_read).
         T = matvec(self.X, S, intercept=self.fit_intercept, backend=self.backend).to(self.dtype)
         self.n_matvec += 1
         Pt = P * T
@@ -662,22 +662,20 @@ class LinearObjective:
                        backend=self.backend).to(self.dtype)
 
     def _softmax_one_read(self):
-        """Whether the multinomial Hessian product takes mmchain's one-read softmax form: on dense X
-        on the fused backend only where the loss pass reads X once
-        (:func:`fusedml.mmchain.lossgrad.one_read`) or the unrolled m <= 4 kernel takes the product
-        (rows of up to 1024 values; H200, 2M x 256, m = 3: 1.78 ms against 1.90 for the two reads,
-        ``small_probe-H200-2026-12-03-s11-f``); wider m on wide rows pads ``tl.dot`` to 16 columns
-        and took ~6.9 ms against ~1.8 for two reads."""
+        """Whether the multinomial Hessian product takes mmchain's one-read softmax form: always off
+        the fused dense path; on it wherever the rows stay on chip (not the chunked strategy of
+        rows over ~1024 values, unmeasured). H200 (``softmax_probe-H200-2026-12-03-s12-f``), one
+        read against two (matvec, then X^T p): 2M x 256, m = 5: 1.53 against 1.83 ms (ops 2.03);
+        m = 3: 1.13 against 1.54; 1M x 100, m = 5: 0.37 against 0.41."""
         if not hasattr(self, "_softmax_1r"):
             from fusedml.mmchain.launch import dense_config, gpu_info
-            from fusedml.mmchain.lossgrad import one_read
 
             X = self.X
             dense_fused = (isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2
                            and fusedml.resolve_backend(self.backend, X.device) == "fused")
-            self._softmax_1r = not dense_fused or one_read(X, self.n_cols) or dense_config(
+            self._softmax_1r = not dense_fused or dense_config(
                 int(X.shape[0]), int(X.shape[1]), self.n_cols, X.dtype, gpu_info(X.device),
-                stride_xn=X.stride(0), stride_xd=X.stride(1)).mode == "small"
+                stride_xn=X.stride(0), stride_xd=X.stride(1)).strategy == "onchip"
         return self._softmax_1r
 
     # -- the fused objective-and-gradient pass -------------------------------------------

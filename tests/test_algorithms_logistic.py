@@ -121,14 +121,16 @@ def test_weighted_multinomial_two_pass_hessian_same_model_across_backends(rng):
     assert _rel(a.coef_, b.coef_) <= 1e-9
 
 
-def test_wide_rows_multinomial_takes_two_reads_same_model(rng):
+@pytest.mark.parametrize("k", [3, 5])
+def test_wide_rows_multinomial_takes_two_reads_same_model(rng, k):
     """Dense rows wider than 128 values, fused backend: the loss pass takes two reads (one_read is
-    False there), the softmax Hessian product one (the unrolled m <= 4 kernel: no matvec of its
-    own, so fewer matvecs than Hessian products); the model equals the cpu backend's."""
+    False there), the softmax Hessian product one (the unrolled m <= 4 kernel for 3 classes, the fp32
+    FMA tl.dot for 5: no matvec of its own, so fewer matvecs than Hessian products); the model
+    equals the cpu backend's."""
     from fusedml.mmchain.lossgrad import one_read
 
-    X, y = _data(rng, n=60, d=130, k=3)
-    assert not one_read(torch.from_numpy(X).float(), 3) and one_read(torch.from_numpy(X).float(), 1)
+    X, y = _data(rng, n=60, d=130, k=k)
+    assert not one_read(torch.from_numpy(X).float(), k) and one_read(torch.from_numpy(X).float(), 1)
     a = LogisticRegression(C=0.5, tol=1e-8, backend="cpu").fit(X, y)
     b = LogisticRegression(C=0.5, tol=1e-8, backend="fused").fit(X, y)
     assert _rel(a.coef_, b.coef_) <= 1e-9
