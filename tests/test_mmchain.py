@@ -700,6 +700,12 @@ def test_launch_probe_smoke(monkeypatch):
     from _bench import bench_module
 
     mod = bench_module("launch_probe")
+
+    def once(fn, **kw):  # one call per point instead of a warm-up and a timed call: only the checks matter
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(mod, "bench_ms", once)
     monkeypatch.setattr(mod, "SMALL_SHAPES", ((40, 128, 4), (30, 256, 3)))
     monkeypatch.setattr(mod, "TILES_CASES", [(40, 100, 3, True, "softmax", torch.float32)])
     rows = mod.small_probe(torch.device("cpu"))
