@@ -129,7 +129,7 @@ def test_wide_rows_multinomial_takes_two_reads_same_model(rng, k):
     equals the cpu backend's."""
     from fusedml.mmchain.lossgrad import one_read
 
-    X, y = _data(rng, n=60, d=130, k=k)
+    X, y = _data(rng, n=32, d=130, k=k)
     assert not one_read(torch.from_numpy(X).float(), k) and one_read(torch.from_numpy(X).float(), 1)
     a = LogisticRegression(C=0.5, tol=1e-8, backend="cpu").fit(X, y)
     b = LogisticRegression(C=0.5, tol=1e-8, backend="fused").fit(X, y)
