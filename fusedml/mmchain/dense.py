@@ -880,8 +880,7 @@ def _resident_programs(kernel, args, consts, warps, dev, stages=1) -> int | None
     """
     if dev.type != "cuda":
         return None
-    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), dev, str(args[0].dtype),
-           tuple(sorted(consts.items())), warps, stages)
+    key = (id(kernel), dev, str(args[0].dtype), tuple(sorted(consts.items())), warps, stages)  # module kernels
     if key not in _RESIDENT:
         k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts)
         k._init_handles()
