@@ -30,6 +30,8 @@ from collections import deque
 
 import torch
 
+from fusedml.cg import cg_update, cg_update_applies
+
 __all__ = ["SolverResult", "conjugate_gradient", "lbfgs", "tron"]
 
 
@@ -206,17 +208,23 @@ class _CGEngine:
     ``R -= alpha A Dv`` (with ``keep_previous``, for TRON's trust-region boundary, the previous
     ``S``, ``R`` kept in ``S0``, ``R0``); ``beta = ||R||^2 / rTr`` and ``rTr = ||R||^2``; it
     returns ``[Dv^T A Dv, ||R||^2]`` ([2P], for the host's decisions) and ``A Dv``. With
-    ``graphs`` the step is a CUDA graph (:class:`_Replay`).
+    ``graphs`` the step is a CUDA graph (:class:`_Replay`). On CUDA vectors everything after the
+    product is one launch (:func:`fusedml.cg.cg_update`, float64 sums; ``FUSEDML_FUSED_CG=0``
+    keeps the ~15 torch launches), on both GPU backends alike.
     """
 
     def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True, sparse=False):
         self.apply, self.dot, self.P = apply, dot, P
-        z = torch.zeros_like(like)
+        z = torch.zeros_like(like, memory_format=torch.contiguous_format)
         self.S, self.R, self.Dv = z, z.clone(), z.clone()
         self.S0, self.R0 = (z.clone(), z.clone()) if keep_previous else (None, None)
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
+        # the vector half of the step in one launch (fusedml.cg), where it applies; ``dot`` is
+        # then the per-problem sum it computes (P = 1: over all columns; P = K: per column)
+        self.fused = z.ndim == 2 and cg_update_applies(z, P)
+        self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused else None
         self.step = _Replay(self._step, graphs, owner, sparse)
 
     def reset(self, R, rTr, run):
@@ -238,6 +246,14 @@ class _CGEngine:
         self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
 
     def _step(self):
+        if self.fused:  # three launches besides the product: direction, A Dv, the update kernel
+            torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
+            Ad = self.apply(self.Dv)
+            if Ad.dtype != self.S.dtype:
+                Ad = Ad.to(self.S.dtype)
+            cg_update(self.S, self.R, self.Dv, Ad, self.rTr, self.beta, self.packed, mask=self.mask,
+                      S0=self.S0, R0=self.R0)
+            return self.packed, Ad
         if self.S0 is not None:
             self.S0.copy_(self.S)
             self.R0.copy_(self.R)

@@ -4,7 +4,7 @@ Every case draws fresh random inputs, poisons nothing it does not own, and compa
 result with a float64 reference computed on the same device. Prints one line per case and exits
 non-zero if any case fails its tolerance.
 
-    python benchmarks/check_gpu.py [--parts mmchain loss_gradient kmeans gmm] [--out results.json]
+    python benchmarks/check_gpu.py [--parts mmchain loss_gradient kmeans gmm cg] [--out results.json]
 """
 from __future__ import annotations
 
@@ -315,16 +315,48 @@ def _gmm_case(dev, cov, n, d, k, path, prec):
     print(f"     {name}: {time.time() - t0:.1f} s{'  warnings: ' + msgs if msgs else ''}", flush=True)
 
 
+def check_cg(dev):
+    """fusedml.cg.cg_update against float64 torch on fresh inputs: one problem over all columns,
+    one per column (some masked), with and without the kept step start, strided ``Ad``."""
+    from fusedml.cg import cg_update
+
+    g = torch.Generator(device=dev).manual_seed(int(time.time()))
+    for n, K, P in ((101, 1, 1), (65537, 1, 1), (257, 5, 1), (1000, 4, 4), (100001, 1, 1)):
+        for dt in (torch.float32, torch.float64):
+            S, R, Dv = (torch.randn(n, K, generator=g, device=dev, dtype=dt) for _ in range(3))
+            Ad = torch.randn(K, n, generator=g, device=dev, dtype=dt).t()
+            rTr = torch.rand(P, generator=g, device=dev, dtype=dt) + 0.5
+            mask = None if P == 1 else (torch.arange(P, device=dev) % 3 != 1).to(dt)
+            cpp = K // P
+            sums = lambda A, B: (A.double() * B.double()).reshape(n, P, cpp).sum((0, 2))  # noqa: E731
+            dAd = sums(Dv, Ad)
+            a = torch.nan_to_num(rTr.double() / dAd, nan=0.0, posinf=0.0, neginf=0.0)
+            a = a if mask is None else a * mask.double()
+            ac = a.repeat_interleave(cpp)[None, :]
+            S1, R1 = S.double() + ac * Dv.double(), R.double() - ac * Ad.double()
+            rn = sums(R1, R1)
+            b = torch.nan_to_num(rn / rTr.double(), nan=0.0, posinf=0.0, neginf=0.0)
+            b = b if mask is None else b * mask.double()
+            S0, R0 = torch.empty_like(S), torch.empty_like(R)
+            Sc, Rc = S.clone(), R.clone()
+            beta, packed = torch.empty(P, device=dev, dtype=dt), torch.empty(2 * P, device=dev, dtype=dt)
+            cg_update(S, R, Dv, Ad, rTr, beta, packed, mask=mask, S0=S0, R0=R0)
+            torch.cuda.synchronize()
+            err = max(rel(S, S1), rel(R, R1), rel(packed, torch.cat([dAd, rn])), rel(beta, b, 1e-30), rel(rTr, rn),
+                      rel(S0, Sc), rel(R0, Rc))
+            record(f"cg_update n={n} K={K} P={P} {str(dt)[6:]}", err, TOL[dt])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
     ap.add_argument("--parts", nargs="+", default=["mmchain", "loss_gradient", "kmeans", "gmm"],
-                    choices=["mmchain", "loss_gradient", "kmeans", "gmm"])
+                    choices=["mmchain", "loss_gradient", "kmeans", "gmm", "cg"])
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     checks = {"mmchain": check_mmchain, "loss_gradient": check_loss_gradient, "kmeans": check_kmeans,
-              "gmm": check_gmm}
+              "gmm": check_gmm, "cg": check_cg}
     for part in args.parts:
         checks[part](dev)
     bad = [r for r in ROWS if not r["ok"]]

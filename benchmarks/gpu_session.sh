@@ -80,6 +80,11 @@ for p in $parts; do
     tiles-probe) run tiles-probe 90 python3 benchmarks/launch_probe.py --probe tiles --out "$out/tiles_probe.json" ;;
     gather-probe) run gather-probe 120 python3 benchmarks/gather_probe.py --out "$out/gather_probe.json" ;;
     host-overhead) run host-overhead 90 python3 benchmarks/host_overhead.py --out "$out/host_overhead.json" ;;
+    check-cg) run check-cg 60 python3 benchmarks/check_gpu.py --parts cg --out "$out/check_gpu_cg.json"
+              grep -E "^FAIL|passed" "$log/check-cg.log" | tail -4 ;;
+    cg-ab) run cg-ab 240 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_FUSED_CG \
+             --ab-algos logistic multinomial linearsvc poisson ridge --ab-shapes 1000000x100 4000000x64 \
+             --out "$out/cg_ab.json" ;;
     check-mm) run check-mm 120 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
               grep -E "^FAIL|passed" "$log/check-mm.log" | tail -12 ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \

@@ -9,10 +9,13 @@ the device work is a few microseconds, so that every call's wall time is its hos
 * the primitives under them: an empty Triton launch, one torch launch, one host sync;
 * one whole ``LogisticRegression`` fit per backend on tiny data (host only), with cProfile's
   top functions by own time;
-* whole fits at real sizes (``--ab-shapes``) with the solvers' CG steps replayed from CUDA
-  graphs and eager (``FUSEDML_CUDA_GRAPHS=0``), per backend (median of ``--ab-reps``).
+* whole fits at real sizes (``--ab-shapes``, ``--ab-algos``) with a solver switch on and off
+  (``--ab-var``: ``FUSEDML_CUDA_GRAPHS``, the CG steps replayed from CUDA graphs or eager;
+  ``FUSEDML_FUSED_CG``, the vector half of each CG step in one launch or ~15 torch launches),
+  per backend (median of ``--ab-reps``).
 
     python benchmarks/host_overhead.py [--calls 300] [--out FILE]
+    python benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_FUSED_CG --ab-algos logistic ridge
 
 Without CUDA it runs under ``TRITON_INTERPRET=1`` (a smoke test of the script: the numbers are
 the interpreter's).
@@ -65,11 +68,16 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def graphs_ab(shapes, reps, dev):
-    """Whole fits with the CG steps replayed from CUDA graphs against eager steps
-    (``FUSEDML_CUDA_GRAPHS``), same data, both backends: median wall time of ``reps`` fits."""
-    from algorithms import LinearSVC, LogisticRegression, Ridge
+AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG update"}
 
+
+def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge")):
+    """Whole fits with a solver switch on and off (``var`` = "1" / "0": the CG steps replayed from
+    CUDA graphs, or the vector half of each CG step in one launch), same data, both backends:
+    median wall time of ``reps`` fits."""
+    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
+
+    what = AB_VARS[var]
     rows = []
     for spec in shapes:
         N, D = (int(s) for s in spec.split("x"))
@@ -77,12 +85,18 @@ def graphs_ab(shapes, reps, dev):
         X = torch.randn(N, D, generator=g, device=dev)
         eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
         lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
-        for algo, make, y in (("logistic", lambda be: LogisticRegression(C=1.0, backend=be), lbl),
-                              ("linearsvc", lambda be: LinearSVC(C=1.0, backend=be), lbl),
-                              ("ridge", lambda be: Ridge(alpha=1.0, backend=be), eta)):
+        cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
+                              torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
+        cases = {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
+                 "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
+                 "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
+                 "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
+                 "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+        for algo in algos:
+            make, y = cases[algo]
             for be in ("fused", "ops"):
-                for graphs in ("1", "0"):
-                    os.environ["FUSEDML_CUDA_GRAPHS"] = graphs
+                for flag in ("1", "0"):
+                    os.environ[var] = flag
                     make(be).fit(X, y)
                     ts = []
                     for _ in range(reps):
@@ -92,10 +106,10 @@ def graphs_ab(shapes, reps, dev):
                         _sync(dev)
                         ts.append(time.perf_counter() - t0)
                     ms = 1e3 * sorted(ts)[len(ts) // 2]
-                    rows.append({"what": f"fit {algo} {spec}, CUDA graphs {'on' if graphs == '1' else 'off'}",
+                    rows.append({"what": f"fit {algo} {spec}, {what} {'on' if flag == '1' else 'off'}",
                                  "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_))})
-                    print(f"{rows[-1]['what']:<48} {be:<6} {ms:8.2f} ms", flush=True)
-    os.environ.pop("FUSEDML_CUDA_GRAPHS", None)
+                    print(f"{rows[-1]['what']:<52} {be:<6} {ms:8.2f} ms  n_iter={rows[-1]['n_iter']}", flush=True)
+        os.environ.pop(var, None)
     return rows
 
 
@@ -107,6 +121,11 @@ def main(argv=None):
     ap.add_argument("--ab-shapes", nargs="+", default=["1000000x100", "4000000x64"],
                     help="NxD of the CUDA-graphs on/off fit comparison")
     ap.add_argument("--ab-reps", type=int, default=7)
+    ap.add_argument("--ab-var", default="FUSEDML_CUDA_GRAPHS", choices=sorted(AB_VARS),
+                    help="the switch the fit comparison turns on and off")
+    ap.add_argument("--ab-algos", nargs="+", default=["logistic", "linearsvc", "ridge"],
+                    choices=["logistic", "multinomial", "linearsvc", "poisson", "ridge"])
+    ap.add_argument("--ab-only", action="store_true", help="only the fit comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = _common.device()
@@ -119,7 +138,11 @@ def main(argv=None):
     h = torch.rand(N, generator=g, device=dev)
     lbl = (torch.rand(N, generator=g, device=dev) < 0.5).float()
     small = torch.zeros(D + 1, device=dev)
-    rows = []
+    rows, profiles = [], {}
+    if args.ab_only:
+        rows += env_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev,
+                       args.ab_var, args.ab_algos)
+        return _finish(rows, profiles, args)
 
     def row(name, backend, us):
         rows.append({"what": name, "backend": backend, "us_per_call": us})
@@ -139,7 +162,6 @@ def main(argv=None):
 
     from algorithms import LogisticRegression
 
-    profiles = {}
     for be in ("fused", "ops"):
         def fit():
             return LogisticRegression(C=1.0, backend=be, max_iter=10).fit(X, lbl)
@@ -165,7 +187,12 @@ def main(argv=None):
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
         profiles[be] = buf.getvalue()
         print(profiles[be])
-    rows += graphs_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev)
+    rows += env_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev,
+                   args.ab_var, args.ab_algos)
+    return _finish(rows, profiles, args)
+
+
+def _finish(rows, profiles, args):
     path = _common.write_json("host_overhead", rows, {"args": vars(args), "cprofile": profiles}, args.out)
     print(f"\nwrote {path}\n")
     print(_common.markdown_table(rows, ["what", "backend", "us_per_call"]))

@@ -538,3 +538,36 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
     else:
         assert np.abs(ig - ir).max() <= 1
         assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "ridge-2"])
+def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
+    """Fits whose CG steps do their vector half in fusedml.cg's one launch (the GPU default) equal
+    fits with the torch form (FUSEDML_FUSED_CG=0): iterations within one, coefficients to 1e-3
+    (the kernel sums in float64); the kernel was used."""
+    from algorithms import _solvers
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    X = torch.randn(20_000, 30, generator=g, device="cuda")
+    eta = X @ torch.randn(30, generator=g, device="cuda") / 4
+    cls = torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))
+    make, y = {
+        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
+        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), cls),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-5, backend=backend), cls),
+        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
+    }[case]
+    monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
+    ref = make().fit(X, y)
+    calls = []
+    real = _solvers.cg_update
+    monkeypatch.setattr(_solvers, "cg_update", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.delenv("FUSEDML_FUSED_CG")
+    got = make().fit(X, y)
+    assert calls, "the fused CG update was not used"
+    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
+    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
+    assert np.abs(ig - ir).max() <= 1
+    assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)

@@ -1,0 +1,176 @@
+"""The vector half of a conjugate-gradient step in one launch.
+
+Between two products with X, a CG step does ``alpha = r^T r / d^T A d``, ``s += alpha d``,
+``r -= alpha A d``, ``||r||^2`` and ``beta``: on small vectors ([D + 1, K]) these are ~15 torch
+launches of a few microseconds of GPU time each, and on a solver host ~10 us of launch cost each,
+which at a million rows is as much as the product with X itself. :func:`cg_update` does them in
+one Triton program per problem (two sweeps over the problem's entries: ``d^T A d``, then the
+updates and ``||r||^2``), float64 sums. The solvers (``algorithms._solvers._CGEngine``) use it on
+both GPU backends alike, so the comparison of backends stays one of the products with X.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import interpret_mode
+
+__all__ = ["cg_update", "cg_update_applies"]
+
+#: entries per problem above which one program per problem would stream the vectors too slowly
+#: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
+MAX_ENTRIES = 1 << 17
+
+
+@triton.jit
+def _finite_or_zero(x):
+    return tl.where((x == x) & (tl.abs(x) < float("inf")), x, 0.0)
+
+
+@triton.jit
+def _cg_update_kernel(
+    S, R, Dv, Ad, S0, R0,  # [n, K] (Ad: any strides; the others contiguous)
+    RTR, BETA, MASK, PACKED,  # [P], [P], [P], [2P]
+    n, cpp, P, K, stride_an, stride_ak,
+    KEEP: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    j = tl.program_id(0)  # problem j owns columns [j * cpp, (j + 1) * cpp)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    cols = j * cpp + offs_c
+    cmask = offs_c < cpp
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    for r0 in range(0, n, BLOCK_R):  # sweep 1: d^T A d
+        rows = (r0 + offs_r).to(tl.int64)
+        m = (rows < n)[:, None] & cmask[None, :]
+        d = tl.load(Dv + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+        a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
+        acc += d.to(tl.float64) * a.to(tl.float64)
+    dad = tl.sum(tl.sum(acc, axis=1), axis=0)
+    rtr = tl.load(RTR + j).to(tl.float64)
+    alpha = _finite_or_zero(rtr / dad)
+    if HAS_MASK:
+        alpha = alpha * tl.load(MASK + j).to(tl.float64)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    for r0 in range(0, n, BLOCK_R):  # sweep 2: s += alpha d, r -= alpha A d, ||r||^2
+        rows = (r0 + offs_r).to(tl.int64)
+        m = (rows < n)[:, None] & cmask[None, :]
+        at = rows[:, None] * K + cols[None, :]
+        s = tl.load(S + at, mask=m, other=0.0)
+        r = tl.load(R + at, mask=m, other=0.0)
+        d = tl.load(Dv + at, mask=m, other=0.0)
+        a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
+        if KEEP:  # the step's start, for a redo at the trust-region boundary
+            tl.store(S0 + at, s, mask=m)
+            tl.store(R0 + at, r, mask=m)
+        r = (r.to(tl.float64) - alpha * a.to(tl.float64)).to(s.dtype)
+        tl.store(S + at, (s.to(tl.float64) + alpha * d.to(tl.float64)).to(s.dtype), mask=m)
+        tl.store(R + at, r, mask=m)
+        rf = r.to(tl.float64)
+        acc += rf * rf
+    rnew = tl.sum(tl.sum(acc, axis=1), axis=0)
+    b = _finite_or_zero(rnew / rtr)
+    if HAS_MASK:
+        b = b * tl.load(MASK + j).to(tl.float64)
+    out_ty = PACKED.dtype.element_ty
+    tl.store(BETA + j, b.to(out_ty))
+    tl.store(RTR + j, rnew.to(out_ty))
+    tl.store(PACKED + j, dad.to(out_ty))
+    tl.store(PACKED + P + j, rnew.to(out_ty))
+
+
+def cg_update_applies(like: torch.Tensor, P: int) -> bool:
+    """Whether :func:`cg_update` takes CG vectors shaped like ``like`` with ``P`` problems.
+
+    Parameters
+    ----------
+    like : torch.Tensor
+        A CG vector, [n, K].
+    P : int
+        Problems: 1 (one problem over all K columns) or K (one per column).
+
+    Returns
+    -------
+    bool
+        True for a contiguous float32/float64 [n, K] tensor on a CUDA device, ``P`` 1 or K and at
+        most ``MAX_ENTRIES`` entries per problem. The environment variable ``FUSEDML_FUSED_CG``
+        overrides: ``0`` never, ``1`` also on the CPU under the Triton interpreter (tests).
+    """
+    flag = os.environ.get("FUSEDML_FUSED_CG", "")
+    if flag == "0":
+        return False
+    if like.ndim != 2 or not like.is_contiguous() or like.dtype not in (torch.float32, torch.float64):
+        return False
+    if not (like.is_cuda or (flag == "1" and like.device.type == "cpu" and interpret_mode())):
+        return False
+    n, K = like.shape
+    return P in (1, K) and n * (K // P) <= MAX_ENTRIES
+
+
+def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -> torch.Tensor:
+    """The vector half of one CG step, in place, one launch.
+
+    With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
+
+        dAd_j   = sum_c Dv_c . Ad_c
+        a_j     = rTr_j / dAd_j          (0 if not finite; times mask_j)
+        S0, R0  = S, R                   (when given)
+        S_c    += a_j Dv_c
+        R_c    -= a_j Ad_c
+        rnew_j  = sum_c R_c . R_c
+        beta_j  = rnew_j / rTr_j         (0 if not finite; times mask_j)
+        rTr_j   = rnew_j
+
+    Sums in float64; ``packed`` receives ``[dAd, rnew]``.
+
+    Parameters
+    ----------
+    S, R, Dv : torch.Tensor
+        [n, K] contiguous, float32 or float64: solution, residual, direction. S and R are updated.
+    Ad : torch.Tensor
+        [n, K], the product of the operator with ``Dv`` (any strides, same dtype).
+    rTr, beta : torch.Tensor
+        [P] in the vectors' dtype: ``r^T r`` before the step (replaced by the new one) and the
+        next ``beta`` (written).
+    packed : torch.Tensor
+        [2 P] output: ``d^T A d``, then the new ``r^T r``.
+    mask : torch.Tensor, optional
+        [P]: 0 freezes a problem (alpha and beta 0).
+    S0, R0 : torch.Tensor, optional
+        [n, K] contiguous: receive S and R as they were before the update (both or neither).
+
+    Returns
+    -------
+    torch.Tensor
+        ``packed``.
+    """
+    if S.ndim != 2:
+        raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
+    n, K = S.shape
+    P = rTr.numel()
+    if P not in (1, K):
+        raise ValueError(f"rTr must hold 1 or K = {K} values (one per problem), got {P}")
+    if (S0 is None) != (R0 is None):
+        raise ValueError("S0 and R0 go together")
+    for t, name in ((R, "R"), (Dv, "Dv"), (Ad, "Ad")) + (((S0, "S0"), (R0, "R0")) if S0 is not None else ()):
+        if tuple(t.shape) != (n, K) or t.dtype != S.dtype or t.device != S.device:
+            raise ValueError(f"{name} must match S ({(n, K)}, {S.dtype}, {S.device}), got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    for t, name in ((S, "S"), (R, "R"), (Dv, "Dv"), (S0, "S0"), (R0, "R0")):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    for t, name, size in ((rTr, "rTr", P), (beta, "beta", P), (packed, "packed", 2 * P), (mask, "mask", P)):
+        if t is not None and (t.numel() != size or not t.is_contiguous() or t.dtype != S.dtype):
+            raise ValueError(f"{name} must be {size} contiguous values of {S.dtype}")
+    cpp = K // P
+    block_c = triton.next_power_of_2(cpp)
+    block_r = max(1, 2048 // block_c)
+    keep = S0 is not None
+    _cg_update_kernel[(P,)](
+        S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr, beta, mask if mask is not None else rTr, packed,
+        n, cpp, P, K, Ad.stride(0), Ad.stride(1),
+        KEEP=keep, HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
+    return packed
