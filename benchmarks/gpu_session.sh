@@ -85,6 +85,9 @@ for p in $parts; do
     cg-ab) run cg-ab 240 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_FUSED_CG \
              --ab-algos logistic multinomial linearsvc poisson ridge --ab-shapes 1000000x100 4000000x64 \
              --out "$out/cg_ab.json" ;;
+    capture-ab) run capture-ab 300 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_CAPTURE_AFTER \
+                  --ab-values 16 4 2 --ab-algos logistic multinomial linearsvc poisson ridge \
+                  --ab-shapes 1000000x100 4000000x64 --out "$out/capture_ab.json" ;;
     check-mm) run check-mm 120 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
               grep -E "^FAIL|passed" "$log/check-mm.log" | tail -12 ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \

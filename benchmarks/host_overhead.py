@@ -68,12 +68,14 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG update"}
+AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG update",
+           "FUSEDML_CAPTURE_AFTER": "CG steps captured after"}
 
 
-def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge")):
-    """Whole fits with a solver switch on and off (``var`` = "1" / "0": the CG steps replayed from
-    CUDA graphs, or the vector half of each CG step in one launch), same data, both backends:
+def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge"), values=("1", "0")):
+    """Whole fits with a solver switch at each of ``values`` (FUSEDML_CUDA_GRAPHS / FUSEDML_FUSED_CG
+    "1" / "0": the CG steps replayed from CUDA graphs, or the vector half of each CG step in one
+    launch; FUSEDML_CAPTURE_AFTER: eager CG steps before the capture), same data, both backends:
     median wall time of ``reps`` fits."""
     from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
 
@@ -95,7 +97,7 @@ def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "lin
         for algo in algos:
             make, y = cases[algo]
             for be in ("fused", "ops"):
-                for flag in ("1", "0"):
+                for flag in values:
                     os.environ[var] = flag
                     make(be).fit(X, y)
                     ts = []
@@ -106,9 +108,15 @@ def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "lin
                         _sync(dev)
                         ts.append(time.perf_counter() - t0)
                     ms = 1e3 * sorted(ts)[len(ts) // 2]
-                    rows.append({"what": f"fit {algo} {spec}, {what} {'on' if flag == '1' else 'off'}",
-                                 "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_))})
-                    print(f"{rows[-1]['what']:<52} {be:<6} {ms:8.2f} ms  n_iter={rows[-1]['n_iter']}", flush=True)
+                    info = getattr(est, "_fit_info", None) or {}
+                    label = flag if var == "FUSEDML_CAPTURE_AFTER" else ("on" if flag == "1" else "off")
+                    rows.append({"what": f"fit {algo} {spec}, {what} {label}",
+                                 "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_)),
+                                 "n_mmchain": info.get("n_mmchain"), "n_lossgrad": info.get("n_lossgrad"),
+                                 "fit_ms_all": [1e3 * t for t in ts]})
+                    print(f"{rows[-1]['what']:<52} {be:<6} {ms:8.2f} ms  n_iter={rows[-1]['n_iter']} "
+                          f"mmchain={rows[-1]['n_mmchain']} min={1e3 * min(ts):.2f} max={1e3 * max(ts):.2f}",
+                          flush=True)
         os.environ.pop(var, None)
     return rows
 
@@ -125,6 +133,7 @@ def main(argv=None):
                     help="the switch the fit comparison turns on and off")
     ap.add_argument("--ab-algos", nargs="+", default=["logistic", "linearsvc", "ridge"],
                     choices=["logistic", "multinomial", "linearsvc", "poisson", "ridge"])
+    ap.add_argument("--ab-values", nargs="+", default=["1", "0"], help="the switch's values")
     ap.add_argument("--ab-only", action="store_true", help="only the fit comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -141,7 +150,7 @@ def main(argv=None):
     rows, profiles = [], {}
     if args.ab_only:
         rows += env_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev,
-                       args.ab_var, args.ab_algos)
+                       args.ab_var, args.ab_algos, args.ab_values)
         return _finish(rows, profiles, args)
 
     def row(name, backend, us):
@@ -188,7 +197,7 @@ def main(argv=None):
         profiles[be] = buf.getvalue()
         print(profiles[be])
     rows += env_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev,
-                   args.ab_var, args.ab_algos)
+                   args.ab_var, args.ab_algos, args.ab_values)
     return _finish(rows, profiles, args)
 
 
