@@ -30,9 +30,10 @@ from collections import deque
 
 import torch
 
-from fusedml.cg import cg_update, cg_update_applies
+from fusedml.cg import cg_update, cg_update_applies, trial_sums, trial_sums_applies
 
-__all__ = ["SolverResult", "conjugate_gradient", "lbfgs", "tron"]
+__all__ = ["SolverResult", "StopRule", "conjugate_gradient", "lbfgs", "max_abs_grad_stop", "relative_grad_norm_stop",
+           "tron"]
 
 
 class SolverResult:
@@ -60,6 +61,60 @@ class SolverResult:
     @property
     def converged(self):
         return all(s == "converged" for s in self.status)
+
+
+class StopRule:
+    """A convergence test on the gradient, in a device form and a host form.
+
+    Parameters
+    ----------
+    device : callable ``(g, gnorm, gnorm0) -> [P] bool tensor``
+        On the device: ``g`` [D~, K], ``gnorm`` and ``gnorm0`` [P] tensors (the solvers queue it
+        with the other reductions of an iteration and read all of them in one copy).
+    host : callable ``(gmax, gnorm, gnorm0) -> list of P bool``
+        The same test on Python floats per problem: ``gmax`` the largest ``|g|`` entry, ``gnorm``
+        and ``gnorm0`` the gradient norms (TRON's accept test takes this form when its sums come
+        from :func:`fusedml.cg.trial_sums`).
+    """
+
+    def __init__(self, device, host):
+        self.device, self.host = device, host
+
+    def __call__(self, g, gnorm, gnorm0):
+        return self.device(g, gnorm, gnorm0)
+
+
+def max_abs_grad_stop(tol):
+    """scikit-learn's rule for newton-cg / lbfgs (one problem): ``max |g| <= tol``.
+
+    Parameters
+    ----------
+    tol : float
+
+    Returns
+    -------
+    StopRule
+    """
+    tol = float(tol)
+    return StopRule(lambda g, gnorm, gnorm0: (g.abs().amax() <= tol).reshape(1),
+                    lambda gmax, gnorm, gnorm0: [all(x <= tol for x in gmax)])  # NaN: False
+
+
+def relative_grad_norm_stop(scale):
+    """LIBLINEAR's rule, per problem: ``||g_j|| <= scale_j ||g0_j||``.
+
+    Parameters
+    ----------
+    scale : torch.Tensor
+        [P] on the gradient's device (read to the host once here).
+
+    Returns
+    -------
+    StopRule
+    """
+    host_scale = [float(x) for x in scale.reshape(-1).tolist()]
+    return StopRule(lambda g, gnorm, gnorm0: gnorm <= scale * gnorm0,
+                    lambda gmax, gnorm, gnorm0: [a <= c * b for a, b, c in zip(gnorm, gnorm0, host_scale)])
 
 
 def _precision(dtype):
@@ -458,6 +513,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         return v[:P], [x > 0.5 for x in v[P:]], gg
 
     gnorm, conv, gg = grad_info(g)
+    gnorm0 = list(gnorm)
+    host_stop = getattr(stop, "host", None)
     active = [not c for c in conv]
     n_iter, stalled = [0] * P, [False] * P
     delta = list(gnorm)
@@ -471,10 +528,19 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         # (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike), so
         # ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
         stn, g_t, hs_t = obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
-        gg_t = dot(g_t, g_t)
-        gn_t = torch.sqrt(gg_t)
-        red = torch.stack([dot(g, S), dot(S, R), dot(S, S), gn_t]).reshape(-1).to(torch.float64)
-        v = _host(torch.cat([stn["f"].reshape(-1), red, stop(g_t, gn_t, gnorm0_dev).reshape(-1).double()]))
+        if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
+            # one launch for the accept test's sums (float64), the stop rule on the host
+            sums = trial_sums(g, S, R, g_t, P)  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
+            gg_t = sums[3 * P:4 * P]
+            v = _host(torch.cat([stn["f"].reshape(-1).to(torch.float64), sums]))
+            v[4 * P:5 * P] = [math.sqrt(max(x, 0.0)) if math.isfinite(x) else x for x in v[4 * P:5 * P]]
+            conv_t = host_stop(v[5 * P:6 * P], v[4 * P:5 * P], gnorm0)
+        else:
+            gg_t = dot(g_t, g_t)
+            gn_t = torch.sqrt(gg_t)
+            red = torch.stack([dot(g, S), dot(S, R), dot(S, S), gn_t]).reshape(-1).to(torch.float64)
+            v = _host(torch.cat([stn["f"].reshape(-1), red, stop(g_t, gn_t, gnorm0_dev).reshape(-1).double()]))
+            conv_t = [x > 0.5 for x in v[5 * P:6 * P]]
         accept, snorm = [False] * P, [0.0] * P
         for j in range(P):
             fnew, gs, sR, ss = v[j], v[P + j], v[2 * P + j], v[3 * P + j]
@@ -518,7 +584,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
                 # every active problem moves (inactive ones have S = 0: the trial point is theirs)
                 st, g, hs, gg = stn, g_t, hs_t, gg_t
                 gnorm = [v[4 * P + j] if active[j] else gnorm[j] for j in range(P)]
-                conv = [v[5 * P + j] > 0.5 if active[j] else conv[j] for j in range(P)]
+                conv = [conv_t[j] if active[j] else conv[j] for j in range(P)]
             else:  # some problems reject: merge per problem, gradient of the merged state
                 st = obj.merge(torch.tensor(accept, device=g.device), stn, st)
                 g, hs = obj.gradient(st)

@@ -21,7 +21,7 @@ from ._base import (
     warn_solver_status,
 )
 from ._loss import GLMLoss, LinearObjective, default_link, get_family, get_link
-from ._solvers import lbfgs, tron
+from ._solvers import lbfgs, max_abs_grad_stop, tron
 
 __all__ = ["GammaRegressor", "GeneralizedLinearRegressor", "PoissonRegressor", "TweedieRegressor"]
 
@@ -72,7 +72,7 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
             W0[-1, 0] = link.link(ymean)
         hist = History(type(self).__name__, self.verbose)
         solve = tron if solver == "newton-cg" else lbfgs
-        stop = lambda g, gnorm, gnorm0: (g.abs().amax() <= tol).reshape(1)  # noqa: E731 (scikit-learn's rule)
+        stop = max_abs_grad_stop(tol)  # scikit-learn's rule
         try:
             res = solve(obj, W0, max_iter=max_iter, stop=stop, history=hist)
         except ValueError as exc:

@@ -17,16 +17,13 @@ from ._base import (
     warn_solver_status,
 )
 from ._loss import BinomialLoss, LinearObjective, MultinomialLoss
-from ._solvers import lbfgs, tron
+from ._solvers import lbfgs, max_abs_grad_stop, tron
 
 __all__ = ["LogisticRegression"]
 
 SOLVERS = ("newton-cg", "lbfgs")
 
 
-def _max_abs_grad_stop(tol):
-    # scikit-learn's rule for newton-cg / lbfgs: max |gradient| of the normalised objective <= tol
-    return lambda g, gnorm, gnorm0: (g.abs().amax() <= tol).reshape(1)
 
 
 class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
@@ -136,7 +133,7 @@ class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
                               dtype=info.dtype, device=info.device)
         hist = History(type(self).__name__, self.verbose)
         solve = tron if self.solver == "newton-cg" else lbfgs
-        res = solve(obj, obj.zeros(), max_iter=max_iter, stop=_max_abs_grad_stop(tol), history=hist)
+        res = solve(obj, obj.zeros(), max_iter=max_iter, stop=max_abs_grad_stop(tol), history=hist)
         self.classes_ = classes
         self._store_linear_fit(obj, res, info, hist)
         self.n_iter_ = np.asarray([max(res.n_iter)], dtype=np.int32)

@@ -15,7 +15,7 @@ from ._base import (
     warn_solver_status,
 )
 from ._loss import LinearObjective, SquaredHingeLoss
-from ._solvers import tron
+from ._solvers import relative_grad_norm_stop, tron
 
 __all__ = ["LinearSVC"]
 
@@ -110,7 +110,7 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
                               dtype=info.dtype, device=info.device)
         hist = History(type(self).__name__, self.verbose)
         res = tron(obj, obj.zeros(), max_iter=max_iter, history=hist,
-                   stop=lambda g, gnorm, gnorm0: gnorm <= tol_scale * gnorm0)
+                   stop=relative_grad_norm_stop(tol_scale))
         self.classes_ = classes
         self._store_linear_fit(obj, res, info, hist)
         self.n_iter_ = int(max(res.n_iter))

@@ -316,9 +316,9 @@ def _gmm_case(dev, cov, n, d, k, path, prec):
 
 
 def check_cg(dev):
-    """fusedml.cg.cg_update against float64 torch on fresh inputs: one problem over all columns,
-    one per column (some masked), with and without the kept step start, strided ``Ad``."""
-    from fusedml.cg import cg_update
+    """fusedml.cg.cg_update and trial_sums against float64 torch on fresh inputs: one problem over
+    all columns, one per column (some masked), the kept step start, strided ``Ad``."""
+    from fusedml.cg import cg_update, trial_sums
 
     g = torch.Generator(device=dev).manual_seed(int(time.time()))
     for n, K, P in ((101, 1, 1), (65537, 1, 1), (257, 5, 1), (1000, 4, 4), (100001, 1, 1)):
@@ -345,6 +345,12 @@ def check_cg(dev):
             err = max(rel(S, S1), rel(R, R1), rel(packed, torch.cat([dAd, rn])), rel(beta, b, 1e-30), rel(rTr, rn),
                       rel(S0, Sc), rel(R0, Rc))
             record(f"cg_update n={n} K={K} P={P} {str(dt)[6:]}", err, TOL[dt])
+            g0, g1 = (torch.randn(n, K, generator=g, device=dev, dtype=dt) for _ in range(2))
+            got = trial_sums(g0, S, R, g1, P)
+            per = lambda A: A.double().reshape(n, P, cpp)  # noqa: E731
+            want = torch.cat([(per(g0) * per(S)).sum((0, 2)), (per(S) * per(R)).sum((0, 2)), (per(S) ** 2).sum((0, 2)),
+                              (per(g1) ** 2).sum((0, 2)), per(g1).abs().amax((0, 2))])
+            record(f"trial_sums n={n} K={K} P={P} {str(dt)[6:]}", rel(got, want), 1e-12)
 
 
 def main():

@@ -7,6 +7,8 @@ which at a million rows is as much as the product with X itself. :func:`cg_updat
 one Triton program per problem (two sweeps over the problem's entries: ``d^T A d``, then the
 updates and ``||r||^2``), float64 sums. The solvers (``algorithms._solvers._CGEngine``) use it on
 both GPU backends alike, so the comparison of backends stays one of the products with X.
+:func:`trial_sums` does the same for a trust-region step's accept test (``g^T S``, ``S^T R``,
+``S^T S``, ``||g_t||^2``, ``max |g_t|``: ~12 launches in torch).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import triton.language as tl
 
 from ._dispatch import interpret_mode
 
-__all__ = ["cg_update", "cg_update_applies"]
+__all__ = ["cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -174,3 +176,92 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -
         n, cpp, P, K, Ad.stride(0), Ad.stride(1),
         KEEP=keep, HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
     return packed
+
+
+@triton.jit
+def _trial_sums_kernel(
+    G, S, R, GT, OUT,  # [n, K] each (any strides), OUT [5P] float64
+    n, cpp, P, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    j = tl.program_id(0)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    cols = (j * cpp + offs_c).to(tl.int64)
+    cmask = offs_c < cpp
+    gs = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    sr = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    ss = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    tt = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    mx = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    for r0 in range(0, n, BLOCK_R):
+        rows = (r0 + offs_r).to(tl.int64)
+        m = (rows < n)[:, None] & cmask[None, :]
+        g = tl.load(G + rows[:, None] * sg_n + cols[None, :] * sg_k, mask=m, other=0.0).to(tl.float64)
+        s = tl.load(S + rows[:, None] * ss_n + cols[None, :] * ss_k, mask=m, other=0.0).to(tl.float64)
+        r = tl.load(R + rows[:, None] * sr_n + cols[None, :] * sr_k, mask=m, other=0.0).to(tl.float64)
+        t = tl.load(GT + rows[:, None] * st_n + cols[None, :] * st_k, mask=m, other=0.0).to(tl.float64)
+        gs += g * s
+        sr += s * r
+        ss += s * s
+        tt += t * t
+        # |t|, NaN kept (a NaN gradient must not look converged): max(x, NaN) -> NaN
+        at = tl.abs(t)
+        mx = tl.where((at > mx) | (at != at), at, mx)
+    tl.store(OUT + j, tl.sum(tl.sum(gs, axis=1), axis=0))
+    tl.store(OUT + P + j, tl.sum(tl.sum(sr, axis=1), axis=0))
+    tl.store(OUT + 2 * P + j, tl.sum(tl.sum(ss, axis=1), axis=0))
+    tl.store(OUT + 3 * P + j, tl.sum(tl.sum(tt, axis=1), axis=0))
+    mnan = tl.max(tl.max(tl.where(mx != mx, 1.0, 0.0), axis=1), axis=0)
+    tl.store(OUT + 4 * P + j, tl.where(mnan > 0, float("nan"), tl.max(tl.max(mx, axis=1), axis=0)))
+
+
+def trial_sums_applies(tensors, P: int) -> bool:
+    """Whether :func:`trial_sums` takes these [n, K] vectors with ``P`` problems: as
+    :func:`cg_update_applies` (CUDA, or forced under the interpreter; fp32/fp64; P = 1 or K;
+    small enough), same shape, dtype and device for all, any strides."""
+    first = tensors[0]
+    flag = os.environ.get("FUSEDML_FUSED_CG", "")
+    if flag == "0" or first.ndim != 2 or first.dtype not in (torch.float32, torch.float64):
+        return False
+    if not (first.is_cuda or (flag == "1" and first.device.type == "cpu" and interpret_mode())):
+        return False
+    if any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return False
+    n, K = first.shape
+    return P in (1, K) and n * (K // P) <= MAX_ENTRIES
+
+
+def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
+    """The sums a trust-region Newton step's accept test needs, per problem, in one launch.
+
+    Parameters
+    ----------
+    g, S, R, g_t : torch.Tensor
+        [n, K], same dtype and device, any strides: the gradient, the step, the CG residual and
+        the gradient at the trial point.
+    P : int
+        Problems: 1 (one over all K columns) or K (one per column).
+
+    Returns
+    -------
+    torch.Tensor
+        [5 P] float64: ``g^T S``, ``S^T R``, ``S^T S``, ``g_t^T g_t`` and ``max |g_t|`` (NaN if
+        ``g_t`` holds a NaN), each per problem, sums in float64.
+    """
+    if g.ndim != 2:
+        raise ValueError(f"g must be [n, K], got shape {tuple(g.shape)}")
+    n, K = g.shape
+    for t, name in ((S, "S"), (R, "R"), (g_t, "g_t")):
+        if t.shape != g.shape or t.dtype != g.dtype or t.device != g.device:
+            raise ValueError(f"{name} must match g ({(n, K)}, {g.dtype}, {g.device}), got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    if P not in (1, K):
+        raise ValueError(f"P must be 1 or K = {K}, got {P}")
+    cpp = K // P
+    block_c = triton.next_power_of_2(cpp)
+    out = torch.empty(5 * P, dtype=torch.float64, device=g.device)
+    _trial_sums_kernel[(P,)](
+        g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1),
+        g_t.stride(0), g_t.stride(1), BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c, num_warps=8)
+    return out

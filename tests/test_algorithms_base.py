@@ -542,11 +542,12 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
 
 @cuda
 @pytest.mark.parametrize("backend", ["fused", "ops"])
-@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "ridge-2"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
 def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
-    """Fits whose CG steps do their vector half in fusedml.cg's one launch (the GPU default) equal
-    fits with the torch form (FUSEDML_FUSED_CG=0): iterations within one, coefficients to 1e-3
-    (the kernel sums in float64); the kernel was used."""
+    """Fits whose CG steps do their vector half in fusedml.cg's one launch, and whose TRON accept
+    tests take their sums from fusedml.cg.trial_sums (the GPU default), equal fits with the torch
+    form (FUSEDML_FUSED_CG=0): iterations within one, coefficients to 1e-3 (the kernels sum in
+    float64); the kernels were used."""
     from algorithms import _solvers
 
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -557,16 +558,19 @@ def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
         "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
         "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), cls),
         "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-5, backend=backend), cls),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-5, backend=backend), torch.poisson(torch.exp(eta))),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
     }[case]
     monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
     ref = make().fit(X, y)
-    calls = []
-    real = _solvers.cg_update
+    calls, trials = [], []
+    real, real_t = _solvers.cg_update, _solvers.trial_sums
     monkeypatch.setattr(_solvers, "cg_update", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_solvers, "trial_sums", lambda *a, **k: trials.append(1) or real_t(*a, **k))
     monkeypatch.delenv("FUSEDML_FUSED_CG")
     got = make().fit(X, y)
     assert calls, "the fused CG update was not used"
+    assert bool(trials) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
     ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
     cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
     assert np.abs(ig - ir).max() <= 1

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedml.cg import MAX_ENTRIES, cg_update, cg_update_applies
+from fusedml.cg import MAX_ENTRIES, cg_update, cg_update_applies, trial_sums, trial_sums_applies
 
 
 def _reference(S, R, Dv, Ad, rTr, mask, P):
@@ -105,11 +105,43 @@ def test_cg_update_applies(monkeypatch):
     assert not cg_update_applies(x, 1)
 
 
-@pytest.mark.parametrize("case", ["logistic", "multinomial", "ridge-2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,K,P", [(37, 1, 1), (1500, 3, 1), (50, 4, 4)])
+def test_trial_sums_matches_float64(n, K, P, dtype):
+    """g^T S, S^T R, S^T S, ||g_t||^2 and max |g_t| per problem; strided inputs; rows over
+    several blocks (1500 x 3: 256 rows a block)."""
+    gen = torch.Generator().manual_seed(n + K)
+    g, S, R = (torch.randn(n, K, generator=gen, dtype=dtype) for _ in range(3))
+    g_t = torch.randn(K, n, generator=gen, dtype=dtype).t()
+    out = trial_sums(g, S, R, g_t, P)
+    cpp = K // P
+    per = lambda A: A.double().reshape(n, P, cpp)  # noqa: E731
+    want = torch.cat([(per(g) * per(S)).sum((0, 2)), (per(S) * per(R)).sum((0, 2)), (per(S) ** 2).sum((0, 2)),
+                      (per(g_t) ** 2).sum((0, 2)), per(g_t).abs().amax((0, 2))])
+    assert out.dtype == torch.float64 and out.shape == (5 * P,)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_trial_sums_nan_gradient_and_bad_inputs():
+    """A NaN in g_t gives a NaN max (never "converged"); mismatched inputs raise."""
+    g = torch.ones(5, 1)
+    g_t = torch.ones(5, 1)
+    g_t[3, 0] = float("nan")
+    out = trial_sums(g, g, g, g_t, 1)
+    assert out[:3].tolist() == [5.0, 5.0, 5.0] and np.isnan(out[3].item()) and np.isnan(out[4].item())
+    with pytest.raises(ValueError, match="R must match g"):
+        trial_sums(g, g, torch.ones(5, 2), g, 1)
+    with pytest.raises(ValueError, match="P must be 1 or K"):
+        trial_sums(torch.ones(5, 3), torch.ones(5, 3), torch.ones(5, 3), torch.ones(5, 3), 2)
+    assert not trial_sums_applies((g, g, g, g), 1)  # CPU, not forced
+
+
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
 def test_solvers_on_fused_cg_update(monkeypatch, case):
-    """TRON (one problem, coupled classes) and linear CG (two independent columns) with every CG
-    step's vector half in the kernel: same iterations and coefficients as the torch form."""
-    from algorithms import LogisticRegression, Ridge
+    """TRON (one problem, coupled classes, K independent one-vs-rest problems) and linear CG (two
+    independent columns) with every CG step's vector half and TRON's accept-test sums in the
+    kernels (stop rules on the host): same iterations and coefficients as the torch form."""
+    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
     from algorithms import _solvers
 
     rng = np.random.default_rng(5)
@@ -118,16 +150,21 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
     make, y = {
         "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend="ops"), (eta > 0).astype(np.int64)),
         "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend="ops"), np.digitize(eta, [-0.5, 0.5])),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-3, backend="ops"), np.digitize(eta, [-0.5, 0.5])),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-4, backend="ops"),
+                    rng.poisson(np.exp(0.3 * eta)).astype(np.float32)),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend="ops"), np.stack([eta, 1 - eta], 1)),
     }[case]
     monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
     ref = make().fit(X, y)
-    calls = []
-    real = _solvers.cg_update
+    calls, trials = [], []
+    real, real_t = _solvers.cg_update, _solvers.trial_sums
     monkeypatch.setattr(_solvers, "cg_update", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_solvers, "trial_sums", lambda *a, **k: trials.append(1) or real_t(*a, **k))
     monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
     got = make().fit(X, y)
     assert calls, "the fused CG update was not used"
+    assert bool(trials) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
     cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
