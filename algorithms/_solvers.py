@@ -477,8 +477,10 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         Start point.
     max_iter : int
         Cap on outer iterations (accepted or rejected).
-    stop : callable ``(g, gnorm, gnorm0) -> [P] bool`` tensor
-        Convergence rule on the gradient (``gnorm``, ``gnorm0``: [P] tensors on g's device).
+    stop : callable ``(g, gnorm, gnorm0) -> [P] bool`` tensor, or StopRule
+        Convergence rule on the gradient (``gnorm``, ``gnorm0``: [P] tensors on g's device). A
+        :class:`StopRule` also has a host form: the accept test then takes its sums from one
+        launch (:func:`fusedml.cg.trial_sums`, where it applies) and decides on the host.
     history : History, optional
         Receives one record per outer iteration (objective summed over problems, largest
         gradient norm, largest step norm, CG iterations).

@@ -24,8 +24,6 @@ __all__ = ["LogisticRegression"]
 SOLVERS = ("newton-cg", "lbfgs")
 
 
-
-
 class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
     """L2-regularised logistic regression, binary or multinomial (softmax), on fused kernels.
 

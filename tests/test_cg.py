@@ -122,6 +122,7 @@ def test_trial_sums_matches_float64(n, K, P, dtype):
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's numpy
 def test_trial_sums_nan_gradient_and_bad_inputs():
     """A NaN in g_t gives a NaN max (never "converged"); mismatched inputs raise."""
     g = torch.ones(5, 1)
@@ -168,3 +169,24 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
     cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
+
+
+def test_stop_rules_host_form_matches_device_form():
+    """The host form of each solver stop rule gives the device form's answer on the same numbers,
+    NaN included (never converged)."""
+    from algorithms._solvers import max_abs_grad_stop, relative_grad_norm_stop
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        g = torch.randn(7, 3, generator=gen, dtype=torch.float64) * 0.1
+        gnorm = torch.linalg.vector_norm(g, dim=0)
+        gnorm0 = gnorm * (0.5 + torch.rand(3, generator=gen, dtype=torch.float64) * 20)
+        gmax = g.abs().amax(0)
+        rule = max_abs_grad_stop(0.15)
+        assert rule(g, gnorm, gnorm0).tolist() == rule.host([float(gmax.max())], gnorm.tolist(), gnorm0.tolist())
+        scale = torch.rand(3, generator=gen, dtype=torch.float64) * 0.2
+        rule = relative_grad_norm_stop(scale)
+        assert rule(g, gnorm, gnorm0).tolist() == rule.host(gmax.tolist(), gnorm.tolist(), gnorm0.tolist())
+    nan = float("nan")
+    assert max_abs_grad_stop(1.0).host([nan], [nan], [1.0]) == [False]
+    assert relative_grad_norm_stop(torch.ones(1)).host([nan], [nan], [1.0]) == [False]
