@@ -37,8 +37,9 @@ def test_cg_update_matches_float64(n, K, P, keep, dtype):
     mask = None if P == 1 else (torch.arange(P) % 3 != 1).to(dtype)
     S1, R1, dAd, rn, b = _reference(S, R, Dv, Ad, rTr, mask, P)
     Sc, Rc, Dc, Ac = S.clone(), R.clone(), Dv.clone(), Ad.clone()
-    S0, R0 = (torch.empty_like(S), torch.empty_like(R)) if keep else (None, None)
-    beta, packed = torch.full((P,), 7.0, dtype=dtype), torch.empty(2 * P, dtype=dtype)
+    nan = float("nan")  # poisoned outputs: anything left unwritten fails
+    S0, R0 = (torch.full_like(S, nan), torch.full_like(R, nan)) if keep else (None, None)
+    beta, packed = torch.full((P,), nan, dtype=dtype), torch.full((2 * P,), nan, dtype=dtype)
     out = cg_update(S, R, Dv, Ad, rTr, beta, packed, mask=mask, S0=S0, R0=R0)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     assert out is packed
