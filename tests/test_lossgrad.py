@@ -234,6 +234,23 @@ def test_host_overhead_smoke(tmp_path):
     assert set(d["cprofile"]) == {"fused", "ops"}
 
 
+def test_host_overhead_ab_only_smoke(tmp_path, monkeypatch):
+    """host_overhead.py --ab-only with a valued switch: one row per value and backend, each with
+    the fit's mmchain count and every fit's time; the switch is unset afterwards."""
+    import json
+    import os
+
+    monkeypatch.delenv("FUSEDML_CAPTURE_AFTER", raising=False)
+    out = tmp_path / "ab.json"
+    _bench_module("host_overhead").main(["--ab-only", "--ab-var", "FUSEDML_CAPTURE_AFTER", "--ab-values", "16", "2",
+                                         "--ab-algos", "ridge", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["what"].rsplit(" ", 1)[-1], r["backend"]) for r in rows] == [
+        ("16", "fused"), ("2", "fused"), ("16", "ops"), ("2", "ops")]
+    assert all(r["n_mmchain"] >= 1 and len(r["fit_ms_all"]) == 2 and r["us_per_call"] > 0 for r in rows)
+    assert "FUSEDML_CAPTURE_AFTER" not in os.environ
+
+
 def test_solver_ops_precision_points():
     """The sweep's m > 1 points: the padded tl.dot in both precisions; none for m = 1."""
     mod = _bench_module("bench_solver_ops")
