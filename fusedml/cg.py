@@ -101,14 +101,17 @@ def cg_update_applies(like: torch.Tensor, P: int) -> bool:
         most ``MAX_ENTRIES`` entries per problem. The environment variable ``FUSEDML_FUSED_CG``
         overrides: ``0`` never, ``1`` also on the CPU under the Triton interpreter (tests).
     """
+    return like.ndim == 2 and like.is_contiguous() and _applies(like, P)
+
+
+def _applies(t: torch.Tensor, P: int) -> bool:
+    """The shared part of the ``*_applies`` rules for a 2-D vector block ``t``."""
     flag = os.environ.get("FUSEDML_FUSED_CG", "")
-    if flag == "0":
+    if flag == "0" or t.dtype not in (torch.float32, torch.float64):
         return False
-    if like.ndim != 2 or not like.is_contiguous() or like.dtype not in (torch.float32, torch.float64):
+    if not (t.is_cuda or (flag == "1" and t.device.type == "cpu" and interpret_mode())):
         return False
-    if not (like.is_cuda or (flag == "1" and like.device.type == "cpu" and interpret_mode())):
-        return False
-    n, K = like.shape
+    n, K = t.shape
     return P in (1, K) and n * (K // P) <= MAX_ENTRIES
 
 
@@ -221,15 +224,10 @@ def trial_sums_applies(tensors, P: int) -> bool:
     :func:`cg_update_applies` (CUDA, or forced under the interpreter; fp32/fp64; P = 1 or K;
     small enough), same shape, dtype and device for all, any strides."""
     first = tensors[0]
-    flag = os.environ.get("FUSEDML_FUSED_CG", "")
-    if flag == "0" or first.ndim != 2 or first.dtype not in (torch.float32, torch.float64):
+    if first.ndim != 2 or any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device
+                              for t in tensors):
         return False
-    if not (first.is_cuda or (flag == "1" and first.device.type == "cpu" and interpret_mode())):
-        return False
-    if any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device for t in tensors):
-        return False
-    n, K = first.shape
-    return P in (1, K) and n * (K // P) <= MAX_ENTRIES
+    return _applies(first, P)
 
 
 def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
