@@ -548,7 +548,7 @@ def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
     tests take their sums from fusedml.cg.trial_sums (the GPU default), equal fits with the torch
     form (FUSEDML_FUSED_CG=0): iterations within one, coefficients to 1e-3 (the kernels sum in
     float64); the kernels were used."""
-    from algorithms import _solvers
+    from _fused_cg import fit_torch_then_kernels
 
     g = torch.Generator(device="cuda").manual_seed(11)
     X = torch.randn(20_000, 30, generator=g, device="cuda")
@@ -561,16 +561,9 @@ def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
         "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-5, backend=backend), torch.poisson(torch.exp(eta))),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
     }[case]
-    monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
-    ref = make().fit(X, y)
-    calls, trials = [], []
-    real, real_t = _solvers.cg_update, _solvers.trial_sums
-    monkeypatch.setattr(_solvers, "cg_update", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(_solvers, "trial_sums", lambda *a, **k: trials.append(1) or real_t(*a, **k))
-    monkeypatch.delenv("FUSEDML_FUSED_CG")
-    got = make().fit(X, y)
-    assert calls, "the fused CG update was not used"
-    assert bool(trials) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
+    ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, make, X, y, None)
+    assert n_update, "the fused CG update was not used"
+    assert bool(n_trial) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
     ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
     cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
     assert np.abs(ig - ir).max() <= 1

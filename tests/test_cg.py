@@ -143,8 +143,8 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
     """TRON (one problem, coupled classes, K independent one-vs-rest problems) and linear CG (two
     independent columns) with every CG step's vector half and TRON's accept-test sums in the
     kernels (stop rules on the host): same iterations and coefficients as the torch form."""
+    from _fused_cg import fit_torch_then_kernels
     from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
-    from algorithms import _solvers
 
     rng = np.random.default_rng(5)
     X = rng.standard_normal((400, 6)).astype(np.float32)
@@ -157,16 +157,9 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
                     rng.poisson(np.exp(0.3 * eta)).astype(np.float32)),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend="ops"), np.stack([eta, 1 - eta], 1)),
     }[case]
-    monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
-    ref = make().fit(X, y)
-    calls, trials = [], []
-    real, real_t = _solvers.cg_update, _solvers.trial_sums
-    monkeypatch.setattr(_solvers, "cg_update", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(_solvers, "trial_sums", lambda *a, **k: trials.append(1) or real_t(*a, **k))
-    monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
-    got = make().fit(X, y)
-    assert calls, "the fused CG update was not used"
-    assert bool(trials) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
+    ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, make, X, y, "1")
+    assert n_update, "the fused CG update was not used"
+    assert bool(n_trial) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
     cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
