@@ -665,6 +665,48 @@ class LinearObjective:
         return rmatvec(self.X, Pm, z=z, beta=self.l2, alpha=hstate["alpha"], intercept=self.fit_intercept,
                        backend=self.backend).to(self.dtype)
 
+    def hessp_op(self, hstate, S):
+        """``() -> H S`` for fixed buffers (a CG engine's direction ``S`` [D~, K] and ``hstate``, whose
+        contents change between calls, not their storage).
+
+        Where the product is one mmchain (at most 16 columns, row weights or the one-read softmax
+        form) it is bound once (:func:`fusedml.bind_mmchain`: no per-call validation, dispatch or
+        launch set-up); otherwise each call is :meth:`hessp`. The result may be a buffer that the
+        next call overwrites.
+        """
+        K = S.shape[1]
+        fallback = lambda: self.hessp(hstate, S)  # noqa: E731
+        masked = self.fit_intercept and self.l2 != 0.0
+        z = torch.empty_like(S) if masked else S
+        common = dict(alpha=hstate["alpha"], beta=self.l2, intercept=self.fit_intercept, backend=self.backend)
+        if K > MAX_COLS:
+            return fallback
+        try:
+            if "h" in hstate:
+                h = hstate["h"]
+                if K == 1:
+                    op = fusedml.bind_mmchain(self.X, S[:, 0], v=h if (h is None or h.ndim == 1) else h[:, 0],
+                                              z=z[:, 0], **common)
+                else:
+                    op = fusedml.bind_mmchain(self.X, S, v=h, z=z, **common)
+            elif hstate["c"] is None and self._softmax_one_read():
+                op = fusedml.bind_mmchain(self.X, S, v=hstate["P"], z=z, v_op="softmax", **common)
+            else:
+                return fallback
+        except (TypeError, ValueError):  # e.g. operands not in the accumulation dtype: unbound
+            return fallback
+        mask, dtype = self.mask, self.dtype
+
+        def run():
+            if masked:
+                torch.mul(S, mask, out=z)
+            self.n_mmchain += 1
+            out = op()
+            if out.ndim == 1:
+                out = out.unsqueeze(1)
+            return out if out.dtype == dtype else out.to(dtype)
+        return run
+
     def _softmax_one_read(self):
         """Whether the multinomial Hessian product takes mmchain's one-read softmax form: always off
         the fused dense path; on it wherever the rows stay on chip (not the chunked strategy of

@@ -30,7 +30,7 @@ from collections import deque
 
 import torch
 
-from fusedml.cg import cg_update, cg_update_applies, trial_sums, trial_sums_applies
+from fusedml.cg import CONTROL, cg_control, cg_update, cg_update_applies, trial_sums, trial_sums_applies
 
 __all__ = ["SolverResult", "StopRule", "conjugate_gradient", "lbfgs", "max_abs_grad_stop", "relative_grad_norm_stop",
            "tron"]
@@ -186,9 +186,11 @@ class _Replay:
     """``fn()`` run eagerly, or replayed from a CUDA graph captured after ``capture_after`` calls.
 
     ``fn`` works in place on persistent buffers and returns tensors the caller reads before the
-    next call. The first ``capture_after`` calls run eagerly on a side stream (the warm-up a
-    capture needs: lazy library set-up, Triton compiles, the CSR strategy's CSC copy; and short
-    solves, which a capture would not pay back); the next captures ``fn`` and replays it; later
+    next call. The first ``capture_after`` calls run eagerly (short solves, which a capture would
+    not pay back), the last of them on the capture's side stream (the warm-up a capture needs:
+    lazy library set-up, Triton compiles, the CSR strategy's CSC copy; a stream switch costs
+    ~50 us of host time, so the calls before it stay on the caller's stream); the next captures
+    ``fn`` and replays it; later
     calls replay: ONE launch instead of the step's ~10 launches and its Python (on the H200
     host, ~8-12 us per torch launch and ~100-250 us per fusedml call). A failed capture (an
     operation that cannot be captured) leaves ``fn`` eager. ``fn``'s Python side effects happen
@@ -226,9 +228,11 @@ class _Replay:
             for k, d in self.delta.items():
                 setattr(self.owner, k, getattr(self.owner, k) + d)
             return self.out
+        if self.calls < self.capture_after:  # short solves: real eager steps, on the caller's stream
+            return self.fn()
         cur, side = torch.cuda.current_stream(), self.side
         side.wait_stream(cur)
-        if self.calls <= self.capture_after:  # warm-up and short solves: real eager steps
+        if self.calls == self.capture_after:  # the warm-up before a capture, on its stream
             with torch.cuda.stream(side):
                 out = self.fn()
             cur.wait_stream(side)
@@ -271,11 +275,14 @@ class _CGEngine:
     keeps the ~15 torch launches), on both GPU backends alike.
     """
 
-    def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True, sparse=False):
+    def __init__(self, apply, dot, like, P, graphs, owner=None, keep_previous=True, sparse=False, bind=None,
+                 decide=None):
         self.apply, self.dot, self.P = apply, dot, P
         z = torch.zeros_like(like, memory_format=torch.contiguous_format)
         self.S, self.R, self.Dv = z, z.clone(), z.clone()
-        self.S0, self.R0 = (z.clone(), z.clone()) if keep_previous else (None, None)
+        if bind is not None:  # ``bind(Dv) -> () -> A Dv``: the product set up once for the Dv buffer
+            op = bind(self.Dv)
+            self.apply = lambda D: op()
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
@@ -283,6 +290,13 @@ class _CGEngine:
         # then the per-problem sum it computes (P = 1: over all columns; P = K: per column)
         self.fused = z.ndim == 2 and cg_update_applies(z, P)
         self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused else None
+        # ``decide`` ("tr": TRON's trust region, "plain": linear CG): the step's decisions made by
+        # the update kernel too (cg_update's control block), so the host can queue steps ahead
+        self.decide = decide if self.fused else None
+        self.ctl = torch.zeros(len(CONTROL) * P, dtype=torch.float64, device=like.device) if self.decide else None
+        self.snaps = _Snapshots(self.ctl, _lag() + 2) if self.decide else None
+        keep = keep_previous and not self.decide  # a decided step never redoes itself
+        self.S0, self.R0 = (z.clone(), z.clone()) if keep else (None, None)
         self.step = _Replay(self._step, graphs, owner, sparse)
 
     def reset(self, R, rTr, run):
@@ -295,6 +309,17 @@ class _CGEngine:
         if self.mask is not None:
             self.set_mask(run)
 
+    def reset_decided(self, R, control):
+        """A new device-decided solve from ``S = 0``, residual ``R``; ``control`` the host list of
+        :func:`fusedml.cg.cg_control` (one asynchronous H2D copy)."""
+        self.S.zero_()
+        self.R.copy_(R)
+        self.Dv.zero_()
+        self.beta.zero_()
+        t = torch.tensor(control, dtype=torch.float64)
+        self.ctl.copy_(t.pin_memory() if self.ctl.is_cuda else t, non_blocking=True)
+        self.control0 = control
+
     def set_mask(self, run):
         self.mask.copy_(torch.tensor([1.0 if r else 0.0 for r in run], dtype=self.mask.dtype))
 
@@ -304,6 +329,14 @@ class _CGEngine:
         self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
 
     def _step(self):
+        if self.decide:  # as below, the decisions made on the device too
+            torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
+            Ad = self.apply(self.Dv)
+            if Ad.dtype != self.S.dtype:
+                Ad = Ad.to(self.S.dtype)
+            cg_update(self.S, self.R, self.Dv, Ad, None, self.beta, None, control=self.ctl,
+                      trust_region=self.decide == "tr")
+            return self.ctl, Ad
         if self.fused:  # three launches besides the product: direction, A Dv, the update kernel
             torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
             Ad = self.apply(self.Dv)
@@ -333,17 +366,103 @@ class _CGEngine:
         return torch.cat([dAd, rnew]), Ad
 
 
+def _lag():
+    """Steps the host queues before reading a device-decided step's outcome (``FUSEDML_CG_LAG``,
+    default 1; 0 reads every step before queueing the next, as the host-decided steps do)."""
+    return max(0, int(os.environ.get("FUSEDML_CG_LAG", "1") or 1))
+
+
+class _Snapshots:
+    """Copies of a CG control block that the host reads a step or two later: on CUDA into a ring of
+    pinned buffers, one event each (reading one waits for its step only); elsewhere at once."""
+
+    def __init__(self, ctl, depth):
+        self.ctl, self.i = ctl, 0
+        self.cuda = ctl.is_cuda
+        if self.cuda:
+            self.buf = torch.empty((depth, ctl.numel()), dtype=ctl.dtype, pin_memory=True)
+            self.ev = [torch.cuda.Event() for _ in range(depth)]
+
+    def take(self):
+        """Queue a copy of the block as it is after the queued work; return ``read() -> list``."""
+        if not self.cuda:
+            v = self.ctl.tolist()
+            return lambda: v
+        k = self.i % len(self.ev)
+        self.i += 1
+        self.buf[k].copy_(self.ctl, non_blocking=True)
+        self.ev[k].record()
+
+        def read():
+            self.ev[k].synchronize()
+            return self.buf[k].tolist()
+        return read
+
+
+def _likely_continues(seen, control0, P, tr):
+    """Whether some running problem will probably take another step after the one in flight:
+    its ``r^T r`` decay (and, in a trust region, its ``||S||^2`` growth) extrapolated one step
+    from the last two known states stays clear of the tolerance (the boundary). Queueing a step
+    that turns out to be past the end costs one product on the device; not queueing it costs
+    one host round trip."""
+    if not seen:
+        return True
+    last, prev = seen[-1], (seen[-2] if len(seen) > 1 else control0)
+    for j in range(P):
+        if last[3 * P + j] < 0.5:
+            continue
+        r1, r0 = last[j], prev[j]
+        pred = r1 * min(r1 / r0, 1.0) if r0 > 0 else r1
+        if pred <= 4.0 * last[2 * P + j]:
+            continue
+        if tr:
+            s1, s0 = last[9 * P + j], prev[9 * P + j]
+            if s1 + 2.0 * (s1 - s0) >= last[P + j]:
+                continue
+        return True
+    return False
+
+
+def _decided_steps(eng, max_steps, tr):
+    """Up to ``max_steps`` device-decided CG steps of ``eng``, the host ``_lag()`` steps behind.
+
+    Returns
+    -------
+    seen : list of list of float
+        The control block after each step, in order, up to the first after which no problem
+        runs (steps queued past it changed nothing on the device).
+    issued : int
+        Steps queued (products with the operator run).
+    """
+    P, lag = eng.P, _lag()
+    pending, seen, issued = deque(), [], 0
+    while issued < max_steps:
+        eng.step()
+        issued += 1
+        pending.append(eng.snaps.take())
+        while pending and (len(pending) > lag or not _likely_continues(seen, eng.control0, P, tr)):
+            seen.append(pending.popleft()())
+            if not any(x > 0.5 for x in seen[-1][3 * P:4 * P]):
+                return seen, issued
+    while pending:
+        seen.append(pending.popleft()())
+    return seen, issued
+
+
 def _tron_engine(obj, g, hstate, P):
     """The CG engine of ``obj``'s TRON solves: kept on ``obj`` across outer iterations when graphs
     apply (the Hessian state is copied into the captured buffers), a fresh eager one otherwise."""
+    bind = getattr(obj, "hessp_op", None)
     if not (graph_safe(getattr(obj, "X", None)) and g.is_cuda):
-        return _CGEngine(lambda D: obj.hessp(hstate, D), obj.dot, g, P, False, obj)
+        return _CGEngine(lambda D: obj.hessp(hstate, D), obj.dot, g, P, False, obj,
+                         bind=None if bind is None else (lambda D: bind(hstate, D)), decide="tr")
     key = (tuple(g.shape), g.dtype, P, tuple(
         (k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, v) for k, v in sorted(hstate.items())))
     eng = obj.__dict__.get("_cg_engine")
     if eng is None or eng.key != key:
         static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in hstate.items()}
-        eng = _CGEngine(lambda D: obj.hessp(static, D), obj.dot, g, P, True, obj, sparse=is_csr(obj.X))
+        eng = _CGEngine(lambda D: obj.hessp(static, D), obj.dot, g, P, True, obj, sparse=is_csr(obj.X),
+                        bind=None if bind is None else (lambda D: bind(static, D)), decide="tr")
         eng.key, eng.static = key, static
         obj._cg_engine = eng
     else:
@@ -409,6 +528,11 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     if not any(run):
         return torch.zeros_like(g), torch.neg(g), 0, reach
     eng = _tron_engine(obj, g, hstate, P)
+    if eng.decide:  # the decisions below, made on the device: the host queues a step ahead
+        eng.reset_decided(torch.neg(g), cg_control(rTr, [c * c for c in cgtol], run, dsq))
+        seen, _ = _decided_steps(eng, max_cg, tr=True)
+        last = seen[-1]
+        return eng.S, eng.R, int(round(max(last[5 * P:6 * P]))), [x > 0.5 for x in last[4 * P:5 * P]]
     eng.reset(torch.neg(g), gg if gg is not None else dot(g, g), run)  # problems not running: masked
     S, R, Dv = eng.S, eng.R, eng.Dv
     n_cg = 0
@@ -844,10 +968,32 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
-    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False, sparse=sparse)
-    eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
+    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False, sparse=sparse, decide="plain")
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)
+    if eng.decide and any(run):  # decisions on the device, the host a step behind; history replayed
+        eng.reset_decided(B, cg_control(rr, [(tol * b) ** 2 for b in bnorm], run))
+        seen, issued = _decided_steps(eng, max_iter, tr=False)
+        steps = [0.0] * m
+        for it, v in enumerate(seen, 1):
+            step = 0.0
+            for j in range(m):
+                if v[5 * m + j] > steps[j]:  # problem j took this step
+                    steps[j] = v[5 * m + j]
+                    a, rnew = v[8 * m + j], v[7 * m + j]
+                    step = max(step, abs(a) * math.sqrt(max(dd[j], 0.0)))
+                    q[j] -= 0.5 * a * rr[j]
+                    n_iter[j] += 1
+                    b = _finite_or(rnew / rr[j], 0.0) if rr[j] > 0 else 0.0
+                    rr[j] = rnew
+                    dd[j] = rnew + b * b * dd[j]
+            if history is not None:  # every step read was taken by some column
+                history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
+        status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
+        res = SolverResult(eng.S, n_iter, status)
+        res.n_steps = issued
+        return res
+    eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
     it = 0
     while it < max_iter and any(run):
         it += 1

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
 import pstats
 import sys
@@ -61,6 +60,25 @@ def per_call_us(fn, calls, dev):
         fn()
     _sync(dev)
     return 1e6 * (time.perf_counter() - t0) / calls
+
+
+def profile_table(fn, dev, top, reps):
+    """cProfile of ``reps`` calls of ``fn``: the ``top`` functions by cumulative time, in us per
+    call of ``fn`` (own and cumulative) with calls per ``fn`` call (pstats prints ms to 3 places,
+    too coarse for a fit whose host time is a few ms)."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(reps):
+        fn()
+    _sync(dev)
+    pr.disable()
+    st = pstats.Stats(pr).stats
+    rows = sorted(st.items(), key=lambda kv: -kv[1][3])[:top]
+    lines = [f"{'cum us':>9} {'own us':>9} {'calls':>7}  function"]
+    for (path, line, name), (cc, nc, tt, ct, _) in rows:
+        where = f"{os.path.relpath(path) if path.startswith('/') else path}:{line}({name})"
+        lines.append(f"{1e6 * ct / reps:9.1f} {1e6 * tt / reps:9.1f} {nc / reps:7.1f}  {where[-90:]}")
+    return "\n".join(lines)
 
 
 def _sync(dev):
@@ -125,7 +143,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--rows", type=int, default=4096)
-    ap.add_argument("--cprofile", type=int, default=25, help="top functions by own time in the fit profile")
+    ap.add_argument("--cprofile", type=int, default=60, help="top functions by cumulative time in the fit profile")
     ap.add_argument("--ab-shapes", nargs="+", default=["1000000x100", "4000000x64"],
                     help="NxD of the CUDA-graphs on/off fit comparison")
     ap.add_argument("--ab-reps", type=int, default=7)
@@ -168,6 +186,21 @@ def main(argv=None):
             row("loss_gradient logistic, intercept", be, per_call_us(
                 lambda: fusedml.loss_gradient(X, s, lbl, loss="logistic", z=s, beta=1e-3, intercept=True,
                                               backend=be), calls, dev))
+            # where one mmchain call's host time goes: validation, then the launcher alone
+            from fusedml.mmchain._checks import prepare_mmchain
+            from fusedml.mmchain.dense import dense_mmchain_fused
+
+            prep = lambda: prepare_mmchain(X, s, h, s, 1.0, 1e-3, intercept=True, v_op="mul",  # noqa: E731
+                                           check_finite=False)
+            row("  prepare_mmchain (validation) alone", be, per_call_us(prep, calls, dev))
+            Pm = prep()
+            row("  dense_mmchain_fused (validated) alone", be, per_call_us(lambda: dense_mmchain_fused(Pm), calls, dev))
+            for name, fn in (("mmchain fused", lambda: fusedml.mmchain(X, s, v=h, z=s, beta=1e-3, intercept=True,
+                                                                      backend="fused")),
+                             ("loss_gradient fused", lambda: fusedml.loss_gradient(
+                                 X, s, lbl, loss="logistic", z=s, beta=1e-3, intercept=True, backend="fused"))):
+                profiles[name] = profile_table(fn, dev, 30, calls)
+                print(name, "\n" + profiles[name], flush=True)
 
     from algorithms import LogisticRegression
 
@@ -187,14 +220,7 @@ def main(argv=None):
                      "n_iter": est.n_iter_.tolist() if hasattr(est.n_iter_, "tolist") else est.n_iter_,
                      "fit_info": {k: v for k, v in info.items() if isinstance(v, (int, float, str))}})
         print(f"{'LogisticRegression fit (host only)':<40} {be:<6} {us:9.1f} us  n_iter={est.n_iter_}", flush=True)
-        pr = cProfile.Profile()
-        pr.enable()
-        fit()
-        _sync(dev)
-        pr.disable()
-        buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
-        profiles[be] = buf.getvalue()
+        profiles[be] = profile_table(fit, dev, args.cprofile, reps)
         print(profiles[be])
     rows += env_ab(args.ab_shapes if not quick else ["400x8"], 2 if quick else args.ab_reps, dev,
                    args.ab_var, args.ab_algos, args.ab_values)

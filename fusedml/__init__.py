@@ -3,12 +3,13 @@ from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
 from ._validation import CSRMatrix, as_csr, as_matrix
 from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .kmeans import LloydStep, lloyd_step
-from .mmchain import LossGradient, loss_gradient, matvec, mmchain
+from .mmchain import BoundMMChain, LossGradient, bind_mmchain, loss_gradient, matvec, mmchain
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "BoundMMChain",
     "CSRMatrix",
     "GMMStats",
     "gmm_estep",
@@ -16,6 +17,7 @@ __all__ = [
     "gmm_score",
     "as_csr",
     "as_matrix",
+    "bind_mmchain",
     "interpret_mode",
     "LloydStep",
     "LossGradient",

@@ -12,6 +12,7 @@ both GPU backends alike, so the comparison of backends stays one of the products
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -19,8 +20,9 @@ import triton
 import triton.language as tl
 
 from ._dispatch import interpret_mode
+from ._launch import launch
 
-__all__ = ["cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
+__all__ = ["CONTROL", "cg_control", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -35,9 +37,10 @@ def _finite_or_zero(x):
 @triton.jit
 def _cg_update_kernel(
     S, R, Dv, Ad, S0, R0,  # [n, K] (Ad: any strides; the others contiguous)
-    RTR, BETA, MASK, PACKED,  # [P], [P], [P], [2P]
+    RTR, BETA, MASK, PACKED, CTL,  # [P], [P], [P], [2P], [NCTL * P] float64
     n, cpp, P, K, stride_an, stride_ak,
-    KEEP: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    KEEP: tl.constexpr, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     j = tl.program_id(0)  # problem j owns columns [j * cpp, (j + 1) * cpp)
     offs_r = tl.arange(0, BLOCK_R)
@@ -45,15 +48,42 @@ def _cg_update_kernel(
     cols = j * cpp + offs_c
     cmask = offs_c < cpp
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    for r0 in range(0, n, BLOCK_R):  # sweep 1: d^T A d
+    a_sd = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    a_ss = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    a_dd = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    for r0 in range(0, n, BLOCK_R):  # sweep 1: d^T A d (and S^T D, S^T S, D^T D for the region test)
         rows = (r0 + offs_r).to(tl.int64)
         m = (rows < n)[:, None] & cmask[None, :]
-        d = tl.load(Dv + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+        d = tl.load(Dv + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
         a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
-        acc += d.to(tl.float64) * a.to(tl.float64)
+        acc += d * a.to(tl.float64)
+        if TR:
+            s = tl.load(S + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
+            a_sd += s * d
+            a_ss += s * s
+            a_dd += d * d
     dad = tl.sum(tl.sum(acc, axis=1), axis=0)
-    rtr = tl.load(RTR + j).to(tl.float64)
+    if DECIDE:
+        rtr = tl.load(CTL + j)
+        run = tl.load(CTL + 3 * P + j)
+    else:
+        rtr = tl.load(RTR + j).to(tl.float64)
+        run = 1.0
     alpha = _finite_or_zero(rtr / dad)
+    over = tl.zeros_like(dad)
+    sts = tl.zeros_like(dad)
+    if TR:  # Steihaug: a step leaving ||s|| <= delta (or d^T A d <= 0) stops at the boundary
+        sd = tl.sum(tl.sum(a_sd, axis=1), axis=0)
+        ss = tl.sum(tl.sum(a_ss, axis=1), axis=0)
+        dd = tl.sum(tl.sum(a_dd, axis=1), axis=0)
+        dsq = tl.load(CTL + P + j)
+        out = (dad <= 0.0) | (dad != dad) | (ss + (2.0 * sd + alpha * dd) * alpha > dsq)
+        rad = tl.sqrt(tl.maximum(sd * sd + dd * (dsq - ss), 0.0))
+        ab = _finite_or_zero(tl.where(sd >= 0.0, (dsq - ss) / (sd + rad), (rad - sd) / dd))
+        alpha = tl.where(out, ab, alpha)
+        over = tl.where(out, 1.0, 0.0)
+        sts = ss + (2.0 * sd + alpha * dd) * alpha
+    alpha = alpha * run
     if HAS_MASK:
         alpha = alpha * tl.load(MASK + j).to(tl.float64)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
@@ -75,13 +105,26 @@ def _cg_update_kernel(
         acc += rf * rf
     rnew = tl.sum(tl.sum(acc, axis=1), axis=0)
     b = _finite_or_zero(rnew / rtr)
-    if HAS_MASK:
-        b = b * tl.load(MASK + j).to(tl.float64)
-    out_ty = PACKED.dtype.element_ty
-    tl.store(BETA + j, b.to(out_ty))
-    tl.store(RTR + j, rnew.to(out_ty))
-    tl.store(PACKED + j, dad.to(out_ty))
-    tl.store(PACKED + P + j, rnew.to(out_ty))
+    out_ty = BETA.dtype.element_ty
+    if DECIDE:  # the host's decisions, made here: the host reads this block a step or two later
+        go = run * (1.0 - over)  # a normal step (not stopped, not at the boundary)
+        cont = tl.where(rnew > tl.load(CTL + 2 * P + j), go, 0.0)
+        tl.store(BETA + j, (b * cont).to(out_ty))
+        tl.store(CTL + j, tl.where(go > 0, rnew, rtr))
+        tl.store(CTL + 3 * P + j, cont)
+        tl.store(CTL + 4 * P + j, tl.maximum(tl.load(CTL + 4 * P + j), over * run))
+        tl.store(CTL + 5 * P + j, tl.load(CTL + 5 * P + j) + run)
+        tl.store(CTL + 6 * P + j, dad)
+        tl.store(CTL + 7 * P + j, rnew)
+        tl.store(CTL + 8 * P + j, alpha)
+        tl.store(CTL + 9 * P + j, sts)
+    else:
+        if HAS_MASK:
+            b = b * tl.load(MASK + j).to(tl.float64)
+        tl.store(BETA + j, b.to(out_ty))
+        tl.store(RTR + j, rnew.to(out_ty))
+        tl.store(PACKED + j, dad.to(out_ty))
+        tl.store(PACKED + P + j, rnew.to(out_ty))
 
 
 def cg_update_applies(like: torch.Tensor, P: int) -> bool:
@@ -115,7 +158,38 @@ def _applies(t: torch.Tensor, P: int) -> bool:
     return P in (1, K) and n * (K // P) <= MAX_ENTRIES
 
 
-def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -> torch.Tensor:
+#: the control block of a device-decided CG step (:func:`cg_update` with ``control``): float64
+#: [len(CONTROL) * P], field f of problem j at ``CONTROL.index(f) * P + j``
+CONTROL = ("rTr", "dsq", "tol2", "run", "reach", "steps", "dAd", "rnew", "alpha", "sts")
+
+
+def cg_control(rTr, tol2, run, dsq=None) -> list:
+    """The initial control block of device-decided CG steps, as a host list (see :data:`CONTROL`).
+
+    Parameters
+    ----------
+    rTr : list of float
+        ``r^T r`` per problem at the start (``S = 0``).
+    tol2 : list of float
+        A problem stops after the step whose new ``r^T r`` is ``<= tol2``.
+    run : list of bool
+        Problems that take steps (the others are frozen from the start).
+    dsq : list of float, optional
+        Squared trust-region radius per problem (``trust_region=True`` steps).
+
+    Returns
+    -------
+    list of float
+        ``len(CONTROL) * P`` values.
+    """
+    P = len(rTr)
+    zero = [0.0] * P
+    return ([float(x) for x in rTr] + ([float(x) for x in dsq] if dsq is not None else [math.inf] * P)
+            + [float(x) for x in tol2] + [1.0 if r else 0.0 for r in run] + zero * 6)
+
+
+def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
+              trust_region=False) -> torch.Tensor:
     """The vector half of one CG step, in place, one launch.
 
     With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
@@ -131,6 +205,16 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -
 
     Sums in float64; ``packed`` receives ``[dAd, rnew]``.
 
+    With ``control`` the step also makes the decisions a CG driver makes on the host, so that the
+    host may queue further steps before reading any result: the ``rTr``, run flag, tolerance and
+    (``trust_region``) squared radius come from ``control`` (:data:`CONTROL`, made by
+    :func:`cg_control`); a problem that is not running takes no step; a step with ``d^T A d <= 0``
+    or leaving ``||S|| <= delta`` instead goes to the boundary (Steihaug, LIBLINEAR's trcg, with
+    ``S^T D``, ``S^T S``, ``D^T D`` summed exactly in the same sweep) and stops with ``reach``
+    set; a problem whose new ``r^T r <= tol2`` stops; ``beta`` is 0 for stopped problems;
+    ``steps`` counts each problem's steps; ``dAd``, ``rnew``, ``alpha`` and ``sts`` (``S^T S``
+    after the step) are the step's values.
+
     Parameters
     ----------
     S, R, Dv : torch.Tensor
@@ -139,27 +223,33 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -
         [n, K], the product of the operator with ``Dv`` (any strides, same dtype).
     rTr, beta : torch.Tensor
         [P] in the vectors' dtype: ``r^T r`` before the step (replaced by the new one) and the
-        next ``beta`` (written).
+        next ``beta`` (written). With ``control``, ``rTr`` is not used (may be None).
     packed : torch.Tensor
-        [2 P] output: ``d^T A d``, then the new ``r^T r``.
+        [2 P] output: ``d^T A d``, then the new ``r^T r`` (not used with ``control``; may be None).
     mask : torch.Tensor, optional
-        [P]: 0 freezes a problem (alpha and beta 0).
+        [P]: 0 freezes a problem (alpha and beta 0). Not with ``control`` (its run flags).
     S0, R0 : torch.Tensor, optional
         [n, K] contiguous: receive S and R as they were before the update (both or neither).
+    control : torch.Tensor, optional
+        [len(CONTROL) * P] float64 on the vectors' device, updated in place.
+    trust_region : bool
+        With ``control``: the Steihaug boundary test against ``control``'s ``dsq``.
 
     Returns
     -------
     torch.Tensor
-        ``packed``.
+        ``packed`` (``control`` with ``control``).
     """
     if S.ndim != 2:
         raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
     n, K = S.shape
-    P = rTr.numel()
+    P = control.numel() // len(CONTROL) if control is not None else rTr.numel()
     if P not in (1, K):
-        raise ValueError(f"rTr must hold 1 or K = {K} values (one per problem), got {P}")
+        raise ValueError(f"there must be 1 or K = {K} problems, got {P}")
     if (S0 is None) != (R0 is None):
         raise ValueError("S0 and R0 go together")
+    if trust_region and control is None:
+        raise ValueError("trust_region needs control (the radius lives there)")
     for t, name in ((R, "R"), (Dv, "Dv"), (Ad, "Ad")) + (((S0, "S0"), (R0, "R0")) if S0 is not None else ()):
         if tuple(t.shape) != (n, K) or t.dtype != S.dtype or t.device != S.device:
             raise ValueError(f"{name} must match S ({(n, K)}, {S.dtype}, {S.device}), got "
@@ -167,18 +257,29 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None) -
     for t, name in ((S, "S"), (R, "R"), (Dv, "Dv"), (S0, "S0"), (R0, "R0")):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    for t, name, size in ((rTr, "rTr", P), (beta, "beta", P), (packed, "packed", 2 * P), (mask, "mask", P)):
+    small = ((beta, "beta", P),)
+    if control is None:
+        small += ((rTr, "rTr", P), (packed, "packed", 2 * P), (mask, "mask", P))
+    elif (control.numel() != len(CONTROL) * P or control.dtype != torch.float64 or not control.is_contiguous()
+          or control.device != S.device):
+        raise ValueError(f"control must be {len(CONTROL)} x P contiguous float64 values on {S.device}")
+    elif mask is not None:
+        raise ValueError("mask and control exclude each other (control holds the run flags)")
+    for t, name, size in small:
         if t is not None and (t.numel() != size or not t.is_contiguous() or t.dtype != S.dtype):
             raise ValueError(f"{name} must be {size} contiguous values of {S.dtype}")
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
     block_r = max(1, 2048 // block_c)
     keep = S0 is not None
-    _cg_update_kernel[(P,)](
-        S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr, beta, mask if mask is not None else rTr, packed,
-        n, cpp, P, K, Ad.stride(0), Ad.stride(1),
-        KEEP=keep, HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8)
-    return packed
+    dummy = beta
+    launch(_cg_update_kernel, (P,),
+           (S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr if rTr is not None else dummy, beta,
+            mask if mask is not None else dummy, packed if packed is not None else dummy,
+            control if control is not None else dummy, n, cpp, P, K, Ad.stride(0), Ad.stride(1)),
+           dict(KEEP=keep, HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region),
+                BLOCK_R=block_r, BLOCK_C=block_c), num_warps=8)
+    return control if control is not None else packed
 
 
 @triton.jit
@@ -259,7 +360,7 @@ def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
     out = torch.empty(5 * P, dtype=torch.float64, device=g.device)
-    _trial_sums_kernel[(P,)](
-        g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1),
-        g_t.stride(0), g_t.stride(1), BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c, num_warps=8)
+    launch(_trial_sums_kernel, (P,),
+           (g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1),
+            g_t.stride(0), g_t.stride(1)), dict(BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c), num_warps=8)
     return out

@@ -157,6 +157,18 @@ def _count_operator_calls(monkeypatch):
         calls.append("matvec")
         return mv(X, y, **kw)
 
+    bind = fusedml.bind_mmchain
+
+    def bind_mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, **kw):  # the CG engines' bound products
+        if y is not None:
+            assert z is not None and beta != 0.0
+        op = bind(X, y, v, z, alpha, beta, **kw)
+
+        def run():
+            calls.append("gradient" if y is None else "hessp")
+            return op()
+        return run
+
     lg = fusedml.loss_gradient
 
     def loss_gradient(X, W, target, **kw):
@@ -166,6 +178,7 @@ def _count_operator_calls(monkeypatch):
     monkeypatch.setattr(fusedml, "mmchain", mmchain)
     monkeypatch.setattr(fusedml, "matvec", matvec)
     monkeypatch.setattr(fusedml, "loss_gradient", loss_gradient)
+    monkeypatch.setattr(fusedml, "bind_mmchain", bind_mmchain)
     return calls
 
 

@@ -1,9 +1,11 @@
 """fusedml.cg: the vector half of a CG step in one launch (interpreter), and the solvers on it."""
+import sys
+
 import numpy as np
 import pytest
 import torch
 
-from fusedml.cg import MAX_ENTRIES, cg_update, cg_update_applies, trial_sums, trial_sums_applies
+from fusedml.cg import CONTROL, MAX_ENTRIES, cg_control, cg_update, cg_update_applies, trial_sums, trial_sums_applies
 
 
 def _reference(S, R, Dv, Ad, rTr, mask, P):
@@ -106,6 +108,101 @@ def test_cg_update_applies(monkeypatch):
     assert not cg_update_applies(x, 1)
 
 
+def _steihaug_reference(A, B, P, tol2, run, dsq, steps):
+    """float64 Python: ``steps`` CG steps on ``A X = B`` per problem (P = 1: all columns one problem;
+    P = K: each column), Steihaug's boundary rule when ``dsq`` is given (LIBLINEAR's trcg)."""
+    n, K = B.shape
+    cpp = K // P
+    out = []
+    for j in range(P):
+        cols = slice(j * cpp, (j + 1) * cpp)
+        s, r = np.zeros((n, cpp)), B[:, cols].copy()
+        d, beta, rtr, go = np.zeros((n, cpp)), 0.0, float((r * r).sum()), run[j]
+        n_steps, reach = 0, False
+        for _ in range(steps):
+            if not go:
+                break
+            d = r + beta * d
+            ad = A @ d
+            dad = float((d * ad).sum())
+            alpha = rtr / dad if dad != 0 else 0.0
+            over = False
+            if dsq is not None:
+                sd, ss, dd = float((s * d).sum()), float((s * s).sum()), float((d * d).sum())
+                over = dad <= 0 or ss + (2 * sd + alpha * dd) * alpha > dsq[j]
+                if over:
+                    rad = np.sqrt(max(sd * sd + dd * (dsq[j] - ss), 0.0))
+                    alpha = (dsq[j] - ss) / (sd + rad) if sd >= 0 else (rad - sd) / dd
+            s, r = s + alpha * d, r - alpha * ad
+            n_steps += 1
+            rnew = float((r * r).sum())
+            if over:
+                reach, go = True, False
+            else:
+                beta, rtr, go = rnew / rtr, rnew, rnew > tol2[j]
+                beta = beta if go else 0.0
+        out.append((s, n_steps, reach))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,K,P,region", [(30, 1, 1, None), (30, 1, 1, 0.5), (30, 3, 1, 2.0), (30, 3, 3, 0.7),
+                                          (30, 3, 3, None), (7, 2, 2, 1e6)])
+def test_cg_update_decided_matches_steihaug(n, K, P, region, dtype):
+    """With a control block the kernel makes the CG driver's decisions (stop at the tolerance, at
+    the trust-region boundary, frozen problems): the queued steps reproduce a float64 Steihaug CG
+    run per problem, steps past a problem's end change nothing."""
+    g = torch.Generator().manual_seed(n + K + P)
+    Q = torch.randn(n, n, generator=g, dtype=torch.float64)
+    A = Q @ Q.T / n + 0.1 * torch.eye(n, dtype=torch.float64)
+    A[0, 0] = -5.0 if region is not None and region > 1e3 else A[0, 0]  # indefinite: d^T A d <= 0 ends it
+    B = torch.randn(n, K, generator=g, dtype=torch.float64)
+    cpp = K // P
+    rtr = (B * B).reshape(n, P, cpp).sum((0, 2)).tolist()
+    tol2 = [(1e-8 if dtype == torch.float64 else 1e-4) * x for x in rtr]
+    run = [True] * P
+    if P > 1:
+        run[-1] = False  # frozen from the start
+    dsq = None if region is None else [region ** 2] * P
+    S, R, Dv = torch.zeros(n, K, dtype=dtype), B.clone().to(dtype), torch.zeros(n, K, dtype=dtype)
+    beta = torch.zeros(P, dtype=dtype)
+    ctl = torch.tensor(cg_control(rtr, tol2, run, dsq), dtype=torch.float64)
+    steps = 3 * n
+    for _ in range(steps):
+        Dv = R + beta.repeat_interleave(cpp)[None, :] * Dv
+        Ad = (A @ Dv.double()).to(dtype)
+        assert cg_update(S, R, Dv, Ad, None, beta, None, control=ctl, trust_region=dsq is not None) is ctl
+    ref = _steihaug_reference(A.numpy(), B.numpy(), P, tol2, run, dsq, steps)
+    v = ctl.tolist()
+    tol = 1e-6 if dtype == torch.float64 else 2e-3  # CG amplifies rounding over ~20 steps
+    for j, (s_ref, n_ref, reach_ref) in enumerate(ref):
+        assert v[CONTROL.index("run") * P + j] == 0.0  # every problem ended
+        # float32 rounding may move the step that crosses the tolerance by one
+        assert abs(v[CONTROL.index("steps") * P + j] - n_ref) <= (0 if dtype == torch.float64 else 1)
+        assert (v[CONTROL.index("reach") * P + j] == 1.0) == reach_ref
+        got = S[:, j * cpp:(j + 1) * cpp].double().numpy()
+        np.testing.assert_allclose(got, s_ref, rtol=tol, atol=tol * max(np.abs(s_ref).max(), 1e-12))
+        if reach_ref:  # on the boundary
+            assert abs(float((got ** 2).sum()) - dsq[j]) <= 10 * tol * dsq[j]
+    if P > 1:
+        assert torch.all(S[:, -cpp:] == 0)
+
+
+def test_cg_update_decided_bad_inputs():
+    S = torch.zeros(4, 2)
+    beta = torch.zeros(1)
+    ctl = torch.zeros(len(CONTROL), dtype=torch.float64)
+    with pytest.raises(ValueError, match="control must be"):
+        cg_update(S, S.clone(), S.clone(), S.clone(), None, beta, None, control=torch.zeros(len(CONTROL) + 1))
+    with pytest.raises(ValueError, match="control must be"):
+        cg_update(S, S.clone(), S.clone(), S.clone(), None, beta, None, control=ctl.float())
+    with pytest.raises(ValueError, match="exclude each other"):
+        cg_update(S, S.clone(), S.clone(), S.clone(), None, beta, None, control=ctl, mask=beta)
+    with pytest.raises(ValueError, match="trust_region needs control"):
+        cg_update(S, S.clone(), S.clone(), S.clone(), beta, beta, torch.zeros(2), trust_region=True)
+    assert cg_control([4.0], [1e-2], [True]) == [4.0, float("inf"), 1e-2, 1.0] + [0.0] * 6
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,K,P", [(37, 1, 1), (1500, 3, 1), (50, 4, 4)])
 def test_trial_sums_matches_float64(n, K, P, dtype):
@@ -138,12 +235,7 @@ def test_trial_sums_nan_gradient_and_bad_inputs():
     assert not trial_sums_applies((g, g, g, g), 1)  # CPU, not forced
 
 
-@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
-def test_solvers_on_fused_cg_update(monkeypatch, case):
-    """TRON (one problem, coupled classes, K independent one-vs-rest problems) and linear CG (two
-    independent columns) with every CG step's vector half and TRON's accept-test sums in the
-    kernels (stop rules on the host): same iterations and coefficients as the torch form."""
-    from _fused_cg import fit_torch_then_kernels
+def _solver_case(case):
     from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
 
     rng = np.random.default_rng(5)
@@ -157,12 +249,46 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
                     rng.poisson(np.exp(0.3 * eta)).astype(np.float32)),
         "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend="ops"), np.stack([eta, 1 - eta], 1)),
     }[case]
+    return make, X, y
+
+
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
+def test_solvers_on_fused_cg_update(monkeypatch, case):
+    """TRON (one problem, coupled classes, K independent one-vs-rest problems) and linear CG (two
+    independent columns) with every CG step's vector half, its decisions (trust region, stop)
+    and TRON's accept-test sums in the kernels, the host a step behind: same iterations and
+    coefficients as the torch form with host decisions."""
+    from _fused_cg import fit_torch_then_kernels
+
+    make, X, y = _solver_case(case)
     ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, make, X, y, "1")
     assert n_update, "the fused CG update was not used"
     assert bool(n_trial) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
     cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
+
+
+@pytest.mark.parametrize("lag", ["0", "3"])
+@pytest.mark.parametrize("case", ["svc-ovr", "ridge-2"])
+def test_decided_cg_steps_any_lag(monkeypatch, case, lag):
+    """The host reading the device-decided CG steps at once (lag 0) or three steps late gives the
+    same fit and history as the torch form; steps queued past the end only add products."""
+    from _fused_cg import fit_torch_then_kernels
+
+    monkeypatch.setenv("FUSEDML_CG_LAG", lag)
+    make, X, y = _solver_case(case)
+    ref, got, n_update, _ = fit_torch_then_kernels(monkeypatch, make, X, y, "1")
+    assert n_update
+    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    np.testing.assert_allclose(np.asarray(got.coef_), np.asarray(ref.coef_), rtol=1e-4,
+                               atol=1e-5 * np.abs(np.asarray(ref.coef_)).max())
+    hg, hr = got.history_, ref.history_
+    assert [r["iter"] for r in hg] == [r["iter"] for r in hr]
+    np.testing.assert_allclose([r["objective"] for r in hg], [r["objective"] for r in hr], rtol=1e-5)
+    if case == "ridge-2":
+        assert got._fit_info["n_mmchain"] >= ref._fit_info["n_mmchain"]
+        assert got._fit_info["n_mmchain"] <= ref._fit_info["n_mmchain"] + int(lag)
 
 
 def test_stop_rules_host_form_matches_device_form():
@@ -184,3 +310,42 @@ def test_stop_rules_host_form_matches_device_form():
     nan = float("nan")
     assert max_abs_grad_stop(1.0).host([nan], [nan], [1.0]) == [False]
     assert relative_grad_norm_stop(torch.ones(1)).host([nan], [nan], [1.0]) == [False]
+
+
+def _aot():
+    """sm_90 compiles of both kernels in every variant the solvers launch (fp32 and fp64)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fusedml import cg
+
+    target = GPUTarget("cuda", 90, 32)
+    fn = cg._cg_update_kernel
+    for ty in ("fp32", "fp64"):
+        for keep, mask, decide, tr in ((True, False, False, False), (False, True, False, False),
+                                       (False, False, True, True), (False, False, True, False)):
+            types = {a: f"*{ty}" for a in ("S", "R", "Dv", "Ad", "S0", "R0", "RTR", "BETA", "MASK", "PACKED")}
+            types.update(CTL="*fp64", n="i32", cpp="i32", P="i32", K="i32", stride_an="i32", stride_ak="i32")
+            consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, BLOCK_R=512, BLOCK_C=4)
+            sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+            triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=8))
+            print("AOT cg_update", ty, keep, mask, decide, tr)
+        ts = cg._trial_sums_kernel
+        types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
+        types.update(OUT="*fp64")
+        consts = dict(BLOCK_R=1024, BLOCK_C=1)
+        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ts.arg_names}
+        triton.compile(ASTSource(ts, sig, consts), target=target, options=dict(num_warps=8))
+        print("AOT trial_sums", ty)
+
+
+def test_kernels_compile_for_sm90():
+    """The decided step's float64 scalar logic (sqrt, selects) and both kernels compile for the GPU."""
+    from _sm90 import run_aot
+
+    run_aot(__file__, 10, tools=("ptxas",))
+
+
+if __name__ == "__main__" and "--aot" in sys.argv:
+    _aot()

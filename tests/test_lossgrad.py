@@ -231,7 +231,9 @@ def test_host_overhead_smoke(tmp_path):
     assert ("empty Triton launch", "-") in whats and ("loss_gradient logistic, intercept", "fused") in whats
     fits = [r for r in d["rows"] if r["what"].startswith("LogisticRegression")]
     assert [r["backend"] for r in fits] == ["fused", "ops"] and all(r["us_per_call"] > 0 for r in d["rows"])
-    assert set(d["cprofile"]) == {"fused", "ops"}
+    assert set(d["cprofile"]) == {"fused", "ops", "mmchain fused", "loss_gradient fused"}
+    assert all(t.startswith("   cum us") and len(t.splitlines()) > 1 for t in d["cprofile"].values())
+    assert ("  prepare_mmchain (validation) alone", "fused") in whats
 
 
 def test_host_overhead_ab_only_smoke(tmp_path, monkeypatch):

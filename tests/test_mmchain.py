@@ -375,6 +375,48 @@ def test_auto_backend_is_cpu_for_host_data(rng, monkeypatch):
     assert called
 
 
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+@pytest.mark.parametrize("form", ["vector", "matrix", "softmax", "csr"])
+def test_bind_mmchain_recomputes_from_current_operands(rng, backend, form):
+    """A bound product, after its operands change in place, equals mmchain on the new contents;
+    on the fused dense path every call writes the same buffer."""
+    N, D, m = 300, 7, (None if form in ("vector", "csr") else 3)
+    X = torch.from_numpy(rng.standard_normal((N, D)).astype(np.float32))
+    if form == "csr":
+        X = fusedml.as_csr(sp.random(N, D, density=0.4, format="csr", dtype=np.float32, random_state=1))
+    y, v, z = (t.float() for t in _operands(rng, N, D, m, intercept=True))
+    kw = dict(alpha=0.7, beta=0.3, intercept=True, v_op="softmax" if form == "softmax" else "mul", backend=backend)
+    op = fusedml.bind_mmchain(X, y, v, z, **kw)
+    outs = []
+    for _ in range(2):
+        y.copy_(torch.from_numpy(rng.standard_normal(tuple(y.shape))))
+        v.mul_(0.5).add_(0.2)
+        z.neg_()
+        got = op()
+        want = fusedml.mmchain(X, y, v, z, **kw)
+        assert got.shape == want.shape and rel(got, want.double()) < 1e-5
+        outs.append(got.data_ptr())
+    assert op.calls == 2
+    if backend == "fused" and form != "csr":
+        assert outs[0] == outs[1]
+
+
+def test_bind_mmchain_bad_inputs(rng):
+    X = torch.randn(20, 3)
+    with pytest.raises(ValueError, match="bind_mmchain: y must be a torch tensor of torch.float32"):
+        fusedml.bind_mmchain(X, torch.zeros(3, dtype=torch.float64), backend="cpu")
+    with pytest.raises(ValueError, match="bind_mmchain: v must be"):
+        fusedml.bind_mmchain(X, torch.zeros(3), np.ones(20, dtype=np.float32), backend="cpu")
+    with pytest.raises(ValueError, match="y must have D = 3 rows"):  # the usual checks, once
+        fusedml.bind_mmchain(X, torch.zeros(4), backend="cpu")
+
+    class Streamed:
+        def _fusedml_mmchain(self, *a, **k):
+            return None
+    with pytest.raises(TypeError, match="dense tensor or CSR matrix X"):
+        fusedml.bind_mmchain(Streamed(), torch.zeros(3))
+
+
 def test_duck_typed_delegation():
     class Streamed:
         def _fusedml_mmchain(self, y, v, z, alpha, beta, **kw):

@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from ._checks import Problem
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, padded_dot,
                      small_config)
@@ -939,7 +940,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
 
 
 def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None,
-                        loss: tuple | None = None) -> torch.Tensor:
+                        loss: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Fused dense ``w = alpha * [X,1]^T p + beta * z`` reading X once.
 
     Parameters
@@ -954,6 +955,9 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         ``(code, power, c, eta, hess)``: the loss-gradient pass (``P.v`` holds the targets; ``c``
         [N] weights or None; ``eta`` [N, m] output or None; ``hess`` [N, m] output); see
         :func:`fusedml.loss_gradient`. Only the onchip strategy (else ``NotImplementedError``).
+    out : torch.Tensor, optional
+        ``[Dx, m]`` contiguous, accumulation dtype: the result goes there (not with
+        ``deterministic``); :class:`fusedml.BoundMMChain` passes its one buffer.
 
     Returns
     -------
@@ -973,6 +977,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     L = Dx * M
     if deterministic:
         w = _empty((Dx, M), acc, dev)
+    elif out is not None:  # atomics accumulate into it: start from beta * z or zero
+        w = torch.mul(P.z, P.beta, out=out) if has_z else out.zero_()
     else:
         w = (P.z * P.beta).contiguous() if has_z else torch.zeros((Dx, M), dtype=acc, device=dev)
     a_hi, a_lo = _split(P.alpha)
@@ -1006,8 +1012,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
             extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
-        kernel[(grid,)](*lead, *scalars, *mid, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                        **extra)
+        launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
+               num_stages=cfg.num_stages)
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)
@@ -1033,9 +1039,8 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     t = _empty((N, M), acc, X.device)
     y = P.y
     n_tiles = -(-N // cfg.block_n)  # triton.cdiv costs ~3 us of host time per call
-    _matvec_kernel[(max(1, min(cfg.num_programs, n_tiles)),)](
-        X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1),
-        INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_mode(cfg), ACC=_TL[acc],
-        BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D, num_warps=cfg.num_warps,
-    )
+    launch(_matvec_kernel, (max(1, min(cfg.num_programs, n_tiles)),),
+           (X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1)),
+           dict(INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_mode(cfg), ACC=_TL[acc],
+                BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D), num_warps=cfg.num_warps)
     return t

@@ -1,0 +1,86 @@
+"""Repeated Triton launches without Triton's per-call argument binding.
+
+``kernel[grid](*args, **consts)`` spends ~40 us of host time on the H200 host binding and
+specialising ~30 arguments and hashing its cache key before the ~10 us driver launch
+(``benchmarks/results/host_overhead-H200-2026-12-04-s14-a.json``). The solvers make the same
+launches, same tensors and scalars, hundreds of times per fit, and at a million rows that host
+time is most of a fit. :func:`launch` remembers, per exact argument list (each tensor's address
+and dtype, each scalar's type and value, the constexprs, grid and launch options), the compiled
+kernel Triton's own first launch returned, and calls its launcher directly on later launches.
+The key holds everything Triton specialises on (pointer alignment, integer values 1 and
+multiples of 16, dtypes), so a hit runs exactly the kernel Triton would have picked. Under the
+interpreter, and on a Triton whose compiled kernels lack the launcher API, it is a plain launch.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._dispatch import interpret_mode
+
+__all__ = ["launch"]
+
+_CACHE: dict = {}
+_MAX = 4096
+_state = {"ok": None}  # None: not probed yet; False: plain launches only
+
+
+def _key(a):
+    if isinstance(a, torch.Tensor):
+        return a.data_ptr(), a.dtype
+    return a.__class__, a
+
+
+def _plain(kernel, grid, args, consts, options):
+    return kernel[grid](*args, **consts, **options)
+
+
+def launch(kernel, grid, args, consts, **options):
+    """``kernel[grid](*args, **consts, **options)``, through the compiled kernel's launcher when
+    this exact launch ran before.
+
+    Parameters
+    ----------
+    kernel : triton.JITFunction
+    grid : tuple of int
+    args : tuple
+        The positional (non-constexpr) arguments, in the kernel's order.
+    consts : dict
+        The constexpr arguments by name (the kernel's remaining parameters).
+    **options
+        Launch options (``num_warps``, ``num_stages``).
+    """
+    if _state["ok"] is False or interpret_mode():
+        return _plain(kernel, grid, args, consts, options)
+    try:
+        key = (id(kernel), grid, tuple(map(_key, args)), tuple(consts.items()), tuple(options.items()))
+        hit = _CACHE.get(key)
+    except TypeError:  # an unhashable argument: Triton's path
+        return _plain(kernel, grid, args, consts, options)
+    if hit is None:
+        ck = _plain(kernel, grid, args, consts, options)
+        if _state["ok"] is None:
+            _state["ok"] = all(hasattr(ck, a) for a in ("run", "function", "packed_metadata", "launch_metadata"))
+        if _state["ok"]:
+            names = [p.name for p in kernel.params]
+            rest = names[len(args):]
+            if all(n in consts for n in rest):  # no parameter left to a default
+                vals = tuple(args) + tuple(consts[n] for n in rest)
+                if len(_CACHE) >= _MAX:
+                    _CACHE.clear()
+                g = tuple(grid) + (1,) * (3 - len(grid))
+                _CACHE[key] = (ck, g, grid, vals)
+        return ck
+    from triton import knobs
+
+    ck, g, grid, vals = hit
+    stream = _stream()
+    ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
+           knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *vals)
+    return ck
+
+
+def _stream():
+    """The current device's current stream, as Triton's own launch finds it."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(driver.active.get_current_device())

@@ -1,0 +1,90 @@
+"""fusedml._launch.launch: a repeated launch goes straight to the compiled kernel's launcher, and
+only when every argument Triton specialises on is the same (a fake kernel: no GPU here)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fusedml import _launch
+
+
+class _Compiled:
+    def __init__(self):
+        self.function, self.packed_metadata, self.runs = object(), object(), []
+
+    def launch_metadata(self, grid, stream, *vals):
+        return None
+
+    def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit, *vals):
+        assert function is self.function and packed is self.packed_metadata and stream == "stream"
+        self.runs.append(((g0, g1, g2), vals))
+
+
+class _Kernel:
+    """A JITFunction stand-in: ``kernel[grid](...)`` counts Triton-path launches, returns one compiled kernel."""
+
+    def __init__(self, names):
+        self.params = [SimpleNamespace(name=n) for n in names]
+        self.compiled, self.plain = _Compiled(), []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.plain.append((grid, args, kw))
+            return self.compiled
+        return run
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(_launch, "interpret_mode", lambda: False)
+    monkeypatch.setattr(_launch, "_stream", lambda: "stream")
+    monkeypatch.setattr(_launch, "_CACHE", {})
+    monkeypatch.setitem(_launch._state, "ok", None)
+
+
+def test_repeat_launch_skips_triton_binding(fast):
+    k = _Kernel(["X", "N", "a", "BLOCK"])
+    X = torch.zeros(8)
+    for _ in range(3):
+        _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
+    assert len(k.plain) == 1 and k.plain[0][2] == {"BLOCK": 16, "num_warps": 4}
+    assert k.compiled.runs == [((4, 1, 1), (X, 8, 1.5, 16))] * 2  # constexprs passed in the kernel's order
+
+
+@pytest.mark.parametrize("change", ["tensor", "dtype", "int_vs_float", "value", "const", "grid", "warps"])
+def test_any_specialised_difference_takes_triton_path(fast, change):
+    k = _Kernel(["X", "N", "BLOCK"])
+    X = torch.zeros(8)
+    base = dict(grid=(4,), args=(X, 16), consts={"BLOCK": 16}, opts={"num_warps": 4})
+    other = dict(base)
+    other.update({"tensor": dict(args=(torch.zeros(8), 16)), "dtype": dict(args=(X.view(torch.int32), 16)),
+                  "int_vs_float": dict(args=(X, 16.0)), "value": dict(args=(X, 1)),
+                  "const": dict(consts={"BLOCK": 32}), "grid": dict(grid=(5,)),
+                  "warps": dict(opts={"num_warps": 8})}[change])
+    for c in (base, other):
+        _launch.launch(k, c["grid"], c["args"], c["consts"], **c["opts"])
+    assert len(k.plain) == 2 and not k.compiled.runs
+
+
+def test_plain_launch_when_unusable(fast, monkeypatch):
+    k = _Kernel(["X", "BLOCK", "EXTRA"])  # a parameter left to its default: never cached
+    for _ in range(2):
+        _launch.launch(k, (1,), (torch.zeros(2),), {"BLOCK": 4})
+    assert len(k.plain) == 2
+    k2 = _Kernel(["X", "C"])  # unhashable constexpr value
+    for _ in range(2):
+        _launch.launch(k2, (1,), (torch.zeros(2),), {"C": [1]})
+    assert len(k2.plain) == 2
+    monkeypatch.setattr(_launch, "interpret_mode", lambda: True)  # the interpreter: always Triton's path
+    k3 = _Kernel(["X"])
+    for _ in range(2):
+        _launch.launch(k3, (1,), (torch.zeros(2),), {})
+    assert len(k3.plain) == 2
+
+
+def test_compiled_kernel_without_launcher_api(fast):
+    k = _Kernel(["X"])
+    k.compiled = object()  # a Triton whose compiled kernels lack run/function/...: plain from now on
+    for _ in range(2):
+        _launch.launch(k, (1,), (torch.zeros(2),), {})
+    assert len(k.plain) == 2 and _launch._state["ok"] is False
