@@ -351,6 +351,67 @@ def check_cg(dev):
             want = torch.cat([(per(g0) * per(S)).sum((0, 2)), (per(S) * per(R)).sum((0, 2)), (per(S) ** 2).sum((0, 2)),
                               (per(g1) ** 2).sum((0, 2)), per(g1).abs().amax((0, 2))])
             record(f"trial_sums n={n} K={K} P={P} {str(dt)[6:]}", rel(got, want), 1e-12)
+    check_cg_decided(dev, g)
+    check_bound(dev, g)
+
+
+def check_bound(dev, g):
+    """fusedml.bind_mmchain on the GPU (its launches repeat through the compiled kernel): three calls,
+    operands changed in place before each, against the float64 formula on the new contents."""
+    for N, D, m, v_op in ((1_000_000, 100, None, "mul"), (200_000, 64, 4, "mul"), (300_000, 32, 3, "softmax")):
+        X = torch.randn(N, D, generator=g, device=dev)
+        shape = (D + 1,) if m is None else (D + 1, m)
+        y, z = torch.empty(shape, device=dev), torch.empty(shape, device=dev)
+        v = torch.empty((N,) if m is None else (N, m), device=dev)
+        op = fusedml.bind_mmchain(X, y, v, z, alpha=0.5, beta=1e-2, intercept=True, v_op=v_op, backend="fused")
+        err = 0.0
+        for _ in range(3):
+            y.normal_(generator=g)
+            z.normal_(generator=g)
+            v.uniform_(0.1, 1.0, generator=g)
+            got = op().clone()
+            err = max(err, rel(got, ref_mmchain(X.double(), y.double(), v.double(), z.double(), 0.5, 1e-2,
+                                                  intercept=True, v_op=v_op)))
+        record(f"bind_mmchain {N}x{D} m={m} {v_op} (3 calls)", err, TOL[torch.float32])
+
+
+def check_cg_decided(dev, g):
+    """Device-decided CG steps (cg_update with a control block) run to their end on a fresh SPD
+    system: without a region the solution's float64 residual meets the tolerance; with one, a
+    problem that stopped at the boundary has ||S|| = delta, one that converged inside meets it."""
+    from fusedml.cg import CONTROL, cg_control, cg_update
+
+    n = 200
+    for K, P, region in ((1, 1, None), (3, 1, None), (4, 4, None), (1, 1, 0.3), (4, 4, 1.0)):
+        Q = torch.randn(n, n, generator=g, device=dev, dtype=torch.float64)
+        A = Q @ Q.T / n + 0.5 * torch.eye(n, device=dev, dtype=torch.float64)
+        B = torch.randn(n, K, generator=g, device=dev, dtype=torch.float64)
+        cpp = K // P
+        per = lambda T: (T * T).reshape(n, P, cpp).sum((0, 2))  # noqa: E731
+        rtr = per(B).tolist()
+        tol2 = [1e-10 * x for x in rtr]
+        dsq = None if region is None else [region ** 2] * P
+        for dt in (torch.float32, torch.float64):
+            S, R, Dv = torch.zeros(n, K, device=dev, dtype=dt), B.to(dt).clone(), torch.zeros(n, K, device=dev, dtype=dt)
+            beta = torch.zeros(P, device=dev, dtype=dt)
+            ctl = torch.tensor(cg_control(rtr, tol2 if dt == torch.float64 else [1e-6 * x for x in rtr], [True] * P,
+                                          dsq), dtype=torch.float64, device=dev)
+            for _ in range(2 * n):
+                torch.addcmul(R, beta.repeat_interleave(cpp)[None, :], Dv, out=Dv)
+                cg_update(S, R, Dv, (A @ Dv.double()).to(dt), None, beta, None, control=ctl,
+                          trust_region=dsq is not None)
+            v = ctl.tolist()
+            reach = v[CONTROL.index("reach") * P:(CONTROL.index("reach") + 1) * P]
+            res = (per(B - A @ S.double()) / per(B)).sqrt()
+            tol = 2e-5 if dt == torch.float64 else 2e-3
+            err = 0.0
+            for j in range(P):
+                if reach[j] > 0.5:
+                    err = max(err, abs(float(per(S.double())[j].sqrt()) - region) / region)
+                else:
+                    err = max(err, float(res[j]))
+            record(f"cg_update decided n={n} K={K} P={P} region={region} {str(dt)[6:]} "
+                   f"(reach {sum(x > 0.5 for x in reach)}/{P})", err, tol)
 
 
 def main():

@@ -11,6 +11,7 @@ the device work is a few microseconds, so that every call's wall time is its hos
   top functions by own time;
 * whole fits at real sizes (``--ab-shapes``, ``--ab-algos``) with a solver switch on and off
   (``--ab-var``: ``FUSEDML_CUDA_GRAPHS``, the CG steps replayed from CUDA graphs or eager;
+  ``FUSEDML_CG_LAG``, device-decided CG steps queued 0 / 1 / ... steps ahead of the host;
   ``FUSEDML_FUSED_CG``, the vector half of each CG step in one launch or ~15 torch launches),
   per backend (median of ``--ab-reps``).
 
@@ -87,7 +88,7 @@ def _sync(dev):
 
 
 AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG update",
-           "FUSEDML_CAPTURE_AFTER": "CG steps captured after"}
+           "FUSEDML_CAPTURE_AFTER": "CG steps captured after", "FUSEDML_CG_LAG": "CG steps queued ahead"}
 
 
 def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge"), values=("1", "0")):
@@ -127,7 +128,7 @@ def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "lin
                         ts.append(time.perf_counter() - t0)
                     ms = 1e3 * sorted(ts)[len(ts) // 2]
                     info = getattr(est, "_fit_info", None) or {}
-                    label = flag if var == "FUSEDML_CAPTURE_AFTER" else ("on" if flag == "1" else "off")
+                    label = flag if var in ("FUSEDML_CAPTURE_AFTER", "FUSEDML_CG_LAG") else ("on" if flag == "1" else "off")
                     rows.append({"what": f"fit {algo} {spec}, {what} {label}",
                                  "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_)),
                                  "n_mmchain": info.get("n_mmchain"), "n_lossgrad": info.get("n_lossgrad"),
