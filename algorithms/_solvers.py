@@ -317,7 +317,9 @@ class _CGEngine:
         self.Dv.zero_()
         self.beta.zero_()
         t = torch.tensor(control, dtype=torch.float64)
-        self.ctl.copy_(t.pin_memory() if self.ctl.is_cuda else t, non_blocking=True)
+        if self.ctl.is_cuda:  # the previous solve's copy from the staging buffer was read behind
+            t = self.snaps.stage.copy_(t)
+        self.ctl.copy_(t, non_blocking=True)
         self.control0 = control
 
     def set_mask(self, run):
@@ -382,6 +384,9 @@ class _Snapshots:
         if self.cuda:
             self.buf = torch.empty((depth, ctl.numel()), dtype=ctl.dtype, pin_memory=True)
             self.ev = [torch.cuda.Event() for _ in range(depth)]
+            # the fit's stream, looked up once (~30 us of Python per lookup on the H200 host)
+            self.stream = torch.cuda.current_stream(ctl.device)
+            self.stage = torch.empty(ctl.numel(), dtype=ctl.dtype, pin_memory=True)  # H2D staging
 
     def take(self):
         """Queue a copy of the block as it is after the queued work; return ``read() -> list``."""
@@ -391,7 +396,7 @@ class _Snapshots:
         k = self.i % len(self.ev)
         self.i += 1
         self.buf[k].copy_(self.ctl, non_blocking=True)
-        self.ev[k].record()
+        self.ev[k].record(self.stream)
 
         def read():
             self.ev[k].synchronize()
@@ -405,8 +410,8 @@ def _likely_continues(seen, control0, P, tr):
     from the last two known states stays clear of the tolerance (the boundary). Queueing a step
     that turns out to be past the end costs one product on the device; not queueing it costs
     one host round trip."""
-    if not seen:
-        return True
+    if not seen:  # a solve's first step: TRON's later solves often take just one
+        return False
     last, prev = seen[-1], (seen[-2] if len(seen) > 1 else control0)
     for j in range(P):
         if last[3 * P + j] < 0.5:

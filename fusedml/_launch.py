@@ -1,15 +1,16 @@
 """Repeated Triton launches without Triton's per-call argument binding.
 
-``kernel[grid](*args, **consts)`` spends ~40 us of host time on the H200 host binding and
+``kernel[grid](*args, **consts)`` spends ~40-60 us of host time on the H200 host binding and
 specialising ~30 arguments and hashing its cache key before the ~10 us driver launch
-(``benchmarks/results/host_overhead-H200-2026-12-04-s14-a.json``). The solvers make the same
-launches, same tensors and scalars, hundreds of times per fit, and at a million rows that host
-time is most of a fit. :func:`launch` remembers, per exact argument list (each tensor's address
-and dtype, each scalar's type and value, the constexprs, grid and launch options), the compiled
-kernel Triton's own first launch returned, and calls its launcher directly on later launches.
-The key holds everything Triton specialises on (pointer alignment, integer values 1 and
-multiples of 16, dtypes), so a hit runs exactly the kernel Triton would have picked. Under the
-interpreter, and on a Triton whose compiled kernels lack the launcher API, it is a plain launch.
+(``benchmarks/results/host_overhead-H200-2026-12-03-s14-*.json``). The solvers make the same
+launches hundreds of times per fit, and at a million rows that host time is most of a fit.
+:func:`launch` keys each launch on what Triton specialises a compiled kernel on -- every tensor's
+dtype and 16-byte alignment, every integer's width class, ``== 1`` and divisibility by 16, every
+other scalar's type, the constexprs' values, the grid and launch options -- (finer than Triton's
+own key, never coarser) and, on a hit, calls the compiled kernel that Triton's own first launch
+returned through its launcher, with the current arguments. Under the interpreter, and on a
+Triton whose compiled kernels lack the launcher API, it is a plain launch. Kernels are keyed by
+``id``: module-level kernels only.
 """
 from __future__ import annotations
 
@@ -25,9 +26,14 @@ _state = {"ok": None}  # None: not probed yet; False: plain launches only
 
 
 def _key(a):
+    """What Triton specialises a compiled kernel on for argument ``a`` (or finer)."""
     if isinstance(a, torch.Tensor):
-        return a.data_ptr(), a.dtype
-    return a.__class__, a
+        return a.dtype, a.data_ptr() % 16 == 0
+    if a.__class__ is int:
+        return int, a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31), 0 <= a < (1 << 32)
+    if a.__class__ is float:
+        return float
+    return a.__class__, a  # bool, None, anything else: by value
 
 
 def _plain(kernel, grid, args, consts, options):
@@ -64,15 +70,15 @@ def launch(kernel, grid, args, consts, **options):
             names = [p.name for p in kernel.params]
             rest = names[len(args):]
             if all(n in consts for n in rest):  # no parameter left to a default
-                vals = tuple(args) + tuple(consts[n] for n in rest)
                 if len(_CACHE) >= _MAX:
                     _CACHE.clear()
                 g = tuple(grid) + (1,) * (3 - len(grid))
-                _CACHE[key] = (ck, g, grid, vals)
+                _CACHE[key] = (ck, g, tuple(consts[n] for n in rest))
         return ck
     from triton import knobs
 
-    ck, g, grid, vals = hit
+    ck, g, tail = hit
+    vals = tuple(args) + tail
     stream = _stream()
     ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
            knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *vals)

@@ -44,21 +44,25 @@ def fast(monkeypatch):
 
 def test_repeat_launch_skips_triton_binding(fast):
     k = _Kernel(["X", "N", "a", "BLOCK"])
-    X = torch.zeros(8)
-    for _ in range(3):
-        _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
+    X, X2 = torch.zeros(8), torch.zeros(8)  # fresh aligned allocations: the same specialisation
+    _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
+    _launch.launch(k, (4,), (X2, 24, 2.5), {"BLOCK": 16}, num_warps=4)
+    _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
     assert len(k.plain) == 1 and k.plain[0][2] == {"BLOCK": 16, "num_warps": 4}
-    assert k.compiled.runs == [((4, 1, 1), (X, 8, 1.5, 16))] * 2  # constexprs passed in the kernel's order
+    # the current arguments, constexprs after them in the kernel's order
+    assert k.compiled.runs == [((4, 1, 1), (X2, 24, 2.5, 16)), ((4, 1, 1), (X, 8, 1.5, 16))]
 
 
-@pytest.mark.parametrize("change", ["tensor", "dtype", "int_vs_float", "value", "const", "grid", "warps"])
+@pytest.mark.parametrize("change", ["tensor", "dtype", "int_vs_float", "value", "int_multiple", "int_width", "const",
+                                    "grid", "warps"])
 def test_any_specialised_difference_takes_triton_path(fast, change):
     k = _Kernel(["X", "N", "BLOCK"])
     X = torch.zeros(8)
     base = dict(grid=(4,), args=(X, 16), consts={"BLOCK": 16}, opts={"num_warps": 4})
     other = dict(base)
-    other.update({"tensor": dict(args=(torch.zeros(8), 16)), "dtype": dict(args=(X.view(torch.int32), 16)),
+    other.update({"tensor": dict(args=(X[1:], 16)), "dtype": dict(args=(X.view(torch.int32), 16)),
                   "int_vs_float": dict(args=(X, 16.0)), "value": dict(args=(X, 1)),
+                  "int_multiple": dict(args=(X, 17)), "int_width": dict(args=(X, 1 << 33)),
                   "const": dict(consts={"BLOCK": 32}), "grid": dict(grid=(5,)),
                   "warps": dict(opts={"num_warps": 8})}[change])
     for c in (base, other):
