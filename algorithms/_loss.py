@@ -676,11 +676,11 @@ class LinearObjective:
         """
         K = S.shape[1]
         fallback = lambda: self.hessp(hstate, S)  # noqa: E731
-        masked = self.fit_intercept and self.l2 != 0.0
-        z = torch.empty_like(S) if masked else S
-        common = dict(alpha=hstate["alpha"], beta=self.l2, intercept=self.fit_intercept, backend=self.backend)
         if K > MAX_COLS:
             return fallback
+        masked = self.fit_intercept and self.l2 != 0.0
+        z = torch.empty_like(S) if masked else S  # mask * S, written before each product
+        common = dict(alpha=hstate["alpha"], beta=self.l2, intercept=self.fit_intercept, backend=self.backend)
         try:
             if "h" in hstate:
                 h = hstate["h"]

@@ -30,7 +30,8 @@ from collections import deque
 
 import torch
 
-from fusedml.cg import CONTROL, cg_control, cg_update, cg_update_applies, trial_sums, trial_sums_applies
+from fusedml.cg import (CONTROL, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
+                        trial_sums_applies)
 
 __all__ = ["SolverResult", "StopRule", "conjugate_gradient", "lbfgs", "max_abs_grad_stop", "relative_grad_norm_stop",
            "tron"]
@@ -289,22 +290,25 @@ class _CGEngine:
         # the vector half of the step in one launch (fusedml.cg), where it applies; ``dot`` is
         # then the per-problem sum it computes (P = 1: over all columns; P = K: per column)
         self.fused = z.ndim == 2 and cg_update_applies(z, P)
-        self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused else None
         # ``decide`` ("tr": TRON's trust region, "plain": linear CG): the step's decisions made by
         # the update kernel too (cg_update's control block), so the host can queue steps ahead
         self.decide = decide if self.fused else None
+        self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused and not decide else None
         self.ctl = torch.zeros(len(CONTROL) * P, dtype=torch.float64, device=like.device) if self.decide else None
         self.snaps = _Snapshots(self.ctl, _lag() + 2) if self.decide else None
         keep = keep_previous and not self.decide  # a decided step never redoes itself
         self.S0, self.R0 = (z.clone(), z.clone()) if keep else (None, None)
         self.step = _Replay(self._step, graphs, owner, sparse)
 
-    def reset(self, R, rTr, run):
-        """A new solve from ``S = 0``, residual ``R``, ``rTr`` [P] device, problems ``run``."""
+    def _restart(self, R):
         self.S.zero_()
         self.R.copy_(R)
         self.Dv.zero_()
         self.beta.zero_()
+
+    def reset(self, R, rTr, run):
+        """A new solve from ``S = 0``, residual ``R``, ``rTr`` [P] device, problems ``run``."""
+        self._restart(R)
         self.rTr.copy_(rTr)
         if self.mask is not None:
             self.set_mask(run)
@@ -312,10 +316,7 @@ class _CGEngine:
     def reset_decided(self, R, control):
         """A new device-decided solve from ``S = 0``, residual ``R``; ``control`` the host list of
         :func:`fusedml.cg.cg_control` (one asynchronous H2D copy)."""
-        self.S.zero_()
-        self.R.copy_(R)
-        self.Dv.zero_()
-        self.beta.zero_()
+        self._restart(R)
         t = torch.tensor(control, dtype=torch.float64)
         if self.ctl.is_cuda:  # the previous solve's copy from the staging buffer was read behind
             t = self.snaps.stage.copy_(t)
@@ -331,19 +332,15 @@ class _CGEngine:
         self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
 
     def _step(self):
-        if self.decide:  # as below, the decisions made on the device too
-            torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
-            Ad = self.apply(self.Dv)
-            if Ad.dtype != self.S.dtype:
-                Ad = Ad.to(self.S.dtype)
-            cg_update(self.S, self.R, self.Dv, Ad, None, self.beta, None, control=self.ctl,
-                      trust_region=self.decide == "tr")
-            return self.ctl, Ad
         if self.fused:  # three launches besides the product: direction, A Dv, the update kernel
             torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
             Ad = self.apply(self.Dv)
             if Ad.dtype != self.S.dtype:
                 Ad = Ad.to(self.S.dtype)
+            if self.decide:  # the decisions made by the kernel too
+                cg_update(self.S, self.R, self.Dv, Ad, None, self.beta, None, control=self.ctl,
+                          trust_region=self.decide == "tr")
+                return self.ctl, Ad
             cg_update(self.S, self.R, self.Dv, Ad, self.rTr, self.beta, self.packed, mask=self.mask,
                       S0=self.S0, R0=self.R0)
             return self.packed, Ad
@@ -413,16 +410,17 @@ def _likely_continues(seen, control0, P, tr):
     if not seen:  # a solve's first step: TRON's later solves often take just one
         return False
     last, prev = seen[-1], (seen[-2] if len(seen) > 1 else control0)
+    run, rtr, tol2, sts, dsq = (control_slice(f, P).start for f in ("run", "rTr", "tol2", "sts", "dsq"))
     for j in range(P):
-        if last[3 * P + j] < 0.5:
+        if last[run + j] < 0.5:
             continue
-        r1, r0 = last[j], prev[j]
+        r1, r0 = last[rtr + j], prev[rtr + j]
         pred = r1 * min(r1 / r0, 1.0) if r0 > 0 else r1
-        if pred <= 4.0 * last[2 * P + j]:
+        if pred <= 4.0 * last[tol2 + j]:
             continue
         if tr:
-            s1, s0 = last[9 * P + j], prev[9 * P + j]
-            if s1 + 2.0 * (s1 - s0) >= last[P + j]:
+            s1, s0 = last[sts + j], prev[sts + j]
+            if s1 + 2.0 * (s1 - s0) >= last[dsq + j]:
                 continue
         return True
     return False
@@ -440,6 +438,7 @@ def _decided_steps(eng, max_steps, tr):
         Steps queued (products with the operator run).
     """
     P, lag = eng.P, _lag()
+    run = control_slice("run", P)
     pending, seen, issued = deque(), [], 0
     while issued < max_steps:
         eng.step()
@@ -447,7 +446,7 @@ def _decided_steps(eng, max_steps, tr):
         pending.append(eng.snaps.take())
         while pending and (len(pending) > lag or not _likely_continues(seen, eng.control0, P, tr)):
             seen.append(pending.popleft()())
-            if not any(x > 0.5 for x in seen[-1][3 * P:4 * P]):
+            if not any(x > 0.5 for x in seen[-1][run]):
                 return seen, issued
     while pending:
         seen.append(pending.popleft()())
@@ -537,7 +536,8 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
         eng.reset_decided(torch.neg(g), cg_control(rTr, [c * c for c in cgtol], run, dsq))
         seen, _ = _decided_steps(eng, max_cg, tr=True)
         last = seen[-1]
-        return eng.S, eng.R, int(round(max(last[5 * P:6 * P]))), [x > 0.5 for x in last[4 * P:5 * P]]
+        return (eng.S, eng.R, int(round(max(last[control_slice("steps", P)]))),
+                [x > 0.5 for x in last[control_slice("reach", P)]])
     eng.reset(torch.neg(g), gg if gg is not None else dot(g, g), run)  # problems not running: masked
     S, R, Dv = eng.S, eng.R, eng.Dv
     n_cg = 0
@@ -978,14 +978,15 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
         history.add(0, float(offset), max(bnorm), 0.0)
     if eng.decide and any(run):  # decisions on the device, the host a step behind; history replayed
         eng.reset_decided(B, cg_control(rr, [(tol * b) ** 2 for b in bnorm], run))
-        seen, issued = _decided_steps(eng, max_iter, tr=False)
+        seen, it = _decided_steps(eng, max_iter, tr=False)
         steps = [0.0] * m
-        for it, v in enumerate(seen, 1):
+        f_steps, f_alpha, f_rnew = (control_slice(f, m).start for f in ("steps", "alpha", "rnew"))
+        for k, v in enumerate(seen, 1):
             step = 0.0
             for j in range(m):
-                if v[5 * m + j] > steps[j]:  # problem j took this step
-                    steps[j] = v[5 * m + j]
-                    a, rnew = v[8 * m + j], v[7 * m + j]
+                if v[f_steps + j] > steps[j]:  # problem j took this step
+                    steps[j] = v[f_steps + j]
+                    a, rnew = v[f_alpha + j], v[f_rnew + j]
                     step = max(step, abs(a) * math.sqrt(max(dd[j], 0.0)))
                     q[j] -= 0.5 * a * rr[j]
                     n_iter[j] += 1
@@ -993,33 +994,30 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
                     rr[j] = rnew
                     dd[j] = rnew + b * b * dd[j]
             if history is not None:  # every step read was taken by some column
-                history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
-        status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
-        res = SolverResult(eng.S, n_iter, status)
-        res.n_steps = issued
-        return res
-    eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
-    it = 0
-    while it < max_iter and any(run):
-        it += 1
-        v = _host(eng.step()[0])  # THE sync of the step
-        dAd, rnew = v[:m], v[m:]
-        alpha = [(_finite_or(rr[j] / dAd[j], 0.0) if dAd[j] != 0 else 0.0) if run[j] else 0.0 for j in range(m)]
-        step = max(abs(a) * math.sqrt(max(d, 0.0)) for a, d in zip(alpha, dd))
-        was = list(run)
-        for j in range(m):
-            if run[j]:
-                q[j] -= 0.5 * alpha[j] * rr[j]
-                n_iter[j] += 1
-                b = _finite_or(rnew[j] / rr[j], 0.0) if rr[j] > 0 else 0.0
-                rr[j] = rnew[j]
-                run[j] = math.sqrt(max(rnew[j], 0.0)) > tol * bnorm[j]
+                history.add(k, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
+    else:
+        eng.reset(B, rr_dev, run)  # converged columns: masked (alpha and beta 0)
+        it = 0
+        while it < max_iter and any(run):
+            it += 1
+            v = _host(eng.step()[0])  # THE sync of the step
+            dAd, rnew = v[:m], v[m:]
+            alpha = [(_finite_or(rr[j] / dAd[j], 0.0) if dAd[j] != 0 else 0.0) if run[j] else 0.0 for j in range(m)]
+            step = max(abs(a) * math.sqrt(max(d, 0.0)) for a, d in zip(alpha, dd))
+            was = list(run)
+            for j in range(m):
                 if run[j]:
-                    dd[j] = rnew[j] + b * b * dd[j]
-        if m > 1 and any(run) and run != was:
-            eng.set_mask(run)
-        if history is not None:
-            history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
+                    q[j] -= 0.5 * alpha[j] * rr[j]
+                    n_iter[j] += 1
+                    b = _finite_or(rnew[j] / rr[j], 0.0) if rr[j] > 0 else 0.0
+                    rr[j] = rnew[j]
+                    run[j] = math.sqrt(max(rnew[j], 0.0)) > tol * bnorm[j]
+                    if run[j]:
+                        dd[j] = rnew[j] + b * b * dd[j]
+            if m > 1 and any(run) and run != was:
+                eng.set_mask(run)
+            if history is not None:
+                history.add(it, offset + sum(q), max(math.sqrt(max(x, 0.0)) for x in rr), step)
     P = eng.S
     status = ["converged" if not (math.sqrt(max(r, 0.0)) > tol * b) else "max_iter" for r, b in zip(rr, bnorm)]
     res = SolverResult(P, n_iter, status)

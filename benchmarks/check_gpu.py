@@ -379,7 +379,7 @@ def check_cg_decided(dev, g):
     """Device-decided CG steps (cg_update with a control block) run to their end on a fresh SPD
     system: without a region the solution's float64 residual meets the tolerance; with one, a
     problem that stopped at the boundary has ||S|| = delta, one that converged inside meets it."""
-    from fusedml.cg import CONTROL, cg_control, cg_update
+    from fusedml.cg import cg_control, cg_update, control_slice
 
     n = 200
     for K, P, region in ((1, 1, None), (3, 1, None), (4, 4, None), (1, 1, 0.3), (4, 4, 1.0)):
@@ -401,7 +401,7 @@ def check_cg_decided(dev, g):
                 cg_update(S, R, Dv, (A @ Dv.double()).to(dt), None, beta, None, control=ctl,
                           trust_region=dsq is not None)
             v = ctl.tolist()
-            reach = v[CONTROL.index("reach") * P:(CONTROL.index("reach") + 1) * P]
+            reach = v[control_slice("reach", P)]
             res = (per(B - A @ S.double()) / per(B)).sqrt()
             tol = 2e-5 if dt == torch.float64 else 2e-3
             err = 0.0

@@ -42,7 +42,7 @@ def _plain(kernel, grid, args, consts, options):
 
 def launch(kernel, grid, args, consts, **options):
     """``kernel[grid](*args, **consts, **options)``, through the compiled kernel's launcher when
-    this exact launch ran before.
+    a launch that Triton would compile the same way (same key, see the module) ran before.
 
     Parameters
     ----------

@@ -22,7 +22,7 @@ import triton.language as tl
 from ._dispatch import interpret_mode
 from ._launch import launch
 
-__all__ = ["CONTROL", "cg_control", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
+__all__ = ["CONTROL", "cg_control", "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -161,6 +161,25 @@ def _applies(t: torch.Tensor, P: int) -> bool:
 #: the control block of a device-decided CG step (:func:`cg_update` with ``control``): float64
 #: [len(CONTROL) * P], field f of problem j at ``CONTROL.index(f) * P + j``
 CONTROL = ("rTr", "dsq", "tol2", "run", "reach", "steps", "dAd", "rnew", "alpha", "sts")
+
+
+def control_slice(name: str, P: int) -> slice:
+    """Where field ``name`` of :data:`CONTROL` lies in a control block of ``P`` problems.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`CONTROL`.
+    P : int
+        Problems.
+
+    Returns
+    -------
+    slice
+        Its ``P`` values, problem j at ``start + j``.
+    """
+    i = CONTROL.index(name) * P
+    return slice(i, i + P)
 
 
 def cg_control(rTr, tol2, run, dsq=None) -> list:

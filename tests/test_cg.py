@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fusedml.cg import CONTROL, MAX_ENTRIES, cg_control, cg_update, cg_update_applies, trial_sums, trial_sums_applies
+from fusedml.cg import (CONTROL, MAX_ENTRIES, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
+                        trial_sums_applies)
 
 
 def _reference(S, R, Dv, Ad, rTr, mask, P):
@@ -201,6 +202,7 @@ def test_cg_update_decided_bad_inputs():
     with pytest.raises(ValueError, match="trust_region needs control"):
         cg_update(S, S.clone(), S.clone(), S.clone(), beta, beta, torch.zeros(2), trust_region=True)
     assert cg_control([4.0], [1e-2], [True]) == [4.0, float("inf"), 1e-2, 1.0] + [0.0] * 6
+    assert control_slice("reach", 3) == slice(12, 15) and control_slice("rTr", 2) == slice(0, 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
