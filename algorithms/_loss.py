@@ -789,22 +789,62 @@ class LinearObjective:
             st = self.evaluate(W)
             g, hs = self.gradient(st)
             return st, g, hs
+        Wm = self._masked(W)
+        r = fusedml.loss_gradient(self.X, W, self.target, z=Wm, **self._lossgrad_args(spec))
+        return self._fused_result(r, W, Wm, spec)
+
+    def _lossgrad_args(self, spec):
         name, power = spec
         alpha, c = (float(self.weights), None) if self.uniform else (1.0, self.weights)
         # eta only for independent problems (their states may be merged per problem)
-        Wm = self._masked(W)
-        r = fusedml.loss_gradient(self.X, W, self.target, loss=name, power=power, sample_weight=c, alpha=alpha,
-                                  z=Wm, beta=self.l2, intercept=self.fit_intercept,
-                                  return_eta=not self.coupled, backend="fused")
+        return dict(loss=name, power=power, sample_weight=c, alpha=alpha, beta=self.l2, intercept=self.fit_intercept,
+                    return_eta=not self.coupled, backend="fused")
+
+    def _fused_result(self, r, W, Wm, spec):
+        """``(state, g, hstate)`` from a :class:`fusedml.LossGradient` at W (``Wm``: ``mask * W``)."""
         self.n_lossgrad += 1
         eta = None if r.eta is None else r.eta.to(self.dtype)
         g = r.grad.to(self.dtype)
         f = r.loss.sum().reshape(1) if self.coupled else r.loss
         if self.uniform:
             f = f * self.weights
-        f = self._penalised(f + self._const(name, power), W, Wm)
-        hstate = self._hstate(r.hess.to(self.dtype), None if c is None else c[:, None], alpha)
+        f = self._penalised(f + self._const(*spec), W, Wm)
+        c = None if self.uniform else self.weights[:, None]
+        hstate = self._hstate(r.hess.to(self.dtype), c, 1.0 if c is not None else float(self.weights))
         return {"W": W, "eta": eta, "f": f}, g, hstate
+
+    def evaluate_gradient_step(self, state, S):
+        """:meth:`evaluate_gradient` at ``state["W"] + S`` (a solver's trial point).
+
+        On the fused one-read path the pass is bound (:func:`fusedml.bind_loss_gradient`) to one
+        of two sets of buffers, the one ``state`` does not use: a solver may keep its current
+        state and one trial at a time (the result is overwritten two calls later, unless it
+        became the ``state`` passed). Otherwise :meth:`evaluate_gradient` of a new tensor.
+        """
+        spec = self._fused_loss()
+        slots = self._slots(spec) if spec is not None else None
+        if not slots:
+            return self.evaluate_gradient(state["W"] + S)
+        W, Wm, op = slots[1] if state["W"] is slots[0][0] else slots[0]
+        torch.add(state["W"], S, out=W)
+        if Wm is not W:
+            torch.mul(W, self.mask, out=Wm)
+        return self._fused_result(op(), W, Wm, spec)
+
+    def _slots(self, spec):
+        """Two ``(W, mask * W, bound loss-gradient pass)`` buffer sets (an empty list where the
+        pass cannot be bound, e.g. storage whose accumulation dtype is not the solver's)."""
+        if getattr(self, "_lg_slots", None) is None:
+            self._lg_slots = []
+            try:
+                for _ in range(2):
+                    W = self.zeros()
+                    Wm = torch.empty_like(W) if self.fit_intercept and self.l2 != 0.0 else W
+                    op = fusedml.bind_loss_gradient(self.X, W, self.target, z=Wm, **self._lossgrad_args(spec))
+                    self._lg_slots.append((W, Wm, op))
+            except (TypeError, ValueError):
+                self._lg_slots = []
+        return self._lg_slots
 
     def merge(self, accept, new, old):
         """Per-problem choice between two states (``accept`` [P] bool)."""

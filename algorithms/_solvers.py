@@ -658,7 +658,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         # The gradient at the trial point is computed with its objective, before the accept test
         # (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike), so
         # ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
-        stn, g_t, hs_t = obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
+        step = getattr(obj, "evaluate_gradient_step", None)  # into buffers st does not use
+        stn, g_t, hs_t = step(st, S) if step is not None else obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
         if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
             # one launch for the accept test's sums (float64), the stop rule on the host
             sums = trial_sums(g, S, R, g_t, P)  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
@@ -726,7 +727,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
                 active[j] = not conv[j] and not stalled[j]
         if history is not None:
             history.add(it, sum(f), max(gnorm), max(snorm), cg_iter=n_cg)
-    obj.__dict__.pop("_cg_engine", None)  # its CUDA graph and buffers
+    for k in ("_cg_engine", "_lg_slots"):  # its CUDA graph and buffers; the trial buffers (W stays ours)
+        obj.__dict__.pop(k, None)
     status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv, stalled)]
     return SolverResult(st["W"], n_iter, status, st)
 

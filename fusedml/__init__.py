@@ -3,12 +3,14 @@ from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
 from ._validation import CSRMatrix, as_csr, as_matrix
 from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .kmeans import LloydStep, lloyd_step
-from .mmchain import BoundMMChain, LossGradient, bind_mmchain, loss_gradient, matvec, mmchain
+from .mmchain import (BoundLossGradient, BoundMMChain, LossGradient, bind_loss_gradient, bind_mmchain, loss_gradient,
+                      matvec, mmchain)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "BoundLossGradient",
     "BoundMMChain",
     "CSRMatrix",
     "GMMStats",
@@ -17,6 +19,7 @@ __all__ = [
     "gmm_score",
     "as_csr",
     "as_matrix",
+    "bind_loss_gradient",
     "bind_mmchain",
     "interpret_mode",
     "LloydStep",

@@ -18,7 +18,7 @@ import torch
 
 from ._dispatch import interpret_mode
 
-__all__ = ["launch"]
+__all__ = ["bind", "launch"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -75,14 +75,55 @@ def launch(kernel, grid, args, consts, **options):
                 g = tuple(grid) + (1,) * (3 - len(grid))
                 _CACHE[key] = (ck, g, tuple(consts[n] for n in rest))
         return ck
+    ck, g, tail = hit
+    _run(ck, grid, g, tuple(args) + tail)
+    return ck
+
+
+def _run(ck, grid, g, vals):
+    """The compiled kernel ``ck`` through its launcher (what Triton's ``run`` ends with)."""
     from triton import knobs
 
-    ck, g, tail = hit
-    vals = tuple(args) + tail
     stream = _stream()
     ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
            knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *vals)
-    return ck
+
+
+def bind(kernel, grid, args, consts, **options):
+    """A launch with fixed arguments, to repeat: ``bind(...)()`` is ``launch(kernel, grid, args,
+    consts, **options)`` with the key looked up once.
+
+    For a solver's repeated launch over the same buffers (whose contents change, not their
+    storage): after the first call each call is the compiled kernel's launcher with the stored
+    arguments (no per-argument key, no dictionary lookup). Under the interpreter, or where
+    :func:`launch` would take Triton's path, every call is :func:`launch`.
+
+    Parameters
+    ----------
+    kernel, grid, args, consts, **options
+        As for :func:`launch`. The tensors are held (kept alive) by the returned callable.
+
+    Returns
+    -------
+    callable
+        ``() -> None``: one launch per call.
+    """
+    fast = []
+
+    def run():
+        if fast:
+            _run(*fast[0])
+            return
+        launch(kernel, grid, args, consts, **options)
+        if _state["ok"] and not interpret_mode():
+            try:
+                hit = _CACHE.get((id(kernel), grid, tuple(map(_key, args)), tuple(consts.items()),
+                                  tuple(options.items())))
+            except TypeError:  # unhashable: launch's plain path every call
+                hit = None
+            if hit is not None:
+                fast.append((hit[0], grid, hit[1], tuple(args) + hit[2]))
+    return run
 
 
 def _stream():

@@ -92,3 +92,28 @@ def test_compiled_kernel_without_launcher_api(fast):
     for _ in range(2):
         _launch.launch(k, (1,), (torch.zeros(2),), {})
     assert len(k.plain) == 2 and _launch._state["ok"] is False
+
+
+def test_bind_repeats_the_stored_launch(fast):
+    k = _Kernel(["X", "N", "BLOCK"])
+    X = torch.zeros(8)
+    go = _launch.bind(k, (2,), (X, 8), {"BLOCK": 4}, num_warps=2)
+    for _ in range(3):
+        go()
+    assert len(k.plain) == 1  # compiled once, through launch
+    assert k.compiled.runs == [((2, 1, 1), (X, 8, 4))] * 2
+    # a launch whose key launch() cannot cache (a parameter left to its default): Triton's path each call
+    k2 = _Kernel(["X", "BLOCK", "EXTRA"])
+    go2 = _launch.bind(k2, (1,), (X,), {"BLOCK": 4})
+    go2()
+    go2()
+    assert len(k2.plain) == 2 and not k2.compiled.runs
+
+
+def test_bind_under_the_interpreter_is_a_plain_launch(fast, monkeypatch):
+    monkeypatch.setattr(_launch, "interpret_mode", lambda: True)
+    k = _Kernel(["X"])
+    go = _launch.bind(k, (1,), (torch.zeros(2),), {})
+    go()
+    go()
+    assert len(k.plain) == 2 and not k.compiled.runs

@@ -111,6 +111,56 @@ def test_loss_gradient_deterministic_and_wide_rows_fallback():
     assert _rel(c.grad, ref[0]) < 2e-6 and _rel(c.loss, ref[1]) < 2e-6
 
 
+@pytest.mark.parametrize("loss,m,power,D", [("logistic", 1, None, 10), ("multinomial", 3, None, 10),
+                                             ("tweedie", 1, 1.5, 10), ("multinomial", 3, None, 200)],
+                         ids=["logistic", "multinomial", "tweedie", "multinomial-wide"])
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_bind_loss_gradient_recomputes_from_current_operands(loss, m, power, D, backend):
+    """A bound pass, after W and z change in place, equals float64 on the new contents; on the
+    one-read path every call writes the same buffers (D = 200, m = 3: two reads, still bound)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"bind-{loss}-{m}-{D}".encode()))
+    N = 203
+    X = torch.randn(N, D, generator=g)
+    y = _target(loss, N, m, g)
+    c = torch.rand(N, generator=g)
+    W, z = torch.zeros(D + 1, m), torch.zeros(D + 1, m)
+    kw = dict(loss=loss, power=power, sample_weight=c, alpha=0.7, beta=0.3, intercept=True, backend=backend)
+    op = fusedml.bind_loss_gradient(X, W, y, z=z, **kw)
+    assert op.one_read == (backend == "fused" and D == 10)
+    ptrs = []
+    for _ in range(2):
+        W.copy_(0.3 * torch.randn(D + 1, m, generator=g) / D ** 0.5)
+        z.copy_(torch.randn(D + 1, m, generator=g))
+        r = op()
+        ref = _reference(X, W, y, loss, power, c, 0.7, z, 0.3, True)
+        for name, a, b in zip(r._fields, r, ref):
+            assert a.shape == b.shape and _rel(a, b) < 2e-6, name
+        ptrs.append((r.grad.data_ptr(), r.eta.data_ptr(), r.hess.data_ptr()))
+    assert op.calls == 2 and (ptrs[0] == ptrs[1]) == op.one_read
+
+
+def test_bind_loss_gradient_vector_form_and_bad_inputs():
+    X = torch.randn(50, 4)
+    w, y = torch.zeros(5), (torch.rand(50) < 0.5).float()
+    op = fusedml.bind_loss_gradient(X, w, y, loss="logistic", intercept=True, return_eta=False, backend="fused")
+    w.fill_(0.2)
+    r, want = op(), fusedml.loss_gradient(X, w, y, loss="logistic", intercept=True, backend="cpu")
+    assert r.grad.shape == (5,) and r.loss.ndim == 0 and r.eta is None
+    assert _rel(r.grad, want.grad.double()) < 2e-6 and _rel(r.loss, want.loss) < 2e-6
+    with pytest.raises(ValueError, match="bind_loss_gradient: W must be a torch tensor of torch.float32"):
+        fusedml.bind_loss_gradient(X, np.zeros(5, np.float32), y, loss="logistic", intercept=True)
+    with pytest.raises(ValueError, match="bind_loss_gradient: z must be"):
+        fusedml.bind_loss_gradient(X, w, y, loss="logistic", z=torch.zeros(5, dtype=torch.float64), intercept=True)
+    with pytest.raises(ValueError, match="target must have the shape"):  # the usual checks, once
+        fusedml.bind_loss_gradient(X, torch.zeros(5, 2), y, loss="logistic", intercept=True)
+
+    class Streamed:
+        def _fusedml_mmchain(self, *a, **k):
+            return None
+    with pytest.raises(TypeError, match="dense tensor or CSR matrix X"):
+        fusedml.bind_loss_gradient(Streamed(), w, y, loss="logistic")
+
+
 def test_one_read():
     X = torch.randn(100, 8)
     assert one_read(X, 1) and one_read(X, 16)

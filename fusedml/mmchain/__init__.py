@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import resolve_backend
-from ._checks import Problem, prepare_matvec, prepare_mmchain
+from ._checks import Problem, check_bindable, prepare_matvec, prepare_mmchain
 from .reference import matvec_reference, mmchain_reference
 
-__all__ = ["mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "mmchain_reference", "matvec_reference"]
+__all__ = ["mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "bind_loss_gradient",
+           "BoundLossGradient", "mmchain_reference", "matvec_reference"]
 
 
 def _csr_module():
@@ -131,17 +132,23 @@ class BoundMMChain:
         self.X, self.P, self.backend = X, P, backend
         self.deterministic, self.config = deterministic, config
         self.calls = 0
-        self._out = None
+        self._out = self._run = None
         if backend == "fused" and not P.is_csr and not deterministic:
+            from .dense import dense_mmchain_fused
+
             self._out = torch.empty((P.Dx, P.m), dtype=P.acc_dtype, device=P.device)
             self._view = P.finish(self._out)
+            self._run = dense_mmchain_fused(P, config=config, out=self._out, bind=True)
+
+    @property
+    def persistent(self) -> bool:
+        """Whether every call returns the same buffer (the fused dense path)."""
+        return self._out is not None
 
     def __call__(self) -> torch.Tensor:
         self.calls += 1
-        if self._out is not None:
-            from .dense import dense_mmchain_fused
-
-            dense_mmchain_fused(self.P, config=self.config, out=self._out)
+        if self._run is not None:
+            self._run()
             return self._view
         return self.P.finish(_run_mmchain(self.P, self.backend, key=self.X, deterministic=self.deterministic,
                                           config=self.config))
@@ -183,11 +190,7 @@ def bind_mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, 
         raise TypeError(f"bind_mmchain needs a dense tensor or CSR matrix X, got {type(X).__name__} "
                         "(call mmchain for streamed matrices)")
     P = prepare_mmchain(X, y, v, z, alpha, beta, intercept=intercept, v_op=v_op, check_finite=False)
-    for a, name in ((y, "y"), (v, "v"), (z, "z")):
-        if a is not None and not (isinstance(a, torch.Tensor) and a.dtype == P.acc_dtype and a.device == P.device):
-            got = f"{a.dtype} on {a.device}" if isinstance(a, torch.Tensor) else type(a).__name__
-            raise ValueError(f"bind_mmchain: {name} must be a torch tensor of {P.acc_dtype} on {P.device} "
-                             f"(a conversion would copy it), got {got}")
+    check_bindable("bind_mmchain", P, ((y, "y"), (v, "v"), (z, "z")))
     be = resolve_backend(backend, P.device)
     return BoundMMChain(X, P, be, bool(deterministic), config)
 
@@ -232,4 +235,4 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
     return P.finish(t)
 
 
-from .lossgrad import LossGradient, loss_gradient  # noqa: E402  (uses matvec and mmchain above)
+from .lossgrad import BoundLossGradient, LossGradient, bind_loss_gradient, loss_gradient  # noqa: E402  (uses matvec and mmchain above)

@@ -115,6 +115,17 @@ def _scalar(a, name: str) -> float:
     return f
 
 
+def check_bindable(who: str, P: Problem, operands) -> None:
+    """A bound product reads its operands' storage at every call: each ``(tensor, name)`` of
+    ``operands`` (None skipped) must already be a torch tensor of the accumulation dtype on X's
+    device, as ``prepare_mmchain`` would otherwise convert (copy) it."""
+    for a, name in operands:
+        if a is not None and not (isinstance(a, torch.Tensor) and a.dtype == P.acc_dtype and a.device == P.device):
+            got = f"{a.dtype} on {a.device}" if isinstance(a, torch.Tensor) else type(a).__name__
+            raise ValueError(f"{who}: {name} must be a torch tensor of {P.acc_dtype} on {P.device} "
+                             f"(a conversion would copy it), got {got}")
+
+
 def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite) -> Problem:
     """Validate and normalise the arguments of :func:`fusedml.mmchain`.
 

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import launch
+from .._launch import bind as bind_launch, launch
 from ._checks import Problem
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, padded_dot,
                      small_config)
@@ -940,7 +940,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
 
 
 def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None,
-                        loss: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                        loss: tuple | None = None, out: torch.Tensor | None = None, bind: bool = False):
     """Fused dense ``w = alpha * [X,1]^T p + beta * z`` reading X once.
 
     Parameters
@@ -958,15 +958,24 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     out : torch.Tensor, optional
         ``[Dx, m]`` contiguous, accumulation dtype: the result goes there (not with
         ``deterministic``); :class:`fusedml.BoundMMChain` passes its one buffer.
+    bind : bool
+        Return ``() -> result`` instead: the pass over ``P``'s operands and ``out`` (needed, not
+        ``deterministic``) set up once, each call recomputing it from their current contents
+        (the launch through :func:`fusedml._launch.bind`; the loss outputs reused too).
 
     Returns
     -------
-    torch.Tensor or tuple
+    torch.Tensor or tuple or callable
         ``[Dx, m]`` in the accumulation dtype; with ``loss``, also the per-program sums of
-        ``c * loss`` ``[P, m]``.
+        ``c * loss`` ``[P, m]``; with ``bind``, a callable returning them.
     """
     X, N, D, M, Dx, acc = P.X, P.N, P.D, P.m, P.Dx, P.acc_dtype
     cfg = _config(P, config, loss=loss is not None)
+    if bind:
+        if out is None or deterministic:
+            raise ValueError("bind needs out (and deterministic=False)")
+        if cfg.strategy == "coop":  # two launches with a grid-wide wait: set up per call
+            return lambda: dense_mmchain_fused(P, config=config, loss=loss, out=out)
     n_tiles = -(-N // cfg.block_n)  # triton.cdiv costs ~3 us of host time per call
     grid = max(1, min(cfg.num_programs, n_tiles))
     dev = X.device
@@ -977,6 +986,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     L = Dx * M
     if deterministic:
         w = _empty((Dx, M), acc, dev)
+    elif bind:
+        w = out
     elif out is not None:  # atomics accumulate into it: start from beta * z or zero
         w = torch.mul(P.z, P.beta, out=out) if has_z else out.zero_()
     else:
@@ -1012,6 +1023,19 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
             extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
                      "STORE_ETA": eta is not None}
+        if bind:
+            go = bind_launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+            z, beta, res = P.z, P.beta, ((w, lpart) if loss is not None else w)
+
+            def run():
+                if has_z:  # the atomics accumulate from beta * z (or zero)
+                    torch.mul(z, beta, out=w)
+                else:
+                    w.zero_()
+                go()
+                return res
+            return run
         launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
                num_stages=cfg.num_stages)
     if deterministic:
