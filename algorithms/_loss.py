@@ -672,7 +672,7 @@ class LinearObjective:
         Where the product is one mmchain (at most 16 columns, row weights or the one-read softmax
         form) it is bound once (:func:`fusedml.bind_mmchain`: no per-call validation, dispatch or
         launch set-up); otherwise each call is :meth:`hessp`. The result may be a buffer that the
-        next call overwrites.
+        next call overwrites: then the returned callable's ``persistent`` attribute is True.
         """
         K = S.shape[1]
         fallback = lambda: self.hessp(hstate, S)  # noqa: E731
@@ -705,6 +705,7 @@ class LinearObjective:
             if out.ndim == 1:
                 out = out.unsqueeze(1)
             return out if out.dtype == dtype else out.to(dtype)
+        run.persistent = getattr(op, "persistent", False) and op.P.acc_dtype == dtype  # each call: one buffer
         return run
 
     def _softmax_one_read(self):
@@ -829,7 +830,9 @@ class LinearObjective:
         torch.add(state["W"], S, out=W)
         if Wm is not W:
             torch.mul(W, self.mask, out=Wm)
-        return self._fused_result(op(), W, Wm, spec)
+        st, g, hs = self._fused_result(op(), W, Wm, spec)
+        st["bound"] = True  # g and the state's tensors live in one of the two buffer sets
+        return st, g, hs
 
     def _slots(self, spec):
         """Two ``(W, mask * W, bound loss-gradient pass)`` buffer sets (an empty list where the

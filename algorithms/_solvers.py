@@ -30,8 +30,8 @@ from collections import deque
 
 import torch
 
-from fusedml.cg import (CONTROL, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
-                        trial_sums_applies)
+from fusedml.cg import (CONTROL, bind_cg_update, bind_trial_sums, cg_control, cg_update, cg_update_applies,
+                        control_slice, trial_sums, trial_sums_applies)
 
 __all__ = ["SolverResult", "StopRule", "conjugate_gradient", "lbfgs", "max_abs_grad_stop", "relative_grad_norm_stop",
            "tron"]
@@ -281,9 +281,12 @@ class _CGEngine:
         self.apply, self.dot, self.P = apply, dot, P
         z = torch.zeros_like(like, memory_format=torch.contiguous_format)
         self.S, self.R, self.Dv = z, z.clone(), z.clone()
+        # the product's result is one buffer, overwritten by each call: the update kernel binds to it
+        self.persistent, self._upd = False, None
         if bind is not None:  # ``bind(Dv) -> () -> A Dv``: the product set up once for the Dv buffer
             op = bind(self.Dv)
             self.apply = lambda D: op()
+            self.persistent = bool(getattr(op, "persistent", False))
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
@@ -337,13 +340,7 @@ class _CGEngine:
             Ad = self.apply(self.Dv)
             if Ad.dtype != self.S.dtype:
                 Ad = Ad.to(self.S.dtype)
-            if self.decide:  # the decisions made by the kernel too
-                cg_update(self.S, self.R, self.Dv, Ad, None, self.beta, None, control=self.ctl,
-                          trust_region=self.decide == "tr")
-                return self.ctl, Ad
-            cg_update(self.S, self.R, self.Dv, Ad, self.rTr, self.beta, self.packed, mask=self.mask,
-                      S0=self.S0, R0=self.R0)
-            return self.packed, Ad
+            return self._update(Ad), Ad
         if self.S0 is not None:
             self.S0.copy_(self.S)
             self.R0.copy_(self.R)
@@ -363,6 +360,23 @@ class _CGEngine:
         self.beta.copy_(b)
         self.rTr.copy_(rnew)
         return torch.cat([dAd, rnew]), Ad
+
+
+    def _update(self, Ad):
+        """The update kernel after the product ``Ad`` (bound once where ``Ad`` is a persistent
+        buffer); returns the control block (decided steps) or ``[dAd, rnew]``."""
+        if self.persistent:
+            key = (Ad.data_ptr(), Ad.stride())
+            if self._upd is not None and self._upd[0] == key:
+                return self._upd[1]()
+        if self.decide:  # the decisions made by the kernel too
+            args, kw = (None, self.beta, None), dict(control=self.ctl, trust_region=self.decide == "tr")
+        else:
+            args, kw = (self.rTr, self.beta, self.packed), dict(mask=self.mask, S0=self.S0, R0=self.R0)
+        if not self.persistent:
+            return cg_update(self.S, self.R, self.Dv, Ad, *args, **kw)
+        self._upd = (key, bind_cg_update(self.S, self.R, self.Dv, Ad, *args, **kw))
+        return self._upd[1]()
 
 
 def _lag():
@@ -649,6 +663,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     active = [not c for c in conv]
     n_iter, stalled = [0] * P, [False] * P
     delta = list(gnorm)
+    sum_ops = {}  # bound trial_sums launches by their vectors
     if history is not None:
         history.add(0, sum(f), max(gnorm), 0.0, cg_iter=0)
     for it in range(1, max_iter + 1):
@@ -661,8 +676,17 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         step = getattr(obj, "evaluate_gradient_step", None)  # into buffers st does not use
         stn, g_t, hs_t = step(st, S) if step is not None else obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
         if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
-            # one launch for the accept test's sums (float64), the stop rule on the host
-            sums = trial_sums(g, S, R, g_t, P)  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
+            # one launch for the accept test's sums (float64), the stop rule on the host; bound
+            # where g and g_t are the objective's two trial buffers (which alternate)
+            if st.get("bound") and stn.get("bound"):
+                key = (id(g), id(S), id(R), id(g_t))
+                if key not in sum_ops:
+                    if len(sum_ops) >= 2:
+                        sum_ops.pop(next(iter(sum_ops)))
+                    sum_ops[key] = bind_trial_sums(g, S, R, g_t, P)
+                sums = sum_ops[key]()  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
+            else:
+                sums = trial_sums(g, S, R, g_t, P)
             gg_t = sums[3 * P:4 * P]
             v = _host(torch.cat([stn["f"].reshape(-1).to(torch.float64), sums]))
             v[4 * P:5 * P] = [math.sqrt(max(x, 0.0)) if math.isfinite(x) else x for x in v[4 * P:5 * P]]

@@ -373,6 +373,48 @@ def check_bound(dev, g):
             err = max(err, rel(got, ref_mmchain(X.double(), y.double(), v.double(), z.double(), 0.5, 1e-2,
                                                   intercept=True, v_op=v_op)))
         record(f"bind_mmchain {N}x{D} m={m} {v_op} (3 calls)", err, TOL[torch.float32])
+    from fusedml.cg import bind_cg_update, bind_trial_sums, cg_update, trial_sums
+    from fusedml.mmchain.lossgrad import loss_terms
+
+    for N, D, m, loss in ((1_000_000, 100, 1, "logistic"), (300_000, 64, 3, "multinomial")):
+        X = torch.randn(N, D, generator=g, device=dev)
+        y = ((torch.rand(N, 1, generator=g, device=dev) < 0.4).float() if loss == "logistic" else
+             torch.nn.functional.one_hot(torch.randint(0, m, (N,), generator=g, device=dev), m).float())
+        W, z = torch.empty(D + 1, m, device=dev), torch.empty(D + 1, m, device=dev)
+        op = fusedml.bind_loss_gradient(X, W, y, loss=loss, alpha=0.5, z=z, beta=1e-2, intercept=True,
+                                        backend="fused")
+        A = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1)
+        err = 0.0
+        for _ in range(3):
+            W.normal_(generator=g).mul_(0.1)
+            z.normal_(generator=g)
+            r = op()
+            eta = A @ W.double()
+            val, gr, h = loss_terms(loss, eta, y.double())
+            err = max(err, rel(r.grad, 0.5 * A.T @ gr + 1e-2 * z.double()), rel(r.loss, val.sum(0), floor=1e-30),
+                      rel(r.hess, h, floor=1e-30), rel(r.eta, eta))
+        record(f"bind_loss_gradient {N}x{D} m={m} {loss} (3 calls)", err, TOL[torch.float32])
+    # bound cg_update / trial_sums: the same numbers as the checked launches, over changing contents
+    for dt in (torch.float32, torch.float64):
+        n, K = 10_001, 3
+        mk = lambda: torch.randn(n, K, generator=g, device=dev, dtype=dt)  # noqa: E731
+        bufs = [mk() for _ in range(4)]  # S, R, Dv, Ad
+        twins = [b.clone() for b in bufs]
+        rTr, beta, packed = (torch.rand(1, device=dev, dtype=dt) + 0.5), torch.empty(1, device=dev, dtype=dt), \
+            torch.empty(2, device=dev, dtype=dt)
+        rTr2, beta2, packed2 = rTr.clone(), beta.clone(), packed.clone()
+        upd = bind_cg_update(*bufs, rTr, beta, packed)
+        sums = bind_trial_sums(bufs[0], bufs[1], bufs[2], bufs[3], 1)
+        err = 0.0
+        for _ in range(3):
+            for b, t in zip(bufs[2:], twins[2:]):
+                t.copy_(b.normal_(generator=g))
+            upd()
+            cg_update(*twins, rTr2, beta2, packed2)
+            err = max(err, rel(bufs[0], twins[0].double()), rel(bufs[1], twins[1].double()),
+                      rel(packed, packed2.double()), rel(beta, beta2.double(), 1e-30),
+                      rel(sums(), trial_sums(twins[0], twins[1], twins[2], twins[3], 1)))
+        record(f"bind_cg_update / bind_trial_sums {str(dt)[6:]} (3 calls)", err, 1e-12)
 
 
 def check_cg_decided(dev, g):

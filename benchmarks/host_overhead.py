@@ -196,6 +196,12 @@ def main(argv=None):
             row("  prepare_mmchain (validation) alone", be, per_call_us(prep, calls, dev))
             Pm = prep()
             row("  dense_mmchain_fused (validated) alone", be, per_call_us(lambda: dense_mmchain_fused(Pm), calls, dev))
+            # the solvers' bound forms: checked once, then the launch alone
+            row("bind_mmchain call (CG Hessian product)", be, per_call_us(
+                fusedml.bind_mmchain(X, s, v=h, z=s, beta=1e-3, intercept=True, backend=be), calls, dev))
+            row("bind_loss_gradient call (TRON trial point)", be, per_call_us(
+                fusedml.bind_loss_gradient(X, s, lbl, loss="logistic", z=s, beta=1e-3, intercept=True,
+                                           return_eta=False, backend=be), calls, dev))
             for name, fn in (("mmchain fused", lambda: fusedml.mmchain(X, s, v=h, z=s, beta=1e-3, intercept=True,
                                                                       backend="fused")),
                              ("loss_gradient fused", lambda: fusedml.loss_gradient(

@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 from ._dispatch import interpret_mode
-from ._launch import launch
+from ._launch import bind as bind_launch, launch
 
-__all__ = ["CONTROL", "cg_control", "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
+__all__ = ["CONTROL", "bind_cg_update", "bind_trial_sums", "cg_control", "control_slice", "cg_update", "cg_update_applies",
+           "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -259,6 +260,40 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
     torch.Tensor
         ``packed`` (``control`` with ``control``).
     """
+    kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
+                                                       trust_region)
+    launch(kernel, grid, args, consts, **opts)
+    return control if control is not None else packed
+
+
+def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
+                   trust_region=False):
+    """:func:`cg_update` over fixed buffers, checked once: a CG engine's repeated step.
+
+    Parameters
+    ----------
+    S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region
+        As for :func:`cg_update`; each call of the result updates from their current contents
+        (their storage must stay: ``Ad`` too, e.g. a bound product's result buffer).
+
+    Returns
+    -------
+    callable
+        ``() -> torch.Tensor``: one launch (:func:`fusedml._launch.bind`), returning ``packed``
+        (``control`` with ``control``).
+    """
+    kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
+                                                       trust_region)
+    go, res = bind_launch(kernel, grid, args, consts, **opts), (control if control is not None else packed)
+
+    def run():
+        go()
+        return res
+    return run
+
+
+def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region):
+    """Checked arguments of :func:`cg_update`: ``(kernel, grid, args, consts, options)``."""
     if S.ndim != 2:
         raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
     n, K = S.shape
@@ -292,13 +327,12 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
     block_r = max(1, 2048 // block_c)
     keep = S0 is not None
     dummy = beta
-    launch(_cg_update_kernel, (P,),
+    return (_cg_update_kernel, (P,),
            (S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr if rTr is not None else dummy, beta,
             mask if mask is not None else dummy, packed if packed is not None else dummy,
             control if control is not None else dummy, n, cpp, P, K, Ad.stride(0), Ad.stride(1)),
            dict(KEEP=keep, HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region),
-                BLOCK_R=block_r, BLOCK_C=block_c), num_warps=8)
-    return control if control is not None else packed
+                BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=8))
 
 
 @triton.jit
@@ -367,6 +401,13 @@ def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
         [5 P] float64: ``g^T S``, ``S^T R``, ``S^T S``, ``g_t^T g_t`` and ``max |g_t|`` (NaN if
         ``g_t`` holds a NaN), each per problem, sums in float64.
     """
+    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P)
+    launch(kernel, grid, args, consts, num_warps=8)
+    return out
+
+
+def _trial_sums_spec(g, S, R, g_t, P):
+    """Checked arguments of :func:`trial_sums`: ``(out, (kernel, grid, args, consts))``."""
     if g.ndim != 2:
         raise ValueError(f"g must be [n, K], got shape {tuple(g.shape)}")
     n, K = g.shape
@@ -379,7 +420,28 @@ def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
     out = torch.empty(5 * P, dtype=torch.float64, device=g.device)
-    launch(_trial_sums_kernel, (P,),
-           (g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1),
-            g_t.stride(0), g_t.stride(1)), dict(BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c), num_warps=8)
-    return out
+    return out, (_trial_sums_kernel, (P,),
+                 (g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0),
+                  R.stride(1), g_t.stride(0), g_t.stride(1)), dict(BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c))
+
+
+def bind_trial_sums(g, S, R, g_t, P: int):
+    """:func:`trial_sums` over fixed vectors, checked once (a solver's repeated accept test).
+
+    Parameters
+    ----------
+    g, S, R, g_t, P
+        As for :func:`trial_sums`; each call sums their current contents.
+
+    Returns
+    -------
+    callable
+        ``() -> torch.Tensor``: one launch, returning the same ``[5 P]`` float64 buffer each call.
+    """
+    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P)
+    go = bind_launch(kernel, grid, args, consts, num_warps=8)
+
+    def run():
+        go()
+        return out
+    return run

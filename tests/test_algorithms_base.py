@@ -167,6 +167,7 @@ def _count_operator_calls(monkeypatch):
         def run():
             calls.append("gradient" if y is None else "hessp")
             return op()
+        run.persistent, run.P = op.persistent, op.P
         return run
 
     lg = fusedml.loss_gradient

@@ -271,6 +271,22 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
 
 
+@pytest.mark.parametrize("case", ["logistic", "svc-ovr"])
+def test_solvers_on_bound_launches(monkeypatch, case):
+    """The fused backend on dense X: the CG engine's update kernel bound to the persistent Hessian
+    product, TRON's trial points in two bound buffer sets and the accept-test sums bound to them;
+    the same fit as the torch form (iterations, coefficients)."""
+    from _fused_cg import fit_torch_then_kernels
+
+    make, X, y = _solver_case(case)
+    fused = lambda: make().set_params(backend="fused", tol=1e-6 if case == "logistic" else 1e-4)  # noqa: E731
+    ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, fused, X, y, "1")
+    assert n_update and n_trial and fit_torch_then_kernels.bound >= 2
+    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_)) and min(np.ravel(got.n_iter_)) >= 3
+    cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
+    np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
+
+
 @pytest.mark.parametrize("lag", ["0", "3"])
 @pytest.mark.parametrize("case", ["svc-ovr", "ridge-2"])
 def test_decided_cg_steps_any_lag(monkeypatch, case, lag):
