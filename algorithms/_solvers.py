@@ -30,6 +30,7 @@ from collections import deque
 
 import torch
 
+from fusedml._launch import bound_enabled
 from fusedml.cg import (CONTROL, bind_cg_update, bind_trial_sums, cg_control, cg_update, cg_update_applies,
                         control_slice, trial_sums, trial_sums_applies)
 
@@ -286,7 +287,7 @@ class _CGEngine:
         if bind is not None:  # ``bind(Dv) -> () -> A Dv``: the product set up once for the Dv buffer
             op = bind(self.Dv)
             self.apply = lambda D: op()
-            self.persistent = bool(getattr(op, "persistent", False))
+            self.persistent = bool(getattr(op, "persistent", False)) and bound_enabled()
         self.rTr = torch.zeros(P, dtype=like.dtype, device=like.device)
         self.beta = torch.zeros_like(self.rTr)
         self.mask = torch.ones_like(self.rTr) if P > 1 else None
@@ -303,9 +304,12 @@ class _CGEngine:
         self.S0, self.R0 = (z.clone(), z.clone()) if keep else (None, None)
         self.step = _Replay(self._step, graphs, owner, sparse)
 
-    def _restart(self, R):
+    def _restart(self, R, negate=False):
         self.S.zero_()
-        self.R.copy_(R)
+        if negate:
+            torch.neg(R, out=self.R)
+        else:
+            self.R.copy_(R)
         self.Dv.zero_()
         self.beta.zero_()
 
@@ -316,10 +320,10 @@ class _CGEngine:
         if self.mask is not None:
             self.set_mask(run)
 
-    def reset_decided(self, R, control):
-        """A new device-decided solve from ``S = 0``, residual ``R``; ``control`` the host list of
-        :func:`fusedml.cg.cg_control` (one asynchronous H2D copy)."""
-        self._restart(R)
+    def reset_decided(self, R, control, negate=False):
+        """A new device-decided solve from ``S = 0``, residual ``R`` (``-R`` with ``negate``);
+        ``control`` the host list of :func:`fusedml.cg.cg_control` (one asynchronous H2D copy)."""
+        self._restart(R, negate)
         t = torch.tensor(control, dtype=torch.float64)
         if self.ctl.is_cuda:  # the previous solve's copy from the staging buffer was read behind
             t = self.snaps.stage.copy_(t)
@@ -547,7 +551,7 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
         return torch.zeros_like(g), torch.neg(g), 0, reach
     eng = _tron_engine(obj, g, hstate, P)
     if eng.decide:  # the decisions below, made on the device: the host queues a step ahead
-        eng.reset_decided(torch.neg(g), cg_control(rTr, [c * c for c in cgtol], run, dsq))
+        eng.reset_decided(g, cg_control(rTr, [c * c for c in cgtol], run, dsq), negate=True)
         seen, _ = _decided_steps(eng, max_cg, tr=True)
         last = seen[-1]
         return (eng.S, eng.R, int(round(max(last[control_slice("steps", P)]))),

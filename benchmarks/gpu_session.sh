@@ -87,6 +87,9 @@ for p in $parts; do
              --out "$out/cg_ab.json" ;;
     lag-ab) run lag-ab 240 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_CG_LAG --ab-values 0 1 \
               --ab-reps 5 --ab-algos logistic multinomial ridge --out "$out/lag_ab.json" ;;
+    bind-ab) run bind-ab 300 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_BIND --ab-values 1 0 \
+               --ab-reps 7 --ab-algos logistic multinomial linearsvc poisson ridge \
+               --ab-shapes 1000000x100 4000000x64 --out "$out/bind_ab.json" ;;
     capture-ab) run capture-ab 300 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_CAPTURE_AFTER \
                   --ab-values 16 4 2 --ab-algos logistic multinomial linearsvc poisson ridge \
                   --ab-shapes 1000000x100 4000000x64 --out "$out/capture_ab.json" ;;

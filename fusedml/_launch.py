@@ -18,7 +18,7 @@ import torch
 
 from ._dispatch import interpret_mode
 
-__all__ = ["bind", "launch"]
+__all__ = ["bind", "bound_enabled", "launch"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -87,6 +87,14 @@ def _run(ck, grid, g, vals):
     stream = _stream()
     ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
            knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *vals)
+
+
+def bound_enabled() -> bool:
+    """Whether the solvers take the bound forms of this module's launches (their trial points,
+    CG updates and accept-test sums; ``FUSEDML_BIND=0`` turns them off, for A/B benchmarks)."""
+    import os
+
+    return os.environ.get("FUSEDML_BIND", "1") != "0"
 
 
 def bind(kernel, grid, args, consts, **options):

@@ -271,17 +271,20 @@ def test_solvers_on_fused_cg_update(monkeypatch, case):
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
 
 
+@pytest.mark.parametrize("bind", ["1", "0"])
 @pytest.mark.parametrize("case", ["logistic", "svc-ovr"])
-def test_solvers_on_bound_launches(monkeypatch, case):
+def test_solvers_on_bound_launches(monkeypatch, case, bind):
     """The fused backend on dense X: the CG engine's update kernel bound to the persistent Hessian
-    product, TRON's trial points in two bound buffer sets and the accept-test sums bound to them;
-    the same fit as the torch form (iterations, coefficients)."""
+    product, TRON's trial points in two bound buffer sets and the accept-test sums bound to them
+    (none of it with ``FUSEDML_BIND=0``); the same fit as the torch form (iterations, coefficients)."""
     from _fused_cg import fit_torch_then_kernels
 
+    monkeypatch.setenv("FUSEDML_BIND", bind)
     make, X, y = _solver_case(case)
     fused = lambda: make().set_params(backend="fused", tol=1e-6 if case == "logistic" else 1e-4)  # noqa: E731
     ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, fused, X, y, "1")
-    assert n_update and n_trial and fit_torch_then_kernels.bound >= 2
+    assert n_update and n_trial
+    assert fit_torch_then_kernels.bound >= 2 if bind == "1" else fit_torch_then_kernels.bound == 0
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_)) and min(np.ravel(got.n_iter_)) >= 3
     cg, cr = np.asarray(got.coef_), np.asarray(ref.coef_)
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
