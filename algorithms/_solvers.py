@@ -365,7 +365,6 @@ class _CGEngine:
         self.rTr.copy_(rnew)
         return torch.cat([dAd, rnew]), Ad
 
-
     def _update(self, Ad):
         """The update kernel after the product ``Ad`` (bound once where ``Ad`` is a persistent
         buffer); returns the control block (decided steps) or ``[dAd, rnew]``."""

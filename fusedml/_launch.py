@@ -14,6 +14,8 @@ Triton whose compiled kernels lack the launcher API, it is a plain launch. Kerne
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ._dispatch import interpret_mode
@@ -92,8 +94,6 @@ def _run(ck, grid, g, vals):
 def bound_enabled() -> bool:
     """Whether the solvers take the bound forms of this module's launches (their trial points,
     CG updates and accept-test sums; ``FUSEDML_BIND=0`` turns them off, for A/B benchmarks)."""
-    import os
-
     return os.environ.get("FUSEDML_BIND", "1") != "0"
 
 

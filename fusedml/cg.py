@@ -284,8 +284,11 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
     """
     kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
                                                        trust_region)
-    go, res = bind_launch(kernel, grid, args, consts, **opts), (control if control is not None else packed)
+    return _returning(bind_launch(kernel, grid, args, consts, **opts), control if control is not None else packed)
 
+
+def _returning(go, res):
+    """``() -> res`` after the bound launch ``go``."""
     def run():
         go()
         return res
@@ -439,9 +442,4 @@ def bind_trial_sums(g, S, R, g_t, P: int):
         ``() -> torch.Tensor``: one launch, returning the same ``[5 P]`` float64 buffer each call.
     """
     out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P)
-    go = bind_launch(kernel, grid, args, consts, num_warps=8)
-
-    def run():
-        go()
-        return out
-    return run
+    return _returning(bind_launch(kernel, grid, args, consts, num_warps=8), out)
