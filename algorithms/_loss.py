@@ -119,6 +119,7 @@ class BinomialLoss:
 
     coupled = True
     softmax_hessian = False
+    kernel_exact = True  # value() is loss_gradient's loss term: no constant to add
 
     def value(self, y, eta):
         return F.softplus(eta) - y * eta
@@ -137,6 +138,7 @@ class MultinomialLoss:
 
     coupled = True
     softmax_hessian = True
+    kernel_exact = True  # value() is loss_gradient's loss term: no constant to add
 
     def value(self, Y, eta):
         return (torch.logsumexp(eta, dim=1) - (Y * eta).sum(1)).unsqueeze(1)
@@ -155,6 +157,7 @@ class SquaredHingeLoss:
 
     coupled = False
     softmax_hessian = False
+    kernel_exact = True  # value() is loss_gradient's loss term: no constant to add
 
     def value(self, y, eta):
         return torch.clamp(1.0 - y * eta, min=0.0).square()
@@ -766,6 +769,8 @@ class LinearObjective:
     def _const(self, name, power):
         """``sum_i c_i (loss - its eta-dependent part)`` [P] float64: terms of the target alone
         (e.g. ``y log y`` of the Poisson deviance), computed once at ``eta = 0``."""
+        if getattr(self, "_const_cache", None) is None and getattr(self.loss, "kernel_exact", False):
+            self._const_cache = torch.zeros(self.n_problems, dtype=torch.float64, device=self.device)
         if getattr(self, "_const_cache", None) is None:
             from fusedml.mmchain.lossgrad import loss_terms
 
@@ -815,8 +820,9 @@ class LinearObjective:
         hstate = self._hstate(r.hess.to(self.dtype), c, 1.0 if c is not None else float(self.weights))
         return {"W": W, "eta": eta, "f": f}, g, hstate
 
-    def evaluate_gradient_step(self, state, S):
-        """:meth:`evaluate_gradient` at ``state["W"] + S`` (a solver's trial point).
+    def evaluate_gradient_step(self, state, S=None):
+        """:meth:`evaluate_gradient` at ``state["W"] + S`` (a solver's trial point; ``state["W"]``
+        itself without ``S``, e.g. the start point).
 
         On the fused one-read path the pass is bound (:func:`fusedml.bind_loss_gradient`) to one
         of two sets of buffers, the one ``state`` does not use: a solver may keep its current
@@ -826,9 +832,12 @@ class LinearObjective:
         spec = self._fused_loss()
         slots = self._slots(spec) if spec is not None else None
         if not slots:
-            return self.evaluate_gradient(state["W"] + S)
+            return self.evaluate_gradient(state["W"] if S is None else state["W"] + S)
         W, Wm, op = slots[1] if state["W"] is slots[0][0] else slots[0]
-        torch.add(state["W"], S, out=W)
+        if S is None:
+            W.copy_(state["W"])
+        else:
+            torch.add(state["W"], S, out=W)
         if Wm is not W:
             torch.mul(W, self.mask, out=Wm)
         st, g, hs = self._fused_result(op(), W, Wm, spec)

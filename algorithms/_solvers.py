@@ -646,7 +646,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         max_cg = max(W0.numel() if obj.coupled else W0.shape[0], 1)
     thr = _precision(W0.dtype)
 
-    st, g, hs = obj.evaluate_gradient(W0)
+    step = getattr(obj, "evaluate_gradient_step", None)  # trial points into buffers st does not use
+    st, g, hs = step({"W": W0}) if step is not None else obj.evaluate_gradient(W0)
     f = _host(st["f"])
     if not all(math.isfinite(x) for x in f):
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
@@ -676,7 +677,6 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         # The gradient at the trial point is computed with its objective, before the accept test
         # (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike), so
         # ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
-        step = getattr(obj, "evaluate_gradient_step", None)  # into buffers st does not use
         stn, g_t, hs_t = step(st, S) if step is not None else obj.evaluate_gradient(_axpy(st["W"], 1.0, S))
         if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
             # one launch for the accept test's sums (float64), the stop rule on the host; bound
