@@ -57,13 +57,19 @@ def launch(kernel, grid, args, consts, **options):
     **options
         Launch options (``num_warps``, ``num_stages``).
     """
+    return _launch(kernel, grid, args, consts, options)[0]
+
+
+def _launch(kernel, grid, args, consts, options):
+    """:func:`launch`, returning ``(compiled kernel, cache entry or None)``; the entry
+    ``(ck, 3-D grid, constexpr values)`` lets :func:`bind` repeat the launch."""
     if _state["ok"] is False or interpret_mode():
-        return _plain(kernel, grid, args, consts, options)
+        return _plain(kernel, grid, args, consts, options), None
     try:
         key = (id(kernel), grid, tuple(map(_key, args)), tuple(consts.items()), tuple(options.items()))
         hit = _CACHE.get(key)
     except TypeError:  # an unhashable argument: Triton's path
-        return _plain(kernel, grid, args, consts, options)
+        return _plain(kernel, grid, args, consts, options), None
     if hit is None:
         ck = _plain(kernel, grid, args, consts, options)
         if _state["ok"] is None:
@@ -75,11 +81,11 @@ def launch(kernel, grid, args, consts, **options):
                 if len(_CACHE) >= _MAX:
                     _CACHE.clear()
                 g = tuple(grid) + (1,) * (3 - len(grid))
-                _CACHE[key] = (ck, g, tuple(consts[n] for n in rest))
-        return ck
+                hit = _CACHE[key] = (ck, g, tuple(consts[n] for n in rest))
+        return ck, hit
     ck, g, tail = hit
     _run(ck, grid, g, tuple(args) + tail)
-    return ck
+    return ck, hit
 
 
 def _run(ck, grid, g, vals):
@@ -122,15 +128,9 @@ def bind(kernel, grid, args, consts, **options):
         if fast:
             _run(*fast[0])
             return
-        launch(kernel, grid, args, consts, **options)
-        if _state["ok"] and not interpret_mode():
-            try:
-                hit = _CACHE.get((id(kernel), grid, tuple(map(_key, args)), tuple(consts.items()),
-                                  tuple(options.items())))
-            except TypeError:  # unhashable: launch's plain path every call
-                hit = None
-            if hit is not None:
-                fast.append((hit[0], grid, hit[1], tuple(args) + hit[2]))
+        hit = _launch(kernel, grid, args, consts, options)[1]
+        if hit is not None:  # else launch's plain path every call
+            fast.append((hit[0], grid, hit[1], tuple(args) + hit[2]))
     return run
 
 

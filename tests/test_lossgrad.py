@@ -87,8 +87,9 @@ def test_loss_gradient_vector_form_and_defaults(intercept):
     for a, b in zip(r, ref):
         assert _rel(a, b[..., 0] if b.ndim == 2 else b[0]) < 2e-6
     assert r.loss.ndim == 0 and r.loss.dtype == torch.float64
-    assert fusedml.loss_gradient(X, w, y, loss="logistic", intercept=intercept, return_eta=False,
-                                 backend="fused").eta is None
+    for be in ("fused", "cpu"):  # the one-read pass and the composed one
+        assert fusedml.loss_gradient(X, w, y, loss="logistic", intercept=intercept, return_eta=False,
+                                     backend=be).eta is None
     # numpy in: CPU torch out, float64 kept
     r64 = fusedml.loss_gradient(X.double().numpy(), w.double().numpy(), y.double().numpy(), loss="logistic",
                                 intercept=intercept, backend="fused")

@@ -187,8 +187,13 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     if out is None:
         out = _composed(P, loss, power, c, be, deterministic)
     grad, lsum, eta, hess = out
-    return LossGradient(P.finish(grad), lsum[0] if P.vector else lsum,
-                        P.finish(eta) if return_eta else None, P.finish(hess))
+    return _result(P, grad, lsum, eta if return_eta else None, hess)
+
+
+def _result(P, grad, lsum, eta, hess):
+    """The :class:`LossGradient` in the caller's 1-D / 2-D convention (``eta`` None: not kept)."""
+    return LossGradient(P.finish(grad), lsum[0] if P.vector else lsum, None if eta is None else P.finish(eta),
+                        P.finish(hess))
 
 
 def _prepare(X, W, target, loss, power, sample_weight, alpha, z, beta, intercept, check_finite):
@@ -235,32 +240,16 @@ class BoundLossGradient:
         self._spec = (c, loss, power, bool(return_eta), bool(deterministic))
         self._run = None
         if backend == "fused" and not P.is_csr and not deterministic:
-            from .dense import dense_mmchain_fused
-
-            N, m, acc, dev = P.N, P.m, P.acc_dtype, P.device
-            grad = torch.empty((P.Dx, m), dtype=acc, device=dev)
-            eta = torch.empty((N, m), dtype=acc, device=dev) if return_eta else None
-            hess = torch.empty((N, m), dtype=acc, device=dev)
-            try:
-                self._run = dense_mmchain_fused(P, config=config, out=grad, bind=True,
-                                                loss=(code, p, None if c is None else c.contiguous(), eta, hess))
-            except NotImplementedError:  # wide rows: no one-read pass (loss_config)
-                pass
-            else:
-                self._views = (P.finish(grad), None if eta is None else P.finish(eta), P.finish(hess))
+            self._run = _dense_fused(P, code, p, c, return_eta, False, config, bind=True)
         self.one_read = self._run is not None
 
     def __call__(self) -> LossGradient:
         self.calls += 1
-        P = self.P
-        c, loss, power, return_eta, deterministic = self._spec
         if self._run is not None:
-            lsum = self._run()[1].sum(0, dtype=torch.float64)
-            grad, eta, hess = self._views
-            return LossGradient(grad, lsum[0] if P.vector else lsum, eta, hess)
-        grad, lsum, eta, hess = _composed(P, loss, power, c, self.backend, deterministic)
-        return LossGradient(P.finish(grad), lsum[0] if P.vector else lsum, P.finish(eta) if return_eta else None,
-                            P.finish(hess))
+            return _result(self.P, *self._run())
+        c, loss, power, return_eta, deterministic = self._spec
+        grad, lsum, eta, hess = _composed(self.P, loss, power, c, self.backend, deterministic)
+        return _result(self.P, grad, lsum, eta if return_eta else None, hess)
 
 
 def bind_loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1.0, z=None, beta=0.0,
@@ -336,18 +325,24 @@ def one_read(X, m: int = 1) -> bool:
     return True
 
 
-def _dense_fused(P, code, p, c, return_eta, deterministic, config):
+def _dense_fused(P, code, p, c, return_eta, deterministic, config, bind=False):
+    """``(grad, loss sums, eta, hess)`` of the one-read pass, or None where it does not apply (wide
+    rows); with ``bind``, ``() -> (grad, loss sums, eta, hess)`` over persistent buffers."""
     from .dense import dense_mmchain_fused
 
     N, m, acc, dev = P.N, P.m, P.acc_dtype, P.device
     eta = torch.empty((N, m), dtype=acc, device=dev) if return_eta else None
     hess = torch.empty((N, m), dtype=acc, device=dev)
+    grad = torch.empty((P.Dx, m), dtype=acc, device=dev) if bind else None
     cc = None if c is None else c.contiguous()
     try:
-        g, lpart = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config,
-                                       loss=(code, p, cc, eta, hess))
+        r = dense_mmchain_fused(P, deterministic=bool(deterministic), config=config, out=grad, bind=bind,
+                                loss=(code, p, cc, eta, hess))
     except NotImplementedError:  # wide rows: no one-read pass (loss_config)
         return None
+    if bind:
+        return lambda: (grad, r()[1].sum(0, dtype=torch.float64), eta, hess)
+    g, lpart = r
     return g, lpart.sum(0, dtype=torch.float64), eta, hess
 
 
