@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import fusedml
 from fusedml._launch import bound_enabled
+from fusedml.mmchain.lossgrad import logistic_value
 
 MAX_COLS = 16  # mmchain's widest matrix y / v (api.md: m <= 16)
 
@@ -122,7 +123,7 @@ class BinomialLoss:
     kernel_exact = True  # value() is loss_gradient's loss term: no constant to add
 
     def value(self, y, eta):
-        return F.softplus(eta) - y * eta
+        return logistic_value(eta, y)
 
     def grad_hess(self, y, eta):
         p = torch.sigmoid(eta)
@@ -469,7 +470,7 @@ class GLMLoss:
     def value(self, y, eta):
         if self._logistic:
             ent = torch.xlogy(y, y) + torch.xlogy(1.0 - y, 1.0 - y)
-            return F.softplus(eta) - y * eta + ent
+            return logistic_value(eta, y) + ent
         if self._binomial:
             # log mu and log(1 - mu) straight from eta: mu rounds to 1 long before log(1 - mu)
             # stops being representable (cloglog, probit tails)

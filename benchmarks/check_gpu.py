@@ -203,6 +203,21 @@ def check_loss_gradient(dev):
         same = all(torch.equal(a, fusedml.loss_gradient(X, W, y, loss=loss, intercept=True, deterministic=True,
                                                         backend="fused").grad) for _ in range(3))
         record(f"loss_gradient deterministic bitwise repeat {n}x{d}", 0.0 if same else 1.0, 0.0)
+    # logistic margins up to ~40 on separable labels: every row's loss is log1p(exp(-|t|)), down
+    # to ~1e-26, through the fp32 epilogue's hardware log2 / reciprocal and its log1p series
+    for n, d, scale in ((300_000, 100, 0.6), (200_001, 64, 1.5)):
+        X = torch.randn(n, d, device=dev)
+        W = scale * torch.randn(d + 1, 1, device=dev)
+        A = torch.cat([X.double(), torch.ones(n, 1, dtype=torch.float64, device=dev)], 1)
+        eta = A @ W.double()
+        y = (eta > 0).float()
+        r = fusedml.loss_gradient(X, W, y, loss="logistic", intercept=True, backend="fused")
+        val, g, h = loss_terms("logistic", eta, y.double())
+        name = f"loss_gradient logistic separable |t| <= {float(eta.abs().max()):.0f} {n}x{d}"
+        # t carries fp32 rounding (~1e-6 absolute at |t| ~ 30): exp(-|t|) that much relative
+        record(name + " loss", rel(r.loss, val.sum(0), floor=1e-30), 1e-5)
+        record(name + " grad", rel(r.grad, A.T @ g), 1e-5)
+        record(name + " hess", rel(r.hess, h, floor=1e-30), TOL[torch.float32])
 
 
 def check_kmeans(dev):

@@ -68,6 +68,8 @@ for p in $parts; do
     e2e-mult-wide) run e2e-mult-wide 200 python3 benchmarks/bench_end_to_end.py --parts large --large 2000000x256 \
                      --algorithms logistic-multinomial --repeat 3 --sklearn-budget 1 --no-plots \
                      --out "$out/end_to_end_multinomial_2Mx256.json" ;;
+    solver-ops-m1) run solver-ops-m1 200 python3 benchmarks/bench_solver_ops.py --sweep \
+                     --shapes 1000000x100 2000000x256 4000000x64 --out "$out/solver_ops_m1.json" ;;
     solver-ops-table) run solver-ops-table 90 python3 benchmarks/bench_solver_ops.py --out "$out/solver_ops.json" ;;
     csr-tiles) run csr-tiles 240 python3 benchmarks/bench_csr_tiles.py --out "$out/csr_tiles.json" ;;
     e2e-csr) run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 2 \

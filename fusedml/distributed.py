@@ -134,6 +134,7 @@ def _drop_cache(design_id):
 def _logistic_state(P, w, spec):
     """Margins -> per-row loss, residual and Hessian weights for the partition (on its device)."""
     from fusedml.mmchain import matvec
+    from fusedml.mmchain.lossgrad import logistic_value
 
     X, acc, sw = P["X"], P["acc"], P["sw"]
     wt = torch.as_tensor(w).to(device=P["dev"], dtype=acc)
@@ -142,7 +143,7 @@ def _logistic_state(P, w, spec):
         if "yb" not in P:
             P["yb"] = torch.from_numpy(P["y"] == spec["classes"][1]).to(device=P["dev"], dtype=acc)
         yb = P["yb"]
-        loss = torch.nn.functional.softplus(raw) - yb * raw
+        loss = logistic_value(raw, yb)
         p = torch.sigmoid(raw)
         resid = p - yb
         h = p * (1 - p)

@@ -75,6 +75,32 @@ def test_loss_gradient_matches_float64(loss, m, power, backend):
     assert torch.equal(X, X0) and torch.equal(W, W0) and torch.equal(y, y0)  # inputs untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_logistic_loss_on_separated_data(dtype, backend):
+    """Separable labels and margins up to ~40: each row's loss is log1p(exp(-|t|)), from 0.69 down to
+    ~1e-17, so the sum tests the epilogue's log1p series (e < 2^-8) and its log branch, not softplus(t)
+    rounding to zero."""
+    g = torch.Generator().manual_seed(11)
+    N, D = 301, 7
+    X = torch.randn(N, D, generator=g, dtype=dtype)
+    w = torch.randn(D, generator=g, dtype=dtype)
+    t = X @ w
+    w = w * (40.0 / t.abs().max())  # margins spread over [-40, 40]
+    y = (X @ w > 0).to(dtype)
+    r = fusedml.loss_gradient(X, w, y, loss="logistic", backend=backend)
+    eta = X.double() @ w.double()
+    ref = torch.nn.functional.softplus(-eta.abs()).sum()  # y = (eta > 0): softplus(t) - y t = softplus(-|t|)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert abs(float(r.loss) - float(ref)) <= tol * float(ref), (float(r.loss), float(ref))
+    small = eta.abs() > 20  # rows whose loss is below 2e-9: still counted
+    assert small.sum() > 10
+    rs = fusedml.loss_gradient(X[small], w, y[small], loss="logistic", backend=backend)
+    ref_s = torch.nn.functional.softplus(-eta[small].abs()).sum()
+    # fp32: t carries ~1e-6 absolute rounding, so e^-|t| ~1e-6 relative
+    assert abs(float(rs.loss) - float(ref_s)) <= (1e-12 if dtype == torch.float64 else 1e-4) * float(ref_s)
+
+
 @pytest.mark.parametrize("intercept", [False, True])
 def test_loss_gradient_vector_form_and_defaults(intercept):
     g = torch.Generator().manual_seed(1)

@@ -80,6 +80,25 @@ def _code(loss: str, power) -> tuple:
     return LOSSES["tweedie"], p
 
 
+def logistic_value(eta: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The logistic loss ``softplus(eta) - y * eta`` without cancellation (the kernels' twin).
+
+    ``max(eta, 0) - y * eta`` is formed per sign and ``log1p(exp(-|eta|))`` added last, so a
+    well-classified row keeps its loss (~``exp(-|eta|)``) where ``softplus(eta) - y * eta``
+    rounds it to zero (``F.softplus`` returns ``eta`` itself above 20).
+
+    Parameters
+    ----------
+    eta, y : torch.Tensor
+        Margins and targets in [0, 1], broadcastable.
+
+    Returns
+    -------
+    torch.Tensor
+    """
+    return torch.where(eta > 0, (1.0 - y) * eta, -y * eta) + torch.log1p(torch.exp(-eta.abs()))
+
+
 def loss_terms(loss: str, eta: torch.Tensor, target: torch.Tensor, power=None):
     """The pointwise loss, its derivative and second derivative (torch; the kernels' twin).
 
@@ -99,7 +118,7 @@ def loss_terms(loss: str, eta: torch.Tensor, target: torch.Tensor, power=None):
     t, y = eta, target
     if code == 1:
         pr = torch.sigmoid(t)
-        return torch.nn.functional.softplus(t) - y * t, pr - y, pr * (1.0 - pr)
+        return logistic_value(t, y), pr - y, pr * (1.0 - pr)
     if code == 2:
         z = 1.0 - y * t
         act = (z > 0).to(t.dtype)
