@@ -813,10 +813,13 @@ class LinearObjective:
         self.n_lossgrad += 1
         eta = None if r.eta is None else r.eta.to(self.dtype)
         g = r.grad.to(self.dtype)
-        f = r.loss.sum().reshape(1) if self.coupled else r.loss
-        # weights * f + const: one launch
-        f = torch.add(self._const(*spec), f, alpha=float(self.weights)) if self.uniform else f + self._const(*spec)
-        f = self._penalised(f, W, Wm)
+        if r.objective is not None:  # a bound pass's: weights * loss + const + l2/2 ||mask W||^2
+            f = r.objective.reshape(-1)
+        else:
+            f = r.loss.sum().reshape(1) if self.coupled else r.loss
+            # weights * f + const: one launch
+            f = torch.add(self._const(*spec), f, alpha=float(self.weights)) if self.uniform else f + self._const(*spec)
+            f = self._penalised(f, W, Wm)
         c = None if self.uniform else self.weights[:, None]
         hstate = self._hstate(r.hess.to(self.dtype), c, 1.0 if c is not None else float(self.weights))
         return {"W": W, "eta": eta, "f": f}, g, hstate
@@ -852,11 +855,14 @@ class LinearObjective:
             self._lg_slots = []
             if not bound_enabled():  # FUSEDML_BIND=0: unbound passes (A/B benchmarks)
                 return self._lg_slots
+            # the objective (weights * loss + const + l2/2 ||mask W||^2) from the pass's own launch
+            const = None if getattr(self.loss, "kernel_exact", False) else self._const(*spec)
             try:
                 for _ in range(2):
                     W = self.zeros()
                     Wm = torch.empty_like(W) if self.fit_intercept and self.l2 != 0.0 else W
-                    op = fusedml.bind_loss_gradient(self.X, W, self.target, z=Wm, **self._lossgrad_args(spec))
+                    op = fusedml.bind_loss_gradient(self.X, W, self.target, z=Wm, **self._lossgrad_args(spec),
+                                                    objective="sum" if self.coupled else "columns", offset=const)
                     self._lg_slots.append((W, Wm, op))
             except (TypeError, ValueError):
                 self._lg_slots = []

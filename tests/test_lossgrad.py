@@ -166,6 +166,54 @@ def test_bind_loss_gradient_recomputes_from_current_operands(loss, m, power, D, 
     assert op.calls == 2 and (ptrs[0] == ptrs[1]) == op.one_read
 
 
+@pytest.mark.parametrize("loss,m,objective", [("logistic", 1, "sum"), ("multinomial", 3, "sum"),
+                                               ("squared_hinge", 3, "columns"), ("poisson", 1, "columns")])
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_objective_bound_and_unbound(loss, m, objective, backend):
+    """``objective`` = alpha * loss + beta/2 ||z||^2 + offset (all columns or per column), from the
+    unbound pass (torch) and the bound one (fused: its own launch after the read of X), after W and
+    z change in place."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"obj-{loss}-{m}".encode()))
+    N, D = 157, 9
+    X = torch.randn(N, D, generator=g)
+    y = _target(loss, N, m, g)
+    c = torch.rand(N, generator=g)
+    W, z = torch.zeros(D + 1, m), torch.zeros(D + 1, m)
+    n = 1 if objective == "sum" else m
+    offset = torch.randn(n, generator=g, dtype=torch.float64)
+    kw = dict(loss=loss, sample_weight=c, alpha=0.7, beta=0.3, intercept=True, backend=backend,
+              objective=objective, offset=offset)
+    op = fusedml.bind_loss_gradient(X, W, y, z=z, **kw)
+    for _ in range(2):
+        W.copy_(0.3 * torch.randn(D + 1, m, generator=g) / D ** 0.5)
+        z.copy_(W * (torch.arange(D + 1) < D)[:, None])  # the intercept row unpenalised
+        _, lsum, _, _ = _reference(X, W, y, loss, None, c, 0.7, z, 0.3, True)
+        want = 0.7 * lsum + 0.15 * z.double().square().sum(0)
+        want = (want.sum().reshape(1) if objective == "sum" else want) + offset
+        for r in (op(), fusedml.loss_gradient(X, W, y, z=z, **kw)):
+            assert r.objective.shape == (n,) and r.objective.dtype == torch.float64
+            assert _rel(r.objective, want) < 2e-6 and _rel(r.loss, lsum) < 2e-6
+    # no penalty term without z or beta; a 1-D W gives a 0-d objective
+    w1 = torch.zeros(D + 1)
+    w1.fill_(0.05)
+    r = fusedml.bind_loss_gradient(X, w1, (torch.rand(N, generator=g) < 0.5).float(), loss="logistic",
+                                   intercept=True, backend=backend, objective="sum")()
+    assert r.objective.ndim == 0 and float(r.objective) == pytest.approx(float(r.loss), rel=1e-12)
+
+
+def test_objective_bad_inputs():
+    X, w, y = torch.randn(20, 3), torch.zeros(3, 2), torch.rand(20, 2)
+    kw = dict(loss="poisson", backend="cpu")
+    with pytest.raises(ValueError, match="objective must be None, 'sum' or 'columns'"):
+        fusedml.loss_gradient(X, w, y, objective="mean", **kw)
+    with pytest.raises(ValueError, match="offset needs objective"):
+        fusedml.loss_gradient(X, w, y, offset=torch.zeros(1, dtype=torch.float64), **kw)
+    with pytest.raises(ValueError, match="offset must be a float64 tensor of 2 value"):
+        fusedml.bind_loss_gradient(X, w, y, objective="columns", offset=torch.zeros(1, dtype=torch.float64), **kw)
+    with pytest.raises(ValueError, match="offset must be a float64 tensor of 1 value"):
+        fusedml.loss_gradient(X, w, y, objective="sum", offset=torch.zeros(1), **kw)
+
+
 def test_bind_loss_gradient_vector_form_and_bad_inputs():
     X = torch.randn(50, 4)
     w, y = torch.zeros(5), (torch.rand(50) < 0.5).float()
