@@ -31,8 +31,8 @@ from collections import deque
 import torch
 
 from fusedml._launch import bound_enabled
-from fusedml.cg import (CONTROL, bind_cg_update, bind_trial_sums, cg_control, cg_update, cg_update_applies,
-                        control_slice, trial_sums, trial_sums_applies)
+from fusedml.cg import (CONTROL, bind_cg_restart, bind_cg_update, bind_trial_sums, cg_control, cg_update,
+                        cg_update_applies, control_slice, trial_sums, trial_sums_applies)
 
 __all__ = ["SolverResult", "StopRule", "conjugate_gradient", "lbfgs", "max_abs_grad_stop", "relative_grad_norm_stop",
            "tron"]
@@ -297,6 +297,9 @@ class _CGEngine:
         # ``decide`` ("tr": TRON's trust region, "plain": linear CG): the step's decisions made by
         # the update kernel too (cg_update's control block), so the host can queue steps ahead
         self.decide = decide if self.fused else None
+        # decided steps: the update kernel also forms the next direction, and a solve starts in
+        # one launch (S = 0, R = Dv = -g): 1 and ~4 launches fewer per step and per solve
+        self.next_dir, self._restarts = bool(self.decide), {}
         self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused and not decide else None
         self.ctl = torch.zeros(len(CONTROL) * P, dtype=torch.float64, device=like.device) if self.decide else None
         self.snaps = _Snapshots(self.ctl, _lag() + 2) if self.decide else None
@@ -305,6 +308,15 @@ class _CGEngine:
         self.step = _Replay(self._step, graphs, owner, sparse)
 
     def _restart(self, R, negate=False):
+        if self.next_dir:  # one launch, bound per source buffer (a solver's gradients alternate between two)
+            key = (R.data_ptr(), R.stride(), R.shape, negate)
+            go = self._restarts.get(key)
+            if go is None:
+                if len(self._restarts) >= 2:
+                    self._restarts.pop(next(iter(self._restarts)))
+                go = self._restarts[key] = bind_cg_restart(self.S, self.R, self.Dv, R, self.beta, negate=negate)
+            go()
+            return
         self.S.zero_()
         if negate:
             torch.neg(R, out=self.R)
@@ -339,8 +351,9 @@ class _CGEngine:
         self.rTr.copy_(torch.tensor(rTr, dtype=self.rTr.dtype))
 
     def _step(self):
-        if self.fused:  # three launches besides the product: direction, A Dv, the update kernel
-            torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
+        if self.fused:  # besides the product: the direction (unless the update kernel formed it), the update
+            if not self.next_dir:
+                torch.addcmul(self.R, self.beta.reshape(1, -1), self.Dv, out=self.Dv)
             Ad = self.apply(self.Dv)
             if Ad.dtype != self.S.dtype:
                 Ad = Ad.to(self.S.dtype)
@@ -373,7 +386,8 @@ class _CGEngine:
             if self._upd is not None and self._upd[0] == key:
                 return self._upd[1]()
         if self.decide:  # the decisions made by the kernel too
-            args, kw = (None, self.beta, None), dict(control=self.ctl, trust_region=self.decide == "tr")
+            args, kw = (None, self.beta, None), dict(control=self.ctl, trust_region=self.decide == "tr",
+                                                     next_direction=self.next_dir)
         else:
             args, kw = (self.rTr, self.beta, self.packed), dict(mask=self.mask, S0=self.S0, R0=self.R0)
         if not self.persistent:

@@ -396,10 +396,14 @@ def check_bound(dev, g):
         y = ((torch.rand(N, 1, generator=g, device=dev) < 0.4).float() if loss == "logistic" else
              torch.nn.functional.one_hot(torch.randint(0, m, (N,), generator=g, device=dev), m).float())
         W, z = torch.empty(D + 1, m, device=dev), torch.empty(D + 1, m, device=dev)
+        # the objective's launch after the pass: 0.5 * loss + 1e-2 / 2 ||z||^2 + offset, per column
+        # (multinomial) or summed (logistic)
+        objective = "sum" if m == 1 else "columns"
+        off = torch.randn(1 if m == 1 else m, generator=g, device=dev, dtype=torch.float64)
         op = fusedml.bind_loss_gradient(X, W, y, loss=loss, alpha=0.5, z=z, beta=1e-2, intercept=True,
-                                        backend="fused")
+                                        backend="fused", objective=objective, offset=off)
         A = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1)
-        err = 0.0
+        err = err_obj = 0.0
         for _ in range(3):
             W.normal_(generator=g).mul_(0.1)
             z.normal_(generator=g)
@@ -408,7 +412,11 @@ def check_bound(dev, g):
             val, gr, h = loss_terms(loss, eta, y.double())
             err = max(err, rel(r.grad, 0.5 * A.T @ gr + 1e-2 * z.double()), rel(r.loss, val.sum(0), floor=1e-30),
                       rel(r.hess, h, floor=1e-30), rel(r.eta, eta))
+            want = 0.5 * val.sum(0) + 5e-3 * z.double().square().sum(0)
+            want = (want.sum().reshape(1) if objective == "sum" else want) + off
+            err_obj = max(err_obj, rel(r.objective, want))
         record(f"bind_loss_gradient {N}x{D} m={m} {loss} (3 calls)", err, TOL[torch.float32])
+        record(f"bind_loss_gradient {N}x{D} m={m} {loss} objective={objective} (3 calls)", err_obj, TOL[torch.float32])
     # bound cg_update / trial_sums: the same numbers as the checked launches, over changing contents
     for dt in (torch.float32, torch.float64):
         n, K = 10_001, 3
@@ -436,7 +444,7 @@ def check_cg_decided(dev, g):
     """Device-decided CG steps (cg_update with a control block) run to their end on a fresh SPD
     system: without a region the solution's float64 residual meets the tolerance; with one, a
     problem that stopped at the boundary has ||S|| = delta, one that converged inside meets it."""
-    from fusedml.cg import cg_control, cg_update, control_slice
+    from fusedml.cg import bind_cg_restart, cg_control, cg_update, control_slice
 
     n = 200
     for K, P, region in ((1, 1, None), (3, 1, None), (4, 4, None), (1, 1, 0.3), (4, 4, 1.0)):
@@ -448,15 +456,22 @@ def check_cg_decided(dev, g):
         rtr = per(B).tolist()
         tol2 = [1e-10 * x for x in rtr]
         dsq = None if region is None else [region ** 2] * P
-        for dt in (torch.float32, torch.float64):
+        # next_dir: the solvers' form (bind_cg_restart from -B, column-major; the kernel forms each direction)
+        for dt, next_dir in ((torch.float32, False), (torch.float64, False), (torch.float32, True),
+                             (torch.float64, True)):
             S, R, Dv = torch.zeros(n, K, device=dev, dtype=dt), B.to(dt).clone(), torch.zeros(n, K, device=dev, dtype=dt)
             beta = torch.zeros(P, device=dev, dtype=dt)
+            if next_dir:
+                for t in (S, R, Dv, beta):
+                    t.fill_(float("nan"))
+                bind_cg_restart(S, R, Dv, (-B).to(dt).t().contiguous().t(), beta, negate=True)()
             ctl = torch.tensor(cg_control(rtr, tol2 if dt == torch.float64 else [1e-6 * x for x in rtr], [True] * P,
                                           dsq), dtype=torch.float64, device=dev)
             for _ in range(2 * n):
-                torch.addcmul(R, beta.repeat_interleave(cpp)[None, :], Dv, out=Dv)
+                if not next_dir:
+                    torch.addcmul(R, beta.repeat_interleave(cpp)[None, :], Dv, out=Dv)
                 cg_update(S, R, Dv, (A @ Dv.double()).to(dt), None, beta, None, control=ctl,
-                          trust_region=dsq is not None)
+                          trust_region=dsq is not None, next_direction=next_dir)
             v = ctl.tolist()
             reach = v[control_slice("reach", P)]
             res = (per(B - A @ S.double()) / per(B)).sqrt()
@@ -467,7 +482,7 @@ def check_cg_decided(dev, g):
                     err = max(err, abs(float(per(S.double())[j].sqrt()) - region) / region)
                 else:
                     err = max(err, float(res[j]))
-            record(f"cg_update decided n={n} K={K} P={P} region={region} {str(dt)[6:]} "
+            record(f"cg_update decided{' next_dir' if next_dir else ''} n={n} K={K} P={P} region={region} {str(dt)[6:]} "
                    f"(reach {sum(x > 0.5 for x in reach)}/{P})", err, tol)
 
 

@@ -22,8 +22,8 @@ import triton.language as tl
 from ._dispatch import interpret_mode
 from ._launch import bind as bind_launch, launch
 
-__all__ = ["CONTROL", "bind_cg_update", "bind_trial_sums", "cg_control", "control_slice", "cg_update", "cg_update_applies",
-           "trial_sums", "trial_sums_applies"]
+__all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_sums", "cg_control", "control_slice",
+           "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -41,7 +41,7 @@ def _cg_update_kernel(
     RTR, BETA, MASK, PACKED, CTL,  # [P], [P], [P], [2P], [NCTL * P] float64
     n, cpp, P, K, stride_an, stride_ak,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    NEXT_DIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     j = tl.program_id(0)  # problem j owns columns [j * cpp, (j + 1) * cpp)
     offs_r = tl.arange(0, BLOCK_R)
@@ -126,6 +126,71 @@ def _cg_update_kernel(
         tl.store(RTR + j, rnew.to(out_ty))
         tl.store(PACKED + j, dad.to(out_ty))
         tl.store(PACKED + P + j, rnew.to(out_ty))
+    if NEXT_DIR:  # sweep 3: the next step's direction d = r + beta d (a launch fewer per step)
+        if DECIDE:
+            b = b * cont
+        tl.debug_barrier()  # R as sweep 2 stored it
+        for r0 in range(0, n, BLOCK_R):
+            rows = (r0 + offs_r).to(tl.int64)
+            m = (rows < n)[:, None] & cmask[None, :]
+            at = rows[:, None] * K + cols[None, :]
+            r = tl.load(R + at, mask=m, other=0.0)
+            d = tl.load(Dv + at, mask=m, other=0.0)
+            tl.store(Dv + at, (r.to(tl.float64) + b * d.to(tl.float64)).to(r.dtype), mask=m)
+
+
+@triton.jit
+def _cg_restart_kernel(S, R, Dv, G, BETA, n, K, P, sg_n, sg_k, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    # S = 0, R = Dv = SIGN * G ([n, K]; S, R, Dv contiguous, G any strides), BETA [P] = 0
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n * K
+    row = (i // K).to(tl.int64)
+    g = tl.load(G + row * sg_n + (i % K) * sg_k, mask=m, other=0.0)
+    r = g * SIGN
+    tl.store(S + i, tl.zeros_like(r), mask=m)
+    tl.store(R + i, r, mask=m)
+    tl.store(Dv + i, r, mask=m)
+    if tl.program_id(0) == 0:
+        jp = tl.arange(0, 16)
+        for p0 in range(0, P, 16):
+            tl.store(BETA + p0 + jp, tl.zeros([16], dtype=BETA.dtype.element_ty), mask=p0 + jp < P)
+
+
+def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
+    """A CG solve's start from ``S = 0`` in one launch, over fixed vectors.
+
+    Parameters
+    ----------
+    S, R, Dv : torch.Tensor
+        [n, K] contiguous, float32 or float64: solution (set to 0), residual and direction (both
+        set to ``g``, or ``-g`` with ``negate``: the first direction is the residual).
+    g : torch.Tensor
+        [n, K], same dtype and device, any strides: read at each call.
+    beta : torch.Tensor
+        [P] in the vectors' dtype: set to 0.
+    negate : bool
+
+    Returns
+    -------
+    callable
+        ``() -> None``: one launch (:func:`fusedml._launch.bind`).
+    """
+    if S.ndim != 2:
+        raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
+    n, K = S.shape
+    for t, name in ((R, "R"), (Dv, "Dv"), (g, "g")):
+        if tuple(t.shape) != (n, K) or t.dtype != S.dtype or t.device != S.device:
+            raise ValueError(f"{name} must match S ({(n, K)}, {S.dtype}, {S.device}), got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    for t, name in ((S, "S"), (R, "R"), (Dv, "Dv"), (beta, "beta")):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if beta.dtype != S.dtype or beta.device != S.device or beta.ndim != 1:
+        raise ValueError(f"beta must be a 1-D {S.dtype} tensor on {S.device}")
+    block = 1024
+    return bind_launch(_cg_restart_kernel, (triton.cdiv(n * K, block),),
+                       (S, R, Dv, g, beta, n, K, beta.numel(), g.stride(0), g.stride(1)),
+                       dict(SIGN=-1.0 if negate else 1.0, BLOCK=block), num_warps=4)
 
 
 def cg_update_applies(like: torch.Tensor, P: int) -> bool:
@@ -209,7 +274,7 @@ def cg_control(rTr, tol2, run, dsq=None) -> list:
 
 
 def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
-              trust_region=False) -> torch.Tensor:
+              trust_region=False, next_direction=False) -> torch.Tensor:
     """The vector half of one CG step, in place, one launch.
 
     With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
@@ -254,6 +319,9 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
         [len(CONTROL) * P] float64 on the vectors' device, updated in place.
     trust_region : bool
         With ``control``: the Steihaug boundary test against ``control``'s ``dsq``.
+    next_direction : bool
+        Also set ``Dv = R + beta Dv`` for the next step (a third sweep; the caller then skips
+        the direction update before the next product).
 
     Returns
     -------
@@ -261,13 +329,13 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
         ``packed`` (``control`` with ``control``).
     """
     kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region)
+                                                       trust_region, next_direction)
     launch(kernel, grid, args, consts, **opts)
     return control if control is not None else packed
 
 
 def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
-                   trust_region=False):
+                   trust_region=False, next_direction=False):
     """:func:`cg_update` over fixed buffers, checked once: a CG engine's repeated step.
 
     Parameters
@@ -283,7 +351,7 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
         (``control`` with ``control``).
     """
     kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region)
+                                                       trust_region, next_direction)
     return _returning(bind_launch(kernel, grid, args, consts, **opts), control if control is not None else packed)
 
 
@@ -295,7 +363,7 @@ def _returning(go, res):
     return run
 
 
-def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region):
+def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction=False):
     """Checked arguments of :func:`cg_update`: ``(kernel, grid, args, consts, options)``."""
     if S.ndim != 2:
         raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
@@ -335,7 +403,7 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
             mask if mask is not None else dummy, packed if packed is not None else dummy,
             control if control is not None else dummy, n, cpp, P, K, Ad.stride(0), Ad.stride(1)),
            dict(KEEP=keep, HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region),
-                BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=8))
+                NEXT_DIR=bool(next_direction), BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=8))
 
 
 @triton.jit

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedml.cg import (CONTROL, MAX_ENTRIES, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
+from fusedml.cg import (CONTROL, MAX_ENTRIES, bind_cg_restart, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
                         trial_sums_applies)
 
 
@@ -146,13 +146,16 @@ def _steihaug_reference(A, B, P, tol2, run, dsq, steps):
     return out
 
 
+@pytest.mark.parametrize("next_dir", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,K,P,region", [(30, 1, 1, None), (30, 1, 1, 0.5), (30, 3, 1, 2.0), (30, 3, 3, 0.7),
                                           (30, 3, 3, None), (7, 2, 2, 1e6)])
-def test_cg_update_decided_matches_steihaug(n, K, P, region, dtype):
+def test_cg_update_decided_matches_steihaug(n, K, P, region, dtype, next_dir):
     """With a control block the kernel makes the CG driver's decisions (stop at the tolerance, at
     the trust-region boundary, frozen problems): the queued steps reproduce a float64 Steihaug CG
-    run per problem, steps past a problem's end change nothing."""
+    run per problem, steps past a problem's end change nothing. ``next_dir``: the solve starts from
+    ``bind_cg_restart`` (a strided, negated source; the buffers poisoned before) and the kernel
+    forms each next direction itself."""
     g = torch.Generator().manual_seed(n + K + P)
     Q = torch.randn(n, n, generator=g, dtype=torch.float64)
     A = Q @ Q.T / n + 0.1 * torch.eye(n, dtype=torch.float64)
@@ -167,12 +170,21 @@ def test_cg_update_decided_matches_steihaug(n, K, P, region, dtype):
     dsq = None if region is None else [region ** 2] * P
     S, R, Dv = torch.zeros(n, K, dtype=dtype), B.clone().to(dtype), torch.zeros(n, K, dtype=dtype)
     beta = torch.zeros(P, dtype=dtype)
+    if next_dir:
+        for t in (S, R, Dv, beta):
+            t.fill_(float("nan"))
+        negB = (-B).to(dtype).t().contiguous().t()  # column-major
+        bind_cg_restart(S, R, Dv, negB, beta, negate=True)()
+        assert torch.equal(S, torch.zeros_like(S)) and torch.equal(R, B.to(dtype)) and torch.equal(Dv, R)
+        assert torch.equal(beta, torch.zeros_like(beta))
     ctl = torch.tensor(cg_control(rtr, tol2, run, dsq), dtype=torch.float64)
     steps = 3 * n
     for _ in range(steps):
-        Dv = R + beta.repeat_interleave(cpp)[None, :] * Dv
+        if not next_dir:
+            Dv = R + beta.repeat_interleave(cpp)[None, :] * Dv
         Ad = (A @ Dv.double()).to(dtype)
-        assert cg_update(S, R, Dv, Ad, None, beta, None, control=ctl, trust_region=dsq is not None) is ctl
+        assert cg_update(S, R, Dv, Ad, None, beta, None, control=ctl, trust_region=dsq is not None,
+                         next_direction=next_dir) is ctl
     ref = _steihaug_reference(A.numpy(), B.numpy(), P, tol2, run, dsq, steps)
     v = ctl.tolist()
     tol = 1e-6 if dtype == torch.float64 else 2e-3  # CG amplifies rounding over ~20 steps
@@ -202,6 +214,12 @@ def test_cg_update_decided_bad_inputs():
     with pytest.raises(ValueError, match="trust_region needs control"):
         cg_update(S, S.clone(), S.clone(), S.clone(), beta, beta, torch.zeros(2), trust_region=True)
     assert cg_control([4.0], [1e-2], [True]) == [4.0, float("inf"), 1e-2, 1.0] + [0.0] * 6
+    with pytest.raises(ValueError, match="g must match S"):
+        bind_cg_restart(S, S.clone(), S.clone(), torch.zeros(4, 3), beta)
+    with pytest.raises(ValueError, match="Dv must be contiguous"):
+        bind_cg_restart(S, S.clone(), torch.zeros(2, 4).t(), S.clone(), beta)
+    with pytest.raises(ValueError, match="beta must be a 1-D"):
+        bind_cg_restart(S, S.clone(), S.clone(), S.clone(), beta.double())
     assert control_slice("reach", 3) == slice(12, 15) and control_slice("rTr", 2) == slice(0, 2)
 
 
@@ -334,7 +352,7 @@ def test_stop_rules_host_form_matches_device_form():
 
 
 def _aot():
-    """sm_90 compiles of both kernels in every variant the solvers launch (fp32 and fp64)."""
+    """sm_90 compiles of the solvers' small kernels in every variant they launch (fp32 and fp64)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -344,14 +362,20 @@ def _aot():
     target = GPUTarget("cuda", 90, 32)
     fn = cg._cg_update_kernel
     for ty in ("fp32", "fp64"):
-        for keep, mask, decide, tr in ((True, False, False, False), (False, True, False, False),
-                                       (False, False, True, True), (False, False, True, False)):
+        for keep, mask, decide, tr, nd in ((True, False, False, False, False), (False, True, False, False, False),
+                                           (False, False, True, True, True), (False, False, True, False, True)):
             types = {a: f"*{ty}" for a in ("S", "R", "Dv", "Ad", "S0", "R0", "RTR", "BETA", "MASK", "PACKED")}
             types.update(CTL="*fp64", n="i32", cpp="i32", P="i32", K="i32", stride_an="i32", stride_ak="i32")
-            consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, BLOCK_R=512, BLOCK_C=4)
+            consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, NEXT_DIR=nd, BLOCK_R=512, BLOCK_C=4)
             sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
             triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=8))
-            print("AOT cg_update", ty, keep, mask, decide, tr)
+            print("AOT cg_update", ty, keep, mask, decide, tr, nd)
+        rs = cg._cg_restart_kernel
+        types = {a: f"*{ty}" for a in ("S", "R", "Dv", "G", "BETA")}
+        consts = dict(SIGN=-1.0, BLOCK=1024)
+        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in rs.arg_names}
+        triton.compile(ASTSource(rs, sig, consts), target=target, options=dict(num_warps=4))
+        print("AOT cg_restart", ty)
         ts = cg._trial_sums_kernel
         types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
         types.update(OUT="*fp64")
@@ -359,13 +383,23 @@ def _aot():
         sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ts.arg_names}
         triton.compile(ASTSource(ts, sig, consts), target=target, options=dict(num_warps=8))
         print("AOT trial_sums", ty)
+    # the bound loss-gradient pass's objective launch (fusedml/mmchain/lossgrad.py)
+    from fusedml.mmchain import lossgrad
+
+    ob = lossgrad._objective_kernel
+    for ty, coupled in (("fp32", True), ("fp64", False)):
+        types = dict(LPART="*fp64", Z=f"*{ty}", SC="*fp64", OFF="*fp64", LOSS="*fp64", OBJ="*fp64")
+        consts = dict(COUPLED=coupled, HAS_Z=True, HAS_OFF=True, BLOCK_G=256, BLOCK_M=4, BLOCK_R=256)
+        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ob.arg_names}
+        triton.compile(ASTSource(ob, sig, consts), target=target, options=dict(num_warps=4))
+        print("AOT objective", ty, coupled)
 
 
 def test_kernels_compile_for_sm90():
     """The decided step's float64 scalar logic (sqrt, selects) and both kernels compile for the GPU."""
     from _sm90 import run_aot
 
-    run_aot(__file__, 10, tools=("ptxas",))
+    run_aot(__file__, 14, tools=("ptxas",))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
