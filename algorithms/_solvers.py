@@ -219,7 +219,7 @@ class _Replay:
         if env:
             self.capture_after = int(env)
         self.calls, self.graph, self.out, self.delta = 0, None, None, {}
-        self.side = torch.cuda.Stream() if self.enabled else None  # warm-up and capture stream
+        self.side = None  # the warm-up and capture stream, made when a solve gets that far (~60 us)
 
     def __call__(self):
         self.calls += 1
@@ -232,6 +232,8 @@ class _Replay:
             return self.out
         if self.calls < self.capture_after:  # short solves: real eager steps, on the caller's stream
             return self.fn()
+        if self.side is None:
+            self.side = torch.cuda.Stream()
         cur, side = torch.cuda.current_stream(), self.side
         side.wait_stream(cur)
         if self.calls == self.capture_after:  # the warm-up before a capture, on its stream
