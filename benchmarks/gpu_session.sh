@@ -54,6 +54,14 @@ for p in $parts; do
                  --sklearn-budget 5 --out "$out/end_to_end_dense.json" ;;
     e2e-multinomial) run e2e-multinomial 200 python3 benchmarks/bench_end_to_end.py --parts dense large \
                        --algorithms logistic-multinomial --repeat 3 --sklearn-budget 5 --out "$out/end_to_end_multinomial.json" ;;
+    e2e-mult-ab)  # the multinomial fits with the one-read loss pass (m <= 16) against matvec + X^T V
+      for mm in 16 1; do
+        run e2e-mult-ab-$mm 150 env FUSEDML_LOSS_ONE_READ_M=$mm python3 benchmarks/bench_end_to_end.py \
+          --parts dense large --algorithms logistic-multinomial --backends fused ops --repeat 3 --no-plots \
+          --out "$out/end_to_end_multinomial_lossm$mm.json"
+      done ;;
+    solver-ops-m3) run solver-ops-m3 150 python3 benchmarks/bench_solver_ops.py \
+                     --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3.json" ;;
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \

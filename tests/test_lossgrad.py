@@ -236,10 +236,13 @@ def test_bind_loss_gradient_vector_form_and_bad_inputs():
         fusedml.bind_loss_gradient(Streamed(), w, y, loss="logistic")
 
 
-def test_one_read():
+def test_one_read(monkeypatch):
     X = torch.randn(100, 8)
     assert one_read(X, 1) and one_read(X, 16)
     assert not one_read(X, 17)
+    monkeypatch.setenv("FUSEDML_LOSS_ONE_READ_M", "1")  # A/B runs: m > 1 composed from two reads
+    assert one_read(X, 1) and not one_read(X, 3)
+    monkeypatch.delenv("FUSEDML_LOSS_ONE_READ_M")
     import scipy.sparse as sp
 
     assert not one_read(fusedml.as_csr(sp.csr_matrix(X.numpy())), 1)

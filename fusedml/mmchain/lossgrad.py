@@ -21,6 +21,7 @@ asked): every per-row store costs a layout conversion through shared memory.
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -443,8 +444,13 @@ def one_read(X, m: int = 1) -> bool:
     Returns
     -------
     bool
+        False also for m above ``FUSEDML_LOSS_ONE_READ_M`` (default 16; A/B runs of the one
+        read against ``matvec`` and ``X^T V`` for the multinomial, ``benchmarks/gpu_session.sh``
+        part ``e2e-mult-ab``).
     """
     if not isinstance(X, torch.Tensor) or X.layout != torch.strided or X.ndim != 2 or not 1 <= m <= 16:
+        return False
+    if m > int(os.environ.get("FUSEDML_LOSS_ONE_READ_M", "16") or 16):
         return False
     from .dense import loss_config
     from .launch import dense_config, gpu_info
