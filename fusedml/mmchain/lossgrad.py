@@ -347,7 +347,8 @@ class BoundLossGradient:
 
     Made by :func:`bind_loss_gradient`. Calling it (no arguments) computes the pass at what ``W``
     and ``z`` hold at that moment. On the fused one-read path ``grad``, ``eta`` and ``hess`` are
-    persistent buffers, overwritten by the next call (``loss`` is a new tensor each call), and
+    persistent buffers, overwritten by the next call (``loss`` is a new tensor each call, unless an
+    ``objective`` is asked: then it and the objective are persistent too), and
     the launch repeats Triton's compiled kernel with the same arguments; elsewhere (CSR, wide
     rows, the other backends) each call is the two-read composition and returns new tensors.
 
