@@ -59,6 +59,26 @@ def test_cg_update_matches_float64(n, K, P, keep, dtype):
         assert torch.equal(S[:, frozen], Sc[:, frozen]) and torch.equal(R[:, frozen], Rc[:, frozen])
 
 
+@pytest.mark.parametrize("P", [1, 3])
+def test_cg_update_next_direction_host_decided(P):
+    """``next_direction`` without a control block: ``Dv`` becomes ``R + beta Dv`` with the step's
+    new (masked) beta; everything else as without it."""
+    g = torch.Generator().manual_seed(5 + P)
+    n, K = 300, 3
+    S, R, Dv, Ad = (torch.randn(n, K, generator=g) for _ in range(4))
+    rTr = torch.rand(P, generator=g) + 0.5
+    mask = None if P == 1 else torch.tensor([1.0, 0.0, 1.0])
+    a = [t.clone() for t in (S, R, Dv, Ad, rTr)]
+    beta_a, packed_a = torch.empty(P), torch.empty(2 * P)
+    cg_update(*a[:4], a[4], beta_a, packed_a, mask=mask)
+    want = a[1] + beta_a.repeat_interleave(K // P)[None, :] * a[2]
+    beta, packed = torch.empty(P), torch.empty(2 * P)
+    cg_update(S, R, Dv, Ad, rTr, beta, packed, mask=mask, next_direction=True)
+    torch.testing.assert_close(Dv, want, rtol=1e-6, atol=1e-6)
+    for x, y in ((S, a[0]), (R, a[1]), (rTr, a[4]), (beta, beta_a), (packed, packed_a)):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.filterwarnings("ignore:.*encountered in divide:RuntimeWarning")  # the interpreter's numpy
 def test_cg_update_undefined_alpha_and_beta_are_zero():
     """d^T A d = 0 (alpha = r^T r / 0) and r^T r = 0 (beta = . / 0): both 0, as the torch step's
