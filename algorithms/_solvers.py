@@ -311,13 +311,8 @@ class _CGEngine:
 
     def _restart(self, R, negate=False):
         if self.next_dir:  # one launch, bound per source buffer (a solver's gradients alternate between two)
-            key = (R.data_ptr(), R.stride(), R.shape, negate)
-            go = self._restarts.get(key)
-            if go is None:
-                if len(self._restarts) >= 2:
-                    self._restarts.pop(next(iter(self._restarts)))
-                go = self._restarts[key] = bind_cg_restart(self.S, self.R, self.Dv, R, self.beta, negate=negate)
-            go()
+            _bound_call(self._restarts, (R.data_ptr(), R.stride(), R.shape, negate),
+                        lambda: bind_cg_restart(self.S, self.R, self.Dv, R, self.beta, negate=negate))
             return
         self.S.zero_()
         if negate:
@@ -396,6 +391,17 @@ class _CGEngine:
             return cg_update(self.S, self.R, self.Dv, Ad, *args, **kw)
         self._upd = (key, bind_cg_update(self.S, self.R, self.Dv, Ad, *args, **kw))
         return self._upd[1]()
+
+
+def _bound_call(cache, key, make):
+    """Call the bound launch ``cache[key]``, made by ``make()`` on a miss. At most two are kept
+    (a solver's buffers alternate between two sets); the oldest goes first."""
+    go = cache.get(key)
+    if go is None:
+        if len(cache) >= 2:
+            cache.pop(next(iter(cache)))
+        go = cache[key] = make()
+    return go()
 
 
 def _lag():
@@ -697,13 +703,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
             # one launch for the accept test's sums (float64), the stop rule on the host; bound
             # where g and g_t are the objective's two trial buffers (which alternate)
-            if st.get("bound") and stn.get("bound"):
-                key = (id(g), id(S), id(R), id(g_t))
-                if key not in sum_ops:
-                    if len(sum_ops) >= 2:
-                        sum_ops.pop(next(iter(sum_ops)))
-                    sum_ops[key] = bind_trial_sums(g, S, R, g_t, P)
-                sums = sum_ops[key]()  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
+            if st.get("bound") and stn.get("bound"):  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
+                sums = _bound_call(sum_ops, (id(g), id(S), id(R), id(g_t)), lambda: bind_trial_sums(g, S, R, g_t, P))
             else:
                 sums = trial_sums(g, S, R, g_t, P)
             gg_t = sums[3 * P:4 * P]
