@@ -156,6 +156,20 @@ def _cg_restart_kernel(S, R, Dv, G, BETA, n, K, P, sg_n, sg_k, SIGN: tl.constexp
             tl.store(BETA + p0 + jp, tl.zeros([16], dtype=BETA.dtype.element_ty), mask=p0 + jp < P)
 
 
+def _check_like(ref, ref_name, tensors):
+    """Each ``(tensor, name)`` (None skipped) has ``ref``'s shape, dtype and device."""
+    for t, name in tensors:
+        if t is not None and (t.shape != ref.shape or t.dtype != ref.dtype or t.device != ref.device):
+            raise ValueError(f"{name} must match {ref_name} ({tuple(ref.shape)}, {ref.dtype}, {ref.device}), got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+
+
+def _check_contiguous(tensors):
+    for t, name in tensors:
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+
+
 def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
     """A CG solve's start from ``S = 0`` in one launch, over fixed vectors.
 
@@ -178,13 +192,8 @@ def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
     if S.ndim != 2:
         raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
     n, K = S.shape
-    for t, name in ((R, "R"), (Dv, "Dv"), (g, "g")):
-        if tuple(t.shape) != (n, K) or t.dtype != S.dtype or t.device != S.device:
-            raise ValueError(f"{name} must match S ({(n, K)}, {S.dtype}, {S.device}), got "
-                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
-    for t, name in ((S, "S"), (R, "R"), (Dv, "Dv"), (beta, "beta")):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+    _check_like(S, "S", ((R, "R"), (Dv, "Dv"), (g, "g")))
+    _check_contiguous(((S, "S"), (R, "R"), (Dv, "Dv"), (beta, "beta")))
     if beta.dtype != S.dtype or beta.device != S.device or beta.ndim != 1:
         raise ValueError(f"beta must be a 1-D {S.dtype} tensor on {S.device}")
     block = 1024
@@ -375,13 +384,8 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
         raise ValueError("S0 and R0 go together")
     if trust_region and control is None:
         raise ValueError("trust_region needs control (the radius lives there)")
-    for t, name in ((R, "R"), (Dv, "Dv"), (Ad, "Ad")) + (((S0, "S0"), (R0, "R0")) if S0 is not None else ()):
-        if tuple(t.shape) != (n, K) or t.dtype != S.dtype or t.device != S.device:
-            raise ValueError(f"{name} must match S ({(n, K)}, {S.dtype}, {S.device}), got "
-                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
-    for t, name in ((S, "S"), (R, "R"), (Dv, "Dv"), (S0, "S0"), (R0, "R0")):
-        if t is not None and not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+    _check_like(S, "S", ((R, "R"), (Dv, "Dv"), (Ad, "Ad"), (S0, "S0"), (R0, "R0")))
+    _check_contiguous(((S, "S"), (R, "R"), (Dv, "Dv"), (S0, "S0"), (R0, "R0")))
     small = ((beta, "beta", P),)
     if control is None:
         small += ((rTr, "rTr", P), (packed, "packed", 2 * P), (mask, "mask", P))
@@ -482,10 +486,7 @@ def _trial_sums_spec(g, S, R, g_t, P):
     if g.ndim != 2:
         raise ValueError(f"g must be [n, K], got shape {tuple(g.shape)}")
     n, K = g.shape
-    for t, name in ((S, "S"), (R, "R"), (g_t, "g_t")):
-        if t.shape != g.shape or t.dtype != g.dtype or t.device != g.device:
-            raise ValueError(f"{name} must match g ({(n, K)}, {g.dtype}, {g.device}), got "
-                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    _check_like(g, "g", ((S, "S"), (R, "R"), (g_t, "g_t")))
     if P not in (1, K):
         raise ValueError(f"P must be 1 or K = {K}, got {P}")
     cpp = K // P
