@@ -856,7 +856,7 @@ class LinearObjective:
             if not bound_enabled():  # FUSEDML_BIND=0: unbound passes (A/B benchmarks)
                 return self._lg_slots
             # the objective (weights * loss + const + l2/2 ||mask W||^2) from the pass's own launch
-            const = None if getattr(self.loss, "kernel_exact", False) else self._const(*spec)
+            const = self._const(*spec)
             try:
                 for _ in range(2):
                     W = self.zeros()
