@@ -118,6 +118,11 @@ def _precision_points(base):
     if base.mode == "small":  # the padded tl.dot on the tensor cores (tf32x3) and with fp32 FMAs
         dot = {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4, "prefetch": False}
         pts += [dot, dict(dot, dot_precision="ieee"), dict(dot, block_n=16), dict(dot, block_n=32, num_warps=8)]
+        # the unrolled kernel's tiles: (warps, values of X per thread); the persistent grid follows
+        # from the compiled kernel's registers (one wave), so fewer warps per program can mean more
+        # programs per SM
+        for w, e in ((4, 8), (4, 16), (2, 8), (8, 4), (8, 16), (16, 4)):
+            pts.append({"num_warps": w, "block_n": max(1, e * 32 * w // base.block_d), "prefetch": True})
     if base.mode in ("small", "dot"):  # the loss pass and the matvec run "dot": its FMA form
         pts += [{"dot_precision": "ieee"}, {"dot_precision": "ieee", "block_n": 32},
                 {"block_n": 16, "num_warps": 4}, {"block_n": 32, "num_warps": 8}, {"block_n": 32, "num_warps": 4},

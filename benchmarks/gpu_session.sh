@@ -62,6 +62,13 @@ for p in $parts; do
       done ;;
     solver-ops-m3) run solver-ops-m3 150 python3 benchmarks/bench_solver_ops.py \
                      --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3.json" ;;
+    solver-ops-m3-sweep) run solver-ops-m3-sweep 300 python3 benchmarks/bench_solver_ops.py --sweep-precision \
+                           --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3_sweep.json" ;;
+    profile-mult) run profile-mult 150 python3 benchmarks/profile_fit.py --shape 16000000x64 --shape 1000000x100 \
+                    --algo multinomial --out "$out/profile_fit_mult.json" ;;
+    e2e-mult) run e2e-mult 200 python3 benchmarks/bench_end_to_end.py --parts dense large \
+                --algorithms logistic-multinomial --backends fused ops --repeat 3 --no-plots \
+                --out "$out/end_to_end_multinomial.json" ;;
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \

@@ -236,6 +236,43 @@ def test_bind_loss_gradient_vector_form_and_bad_inputs():
         fusedml.bind_loss_gradient(Streamed(), w, y, loss="logistic")
 
 
+@pytest.mark.parametrize("loss,m,power", [("multinomial", 2, None), ("multinomial", 3, None), ("multinomial", 4, None),
+                                          ("logistic", 3, None), ("squared_hinge", 4, None), ("tweedie", 2, 1.5),
+                                          ("poisson", 3, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_unrolled_loss_pass(loss, m, power, dtype, monkeypatch):
+    """2 <= m <= 4 on short rows: the unrolled kernel's loss epilogue (and no other kernel) against
+    float64 and against the padded tl.dot; several programs share the tiles, rows not a multiple of
+    the tile, eta stored, sample weights; a multinomial row far from the origin does not overflow."""
+    from fusedml.mmchain import dense as dense_mod
+
+    g = torch.Generator().manual_seed(zlib.crc32(f"small-{loss}-{m}-{dtype}".encode()))
+    N, D = 77, 13
+    X = torch.randn(N, D, generator=g, dtype=dtype)
+    if loss == "multinomial":
+        X[5] *= 400.0  # |t| in the hundreds: exp overflows without the row's max
+    W = 0.3 * torch.randn(D + 1, m, generator=g, dtype=dtype)
+    y = _target(loss, N, m, g).to(dtype)
+    c = torch.rand(N, generator=g, dtype=dtype)
+    z = torch.randn(D + 1, m, generator=g, dtype=dtype)
+    launched = []
+    real = dense_mod._mmchain_small_kernel
+    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **k: (launched.append((k["LOSS"], k["M_PAD"])), real[grid](*a, **k)))})())
+    kw = dict(loss=loss, power=power, sample_weight=c, alpha=0.7, z=z, beta=0.3, intercept=True, backend="fused",
+              return_eta=True)
+    cfg = {"block_n": 4, "num_programs": 3}
+    r = fusedml.loss_gradient(X, W, y, config=cfg, **kw)
+    assert launched and launched[0][0] > 0 and launched[0][1] == m  # m = 3 unrolled exactly
+    ref = _reference(X, W, y, loss, power, c, 0.7, z, 0.3, True)
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    for name, a, b in zip(("grad", "loss", "eta", "hess"), (r.grad, r.loss, r.eta, r.hess), ref):
+        assert torch.isfinite(a).all() and _rel(a, b) < tol, (name, _rel(a, b))
+    if dtype == torch.float32:  # the padded tl.dot on request: the same pass
+        d = fusedml.loss_gradient(X, W, y, config={"mode": "dot", "m_pad": 16, "block_n": 16, "num_warps": 4}, **kw)
+        assert _rel(d.grad, ref[0]) < tol and _rel(d.loss, ref[1]) < tol
+
+
 def test_one_read(monkeypatch):
     X = torch.randn(100, 8)
     assert one_read(X, 1) and one_read(X, 16)

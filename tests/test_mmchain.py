@@ -130,7 +130,8 @@ def test_dense_fused_dot_precisions(rng, poison, prec, strategy):
 
 def test_dense_launch_memo_and_padded_dot_rules(rng):
     """The per-problem launch is memoised (same object for the same call, overrides respected); the
-    m <= 4 loss pass and matvec take the tensor-core padded dot, X^T V the unrolled kernel."""
+    m <= 4 loss pass takes the unrolled kernel's loss epilogue, matvec the tensor-core padded dot,
+    X^T V the unrolled kernel."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     X = _dense(rng, 300, 20, torch.float32)
@@ -141,7 +142,10 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     assert a is b and a.mode == "small"
     assert dense_mod._config(P, {"block_n": 8}).block_n == 8
     model = launch.dense_config(300, 20, 3, torch.float32, launch.gpu_info(X.device))
-    assert dense_mod._config(P, None, loss=True) == launch.padded_dot(model)  # the loss pass
+    assert dense_mod._config(P, None, loss=True) == launch.small_config(  # the loss pass
+        model, 20, 3, torch.float32, xtv=False, intercept=False, gpu=launch.gpu_info(X.device), stride_xn=20)
+    forced = dense_mod._config(P, {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4}, loss=True)
+    assert (forced.mode, forced.m_pad) == ("dot", 16)  # the padded tl.dot on request (the sweeps' A/B)
     Pt = prepare_mmchain(X, None, v, None, 1.0, 0.0, **kw)  # X^T V
     assert dense_mod._config(Pt, None).mode == "small" and not dense_mod._config(Pt, None).prefetch
     assert launch.matvec_config(300, 20, 3, torch.float32, launch.gpu_info(X.device)).mode == "dot"
@@ -655,9 +659,9 @@ def _aot_dense_variants():
                 attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X
         return triton.compile(ASTSource(fn, sig, consts, attrs), target=target, options=dict(num_warps=warps))
 
-    base = dict(stride_xd=1, XTY=False, HAS_V=True, SOFTMAX=False, INTERCEPT=False, DETERMINISTIC=False,
-                EVEN_D=True, VEC=4, ACC=tl.float32, PREFETCH=True)
     onchip = dict(LOSS=0, HAS_C=False, STORE_ETA=False)
+    base = dict(stride_xd=1, XTY=False, HAS_V=True, SOFTMAX=False, INTERCEPT=False, DETERMINISTIC=False,
+                EVEN_D=True, VEC=4, ACC=tl.float32, PREFETCH=True, **onchip)
     variants = [
         ("small m4 fp32 16x128", dense_mod._mmchain_small_kernel, "fp32", "fp32",
          dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4), 8),
@@ -669,6 +673,16 @@ def _aot_dense_variants():
          dict(onchip, VEC=8, MODE=0, BLOCK_N=32, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
         ("onchip m1 bf16 64x128 prefetch (the model's)", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
          dict(onchip, VEC=8, MODE=0, BLOCK_N=64, BLOCK_D=128, M_PAD=1, stride_vm=0), 16),
+    ]
+    # the multinomial passes in the unrolled kernel, m = 3 unrolled exactly (the solvers' launch: 8
+    # values per thread, 8 warps): the loss pass and the softmax Hessian product
+    variants += [
+        ("small m3 fp32 D=100 multinomial loss intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=3, LOSS=3, INTERCEPT=True, EVEN_D=False), 8, False),
+        ("small m3 fp32 D=64 multinomial loss intercept eta", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=3, LOSS=3, INTERCEPT=True, STORE_ETA=True, HAS_C=True), 8),
+        ("small m3 fp32 D=64 softmax intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=3, SOFTMAX=True, INTERCEPT=True), 8),
     ]
     # rows of 100 fp32 values (stride and D not multiples of 16: only VEC tells the compiler that
     # 16-byte loads are aligned), with the fused logistic loss and sample weights, and the
@@ -768,7 +782,7 @@ def test_launch_probe_smoke(monkeypatch):
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 15)
+    run_aot(__file__, 18)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 from .._dispatch import interpret_mode
 from .._launch import bind as bind_launch, launch
 from ._checks import Problem
-from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, padded_dot,
+from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config,
                      small_config)
 
 #: the GPU's approximate log2 / reciprocal in the logistic epilogue (libdevice: not available to
@@ -321,19 +321,31 @@ def _mmchain_onchip_kernel(
 
 
 @triton.jit
-def _small_col(x, Y, V, rows, cols, j: tl.constexpr, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
+def _small_y(Y, cols, j: tl.constexpr, D, M, stride_yd, stride_ym, XTY: tl.constexpr, INTERCEPT: tl.constexpr,
+             ACC: tl.constexpr):
+    # column j of y [BD] and its intercept entry, loaded once per program (zeros when XTY or j >= M)
+    # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
+    yj = cols * 0.0
+    yi = 0.0
+    if not XTY:
+        yj = tl.load(Y + cols * stride_yd + j * stride_ym, mask=(cols < D) & ((cols * 0 + j) < M),
+                     other=0.0).to(ACC)
+        if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
+            yi = tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
+    return yj, yi
+
+
+@triton.jit
+def _small_col(x, yj, yi, V, rows, j: tl.constexpr, N, M, stride_vn, stride_vm,
                HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr,
                BLOCK_N: tl.constexpr):
     # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M
-    # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
     if XTY:
         t = tl.zeros([BLOCK_N], dtype=ACC)
     else:
-        yj = tl.load(Y + cols * stride_yd + j * stride_ym, mask=(cols < D) & ((cols * 0 + j) < M),
-                     other=0.0).to(ACC)
         t = tl.sum(x * yj[None, :], axis=1)
-        if INTERCEPT:  # column min(j, M - 1): in bounds; t_j for j >= M is never used (p_j = 0)
-            t += tl.load(Y + D * stride_yd + tl.minimum(M - 1, j) * stride_ym).to(ACC)
+        if INTERCEPT:
+            t += yi
     if HAS_V:
         vj = tl.load(V + rows * stride_vn + j * stride_vm, mask=(rows < N) & ((rows * 0 + j) < M),
                      other=0.0).to(ACC)
@@ -359,6 +371,44 @@ def _small_p(t, vj, s, rows, j: tl.constexpr, N, M, XTY: tl.constexpr, HAS_V: tl
 
 
 @triton.jit
+def _small_live(t, rows, j: tl.constexpr, M):
+    # t_j where column j exists, -inf (no softmax weight) for the padding columns j >= M
+    return tl.where((rows * 0 + j) < M, t, float("-inf"))
+
+
+@triton.jit
+def _small_loss(t, yv, e, lse, rse, cc, rows, j: tl.constexpr, N, M, power, LOSS: tl.constexpr,
+                HAS_C: tl.constexpr):
+    # column j of the loss pass, [BN] each: p_j = c loss'(t_j) (alpha in _small_out), c loss(t_j)
+    # (both zero on rows >= N and j >= M) and the Hessian weight loss''(t_j).
+    # Multinomial: e = exp(t_j - max_l t_l), lse = log sum_l exp(t_l), rse = 1 / sum_l exp(t_l - max)
+    live = (rows < N) & ((rows * 0 + j) < M)
+    if LOSS == 3:
+        pr = e * rse
+        val = tl.where((rows * 0 + j) == 0, lse, 0.0) - yv * t
+        g = pr - yv
+        h = pr
+    else:
+        val, g, h = _loss_terms(t, yv, j, M, power, LOSS)
+    if HAS_C:
+        g = g * cc
+        val = val * cc
+    return tl.where(live, g, 0.0), tl.where(live, val, 0.0), h
+
+
+@triton.jit
+def _small_store(PTR, rows, N, M, a0, a1, a2, a3, BLOCK_N: tl.constexpr, M_PAD: tl.constexpr):
+    # columns a0..a(M_PAD-1) [BN] of the tile's rows into PTR [N, M] row-major, as one [BN, M_PAD]
+    # store: one layout conversion per tile (a [BN] store of a row-reduced vector converts each)
+    if M_PAD == 2:
+        a = tl.join(a0, a1)
+    else:  # [:, i, k] = column 2 i + k (M_PAD = 3: column 3 masked)
+        a = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (BLOCK_N, 4))
+    jm = tl.arange(0, 2 if M_PAD == 2 else 4)
+    tl.store(PTR + rows[:, None] * M + jm[None, :], a, mask=(rows[:, None] < N) & (jm[None, :] < M))
+
+
+@triton.jit
 def _small_out(acc, psum, alpha, W, PART, pid, cols, j: tl.constexpr, D, M,
                INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
     # column j of the program's alpha X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
@@ -380,36 +430,75 @@ def _small_out(acc, psum, alpha, W, PART, pid, cols, j: tl.constexpr, D, M,
 
 
 @triton.jit
+def _small_lsum(ls, LPART, pid, j: tl.constexpr, M):
+    # the program's sum of column j's c loss -> LPART[pid, j] (float64)
+    if j < M:
+        tl.store(LPART + pid * M + j, tl.sum(ls, axis=0))
+
+
+@triton.jit
+def _small_pv(t, vj, s, e, lse, rse, cc, rows, j: tl.constexpr, N, M, power, XTY: tl.constexpr,
+              HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, LOSS: tl.constexpr, HAS_C: tl.constexpr):
+    # column j's p; for the loss pass also c loss(t_j) and the Hessian weight (else p twice more)
+    if LOSS > 0:
+        p, lv, h = _small_loss(t, vj, e, lse, rse, cc, rows, j, N, M, power, LOSS, HAS_C)
+    else:
+        p = _small_p(t, vj, s, rows, j, N, M, XTY, HAS_V, SOFTMAX)
+        lv = p
+        h = p
+    return p, lv, h
+
+
+@triton.jit
 def _mmchain_small_kernel(
     X,  # [N, D] any strides, fp32/fp64/bf16/fp16
     Y,  # [Dx, M] accumulation dtype (unused when XTY)
     V,  # [N, M] or [N, 1] (stride_vm = 0), accumulation dtype
     W,  # [Dx, M] contiguous, accumulation dtype: atomics target (pre-set to beta * z)
     PART,  # [P, Dx * M] per-program partials (DETERMINISTIC)
+    C, ETA, LPART, HW,  # LOSS > 0, as in _mmchain_onchip_kernel
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
-    alpha_hi, alpha_lo,
+    alpha_hi, alpha_lo, power,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
+    LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr,
 ):
-    # "small" mode, M_PAD in (2, 4, 8): the onchip kernel with the right-hand sides unrolled, so every
-    # tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
-    # 2 m FMAs per element of X plus one row reduction per right-hand side (none for X^T V).
+    # "small" mode: the onchip kernel with the M_PAD (2, 3, 4 or 8) right-hand sides unrolled, so
+    # every tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
+    # 2 m FMAs per element of X plus one row reduction per right-hand side (none for X^T V); y's
+    # columns are loaded once per program. LOSS > 0 (M_PAD <= 4): the loss-gradient pass, the
+    # row's softmax (multinomial) or each column's loss in registers, c loss summed in float64.
+    tl.static_assert(LOSS == 0 or M_PAD <= 4, "the unrolled loss pass serves m <= 4")
+    tl.static_assert(M_PAD == 2 or M_PAD == 3 or M_PAD == 4 or M_PAD == 8, "M_PAD: 2, 3, 4 or 8")
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    y0, yi0 = _small_y(Y, cols, 0, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+    y1, yi1 = _small_y(Y, cols, 1, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
     acc0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     acc1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     ps0 = tl.zeros([BLOCK_N], dtype=ACC)
     ps1 = tl.zeros([BLOCK_N], dtype=ACC)
+    ls0 = tl.zeros([BLOCK_N], dtype=tl.float64)  # LOSS: sum of c loss per row slot and column
+    ls1 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 2:
+        y2, yi2 = _small_y(Y, cols, 2, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
         acc2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-        acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls2 = tl.zeros([BLOCK_N], dtype=tl.float64)
+    if M_PAD > 3:
+        y3, yi3 = _small_y(Y, cols, 3, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls3 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 4:
+        y4, yi4 = _small_y(Y, cols, 4, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        y5, yi5 = _small_y(Y, cols, 5, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        y6, yi6 = _small_y(Y, cols, 6, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        y7, yi7 = _small_y(Y, cols, 7, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
         acc4 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         acc5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         acc6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
@@ -427,42 +516,85 @@ def _mmchain_small_kernel(
             x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         else:
             x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-        t0, v0 = _small_col(x, Y, V, rows, cols, 0, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-        t1, v1 = _small_col(x, Y, V, rows, cols, 1, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                            HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+        t0, v0 = _small_col(x, y0, yi0, V, rows, 0, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+        t1, v1 = _small_col(x, y1, yi1, V, rows, 1, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
         s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
         if M_PAD > 2:
-            t2, v2 = _small_col(x, Y, V, rows, cols, 2, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-            t3, v3 = _small_col(x, Y, V, rows, cols, 3, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-            s += v2 * t2 + v3 * t3
+            t2, v2 = _small_col(x, y2, yi2, V, rows, 2, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
+            s += v2 * t2
+        if M_PAD > 3:
+            t3, v3 = _small_col(x, y3, yi3, V, rows, 3, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
+            s += v3 * t3
         if M_PAD > 4:
-            t4, v4 = _small_col(x, Y, V, rows, cols, 4, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-            t5, v5 = _small_col(x, Y, V, rows, cols, 5, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-            t6, v6 = _small_col(x, Y, V, rows, cols, 6, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-            t7, v7 = _small_col(x, Y, V, rows, cols, 7, N, D, M, stride_yd, stride_ym, stride_vn, stride_vm,
-                                HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            t4, v4 = _small_col(x, y4, yi4, V, rows, 4, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
+            t5, v5 = _small_col(x, y5, yi5, V, rows, 5, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
+            t6, v6 = _small_col(x, y6, yi6, V, rows, 6, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
+            t7, v7 = _small_col(x, y7, yi7, V, rows, 7, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                                BLOCK_N)
             s += v4 * t4 + v5 * t5 + v6 * t6 + v7 * t7
-        p0 = _small_p(t0, v0, s, rows, 0, N, M, XTY, HAS_V, SOFTMAX)
-        p1 = _small_p(t1, v1, s, rows, 1, N, M, XTY, HAS_V, SOFTMAX)
+        # the loss pass's per-row terms (placeholders t0 where a loss does not use them)
+        e0, e1, e2, e3, lse, rse, cc = t0, t0, t0, t0, t0, t0, t0
+        if HAS_C:
+            cc = tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)
+        if LOSS == 3:  # the row's softmax over its M live columns
+            mx = tl.maximum(t0, _small_live(t1, rows, 1, M))
+            if M_PAD > 2:
+                mx = tl.maximum(mx, _small_live(t2, rows, 2, M))
+            if M_PAD > 3:
+                mx = tl.maximum(mx, _small_live(t3, rows, 3, M))
+            e0 = tl.exp(t0 - mx)
+            e1 = tl.exp(_small_live(t1, rows, 1, M) - mx)
+            se = e0 + e1
+            if M_PAD > 2:
+                e2 = tl.exp(_small_live(t2, rows, 2, M) - mx)
+                se += e2
+            if M_PAD > 3:
+                e3 = tl.exp(_small_live(t3, rows, 3, M) - mx)
+                se += e3
+            lse = mx + tl.log(se)
+            rse = 1.0 / se
+            if se.dtype == tl.float32:
+                if _FAST_MATH:  # se in [1, M]: the hardware log2 and reciprocal (see _loss_terms)
+                    lse = mx + libdevice.fast_log2f(se) * 0.6931471805599453
+                    rse = libdevice.fast_dividef(1.0, se)
+        p0, l0, h0 = _small_pv(t0, v0, s, e0, lse, rse, cc, rows, 0, N, M, power, XTY, HAS_V, SOFTMAX, LOSS, HAS_C)
+        p1, l1, h1 = _small_pv(t1, v1, s, e1, lse, rse, cc, rows, 1, N, M, power, XTY, HAS_V, SOFTMAX, LOSS, HAS_C)
         acc0 += x * p0[:, None]
         acc1 += x * p1[:, None]
         if INTERCEPT:
             ps0 += p0
             ps1 += p1
+        if LOSS > 0:
+            ls0 += l0.to(tl.float64)
+            ls1 += l1.to(tl.float64)
+        h2, h3, tt2, tt3 = h0, h1, t0, t1  # the [BN, 4] store's unused columns (masked)
         if M_PAD > 2:
-            p2 = _small_p(t2, v2, s, rows, 2, N, M, XTY, HAS_V, SOFTMAX)
-            p3 = _small_p(t3, v3, s, rows, 3, N, M, XTY, HAS_V, SOFTMAX)
+            p2, l2, h2 = _small_pv(t2, v2, s, e2, lse, rse, cc, rows, 2, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
             acc2 += x * p2[:, None]
-            acc3 += x * p3[:, None]
+            tt2 = t2
             if INTERCEPT:
                 ps2 += p2
+            if LOSS > 0:
+                ls2 += l2.to(tl.float64)
+        if M_PAD > 3:
+            p3, l3, h3 = _small_pv(t3, v3, s, e3, lse, rse, cc, rows, 3, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
+            acc3 += x * p3[:, None]
+            tt3 = t3
+            if INTERCEPT:
                 ps3 += p3
+            if LOSS > 0:
+                ls3 += l3.to(tl.float64)
+        if LOSS > 0:  # the Hessian weights (and t) of the tile's rows
+            _small_store(HW, rows, N, M, h0, h1, h2, h3, BLOCK_N, M_PAD)
+            if STORE_ETA:
+                _small_store(ETA, rows, N, M, t0, t1, tt2, tt3, BLOCK_N, M_PAD)
         if M_PAD > 4:
             p4 = _small_p(t4, v4, s, rows, 4, N, M, XTY, HAS_V, SOFTMAX)
             p5 = _small_p(t5, v5, s, rows, 5, N, M, XTY, HAS_V, SOFTMAX)
@@ -480,9 +612,17 @@ def _mmchain_small_kernel(
         rows += nprog * BLOCK_N
     _small_out(acc0, tl.sum(ps0, axis=0), alpha, W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
     _small_out(acc1, tl.sum(ps1, axis=0), alpha, W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
+    if LOSS > 0:
+        _small_lsum(ls0, LPART, pid, 0, M)
+        _small_lsum(ls1, LPART, pid, 1, M)
     if M_PAD > 2:
         _small_out(acc2, tl.sum(ps2, axis=0), alpha, W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls2, LPART, pid, 2, M)
+    if M_PAD > 3:
         _small_out(acc3, tl.sum(ps3, axis=0), alpha, W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls3, LPART, pid, 3, M)
     if M_PAD > 4:
         _small_out(acc4, tl.sum(ps4, axis=0), alpha, W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
         _small_out(acc5, tl.sum(ps5, axis=0), alpha, W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
@@ -831,7 +971,11 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     if loss:  # the loss pass's launch, then the caller's overrides on top
-        cfg = loss_config(loss_config(cfg, P.acc_dtype).with_overrides(config), P.acc_dtype, tuned=True)
+        cfg = loss_config(cfg, P.acc_dtype)
+        if cfg.mode == "small":  # m <= 4 on rows of <= 128 values: the unrolled kernel's loss epilogue
+            cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=False, intercept=P.intercept, gpu=gpu_info(X.device),
+                               stride_xn=X.stride(0))
+        cfg = loss_config(cfg.with_overrides(config), P.acc_dtype, tuned=True)
     elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
         # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,
         # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
@@ -858,14 +1002,16 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
 
 
 def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> DenseConfig:
-    """The launch of a fused loss-gradient pass: the onchip kernel only (its t tile holds whole rows).
+    """The launch of a fused loss-gradient pass: the onchip or the unrolled ("small") kernel, whose
+    tiles hold whole rows.
 
-    The "small" mode (unrolled right-hand sides) has no loss epilogue: its m <= 4 problems take the
-    onchip kernel's padded ``tl.dot`` (fp64: 3-D broadcast), as the matvec kernel does. Wide rows
-    (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
+    m = 1 takes the onchip kernel; 2 <= m <= 4 the unrolled kernel's loss epilogue (the row's
+    softmax and each column's loss in registers; its tile from :func:`~fusedml.mmchain.launch.small_config`,
+    set by the caller). The padded ``tl.dot`` (``config={"mode": "dot", ...}``) remains available.
+    Wide rows (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
     ``NotImplementedError``: the caller composes the pass from ``matvec`` and ``mmchain`` instead
-    (X read twice). ``tuned``: only check and convert (the
-    launch already adjusted, e.g. after a caller's overrides).
+    (X read twice). ``tuned``: only check and convert (the launch already adjusted, e.g. after a
+    caller's overrides).
     """
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
@@ -880,13 +1026,8 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
         # sweep, benchmarks/results/solver_ops-H200-2026-12-03-s4-b.json: 1M x 100 0.171 ms
         # against 0.219, 2M x 256 0.691 against 1.376, 4M x 64 0.334 against 0.436)
         return replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
-    if cfg.mode == "small":
-        if acc == torch.float64:
-            return replace(cfg, mode="elementwise", prefetch=False)
-        # the tensor-core tl.dot (see padded_dot: 0.438 ms at 1M x 100, m = 3, against 0.552 for
-        # the FMA form; the sm_90 compile spills ~0.7 KB at 64 rows x 4 warps, yet it was the
-        # fastest point, as the FMA form's was in session 4)
-        return padded_dot(cfg)
+    if cfg.mode == "small" and cfg.m_pad > 4:
+        raise ValueError(f"the unrolled loss pass serves m <= 4 (m_pad {cfg.m_pad})")
     return cfg
 
 
@@ -1019,27 +1160,35 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         scalars = (N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1), v.stride(0), stride_vm,
                    a_hi, a_lo)
         if cfg.strategy == "chunked":
-            kernel, extra = _mmchain_chunked_kernel, {}
-        elif cfg.mode == "small":
-            kernel, extra = _mmchain_small_kernel, {"PREFETCH": bool(cfg.prefetch)}
-            cap = _resident_programs(kernel, (X, y, v, w, w) + scalars, dict(consts, **extra), cfg.num_warps, dev,
-                                     cfg.num_stages)
-            grid = min(grid, cap or grid)  # persistent: one wave
+            kernel, extra, code, power, c, eta, hw = _mmchain_chunked_kernel, {}, 0, 0.0, None, None, w
         else:
-            kernel = _mmchain_onchip_kernel
+            kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
+            if kernel is _mmchain_small_kernel and cfg.m_pad == 4 and M == 3:
+                consts["M_PAD"] = 3  # unrolled exactly: no padding column's FMAs and reductions
+            code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
+            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
+                     "STORE_ETA": eta is not None}
+        lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
+        # the onchip and small kernels' loss operands, then power after the scalars
+        mid = (w if c is None else c, w if eta is None else eta, lpart, hw)
+        if kernel is _mmchain_small_kernel:  # persistent: one wave
+            cap = _resident_programs(kernel, (X, y, v, w, w) + mid + scalars + (0.0,), dict(consts, **extra),
+                                     cfg.num_warps, dev, cfg.num_stages)
+            if cap and cap < grid:
+                grid = cap
+                lpart = lpart[:grid] if loss is not None else w
+                mid = mid[:2] + (lpart, hw)
         if not deterministic:
             part = w  # unused
         elif cfg.strategy == "chunked":  # read-modify-write per tile
             part = torch.zeros((grid, L), dtype=acc, device=dev)
         else:  # every program stores its whole row
             part = _empty((grid, L), acc, dev)
-        lead, mid = (X, y, v, w, part), ()
-        if kernel is _mmchain_onchip_kernel:
-            code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
-            lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
-            lead, mid = lead + (w if c is None else c, w if eta is None else eta, lpart, hw), (float(power),)
-            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
-                     "STORE_ETA": eta is not None}
+        lead = (X, y, v, w, part)
+        if kernel is not _mmchain_chunked_kernel:
+            lead, mid = lead + mid, (float(power),)
+        else:
+            mid = ()
         if bind:
             go = bind_launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
