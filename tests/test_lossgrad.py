@@ -378,6 +378,14 @@ def test_bench_solver_ops_smoke(tmp_path):
     assert all(r["rel_err"] < 1e-5 and r["fused_ms"] > 0 and r["ops_ms"] > 0 for r in rows)
 
 
+def test_m3_probe_smoke(tmp_path):
+    """benchmarks/m3_probe.py on tiny shapes: every variant of the m = 3 passes (and the plain m = 4
+    product) runs and matches float64; the session-16 module is optional."""
+    rows = _bench_module("m3_probe").main(["--shapes", "40x6", "30x8x4p", "--out", str(tmp_path / "m.json")])
+    assert len(rows) >= 25 and all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
+    assert {r["case"] for r in rows} >= {"loss new", "softmax new", "mul new", "plain new"}
+
+
 def test_profile_fit_smoke(tmp_path):
     """benchmarks/profile_fit.py on a tiny fit: one row per backend with the fit's iterations."""
     import json

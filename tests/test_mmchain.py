@@ -143,7 +143,7 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     assert dense_mod._config(P, {"block_n": 8}).block_n == 8
     model = launch.dense_config(300, 20, 3, torch.float32, launch.gpu_info(X.device))
     assert dense_mod._config(P, None, loss=True) == launch.small_config(  # the loss pass
-        model, 20, 3, torch.float32, xtv=False, intercept=False, gpu=launch.gpu_info(X.device), stride_xn=20)
+        model, 20, 3, torch.float32, xtv=False, intercept=False, gpu=launch.gpu_info(X.device), stride_xn=20, loss=True)
     forced = dense_mod._config(P, {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4}, loss=True)
     assert (forced.mode, forced.m_pad) == ("dot", 16)  # the padded tl.dot on request (the sweeps' A/B)
     Pt = prepare_mmchain(X, None, v, None, 1.0, 0.0, **kw)  # X^T V
@@ -155,17 +155,18 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
 
 
 def test_small_config_rules(rng):
-    """launch.small_config (grid_probe-H200-2026-12-03-s12-b): X Y products prefetch, 4 elements per
-    thread on 16 warps only for the plain product on rows of <= 128 values, else 8 on 8 warps; X^T V
+    """launch.small_config (grid_probe-H200-2026-12-03-s12-b): X Y products prefetch (two tiles
+    ahead; one for the plain product on rows of <= 128 values, 4 elements per thread on 16 warps),
+    else 8 on 8 warps; X^T V
     without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half, 2-byte storage at least 8;
     overrides still win."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     cases = [  # D, m, intercept, xtv, dtype -> warps, elements per thread, prefetch, m_pad
-        (100, 4, False, False, torch.float32, 16, 4, True, 4), (100, 3, True, False, torch.float32, 8, 8, True, 4),
-        (256, 4, False, False, torch.float32, 8, 8, True, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
-        (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, True, 2),
-        (600, 8, False, True, torch.float64, 16, 4, False, 8), (128, 4, False, False, torch.bfloat16, 16, 8, True, 4)]
+        (100, 4, False, False, torch.float32, 16, 4, 1, 4), (100, 3, True, False, torch.float32, 8, 8, 2, 4),
+        (256, 4, False, False, torch.float32, 8, 8, 2, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
+        (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, 1, 2),
+        (600, 8, False, True, torch.float64, 16, 4, False, 8), (128, 4, False, False, torch.bfloat16, 16, 8, 1, 4)]
     for D, m, intercept, xtv, dtype, warps, ept, pf, m_pad in cases:
         X = _dense(rng, 64, D, dtype)
         y, v, _ = _operands(rng, 64, D, m, intercept=intercept)
@@ -549,7 +550,7 @@ def test_dense_coop_rejects_matrix_y(rng):
 SMALL = [
     # (N, D, m, dtype, layout, intercept, v_op, det, prefetch, block_n, programs)
     (1, 1, 3, torch.float32, "row", True, "softmax", False, True, 4, 2),
-    (37, 5, 4, torch.float32, "strided", False, "mul", True, True, 8, 3),
+    (37, 5, 4, torch.float32, "strided", False, "mul", True, 2, 8, 3),
     (45, 24, 2, torch.float32, "col", True, "mul", False, False, 16, 1),
     (50, 300, 4, torch.float64, "row", True, "softmax", True, True, 2, 5),
     (33, 16, 3, torch.float16, "row", False, "mul", False, True, 4, 4),
@@ -557,6 +558,7 @@ SMALL = [
     (29, 40, 5, torch.float32, "row", True, "softmax", True, True, 4, 3),
     (41, 256, 8, torch.float32, "strided", False, "mul", False, False, 2, 4),
     (17, 9, 7, torch.float64, "row", True, "mul", False, True, 8, 2),
+    (70, 12, 3, torch.float32, "row", True, "softmax", False, 2, 4, 3),
 ]
 
 

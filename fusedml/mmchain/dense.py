@@ -54,6 +54,9 @@ from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, 
 #: the interpreter, which takes the accurate forms)
 _FAST_MATH = tl.constexpr(not interpret_mode())
 
+#: the unrolled kernel runs m = 3 as 3 columns, not padded to 4 (False: the padded form, for A/B probes)
+_EXACT_M3 = True
+
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -508,10 +511,16 @@ def _mmchain_small_kernel(
         ps6 = tl.zeros([BLOCK_N], dtype=ACC)
         ps7 = tl.zeros([BLOCK_N], dtype=ACC)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
-    if PREFETCH:
+    if PREFETCH > 0:  # register prefetch, PREFETCH tiles ahead
         x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+    if PREFETCH > 1:
+        x_nx2 = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
     for tile in range(pid, n_tiles, nprog):
-        if PREFETCH:
+        if PREFETCH > 1:
+            x = x_nxt
+            x_nxt = x_nx2
+            x_nx2 = _load_x(X, rows + 2 * nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        elif PREFETCH > 0:
             x = x_nxt
             x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
         else:
@@ -974,7 +983,7 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         cfg = loss_config(cfg, P.acc_dtype)
         if cfg.mode == "small":  # m <= 4 on rows of <= 128 values: the unrolled kernel's loss epilogue
             cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=False, intercept=P.intercept, gpu=gpu_info(X.device),
-                               stride_xn=X.stride(0))
+                               stride_xn=X.stride(0), loss=True)
         cfg = loss_config(cfg.with_overrides(config), P.acc_dtype, tuned=True)
     elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
         # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,
@@ -1031,7 +1040,7 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     return cfg
 
 
-def _resident_programs(kernel, args, consts, warps, dev, stages=1) -> int | None:
+def _resident_programs(kernel, args, consts, warps, dev, stages=1, **options) -> int | None:
     """Programs of the compiled ``kernel`` that ``dev`` holds at once (None under the interpreter).
 
     From the compiled kernel's registers and shared memory, as the Triton fused-softmax tutorial
@@ -1041,9 +1050,10 @@ def _resident_programs(kernel, args, consts, warps, dev, stages=1) -> int | None
     """
     if dev.type != "cuda":
         return None
-    key = (id(kernel), dev, str(args[0].dtype), tuple(sorted(consts.items())), warps, stages)  # module kernels
+    key = (id(kernel), dev, str(args[0].dtype), tuple(sorted(consts.items())), warps, stages,
+           tuple(sorted(options.items())))  # module kernels
     if key not in _RESIDENT:
-        k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts)
+        k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts, **options)
         k._init_handles()
         gpu = gpu_info(dev)
         threads = 32 * warps
@@ -1163,17 +1173,25 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             kernel, extra, code, power, c, eta, hw = _mmchain_chunked_kernel, {}, 0, 0.0, None, None, w
         else:
             kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-            if kernel is _mmchain_small_kernel and cfg.m_pad == 4 and M == 3:
-                consts["M_PAD"] = 3  # unrolled exactly: no padding column's FMAs and reductions
+            if (kernel is _mmchain_small_kernel and cfg.m_pad == 4 and M == 3 and _EXACT_M3
+                    and (loss is not None or P.v_op == "softmax")):
+                # unrolled exactly: no padding column's FMAs and reductions. Not the plain product,
+                # whose m = 3 compile ptxas schedules with the prefetch's loads late in the loop
+                # (H200, 16M x 64: 2.34 ms against 1.25 padded; softmax 1.20 against 1.33;
+                # m3_probe-H200-2026-12-04-s17-d)
+                consts["M_PAD"] = 3
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
-            extra = {"PREFETCH": bool(cfg.prefetch), "LOSS": code, "HAS_C": c is not None,
-                     "STORE_ETA": eta is not None}
+            # the unrolled kernel prefetches 1 or 2 tiles ahead, the onchip kernel 1
+            extra = {"PREFETCH": int(cfg.prefetch) if kernel is _mmchain_small_kernel else bool(cfg.prefetch),
+                     "LOSS": code, "HAS_C": c is not None, "STORE_ETA": eta is not None}
         lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
         # the onchip and small kernels' loss operands, then power after the scalars
         mid = (w if c is None else c, w if eta is None else eta, lpart, hw)
+        opts = {} if cfg.max_registers is None or kernel is _mmchain_chunked_kernel else {
+            "maxnreg": int(cfg.max_registers)}
         if kernel is _mmchain_small_kernel:  # persistent: one wave
             cap = _resident_programs(kernel, (X, y, v, w, w) + mid + scalars + (0.0,), dict(consts, **extra),
-                                     cfg.num_warps, dev, cfg.num_stages)
+                                     cfg.num_warps, dev, cfg.num_stages, **opts)
             if cap and cap < grid:
                 grid = cap
                 lpart = lpart[:grid] if loss is not None else w
@@ -1191,7 +1209,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             mid = ()
         if bind:
             go = bind_launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+                             num_stages=cfg.num_stages, **opts)
             z, beta, res = P.z, P.beta, ((w, lpart) if loss is not None else w)
 
             def run():
@@ -1204,7 +1222,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             run.result = res  # the buffers each call fills (a bound epilogue launch may read them)
             return run
         launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
-               num_stages=cfg.num_stages)
+               num_stages=cfg.num_stages, **opts)
     if deterministic:
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)

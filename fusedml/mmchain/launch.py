@@ -111,12 +111,17 @@ class DenseConfig:
         Triton software-pipelining depth of the row-tile loop.
     prefetch : bool or int
         "onchip": load row tile i + 1 (and its v) into registers before computing tile i, so
-        each program keeps two tiles of loads in flight. "coop": rows held ahead of the one
+        each program keeps two tiles of loads in flight; "small": 1 or 2 tiles ahead (the load of
+        tile i + 2 is issued during tile i: ptxas sinks a register prefetch's loads towards the end
+        of the loop body, where one tile ahead no longer covers the load latency). "coop": rows held ahead of the one
         consumed: 0 (row i + R loads during row i's wait), 1 (i + R published, i + 2R loading),
         2 (i + R waiting, i + 2R published, i + 3R loading; polls issued an iteration ahead).
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
+    max_registers : int, optional
+        "onchip" / "small": ptxas's register limit (Triton's ``maxnreg``); None: ptxas's choice
+        (session 17's m = 3 passes: 128 changed nothing, 80 was slower; ``m3_probe-*-s17-f``).
     dot_precision : {"tf32x3", "ieee"}
         "dot" only: ``tl.dot``'s operand precision. "tf32x3" (the model's pick on tiles of <= 128
         values) splits each fp32 operand into a tf32 high and low part and sums three tensor-core
@@ -137,6 +142,7 @@ class DenseConfig:
     prefetch: bool | int = False
     two_pass: bool = False
     dot_precision: str = "tf32x3"
+    max_registers: int | None = None
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
@@ -372,7 +378,7 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
 
 def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: bool, intercept: bool,
-                 gpu: GPUInfo | None = None, stride_xn: int | None = None) -> DenseConfig:
+                 gpu: GPUInfo | None = None, stride_xn: int | None = None, loss: bool = False) -> DenseConfig:
     """The unrolled ("small") kernel's launch for one product, from :func:`dense_config`'s ``cfg``.
 
     Measured on the H200 (``benchmarks/launch_probe.py --probe grid``,
@@ -389,6 +395,14 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
       within 3 % of the best there), and 4 per thread on 16 warps for the plain product without the
       intercept on rows of <= 128 values (2M x 128, m = 4: **0.343 ms, 70 % of the floor**, against
       0.47 at 8 per thread and session 11's 0.44).
+    * Session 17 (``m3_probe-H200-2026-12-04-s17-*``, ``small_ab-*-s17-c``): ptxas places a one-tile
+      register prefetch's loads where it likes, and in some compiles that is near the end of the
+      loop body, where they no longer cover the load latency (SASS of the 16M x 64, m = 3
+      product: the loads at instruction 153 of 169, against 51 of 222 for a compile that ran
+      twice as fast). The 8-warp products therefore load two tiles ahead: m = 3 softmax form
+      16M x 64 1.23 ms (77 % of the floor; one tile ahead 2.33, session 16 1.44), plain form with
+      the intercept 1.32 (session 16 1.37). The 16-warp plain product keeps one tile (0.344 ms;
+      two: 0.453).
     * ``X^T V`` (no row reductions, no prefetch): 16 elements per thread on 8 warps for m <= 4
       (2M x 128, m = 4 0.259 ms, 92 %; 2M x 256, m = 3 0.491 ms, 97 %; 1M x 100 0.131 ms; the
       padded ``tl.dot`` took 0.369 / 0.850 / 0.195), 8 on 16 warps for m = 5..8 (2M x 256, m = 5:
@@ -409,6 +423,13 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         Storage dtype of X.
     xtv : bool
         ``X^T V`` (no ``y``).
+    loss : bool
+        The loss-gradient pass (:func:`fusedml.loss_gradient`, m <= 4): 8 values of X per thread
+        on 4 warps, prefetching two tiles ahead. Its epilogue (the row's softmax, the Hessian
+        weights' store, float64 loss sums) takes ~130 registers; H200, m = 3, 1M x 100 / 4M x 64 /
+        16M x 64 (``m3_probe-H200-2026-12-04-s17-e``): 0.326 / 0.528 / 2.06 ms, against 0.57 / 1.37
+        / 5.4 on 8 warps (``-s17-d``) and 0.47 / 0.91 / 3.54 for the padded ``tl.dot`` the pass
+        took before.
     intercept : bool
         Whether the product carries the intercept column.
     gpu : GPUInfo, optional
@@ -427,12 +448,14 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     if D > SMALL_D:
         raise ValueError(f"the unrolled kernel holds whole rows of at most {SMALL_D} values, got D = {D}")
     bd = _pow2_ceil(D)
-    if xtv:
+    if loss:
+        ept, warps, prefetch = 8, 4, 2
+    elif xtv:
         ept, warps, prefetch = (16, 8, False) if m_pad <= 4 else (8, 16, False)
-    elif not intercept and bd <= 128:
-        ept, warps, prefetch = 4, 16, True
+    elif not intercept and bd <= 128:  # one tile ahead here (2M x 128, m = 4: 0.344 ms against 0.453)
+        ept, warps, prefetch = 4, 16, 1
     else:
-        ept, warps, prefetch = 8, 8, True
+        ept, warps, prefetch = 8, 8, 2
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
