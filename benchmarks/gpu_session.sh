@@ -64,6 +64,9 @@ for p in $parts; do
                      --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3.json" ;;
     solver-ops-m3-sweep) run solver-ops-m3-sweep 300 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                            --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3_sweep.json" ;;
+    m3-probe) run m3-probe 300 python3 benchmarks/m3_probe.py --out "$out/m3_probe.json" ;;
+    m5-probe) run m5-probe 300 python3 benchmarks/m3_probe.py --m 5 --shapes 16000000x64 4000000x64 1000000x100 \
+                --out "$out/m5_probe.json" ;;
     profile-mult) run profile-mult 150 python3 benchmarks/profile_fit.py --shape 16000000x64 --shape 1000000x100 \
                     --algo multinomial --out "$out/profile_fit_mult.json" ;;
     e2e-mult) run e2e-mult 200 python3 benchmarks/bench_end_to_end.py --parts dense large \

@@ -1,4 +1,5 @@
-"""A/B probe of the unrolled ("small") kernel at m = 3 (session 17): the Hessian product
+"""A/B probe of the unrolled ("small") kernel at m = 3 (session 17; ``--m 5``..``8``: the model's
+padded ``tl.dot`` against the unrolled kernel on request, five tiles): the Hessian product
 ``X^T (h ⊙ [X,1] S) + beta z`` (mul and softmax forms) and the multinomial loss pass; the kernel as
 of session 16 (``fusedml/mmchain/_dense_s16.py``, a copy of that commit's ``dense.py``, when present)
 against the current one: the register prefetch one or two tiles ahead, m = 3 unrolled exactly or
@@ -55,6 +56,8 @@ def plain_cases(spec, dev, old):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=None)
+    ap.add_argument("--m", type=int, default=3, help="right-hand sides (classes); m > 4: the padded tl.dot "
+                    "against the unrolled kernel forced")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
@@ -72,7 +75,7 @@ def main(argv=None):
             rows += plain_cases(spec, dev, old)
             continue
         N, D = (int(s) for s in spec.split("x"))
-        m = 3
+        m = args.m
         g = torch.Generator(device=dev).manual_seed(N + D)
         X = torch.randn(N, D, generator=g, device=dev)
         S = 0.1 * torch.randn(D + 1, m, generator=g, device=dev)
@@ -87,7 +90,17 @@ def main(argv=None):
         refs["loss"] = A.T @ (torch.softmax(T, 1) - Y.double()) + 0.5 * S.double()
         del P_
         cases = []
-        for form in ("mul", "softmax"):
+        if m > 4:  # the padded tl.dot (the model) against the unrolled kernel on request
+            bd = 1 << (D - 1).bit_length()
+            unrolled = [(f"small {w}w x {e}/thread", {"mode": "small", "m_pad": 8, "num_warps": w, "prefetch": 2,
+                                                       "block_n": max(1, e * 32 * w // bd)})
+                        for w, e in ((8, 4), (4, 4), (4, 8), (8, 8), (16, 4))]
+            for form in ("mul", "softmax", "loss"):
+                P = None if form == "loss" else prepare_mmchain(X, S, h, S, 1.0, 0.5, intercept=True, v_op=form,
+                                                                check_finite=False)
+                for cfg_name, cfg in [("model", None)] + unrolled:
+                    cases.append((f"{form} new", cfg_name, form, new, True, P, cfg))
+        for form in ("mul", "softmax") if m <= 4 else ():
             P = prepare_mmchain(X, S, h, S, 1.0, 0.5, intercept=True, v_op=form, check_finite=False)
             if old is not None:
                 cases.append((f"{form} s16", "model", form, old, True, P, None))
@@ -97,7 +110,7 @@ def main(argv=None):
                                   ("maxnreg 128", {"max_registers": 128}), ("maxnreg 80", {"max_registers": 80})):
                 cases.append((f"{form} new", cfg_name, form, new, True, P, cfg))
             cases.append((f"{form} new pad4", "model", form, new, False, P, None))
-        for cfg_name, cfg in (("model", None), ("prefetch 1", {"prefetch": 1}), ("4w bn/2", "half4"),
+        for cfg_name, cfg in () if m > 4 else (("model", None), ("prefetch 1", {"prefetch": 1}), ("4w bn/2", "half4"),
                               ("maxnreg 168", {"max_registers": 168}), ("maxnreg 128", {"max_registers": 128}),
                               ("8w bn*2, maxnreg 128", {"num_warps": 8, "block_n": "dbl", "max_registers": 128}),
                               ("16w bn*2", "dbl16"), ("8w bn/2 (4/thread)", {"block_n": "half"}),

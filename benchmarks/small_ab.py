@@ -86,7 +86,8 @@ def main(argv=None):
         print(name, "resident", {k[3]: v for k, v in mod._RESIDENT.items()} if False else list(mod._RESIDENT.values()))
         for k in compiled(mod._mmchain_small_kernel):
             n, ldg, ops = loop_hist(k)
-            print(name, "regs", k.n_regs, "spills", k.n_spills, "shared", k.metadata.shared, "loop", n, "ldg128 at", ldg)
+            print(name, "regs", k.n_regs, "spills", k.n_spills, "shared", k.metadata.shared, "loop", n,
+                  "ldg128 at", ldg)
             print("   ", ops)
 
 

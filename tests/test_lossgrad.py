@@ -238,12 +238,14 @@ def test_bind_loss_gradient_vector_form_and_bad_inputs():
 
 @pytest.mark.parametrize("loss,m,power", [("multinomial", 2, None), ("multinomial", 3, None), ("multinomial", 4, None),
                                           ("logistic", 3, None), ("squared_hinge", 4, None), ("tweedie", 2, 1.5),
-                                          ("poisson", 3, None)])
+                                          ("poisson", 3, None), ("multinomial", 5, None), ("multinomial", 8, None),
+                                          ("squared_error", 6, None)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_unrolled_loss_pass(loss, m, power, dtype, monkeypatch):
     """2 <= m <= 4 on short rows: the unrolled kernel's loss epilogue (and no other kernel) against
     float64 and against the padded tl.dot; several programs share the tiles, rows not a multiple of
-    the tile, eta stored, sample weights; a multinomial row far from the origin does not overflow."""
+    the tile, eta stored, sample weights; a multinomial row far from the origin does not overflow.
+    m = 5..8 (the padded tl.dot by default) through the unrolled kernel on request, m unrolled exactly."""
     from fusedml.mmchain import dense as dense_mod
 
     g = torch.Generator().manual_seed(zlib.crc32(f"small-{loss}-{m}-{dtype}".encode()))
@@ -262,6 +264,8 @@ def test_unrolled_loss_pass(loss, m, power, dtype, monkeypatch):
     kw = dict(loss=loss, power=power, sample_weight=c, alpha=0.7, z=z, beta=0.3, intercept=True, backend="fused",
               return_eta=True)
     cfg = {"block_n": 4, "num_programs": 3}
+    if m > 4:
+        cfg.update(mode="small", m_pad=8, num_warps=4, prefetch=2)
     r = fusedml.loss_gradient(X, W, y, config=cfg, **kw)
     assert launched and launched[0][0] > 0 and launched[0][1] == m  # m = 3 unrolled exactly
     ref = _reference(X, W, y, loss, power, c, 0.7, z, 0.3, True)
@@ -384,6 +388,8 @@ def test_m3_probe_smoke(tmp_path):
     rows = _bench_module("m3_probe").main(["--shapes", "40x6", "30x8x4p", "--out", str(tmp_path / "m.json")])
     assert len(rows) >= 25 and all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
     assert {r["case"] for r in rows} >= {"loss new", "softmax new", "mul new", "plain new"}
+    rows = _bench_module("m3_probe").main(["--m", "5", "--shapes", "30x6", "--out", str(tmp_path / "m5.json")])
+    assert len(rows) == 18 and all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
 
 
 def test_profile_fit_smoke(tmp_path):

@@ -685,6 +685,9 @@ def _aot_dense_variants():
          dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=3, LOSS=3, INTERCEPT=True, STORE_ETA=True, HAS_C=True), 8),
         ("small m3 fp32 D=64 softmax intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
          dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=3, SOFTMAX=True, INTERCEPT=True), 8),
+        # m = 5 on request (config={"mode": "small", "m_pad": 8}): 4 values per thread, two tiles ahead
+        ("small m5 fp32 D=64 multinomial loss intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=16, BLOCK_D=64, M_PAD=5, LOSS=3, INTERCEPT=True, PREFETCH=2), 8),
     ]
     # rows of 100 fp32 values (stride and D not multiples of 16: only VEC tells the compiler that
     # 16-byte loads are aligned), with the fused logistic loss and sample weights, and the
@@ -784,7 +787,7 @@ def test_launch_probe_smoke(monkeypatch):
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 18)
+    run_aot(__file__, 19)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -54,7 +54,8 @@ from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, 
 #: the interpreter, which takes the accurate forms)
 _FAST_MATH = tl.constexpr(not interpret_mode())
 
-#: the unrolled kernel runs m = 3 as 3 columns, not padded to 4 (False: the padded form, for A/B probes)
+#: the unrolled kernel runs the softmax form and the loss pass with m columns, not padded to m_pad
+#: (False: the padded form, for A/B probes)
 _EXACT_M3 = True
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
@@ -400,14 +401,18 @@ def _small_loss(t, yv, e, lse, rse, cc, rows, j: tl.constexpr, N, M, power, LOSS
 
 
 @triton.jit
-def _small_store(PTR, rows, N, M, a0, a1, a2, a3, BLOCK_N: tl.constexpr, M_PAD: tl.constexpr):
-    # columns a0..a(M_PAD-1) [BN] of the tile's rows into PTR [N, M] row-major, as one [BN, M_PAD]
-    # store: one layout conversion per tile (a [BN] store of a row-reduced vector converts each)
+def _small_store(PTR, rows, N, M, a0, a1, a2, a3, a4, a5, a6, a7, BLOCK_N: tl.constexpr, M_PAD: tl.constexpr):
+    # columns a0..a(M_PAD-1) [BN] of the tile's rows into PTR [N, M] row-major, as one [BN, 2 | 4 | 8]
+    # store: one layout conversion per tile (a [BN] store of a row-reduced vector converts each);
+    # the columns past M are masked
     if M_PAD == 2:
         a = tl.join(a0, a1)
-    else:  # [:, i, k] = column 2 i + k (M_PAD = 3: column 3 masked)
+    elif M_PAD <= 4:  # [:, i, k] = column 2 i + k
         a = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (BLOCK_N, 4))
-    jm = tl.arange(0, 2 if M_PAD == 2 else 4)
+    else:  # [:, i, j, k] = column 4 i + 2 j + k
+        a = tl.reshape(tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7))),
+                       (BLOCK_N, 8))
+    jm = tl.arange(0, 2 if M_PAD == 2 else (4 if M_PAD <= 4 else 8))
     tl.store(PTR + rows[:, None] * M + jm[None, :], a, mask=(rows[:, None] < N) & (jm[None, :] < M))
 
 
@@ -468,13 +473,12 @@ def _mmchain_small_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
     LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr,
 ):
-    # "small" mode: the onchip kernel with the M_PAD (2, 3, 4 or 8) right-hand sides unrolled, so
+    # "small" mode: the onchip kernel with the M_PAD (2..8) right-hand sides unrolled, so
     # every tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
     # 2 m FMAs per element of X plus one row reduction per right-hand side (none for X^T V); y's
-    # columns are loaded once per program. LOSS > 0 (M_PAD <= 4): the loss-gradient pass, the
-    # row's softmax (multinomial) or each column's loss in registers, c loss summed in float64.
-    tl.static_assert(LOSS == 0 or M_PAD <= 4, "the unrolled loss pass serves m <= 4")
-    tl.static_assert(M_PAD == 2 or M_PAD == 3 or M_PAD == 4 or M_PAD == 8, "M_PAD: 2, 3, 4 or 8")
+    # columns are loaded once per program. LOSS > 0: the loss-gradient pass, the row's softmax
+    # (multinomial) or each column's loss in registers, c loss summed in float64.
+    tl.static_assert(M_PAD >= 2 and M_PAD <= 8, "M_PAD: 2..8")
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
@@ -499,17 +503,24 @@ def _mmchain_small_kernel(
         ls3 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 4:
         y4, yi4 = _small_y(Y, cols, 4, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        y5, yi5 = _small_y(Y, cols, 5, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        y6, yi6 = _small_y(Y, cols, 6, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        y7, yi7 = _small_y(Y, cols, 7, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
         acc4 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-        acc5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-        acc6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-        acc7 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps4 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls4 = tl.zeros([BLOCK_N], dtype=tl.float64)
+    if M_PAD > 5:
+        y5, yi5 = _small_y(Y, cols, 5, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        acc5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps5 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls5 = tl.zeros([BLOCK_N], dtype=tl.float64)
+    if M_PAD > 6:
+        y6, yi6 = _small_y(Y, cols, 6, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        acc6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps6 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls6 = tl.zeros([BLOCK_N], dtype=tl.float64)
+    if M_PAD > 7:
+        y7, yi7 = _small_y(Y, cols, 7, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
+        acc7 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         ps7 = tl.zeros([BLOCK_N], dtype=ACC)
+        ls7 = tl.zeros([BLOCK_N], dtype=tl.float64)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH > 0:  # register prefetch, PREFETCH tiles ahead
         x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
@@ -539,15 +550,22 @@ def _mmchain_small_kernel(
         if M_PAD > 4:
             t4, v4 = _small_col(x, y4, yi4, V, rows, 4, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
                                 BLOCK_N)
+            s += v4 * t4
+        if M_PAD > 5:
             t5, v5 = _small_col(x, y5, yi5, V, rows, 5, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
                                 BLOCK_N)
+            s += v5 * t5
+        if M_PAD > 6:
             t6, v6 = _small_col(x, y6, yi6, V, rows, 6, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
                                 BLOCK_N)
+            s += v6 * t6
+        if M_PAD > 7:
             t7, v7 = _small_col(x, y7, yi7, V, rows, 7, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
                                 BLOCK_N)
-            s += v4 * t4 + v5 * t5 + v6 * t6 + v7 * t7
+            s += v7 * t7
         # the loss pass's per-row terms (placeholders t0 where a loss does not use them)
         e0, e1, e2, e3, lse, rse, cc = t0, t0, t0, t0, t0, t0, t0
+        e4, e5, e6, e7 = t0, t0, t0, t0
         if HAS_C:
             cc = tl.load(C + rows, mask=rows < N, other=0.0).to(ACC)
         if LOSS == 3:  # the row's softmax over its M live columns
@@ -556,6 +574,14 @@ def _mmchain_small_kernel(
                 mx = tl.maximum(mx, _small_live(t2, rows, 2, M))
             if M_PAD > 3:
                 mx = tl.maximum(mx, _small_live(t3, rows, 3, M))
+            if M_PAD > 4:
+                mx = tl.maximum(mx, _small_live(t4, rows, 4, M))
+            if M_PAD > 5:
+                mx = tl.maximum(mx, _small_live(t5, rows, 5, M))
+            if M_PAD > 6:
+                mx = tl.maximum(mx, _small_live(t6, rows, 6, M))
+            if M_PAD > 7:
+                mx = tl.maximum(mx, _small_live(t7, rows, 7, M))
             e0 = tl.exp(t0 - mx)
             e1 = tl.exp(_small_live(t1, rows, 1, M) - mx)
             se = e0 + e1
@@ -565,6 +591,18 @@ def _mmchain_small_kernel(
             if M_PAD > 3:
                 e3 = tl.exp(_small_live(t3, rows, 3, M) - mx)
                 se += e3
+            if M_PAD > 4:
+                e4 = tl.exp(_small_live(t4, rows, 4, M) - mx)
+                se += e4
+            if M_PAD > 5:
+                e5 = tl.exp(_small_live(t5, rows, 5, M) - mx)
+                se += e5
+            if M_PAD > 6:
+                e6 = tl.exp(_small_live(t6, rows, 6, M) - mx)
+                se += e6
+            if M_PAD > 7:
+                e7 = tl.exp(_small_live(t7, rows, 7, M) - mx)
+                se += e7
             lse = mx + tl.log(se)
             rse = 1.0 / se
             if se.dtype == tl.float32:
@@ -581,7 +619,8 @@ def _mmchain_small_kernel(
         if LOSS > 0:
             ls0 += l0.to(tl.float64)
             ls1 += l1.to(tl.float64)
-        h2, h3, tt2, tt3 = h0, h1, t0, t1  # the [BN, 4] store's unused columns (masked)
+        h2, h3, tt2, tt3 = h0, h1, t0, t1  # the [BN, 4 or 8] store's unused columns (masked)
+        h4, h5, h6, h7, tt4, tt5, tt6, tt7 = h0, h1, h0, h1, t0, t1, t0, t1
         if M_PAD > 2:
             p2, l2, h2 = _small_pv(t2, v2, s, e2, lse, rse, cc, rows, 2, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
@@ -600,24 +639,46 @@ def _mmchain_small_kernel(
                 ps3 += p3
             if LOSS > 0:
                 ls3 += l3.to(tl.float64)
-        if LOSS > 0:  # the Hessian weights (and t) of the tile's rows
-            _small_store(HW, rows, N, M, h0, h1, h2, h3, BLOCK_N, M_PAD)
-            if STORE_ETA:
-                _small_store(ETA, rows, N, M, t0, t1, tt2, tt3, BLOCK_N, M_PAD)
         if M_PAD > 4:
-            p4 = _small_p(t4, v4, s, rows, 4, N, M, XTY, HAS_V, SOFTMAX)
-            p5 = _small_p(t5, v5, s, rows, 5, N, M, XTY, HAS_V, SOFTMAX)
-            p6 = _small_p(t6, v6, s, rows, 6, N, M, XTY, HAS_V, SOFTMAX)
-            p7 = _small_p(t7, v7, s, rows, 7, N, M, XTY, HAS_V, SOFTMAX)
+            p4, l4, h4 = _small_pv(t4, v4, s, e4, lse, rse, cc, rows, 4, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
             acc4 += x * p4[:, None]
-            acc5 += x * p5[:, None]
-            acc6 += x * p6[:, None]
-            acc7 += x * p7[:, None]
+            tt4 = t4
             if INTERCEPT:
                 ps4 += p4
+            if LOSS > 0:
+                ls4 += l4.to(tl.float64)
+        if M_PAD > 5:
+            p5, l5, h5 = _small_pv(t5, v5, s, e5, lse, rse, cc, rows, 5, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
+            acc5 += x * p5[:, None]
+            tt5 = t5
+            if INTERCEPT:
                 ps5 += p5
+            if LOSS > 0:
+                ls5 += l5.to(tl.float64)
+        if M_PAD > 6:
+            p6, l6, h6 = _small_pv(t6, v6, s, e6, lse, rse, cc, rows, 6, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
+            acc6 += x * p6[:, None]
+            tt6 = t6
+            if INTERCEPT:
                 ps6 += p6
+            if LOSS > 0:
+                ls6 += l6.to(tl.float64)
+        if M_PAD > 7:
+            p7, l7, h7 = _small_pv(t7, v7, s, e7, lse, rse, cc, rows, 7, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
+                                   HAS_C)
+            acc7 += x * p7[:, None]
+            tt7 = t7
+            if INTERCEPT:
                 ps7 += p7
+            if LOSS > 0:
+                ls7 += l7.to(tl.float64)
+        if LOSS > 0:  # the Hessian weights (and t) of the tile's rows
+            _small_store(HW, rows, N, M, h0, h1, h2, h3, h4, h5, h6, h7, BLOCK_N, M_PAD)
+            if STORE_ETA:
+                _small_store(ETA, rows, N, M, t0, t1, tt2, tt3, tt4, tt5, tt6, tt7, BLOCK_N, M_PAD)
         rows += nprog * BLOCK_N
     _small_out(acc0, tl.sum(ps0, axis=0), alpha, W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
     _small_out(acc1, tl.sum(ps1, axis=0), alpha, W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
@@ -634,9 +695,20 @@ def _mmchain_small_kernel(
             _small_lsum(ls3, LPART, pid, 3, M)
     if M_PAD > 4:
         _small_out(acc4, tl.sum(ps4, axis=0), alpha, W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls4, LPART, pid, 4, M)
+    if M_PAD > 5:
         _small_out(acc5, tl.sum(ps5, axis=0), alpha, W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls5, LPART, pid, 5, M)
+    if M_PAD > 6:
         _small_out(acc6, tl.sum(ps6, axis=0), alpha, W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls6, LPART, pid, 6, M)
+    if M_PAD > 7:
         _small_out(acc7, tl.sum(ps7, axis=0), alpha, W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC)
+        if LOSS > 0:
+            _small_lsum(ls7, LPART, pid, 7, M)
 
 
 @triton.jit
@@ -1016,7 +1088,9 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
 
     m = 1 takes the onchip kernel; 2 <= m <= 4 the unrolled kernel's loss epilogue (the row's
     softmax and each column's loss in registers; its tile from :func:`~fusedml.mmchain.launch.small_config`,
-    set by the caller). The padded ``tl.dot`` (``config={"mode": "dot", ...}``) remains available.
+    set by the caller); 5 <= m <= 16 the padded ``tl.dot``. Either way the other form is available
+    through ``config`` (``{"mode": "small", "m_pad": 8, ...}`` runs m <= 8 unrolled: unmeasured on
+    the GPU for m > 4).
     Wide rows (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
     ``NotImplementedError``: the caller composes the pass from ``matvec`` and ``mmchain`` instead
     (X read twice). ``tuned``: only check and convert (the launch already adjusted, e.g. after a
@@ -1035,8 +1109,6 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
         # sweep, benchmarks/results/solver_ops-H200-2026-12-03-s4-b.json: 1M x 100 0.171 ms
         # against 0.219, 2M x 256 0.691 against 1.376, 4M x 64 0.334 against 0.436)
         return replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
-    if cfg.mode == "small" and cfg.m_pad > 4:
-        raise ValueError(f"the unrolled loss pass serves m <= 4 (m_pad {cfg.m_pad})")
     return cfg
 
 
@@ -1173,13 +1245,13 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             kernel, extra, code, power, c, eta, hw = _mmchain_chunked_kernel, {}, 0, 0.0, None, None, w
         else:
             kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-            if (kernel is _mmchain_small_kernel and cfg.m_pad == 4 and M == 3 and _EXACT_M3
+            if (kernel is _mmchain_small_kernel and 3 <= M < cfg.m_pad and _EXACT_M3
                     and (loss is not None or P.v_op == "softmax")):
                 # unrolled exactly: no padding column's FMAs and reductions. Not the plain product,
                 # whose m = 3 compile ptxas schedules with the prefetch's loads late in the loop
                 # (H200, 16M x 64: 2.34 ms against 1.25 padded; softmax 1.20 against 1.33;
                 # m3_probe-H200-2026-12-04-s17-d)
-                consts["M_PAD"] = 3
+                consts["M_PAD"] = M
             code, power, c, eta, hw = loss if loss is not None else (0, 0.0, None, None, w)
             # the unrolled kernel prefetches 1 or 2 tiles ahead, the onchip kernel 1
             extra = {"PREFETCH": int(cfg.prefetch) if kernel is _mmchain_small_kernel else bool(cfg.prefetch),
