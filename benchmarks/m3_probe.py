@@ -118,7 +118,7 @@ def main(argv=None):
                                               "prefetch": False})):
             cases.append(("loss new", cfg_name, "loss", new, True, None, cfg))
         for name, cfg_name, form, mod, exact, P, cfg in cases:
-            new._EXACT_M3 = exact
+            new._EXACT_UNROLL = exact
             if cfg in ("half4", "dbl16") or (isinstance(cfg, dict) and cfg.get("block_n") in ("half", "dbl")):
                 base = new._config_uncached(prepare_mmchain(X, S, Y, S, 1.0, 0.5, intercept=True, v_op="mul",
                                                             check_finite=False), None, form == "loss")
@@ -143,7 +143,7 @@ def main(argv=None):
             rows.append({"shape": spec, "case": name, "launch": cfg_name, "ms": ms,
                          "%floor": None if ms is None else 100 * floor / ms, "rel_err": err})
             print(rows[-1], flush=True)
-        new._EXACT_M3 = True
+        new._EXACT_UNROLL = True
         del X, A, T, h, Y
         if dev.type == "cuda":
             torch.cuda.empty_cache()

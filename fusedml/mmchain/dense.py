@@ -56,7 +56,7 @@ _FAST_MATH = tl.constexpr(not interpret_mode())
 
 #: the unrolled kernel runs the softmax form and the loss pass with m columns, not padded to m_pad
 #: (False: the padded form, for A/B probes)
-_EXACT_M3 = True
+_EXACT_UNROLL = True
 
 _MODES = {"vector": 0, "dot": 1, "elementwise": 2, "small": 3}
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -1245,7 +1245,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             kernel, extra, code, power, c, eta, hw = _mmchain_chunked_kernel, {}, 0, 0.0, None, None, w
         else:
             kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-            if (kernel is _mmchain_small_kernel and 3 <= M < cfg.m_pad and _EXACT_M3
+            if (kernel is _mmchain_small_kernel and 2 <= M < cfg.m_pad and _EXACT_UNROLL
                     and (loss is not None or P.v_op == "softmax")):
                 # unrolled exactly: no padding column's FMAs and reductions. Not the plain product,
                 # whose m = 3 compile ptxas schedules with the prefetch's loads late in the loop
