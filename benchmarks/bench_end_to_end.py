@@ -150,6 +150,8 @@ def main(argv=None):
                    choices=["dense", "csr", "gmm", "large"])
     p.add_argument("--large", nargs="+", type=_shape, default=[_shape(s) for s in LARGE_DENSE], metavar="NxD",
                    help=f"shapes of the large dense part (default {' '.join(LARGE_DENSE)})")
+    p.add_argument("--classes", type=int, default=5,
+                   help="classes of the synthetic multinomial data (default 5; m <= 4 takes the unrolled kernel)")
     p.add_argument("--large-sklearn-budget", type=float, default=5.0,
                    help="--sklearn-budget of the large dense part (its scikit-learn fits are mostly probes)")
     p.add_argument("--algorithms", nargs="+", choices=list(bench.ALGORITHMS),
@@ -211,7 +213,7 @@ def main(argv=None):
             if sp:
                 rows += bench.run_grid(algos, sp, backends, repeat=repeat, device=device, dtype="float32",
                                        max_iter=args.max_iter, tol=args.tol, seed=0, pairs=pr,
-                                       sklearn_budget=budget if budget > 0 else None)
+                                       sklearn_budget=budget if budget > 0 else None, n_classes=args.classes)
     wall = time.perf_counter() - t0
     path = _common.write_json("end_to_end", rows, extra={"args": vars(args), "wall_s": wall}, out=args.out)
     print(f"wrote {path}")

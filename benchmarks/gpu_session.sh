@@ -64,6 +64,9 @@ for p in $parts; do
                      --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3.json" ;;
     solver-ops-m3-sweep) run solver-ops-m3-sweep 300 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                            --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3_sweep.json" ;;
+    e2e-mult3) run e2e-mult3 200 python3 benchmarks/bench_end_to_end.py --parts dense large --classes 3 \
+                 --algorithms logistic-multinomial --backends fused ops --repeat 3 --no-plots \
+                 --out "$out/end_to_end_multinomial3.json" ;;
     m3-probe) run m3-probe 300 python3 benchmarks/m3_probe.py --out "$out/m3_probe.json" ;;
     m5-probe) run m5-probe 300 python3 benchmarks/m3_probe.py --m 5 --shapes 16000000x64 4000000x64 1000000x100 \
                 --out "$out/m5_probe.json" ;;

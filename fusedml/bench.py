@@ -243,7 +243,7 @@ def parse_dataset(spec: str) -> DataSpec:
 
 
 def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str = "float32",
-              seed: int = 0):
+              seed: int = 0, n_classes: int = 5):
     """Build or load the data of ``spec`` for ``algo``.
 
     Parameters
@@ -256,6 +256,8 @@ def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str
     dtype : str
         Storage dtype of X.
     seed : int
+    n_classes : int
+        Classes of the synthetic data of multiclass algorithms (the multinomial model's m).
 
     Returns
     -------
@@ -263,6 +265,9 @@ def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str
         The data, or a one-line reason why ``algo`` does not apply to it.
     """
     import datasets
+
+    if int(n_classes) < 3:
+        raise BenchError(f"n_classes must be >= 3 (multiclass data), got {n_classes}")
 
     torch_out = device != "cpu"
     if spec.kind == "gmm" and algo.task != "clustering":
@@ -286,13 +291,13 @@ def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str
         if spec.kind != "gmm":
             ds.name = spec.text
     elif spec.kind == "dense":
-        kw = {"n_classes": 5} if algo.task == "multiclass" else {}
+        kw = {"n_classes": int(n_classes)} if algo.task == "multiclass" else {}
         if algo.task in ("counts", "positive"):
             kw["signal"] = 0.5
         ds = datasets.make_dense(spec.n, spec.d, algo.task, seed=seed, dtype=dtype, device=device,
                                  return_torch=torch_out, **kw)
     else:
-        kw = {"n_classes": 5} if algo.task == "multiclass" else {}
+        kw = {"n_classes": int(n_classes)} if algo.task == "multiclass" else {}
         if algo.task in ("counts", "positive"):
             kw["signal"] = 0.5
         ds = datasets.make_csr(spec.n, spec.d, spec.nnz_per_row, spec.profile, algo.task, seed=seed,
@@ -597,7 +602,7 @@ def _gmm_components(ds, spec):
 
 def run_grid(algorithms, datasets_, backends, *, repeat=1, device="cpu", dtype="float32",
              max_iter=None, tol=None, n_samples=None, seed=0, sklearn_budget=60.0,
-             progress=sys.stderr, pairs=None):
+             progress=sys.stderr, pairs=None, n_classes=5):
     """Fit every (dataset, algorithm, backend) and return one row per fit configuration.
 
     Parameters
@@ -628,6 +633,8 @@ def run_grid(algorithms, datasets_, backends, *, repeat=1, device="cpu", dtype="
         Where progress lines go (stderr by default).
     pairs : list of (dataset, algorithm), optional
         Only these combinations (the demo's selection); otherwise the full product.
+    n_classes : int
+        Classes of the synthetic multiclass data (default 5; see :func:`make_data`).
 
     Returns
     -------
@@ -662,9 +669,11 @@ def run_grid(algorithms, datasets_, backends, *, repeat=1, device="cpu", dtype="
     for i, (spec, akey) in enumerate(todo):
         algo = ALGORITHMS[akey]
         _progress(progress, t0, f"[{i + 1}/{len(todo)}] {akey} on {spec.text}: preparing data")
-        ds = make_data(spec, algo, device=device, dtype=dtype, seed=seed)
+        ds = make_data(spec, algo, device=device, dtype=dtype, seed=seed, n_classes=n_classes)
         base = {"dataset": spec.text, "algorithm": akey, "device": device, "device_name": dev_name,
                 "versions": vers, "dtype": dtype}
+        if algo.task == "multiclass" and spec.kind in ("dense", "csr"):
+            base["n_classes"] = int(n_classes)
         if isinstance(ds, str):
             rows.append({**base, "backend": None, "skipped": ds})
             _progress(progress, t0, f"    skipped: {ds}")

@@ -266,6 +266,19 @@ def test_bench_end_to_end_quick(tmp_path, capsys):
         [r["objective"] for r in data["rows"] if r["backend"] == "ops"], rtol=1e-5)
 
 
+def test_bench_end_to_end_classes(tmp_path):
+    """--classes: the multinomial rows' class count (the unrolled kernel's m <= 4 against the default 5)."""
+    spec = importlib.util.spec_from_file_location("bench_end_to_end", os.path.join(ROOT, "benchmarks",
+                                                                                  "bench_end_to_end.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "e2e3.json"
+    rc = mod.main(["--quick", "--rows", "400", "--parts", "dense", "--algorithms", "logistic-multinomial",
+                   "--backends", "cpu", "--classes", "3", "--no-plots", "--out", str(out)])
+    rows = [r for r in json.loads(out.read_text())["rows"] if "time" in r]
+    assert rc == 0 and rows and all(r["n_classes"] == 3 for r in rows)
+
+
 # ---------------------------------------------------------------------------- README
 def test_readme_has_the_two_commands_once():
     """The README's set-up-and-go block: exactly two commands, the test one being what CI runs."""

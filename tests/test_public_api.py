@@ -277,3 +277,10 @@ def test_bench_make_data_and_host_copy():
     gmm_spec = bench.parse_dataset("synthetic-gmm:100x4:3")
     msg = bench.make_data(gmm_spec, algo)
     assert isinstance(msg, str) and "gmm" in msg
+    # multiclass data: 5 classes by default (the benchmark's multinomial rows), or as asked
+    multi = next(a for a in bench.ALGORITHMS.values() if a.task == "multiclass")
+    dense = bench.parse_dataset("synthetic-dense:300x6")
+    assert len(np.unique(bench.host_copy(bench.make_data(dense, multi, seed=0))[1])) == 5
+    assert len(np.unique(bench.host_copy(bench.make_data(dense, multi, seed=0, n_classes=3))[1])) == 3
+    with pytest.raises(bench.BenchError, match="n_classes"):
+        bench.make_data(dense, multi, n_classes=2)
