@@ -1,5 +1,7 @@
 """fusedml.mmchain / matvec against the float64 reference, on every backend (CPU, interpreter)."""
 import gc
+import json
+import os
 import sys
 
 import numpy as np
@@ -782,6 +784,27 @@ def test_launch_probe_smoke(monkeypatch):
     monkeypatch.setattr(mod, "DOT_CASES", ((20, 150, 5),))
     rows = mod.dot_probe(torch.device("cpu"), 1)
     assert len(rows) == 30 and max(r["rel_err"] for r in rows) < TOL[torch.float32]
+
+
+def test_sass_probe_reports_the_prefetch_loads(tmp_path):
+    """benchmarks/sass_probe.py (sm_90 compile, no GPU): registers, spills and where the tile loop
+    issues X's 16-byte loads, for the model's m = 3 loss-pass launch."""
+    import subprocess
+
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not all(os.path.exists(os.path.join(bindir, t)) for t in ("ptxas", "cuobjdump")):
+        pytest.skip("triton's NVIDIA backend tools are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "s.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sass_probe.py")
+    r = subprocess.run([sys.executable, script, "--variants", "loss m3 D64 4w x 8, 2 ahead (model)", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["spill_bytes"] == 0 and row["loop_instructions"] > 100
+    assert len(row["x_loads_at"]) >= 1 and max(row["x_loads_at"]) < row["loop_instructions"]
 
 
 def test_dense_kernels_compile_for_sm90():
