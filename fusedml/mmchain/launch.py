@@ -113,8 +113,9 @@ class DenseConfig:
         "onchip": load row tile i + 1 (and its v) into registers before computing tile i, so
         each program keeps two tiles of loads in flight; "small": 1 or 2 tiles ahead (the load of
         tile i + 2 is issued during tile i: ptxas sinks a register prefetch's loads towards the end
-        of the loop body, where one tile ahead no longer covers the load latency). "coop": rows held ahead of the one
-        consumed: 0 (row i + R loads during row i's wait), 1 (i + R published, i + 2R loading),
+        of the loop body, where one tile ahead no longer covers the load latency). "coop": rows
+        held ahead of the one consumed: 0 (row i + R loads during row i's wait), 1 (i + R
+        published, i + 2R loading),
         2 (i + R waiting, i + 2R published, i + 3R loading; polls issued an iteration ahead).
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
@@ -423,6 +424,12 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         Storage dtype of X.
     xtv : bool
         ``X^T V`` (no ``y``).
+    intercept : bool
+        Whether the product carries the intercept column.
+    gpu : GPUInfo, optional
+        Default :func:`gpu_info`.
+    stride_xn : int, optional
+        X's row stride (1: column-major X, whose tiles keep at least 32 rows).
     loss : bool
         The loss-gradient pass (:func:`fusedml.loss_gradient`, m <= 4): 8 values of X per thread
         on 4 warps, prefetching two tiles ahead. Its epilogue (the row's softmax, the Hessian
@@ -430,12 +437,6 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         16M x 64 (``m3_probe-H200-2026-12-04-s17-e``): 0.326 / 0.528 / 2.06 ms, against 0.57 / 1.37
         / 5.4 on 8 warps (``-s17-d``) and 0.47 / 0.91 / 3.54 for the padded ``tl.dot`` the pass
         took before.
-    intercept : bool
-        Whether the product carries the intercept column.
-    gpu : GPUInfo, optional
-        Default :func:`gpu_info`.
-    stride_xn : int, optional
-        X's row stride (1: column-major X, whose tiles keep at least 32 rows).
 
     Returns
     -------
