@@ -36,6 +36,13 @@ VARIANTS = {
                                                     PREFETCH=1), 16),
     "softmax m5 D64 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=16, PREFETCH=2), 8),
     "loss m5 D64 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2), 8),
+    "softmax m5 D64 8w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=32, PREFETCH=2), 8),
+    "loss m5 D64 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2), 4),
+    "softmax m8 D64 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=8, BLOCK_N=16, PREFETCH=2), 8),
+    "loss m8 D64 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=8, BLOCK_N=16, PREFETCH=2), 8),
+    "softmax m5 D128 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=8,
+                                             PREFETCH=2), 8),
+    "loss m5 D128 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=8, PREFETCH=2), 8),
 }
 
 
