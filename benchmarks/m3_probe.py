@@ -86,9 +86,7 @@ def main(argv=None):
         T = A @ S.double()
         refs = {"mul": A.T @ (h.double() * T) + 0.5 * S.double(),
                 "softmax": A.T @ (h.double() * (T - (h.double() * T).sum(1, keepdim=True))) + 0.5 * S.double()}
-        P_ = T - T.max(1, keepdim=True).values
         refs["loss"] = A.T @ (torch.softmax(T, 1) - Y.double()) + 0.5 * S.double()
-        del P_
         cases = []
         if m > 4:  # the padded tl.dot (the model) against the unrolled kernel on request
             bd = 1 << (D - 1).bit_length()

@@ -8,10 +8,8 @@ Run under ``ncu --kernel-name regex:_mmchain_small --launch-skip 2 --launch-coun
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib
 import os
-import re
 import sys
 
 import torch
@@ -21,24 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from _common import bench_ms  # noqa: E402
-
-
-def loop_hist(kernel):
-    from _sm90 import sass
-
-    L = sass(kernel).splitlines()
-    ins = [(int(m.group(1), 16), l) for l in L for m in [re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(.*)", l)] if m]
-    best = None
-    for a, l in ins:
-        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", l)
-        if m:
-            t = int(m.group(1), 16)
-            if t < a and (best is None or a - t > best[1] - best[0]):
-                best = (t, a)
-    body = [l for a, l in ins if best and best[0] <= a <= best[1]]
-    ops = collections.Counter(re.sub(r"^\s*/\*[0-9a-f]*\*/\s*(@!?U?P\w+\s+)?", "", l).split()[0] for l in body)
-    ldg = [i for i, l in enumerate(body) if "LDG.E.128" in l]
-    return len(body), ldg, dict(sorted(ops.items()))
+from _sm90 import sass  # noqa: E402
+from sass_probe import loop_report  # noqa: E402
 
 
 def compiled(fn):
@@ -83,9 +65,9 @@ def main(argv=None):
     for name, f in fns.items():
         print(name, "ms", round(bench_ms(f), 4), flush=True)
     for name, mod in (("s16", old), ("new", new)):
-        print(name, "resident", {k[3]: v for k, v in mod._RESIDENT.items()} if False else list(mod._RESIDENT.values()))
+        print(name, "resident", list(mod._RESIDENT.values()))
         for k in compiled(mod._mmchain_small_kernel):
-            n, ldg, ops = loop_hist(k)
+            n, ldg, ops = loop_report(sass(k))
             print(name, "regs", k.n_regs, "spills", k.n_spills, "shared", k.metadata.shared, "loop", n,
                   "ldg128 at", ldg)
             print("   ", ops)

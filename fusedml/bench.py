@@ -242,6 +242,14 @@ def parse_dataset(spec: str) -> DataSpec:
     return DataSpec(spec, kind, n, d, nnz_per_row=k, profile=profile)
 
 
+def _synthetic_kw(algo: AlgoSpec, n_classes: int) -> dict:
+    """The synthetic generators' task options: the class count, a weaker signal for count targets."""
+    kw = {"n_classes": int(n_classes)} if algo.task == "multiclass" else {}
+    if algo.task in ("counts", "positive"):
+        kw["signal"] = 0.5
+    return kw
+
+
 def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str = "float32",
               seed: int = 0, n_classes: int = 5):
     """Build or load the data of ``spec`` for ``algo``.
@@ -291,15 +299,10 @@ def make_data(spec: DataSpec, algo: AlgoSpec, *, device: str = "cpu", dtype: str
         if spec.kind != "gmm":
             ds.name = spec.text
     elif spec.kind == "dense":
-        kw = {"n_classes": int(n_classes)} if algo.task == "multiclass" else {}
-        if algo.task in ("counts", "positive"):
-            kw["signal"] = 0.5
         ds = datasets.make_dense(spec.n, spec.d, algo.task, seed=seed, dtype=dtype, device=device,
-                                 return_torch=torch_out, **kw)
+                                 return_torch=torch_out, **_synthetic_kw(algo, n_classes))
     else:
-        kw = {"n_classes": int(n_classes)} if algo.task == "multiclass" else {}
-        if algo.task in ("counts", "positive"):
-            kw["signal"] = 0.5
+        kw = _synthetic_kw(algo, n_classes)
         ds = datasets.make_csr(spec.n, spec.d, spec.nnz_per_row, spec.profile, algo.task, seed=seed,
                                dtype=dtype, device=device, return_torch=torch_out, **kw)
     if spec.kind in ("bundled", "svmlight", "npy", "npz"):
