@@ -1,5 +1,6 @@
 """A/B probe of the unrolled ("small") kernel at m = 3 (session 17; ``--m 5``..``8``: the model's
-padded ``tl.dot`` against the unrolled kernel on request, five tiles): the Hessian product
+padded ``tl.dot`` against the unrolled kernel on request, five tiles; ``--launches``, ``--forms``,
+``--loss-max-d``: chosen unrolled launches at any m, the loss pass on wider rows): the Hessian product
 ``X^T (h ⊙ [X,1] S) + beta z`` (mul and softmax forms) and the multinomial loss pass; the kernel as
 of session 16 (``fusedml/mmchain/_dense_s16.py``, a copy of that commit's ``dense.py``, when present)
 against the current one: the register prefetch one or two tiles ahead, m = 3 unrolled exactly or
@@ -58,8 +59,16 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=None)
     ap.add_argument("--m", type=int, default=3, help="right-hand sides (classes); m > 4: the padded tl.dot "
                     "against the unrolled kernel forced")
+    ap.add_argument("--launches", nargs="+", default=None, metavar="WxE",
+                    help="unrolled launches (warps x values per thread, e.g. 4x8) timed against the model "
+                    "for --forms; default for m > 4: 8x4 4x4 4x8 8x8 16x4")
+    ap.add_argument("--forms", nargs="+", default=["mul", "softmax", "loss"], choices=["mul", "softmax", "loss"])
+    ap.add_argument("--loss-max-d", type=int, default=None,
+                    help="let the unrolled loss pass take rows up to this many values (block_d)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.loss_max_d:  # the loss pass on wider rows than the model allows (session 18's probe)
+        new.LOSS_SMALL_MAX_BD = args.loss_max_d
     dev = device()
     quick = dev.type != "cuda"
     shapes = args.shapes or (["16000000x64", "4000000x64", "1000000x100", "2000000x128x4p"] if not quick
@@ -88,17 +97,20 @@ def main(argv=None):
                 "softmax": A.T @ (h.double() * (T - (h.double() * T).sum(1, keepdim=True))) + 0.5 * S.double()}
         refs["loss"] = A.T @ (torch.softmax(T, 1) - Y.double()) + 0.5 * S.double()
         cases = []
-        if m > 4:  # the padded tl.dot (the model) against the unrolled kernel on request
+        if m > 4 or args.launches:  # the model against the unrolled kernel on request
             bd = 1 << (D - 1).bit_length()
-            unrolled = [(f"small {w}w x {e}/thread", {"mode": "small", "m_pad": 8, "num_warps": w, "prefetch": 2,
-                                                       "block_n": max(1, e * 32 * w // bd)})
-                        for w, e in ((8, 4), (4, 4), (4, 8), (8, 8), (16, 4))]
-            for form in ("mul", "softmax", "loss"):
+            launches = [tuple(int(a) for a in s.split("x")) for s in args.launches or ("8x4", "4x4", "4x8", "8x8",
+                                                                                      "16x4")]
+            unrolled = [(f"small {w}w x {e}/thread", {"mode": "small", "m_pad": 8 if m > 4 else 4, "num_warps": w,
+                                                       "prefetch": 2, "block_n": max(1, e * 32 * w // bd)})
+                        for w, e in launches]
+            for form in args.forms:
                 P = None if form == "loss" else prepare_mmchain(X, S, h, S, 1.0, 0.5, intercept=True, v_op=form,
                                                                 check_finite=False)
-                for cfg_name, cfg in [("model", None)] + unrolled:
+                extra = [("matvec + X^T V", {"mode": "dot", "m_pad": 16})] if form == "loss" and D > 128 else []
+                for cfg_name, cfg in [("model", None)] + extra + unrolled:  # dot on > 128 values: no one-read pass
                     cases.append((f"{form} new", cfg_name, form, new, True, P, cfg))
-        for form in ("mul", "softmax") if m <= 4 else ():
+        for form in ("mul", "softmax") if m <= 4 and not args.launches else ():
             P = prepare_mmchain(X, S, h, S, 1.0, 0.5, intercept=True, v_op=form, check_finite=False)
             if old is not None:
                 cases.append((f"{form} s16", "model", form, old, True, P, None))
@@ -108,7 +120,7 @@ def main(argv=None):
                                   ("maxnreg 128", {"max_registers": 128}), ("maxnreg 80", {"max_registers": 80})):
                 cases.append((f"{form} new", cfg_name, form, new, True, P, cfg))
             cases.append((f"{form} new pad4", "model", form, new, False, P, None))
-        for cfg_name, cfg in () if m > 4 else (("model", None), ("prefetch 1", {"prefetch": 1}), ("4w bn/2", "half4"),
+        for cfg_name, cfg in () if m > 4 or args.launches else (("model", None), ("prefetch 1", {"prefetch": 1}), ("4w bn/2", "half4"),
                               ("maxnreg 168", {"max_registers": 168}), ("maxnreg 128", {"max_registers": 128}),
                               ("8w bn*2, maxnreg 128", {"num_warps": 8, "block_n": "dbl", "max_registers": 128}),
                               ("16w bn*2", "dbl16"), ("8w bn/2 (4/thread)", {"block_n": "half"}),

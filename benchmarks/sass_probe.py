@@ -43,6 +43,16 @@ VARIANTS = {
     "softmax m5 D128 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=8,
                                              PREFETCH=2), 8),
     "loss m5 D128 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=8, PREFETCH=2), 8),
+    # session 18: the m5-probe's best softmax launch (4 warps x 8 values) at other m and D
+    "softmax m5 D64 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=16, PREFETCH=2), 4),
+    "softmax m8 D64 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=8, BLOCK_N=16, PREFETCH=2), 4),
+    "softmax m5 D128 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=8,
+                                             PREFETCH=2), 4),
+    "softmax m8 D128 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=8, BLOCK_D=128, BLOCK_N=8, PREFETCH=2), 4),
+    "softmax m5 D256 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 4),
+    "mul m5 D64 4w x 8, 2 ahead": (dict(M_PAD=5, BLOCK_N=16, PREFETCH=2), 4),
+    "loss m5 D256 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 8),
+    "loss m3 D256 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=3, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 4),
 }
 
 

@@ -613,15 +613,58 @@ def test_dense_fused_prefetch_vector(rng, poison, N, D, bn, P, dtype):
         assert rel(w, mmchain_reference(X.double(), y, v, z, 0.5, 2.0, intercept=True)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("m", [5, 16])
-def test_dense_fused_dot_mode(rng, poison, m):
+@pytest.mark.parametrize("m,v_op", [(5, "mul"), (16, "softmax")])
+def test_dense_fused_dot_mode(rng, poison, m, v_op):
     """m > 4: the padded ieee tl.dot path (m = 16 fills the pad exactly)."""
     X = _dense(rng, 40, 20, torch.float32)
     y, v, z = _operands(rng, 40, 20, m, intercept=True)
     cfg = launch.dense_config(40, 20, m, torch.float32)
     assert cfg.mode == "dot"
-    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", backend="fused")
-    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax")) < TOL[torch.float32]
+    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op=v_op, backend="fused")
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True, v_op=v_op)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("m", [5, 8])
+def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatch, m):
+    """launch.unrolled_wide_m (m3_probe-H200-2026-12-04-s18-a): the multinomial Hessian product
+    with m = 5..8 on rows of <= 128 values and the loss pass on rows of <= 64 run the unrolled
+    kernel with m exactly (4 warps x 8 values / 8 warps x 4); wider rows, the plain product and
+    fp64 keep their launches; each result against float64."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    launched = []
+    real = dense_mod._mmchain_small_kernel
+    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (lambda *a, **k: (launched.append((k["M_PAD"], k["LOSS"], k["num_warps"])),
+                                                            real[grid](*a, **k)))})())
+    for D, warps in ((20, 4), (100, 4)):
+        X = _dense(rng, 70, D, torch.float32)
+        y, v, z = _operands(rng, 70, D, m, intercept=True)
+        w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", backend="fused")
+        assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax")) < TOL[torch.float32]
+        assert launched.pop() == (m, 0, warps)
+        P = prepare_mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", check_finite=False)
+        cfg = dense_mod._config(P, None)
+        assert cfg.block_n * cfg.block_d // (32 * cfg.num_warps) == 8 and cfg.prefetch == 2
+    assert launch.unrolled_wide_m(128, m, torch.float32, "softmax")
+    assert not launch.unrolled_wide_m(129, m, torch.float32, "softmax")
+    assert not launch.unrolled_wide_m(100, m, torch.float64, "softmax")
+    assert not launch.unrolled_wide_m(100, m, torch.float32, "loss")
+    assert launch.unrolled_wide_m(64, m, torch.float32, "loss") and not launch.unrolled_wide_m(64, 9, torch.float32,
+                                                                                               "loss")
+    # the plain product keeps the padded tl.dot
+    X = _dense(rng, 70, 20, torch.float32)
+    y, v, z = _operands(rng, 70, 20, m, intercept=True)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")
+    assert launched == [] and rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True)) < TOL[torch.float32]
+    # the loss pass: unrolled on 64-value rows
+    labels = torch.as_tensor(rng.integers(0, m, 70))
+    Y = torch.nn.functional.one_hot(labels, m).float()
+    W = 0.3 * torch.as_tensor(rng.standard_normal((21, m)), dtype=torch.float32)
+    r = fusedml.loss_gradient(X, W, Y, loss="multinomial", intercept=True, backend="fused")
+    ref = fusedml.loss_gradient(X.double(), W.double(), Y.double(), loss="multinomial", intercept=True, backend="cpu")
+    assert launched == [(m, 3, 8)]
+    assert rel(r.grad, ref.grad) < TOL[torch.float32] and rel(r.loss, ref.loss) < 1e-5
 
 
 def test_dense_small_mode_rejects_large_m(rng):

@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 from .._dispatch import interpret_mode
 from .._launch import bind as bind_launch, launch
 from ._checks import Problem
-from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config,
+from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, unrolled_wide_m,
                      small_config)
 
 #: the GPU's approximate log2 / reciprocal in the logistic epilogue (libdevice: not available to
@@ -1052,20 +1052,18 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     if loss:  # the loss pass's launch, then the caller's overrides on top
-        cfg = loss_config(cfg, P.acc_dtype)
-        if cfg.mode == "small":  # m <= 4 on rows of <= 128 values: the unrolled kernel's loss epilogue
-            cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=False, intercept=P.intercept, gpu=gpu_info(X.device),
-                               stride_xn=X.stride(0), loss=True)
+        cfg = loss_launch(cfg, P.D, P.m, X, P.acc_dtype)
         cfg = loss_config(cfg.with_overrides(config), P.acc_dtype, tuned=True)
     elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
         # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,
         # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
         # buffer with half the warps: 0.12 / 0.49 / 0.25 ms against 0.16 / 0.64 / 0.34
         cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
-    elif cfg.mode == "small" or (P.y is None and 2 <= P.m <= SMALL_M_XTV and P.D <= SMALL_D):
+    elif (cfg.mode == "small" or (P.y is None and 2 <= P.m <= SMALL_M_XTV and P.D <= SMALL_D)
+          or (P.v_op == "softmax" and P.y is not None and unrolled_wide_m(P.D, P.m, X.dtype, "softmax"))):
         # the unrolled kernel: its own tile, prefetch and grid rules (launch.small_config)
         cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=P.y is None, intercept=P.intercept, gpu=gpu_info(X.device),
-                           stride_xn=X.stride(0))
+                           stride_xn=X.stride(0), softmax=P.v_op == "softmax")
     cfg = cfg.with_overrides(None if loss else config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
@@ -1082,15 +1080,30 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
     return cfg
 
 
+def loss_launch(cfg: DenseConfig, D: int, m: int, X: torch.Tensor, acc: torch.dtype) -> DenseConfig:
+    """The model's loss-pass launch from :func:`dense_config`'s ``cfg`` for ``X`` ``[N, D]`` and m
+    columns: the unrolled kernel's (:func:`~fusedml.mmchain.launch.small_config`) where it serves
+    (m <= 4; m <= 8 as :func:`~fusedml.mmchain.launch.unrolled_wide_m` says), then
+    :func:`loss_config`'s checks (``NotImplementedError``: no one-read pass for these rows)."""
+    if cfg.strategy == "onchip" and (cfg.mode == "small" or unrolled_wide_m(D, m, X.dtype, "loss")):
+        cfg = small_config(cfg, D, m, X.dtype, xtv=False, intercept=True, gpu=gpu_info(X.device),
+                           stride_xn=X.stride(0), loss=True)
+    return loss_config(cfg, acc)
+
+
+#: Widest rows (block_d) of the unrolled kernel's loss pass for m > 1 (the padded tl.dot's: 128)
+LOSS_SMALL_MAX_BD = 128
+
+
 def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> DenseConfig:
     """The launch of a fused loss-gradient pass: the onchip or the unrolled ("small") kernel, whose
     tiles hold whole rows.
 
-    m = 1 takes the onchip kernel; 2 <= m <= 4 the unrolled kernel's loss epilogue (the row's
+    m = 1 takes the onchip kernel; 2 <= m <= 4, and m <= 8 on rows of at most 64 values
+    (:func:`~fusedml.mmchain.launch.unrolled_wide_m`), the unrolled kernel's loss epilogue (the row's
     softmax and each column's loss in registers; its tile from :func:`~fusedml.mmchain.launch.small_config`,
-    set by the caller); 5 <= m <= 16 the padded ``tl.dot``. Either way the other form is available
-    through ``config`` (``{"mode": "small", "m_pad": 8, ...}`` runs m <= 8 unrolled: unmeasured on
-    the GPU for m > 4).
+    set by the caller); other m <= 16 the padded ``tl.dot``. Either way the other form is available
+    through ``config`` (``{"mode": "small", "m_pad": 8, ...}`` runs m <= 8 unrolled).
     Wide rows (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
     ``NotImplementedError``: the caller composes the pass from ``matvec`` and ``mmchain`` instead
     (X read twice). ``tuned``: only check and convert (the launch already adjusted, e.g. after a
@@ -1098,7 +1111,7 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     """
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
-    if cfg.m_pad > 1 and cfg.block_d > 128:
+    if cfg.m_pad > 1 and cfg.block_d > (LOSS_SMALL_MAX_BD if cfg.mode == "small" else 128):
         # m > 1 on rows wider than 128 values: the padded tl.dot's one read is slower than two
         # reads (H200, 2M x 256, m = 3: 4.3 ms with tf32x3 and 72 ms with FMAs, against 0.96 +
         # 0.85 for matvec + X^T V; solver_ops-*-s7-d, solver_ops_wide_unrolled-*-s8-e)

@@ -97,8 +97,8 @@ class DenseConfig:
     block_d : int
         Columns per tile (>= D for "onchip"), a power of two.
     mode : {"vector", "small", "dot", "elementwise"}
-        m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows; X^T V up to m = 8):
-        ``"small"``, the right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each
+        m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows; X^T V up to m = 8, the
+        softmax product and the loss pass as :func:`unrolled_wide_m` says): ``"small"``, the right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each
         (2 m FMAs per element of X; see :func:`small_config`); larger m, fp32/bf16/fp16:
         ``tl.dot`` with m padded to 16 (``dot_precision``); fp64 with m > 4: 3-D broadcast +
         ``tl.sum`` (no fp64 tl.dot).
@@ -187,6 +187,41 @@ SMALL_M = 4
 SMALL_D = 1024
 #: Largest m of ``X^T V`` (no ``X Y``, so no row reductions) served by the unrolled kernel.
 SMALL_M_XTV = 8
+#: Largest m of the softmax Hessian product and of the loss pass served by the unrolled kernel
+#: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
+SMALL_M_WIDE = 8
+#: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product, the loss pass.
+SMALL_WIDE_M_D = {"softmax": 128, "loss": 64}
+
+
+def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
+    """Whether a product with m = 5..8 right-hand sides takes the unrolled ("small") kernel.
+
+    ``form`` is ``"softmax"`` (the multinomial Hessian product ``X^T (h ⊙ (T - rowsum(h ⊙ T)))``)
+    or ``"loss"`` (the multinomial loss-gradient pass). m is unrolled exactly (no padding columns);
+    other forms and fp64 keep the padded ``tl.dot`` (fp64: 3-D elementwise). Measured on the H200
+    (``benchmarks/m3_probe.py --m 5``, ``results/m3_probe-H200-2026-12-04-s18-a``, every point
+    against float64), m = 5 with the intercept, ms at 16M x 64 / 4M x 64 / 1M x 100:
+
+    * softmax product, 4 warps x 8 values per thread, two tiles ahead: 1.59 / 0.415 / 0.230,
+      against 3.50 / 0.893 / 0.370 for the padded ``tl.dot`` (60 % of the floor at 16M x 64);
+    * loss pass, 8 warps x 4 values, two tiles ahead: 3.72 / 0.939 / 0.551 against 4.62 / 1.18 /
+      0.448: the unrolled pass wins on 64-value rows only.
+
+    Parameters
+    ----------
+    D, m : int
+        Columns of X and right-hand sides.
+    dtype : torch.dtype
+        Storage dtype of X.
+    form : {"softmax", "loss"}
+
+    Returns
+    -------
+    bool
+    """
+    return (SMALL_M < m <= SMALL_M_WIDE and dtype != torch.float64
+            and _pow2_ceil(D) <= SMALL_WIDE_M_D[form])
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
@@ -202,6 +237,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        spills for the padded ``tl.dot``, which measured 27 % of the floor on the H200). Other
        fp32/bf16/fp16 with m > 1: ``tl.dot`` with m padded to 16 (FMA ``ieee`` dot, no tf32).
        fp64 with m > 4: 3-D broadcast + ``tl.sum`` (fp64 ``tl.dot`` does not compile for the GPU).
+       (The caller moves ``X^T V`` with m <= 8, and the multinomial products with m = 5..8 on short
+       rows, :func:`unrolled_wide_m`, to "small" too.)
     2. **Registers.** A program of ``32 * num_warps`` threads holds its tile ``block_n x
        block_d`` (converted to the accumulation dtype; x m_pad for the 3-D elementwise mode), and,
        for "onchip", the accumulator (``block_n x block_d`` for m == 1, ``m_pad x block_d``
@@ -379,7 +416,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
 
 
 def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: bool, intercept: bool,
-                 gpu: GPUInfo | None = None, stride_xn: int | None = None, loss: bool = False) -> DenseConfig:
+                 gpu: GPUInfo | None = None, stride_xn: int | None = None, loss: bool = False,
+                 softmax: bool = False) -> DenseConfig:
     """The unrolled ("small") kernel's launch for one product, from :func:`dense_config`'s ``cfg``.
 
     Measured on the H200 (``benchmarks/launch_probe.py --probe grid``,
@@ -419,7 +457,7 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     D : int
         Columns of X (at most ``SMALL_D``: a whole row is one tile).
     m : int
-        Right-hand sides (2..4; 5..8 with ``xtv``).
+        Right-hand sides (2..4; 5..8 with ``xtv``, ``loss`` or ``softmax``).
     dtype : torch.dtype
         Storage dtype of X.
     xtv : bool
@@ -436,7 +474,12 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         weights' store, float64 loss sums) takes ~130 registers; H200, m = 3, 1M x 100 / 4M x 64 /
         16M x 64 (``m3_probe-H200-2026-12-04-s17-e``): 0.326 / 0.528 / 2.06 ms, against 0.57 / 1.37
         / 5.4 on 8 warps (``-s17-d``) and 0.47 / 0.91 / 3.54 for the padded ``tl.dot`` the pass
-        took before.
+        took before. m = 5..8 (:func:`unrolled_wide_m`): 4 values per thread on 8 warps.
+    softmax : bool
+        The softmax Hessian product; m = 5..8 (:func:`unrolled_wide_m`) takes 8 values per thread
+        on 4 warps, two tiles ahead (H200, m = 5, 16M x 64: 1.59 ms against 2.35 on 8 warps x 4 and
+        2.15 on 8 warps x 8; ``results/m3_probe-H200-2026-12-04-s18-a``). m <= 4 as the other
+        ``X Y`` products.
 
     Returns
     -------
@@ -444,12 +487,15 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     """
     gpu = gpu or gpu_info()
     m_pad = _pow2_ceil(max(2, m))
-    if m_pad > (SMALL_M_XTV if xtv else SMALL_M):
-        raise ValueError(f"the unrolled kernel serves m <= {SMALL_M} (X^T V: <= {SMALL_M_XTV}), got m = {m}")
+    if m_pad > (SMALL_M_XTV if xtv else SMALL_M_WIDE if loss or softmax else SMALL_M):
+        raise ValueError(f"the unrolled kernel serves m <= {SMALL_M} (X^T V, the softmax product and the loss "
+                         f"pass: <= {SMALL_M_XTV}), got m = {m}")
     if D > SMALL_D:
         raise ValueError(f"the unrolled kernel holds whole rows of at most {SMALL_D} values, got D = {D}")
     bd = _pow2_ceil(D)
     if loss:
+        ept, warps, prefetch = (8, 4, 2) if m_pad <= 4 else (4, 8, 2)
+    elif softmax and m_pad > 4:
         ept, warps, prefetch = 8, 4, 2
     elif xtv:
         ept, warps, prefetch = (16, 8, False) if m_pad <= 4 else (8, 16, False)

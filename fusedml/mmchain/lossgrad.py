@@ -453,13 +453,13 @@ def one_read(X, m: int = 1) -> bool:
         return False
     if m > int(os.environ.get("FUSEDML_LOSS_ONE_READ_M", "16") or 16):
         return False
-    from .dense import loss_config
+    from .dense import loss_launch
     from .launch import dense_config, gpu_info
 
     cfg = dense_config(int(X.shape[0]), int(X.shape[1]), m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     try:
-        loss_config(cfg, torch.float64 if X.dtype == torch.float64 else torch.float32)
+        loss_launch(cfg, int(X.shape[1]), m, X, torch.float64 if X.dtype == torch.float64 else torch.float32)
     except NotImplementedError:  # wide rows (for m > 1: wider than 128 values; see loss_config)
         return False
     return True
