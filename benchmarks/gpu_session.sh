@@ -76,6 +76,12 @@ for p in $parts; do
                  --forms softmax loss --loss-max-d 256 --out "$out/m5_wide_probe.json"
                run m3-wide-loss 200 python3 benchmarks/m3_probe.py --m 3 --shapes 2000000x256 \
                  --launches 4x8 8x4 4x4 --forms loss --loss-max-d 256 --out "$out/m3_wide_loss_probe.json" ;;
+    m58-probe2) run m5-wide-loss 200 python3 benchmarks/m3_probe.py --m 5 --shapes 2000000x256 --launches 4x8 8x4 \
+                  --forms loss --loss-max-d 256 --out "$out/m5_wide_loss_probe.json"
+                run m6-probe 200 python3 benchmarks/m3_probe.py --m 6 --shapes 4000000x64 --launches 4x8 8x4 \
+                  --forms softmax loss --out "$out/m6_probe.json"
+                run m8-wide 200 python3 benchmarks/m3_probe.py --m 8 --shapes 2000000x256 --launches 4x8 8x4 \
+                  --forms softmax --out "$out/m8_wide_probe.json" ;;
     profile-mult) run profile-mult 150 python3 benchmarks/profile_fit.py --shape 16000000x64 --shape 1000000x100 \
                     --algo multinomial --out "$out/profile_fit_mult.json" ;;
     e2e-mult) run e2e-mult 200 python3 benchmarks/bench_end_to_end.py --parts dense large \

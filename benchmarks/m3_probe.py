@@ -69,6 +69,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.loss_max_d:  # the loss pass on wider rows than the model allows (session 18's probe)
         new.LOSS_SMALL_MAX_BD = args.loss_max_d
+        importlib.import_module("fusedml.mmchain.launch").SMALL_WIDE_M_D["loss"] = args.loss_max_d
     dev = device()
     quick = dev.type != "cuda"
     shapes = args.shapes or (["16000000x64", "4000000x64", "1000000x100", "2000000x128x4p"] if not quick

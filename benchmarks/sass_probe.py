@@ -53,6 +53,11 @@ VARIANTS = {
     "mul m5 D64 4w x 8, 2 ahead": (dict(M_PAD=5, BLOCK_N=16, PREFETCH=2), 4),
     "loss m5 D256 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 8),
     "loss m3 D256 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=3, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 4),
+    "loss m8 D64 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=8, BLOCK_N=16, PREFETCH=2), 4),
+    "loss m6 D64 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=6, BLOCK_N=16, PREFETCH=2), 8),
+    "loss m6 D64 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=6, BLOCK_N=16, PREFETCH=2), 4),
+    "softmax m6 D64 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=6, BLOCK_N=16, PREFETCH=2), 4),
+    "softmax m8 D256 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=8, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 8),
 }
 
 

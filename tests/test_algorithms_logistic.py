@@ -123,13 +123,13 @@ def test_weighted_multinomial_two_pass_hessian_same_model_across_backends(rng):
 
 @pytest.mark.parametrize("k", [3, 5])
 def test_wide_rows_multinomial_takes_two_reads_same_model(rng, k):
-    """Dense rows wider than 128 values, fused backend: the loss pass takes two reads (one_read is
+    """Dense rows wider than 256 values, fused backend: the loss pass takes two reads (one_read is
     False there), the softmax Hessian product one (the unrolled m <= 4 kernel for 3 classes, the fp32
     FMA tl.dot for 5: no matvec of its own, so fewer matvecs than Hessian products); the model
     equals the cpu backend's."""
     from fusedml.mmchain.lossgrad import one_read
 
-    X, y = _data(rng, n=32, d=130, k=k)
+    X, y = _data(rng, n=32, d=300, k=k)
     assert not one_read(torch.from_numpy(X).float(), k) and one_read(torch.from_numpy(X).float(), 1)
     a = LogisticRegression(C=0.5, tol=1e-8, backend="cpu").fit(X, y)
     b = LogisticRegression(C=0.5, tol=1e-8, backend="fused").fit(X, y)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fusedml
+from fusedml.mmchain._checks import prepare_mmchain
 from fusedml.mmchain.lossgrad import LOSSES, loss_terms, one_read
 
 CASES = [  # (loss, m, power)
@@ -139,12 +140,12 @@ def test_loss_gradient_deterministic_and_wide_rows_fallback():
 
 
 @pytest.mark.parametrize("loss,m,power,D", [("logistic", 1, None, 10), ("multinomial", 3, None, 10),
-                                             ("tweedie", 1, 1.5, 10), ("multinomial", 3, None, 200)],
+                                             ("tweedie", 1, 1.5, 10), ("multinomial", 3, None, 300)],
                          ids=["logistic", "multinomial", "tweedie", "multinomial-wide"])
 @pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
 def test_bind_loss_gradient_recomputes_from_current_operands(loss, m, power, D, backend):
     """A bound pass, after W and z change in place, equals float64 on the new contents; on the
-    one-read path every call writes the same buffers (D = 200, m = 3: two reads, still bound)."""
+    one-read path every call writes the same buffers (D = 300, m = 3: two reads, still bound)."""
     g = torch.Generator().manual_seed(zlib.crc32(f"bind-{loss}-{m}-{D}".encode()))
     N = 203
     X = torch.randn(N, D, generator=g)
@@ -288,17 +289,20 @@ def test_one_read(monkeypatch):
 
     assert not one_read(fusedml.as_csr(sp.csr_matrix(X.numpy())), 1)
     assert not one_read(torch.randn(4, 200_000), 1)  # wide rows: cooperative / chunked strategies
-    assert not one_read(torch.randn(100, 200), 3) and one_read(torch.randn(100, 200), 1)
+    assert not one_read(torch.randn(100, 300), 3) and one_read(torch.randn(100, 300), 1)
+    # the unrolled loss pass: m <= 4 on rows of <= 256 values, m = 5..8 on <= 64 (launch.unrolled_wide_m)
+    assert one_read(torch.randn(100, 200), 3) and not one_read(torch.randn(100, 200), 5)
+    assert one_read(torch.randn(100, 64), 8) and one_read(torch.randn(100, 100), 5)  # 100: the padded tl.dot
 
 
 def test_wide_rows_m3_take_two_reads(monkeypatch):
-    """loss_gradient follows one_read: m > 1 on rows wider than 128 values composes matvec and
-    X^T V on the fused backend (the padded one-read pass is slower there), with the same result."""
+    """loss_gradient follows one_read: m > 1 on rows wider than 256 values composes matvec and
+    X^T V on the fused backend (the one-read pass is slower there), with the same result."""
     from fusedml.mmchain import lossgrad
 
     g = torch.Generator().manual_seed(11)
-    X = torch.randn(300, 200, generator=g)
-    W = 0.1 * torch.randn(201, 3, generator=g, dtype=torch.float32)
+    X = torch.randn(300, 300, generator=g)
+    W = 0.1 * torch.randn(301, 3, generator=g, dtype=torch.float32)
     y = torch.nn.functional.one_hot(torch.randint(0, 3, (300,), generator=g), 3).float()
     dense_fused = lossgrad._dense_fused
 
@@ -311,6 +315,28 @@ def test_wide_rows_m3_take_two_reads(monkeypatch):
     monkeypatch.setattr(lossgrad, "_dense_fused", no_one_read)
     r = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused")
     A = torch.cat([X.double(), torch.ones(300, 1, dtype=torch.float64)], 1)
+    val, gr, h = loss_terms("multinomial", A @ W.double(), y.double())
+    assert _rel(r.grad, A.T @ gr) < 2e-6 and _rel(r.loss, val.sum(0)) < 2e-6 and _rel(r.hess, h) < 2e-6
+
+
+@pytest.mark.parametrize("D,m", [(200, 3), (64, 5), (50, 8)])
+def test_unrolled_one_read_on_wider_rows_and_more_columns(monkeypatch, D, m):
+    """m <= 4 on rows of 129..256 values and m = 5..8 on rows of <= 64 take the unrolled kernel's
+    one-read loss pass (launch.unrolled_wide_m, dense.LOSS_SMALL_MAX_BD): same result as float64."""
+    from fusedml.mmchain import dense, lossgrad
+
+    g = torch.Generator().manual_seed(D + m)
+    X = torch.randn(150, D, generator=g)
+    W = 0.1 * torch.randn(D + 1, m, generator=g, dtype=torch.float32)
+    y = torch.nn.functional.one_hot(torch.randint(0, m, (150,), generator=g), m).float()
+    taken = []
+    real = lossgrad._dense_fused
+    monkeypatch.setattr(lossgrad, "_dense_fused", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+    r = fusedml.loss_gradient(X, W, y, loss="multinomial", intercept=True, backend="fused")
+    assert len(taken) == 1 and taken[0] is not None
+    P = prepare_mmchain(X, W, y, None, 1.0, 0.0, intercept=True, v_op="mul", check_finite=False)
+    assert dense._config(P, None, loss=True).mode == "small"
+    A = torch.cat([X.double(), torch.ones(150, 1, dtype=torch.float64)], 1)
     val, gr, h = loss_terms("multinomial", A @ W.double(), y.double())
     assert _rel(r.grad, A.T @ gr) < 2e-6 and _rel(r.loss, val.sum(0)) < 2e-6 and _rel(r.hess, h) < 2e-6
 

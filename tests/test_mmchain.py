@@ -628,8 +628,9 @@ def test_dense_fused_dot_mode(rng, poison, m, v_op):
 def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatch, m):
     """launch.unrolled_wide_m (m3_probe-H200-2026-12-04-s18-a): the multinomial Hessian product
     with m = 5..8 on rows of <= 128 values and the loss pass on rows of <= 64 run the unrolled
-    kernel with m exactly (4 warps x 8 values / 8 warps x 4); wider rows, the plain product and
-    fp64 keep their launches; each result against float64."""
+    kernel with m exactly (softmax: 4 warps x 8 values for m <= 6, else 8 x 4, also on rows of 256
+    values for m <= 6; the loss pass the other way round); wider rows, the plain product and fp64
+    keep their launches; each result against float64."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     launched = []
@@ -637,7 +638,7 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
     monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {
         "__getitem__": lambda self, grid: (lambda *a, **k: (launched.append((k["M_PAD"], k["LOSS"], k["num_warps"])),
                                                             real[grid](*a, **k)))})())
-    for D, warps in ((20, 4), (100, 4)):
+    for D, warps in ((20, 4 if m <= 6 else 8), (100, 4 if m <= 6 else 8)):
         X = _dense(rng, 70, D, torch.float32)
         y, v, z = _operands(rng, 70, D, m, intercept=True)
         w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", backend="fused")
@@ -645,9 +646,10 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
         assert launched.pop() == (m, 0, warps)
         P = prepare_mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", check_finite=False)
         cfg = dense_mod._config(P, None)
-        assert cfg.block_n * cfg.block_d // (32 * cfg.num_warps) == 8 and cfg.prefetch == 2
+        assert cfg.block_n * cfg.block_d // (32 * cfg.num_warps) == (8 if m <= 6 else 4) and cfg.prefetch == 2
     assert launch.unrolled_wide_m(128, m, torch.float32, "softmax")
-    assert not launch.unrolled_wide_m(129, m, torch.float32, "softmax")
+    assert launch.unrolled_wide_m(256, m, torch.float32, "softmax") == (m <= 6)
+    assert not launch.unrolled_wide_m(257, m, torch.float32, "softmax")
     assert not launch.unrolled_wide_m(100, m, torch.float64, "softmax")
     assert not launch.unrolled_wide_m(100, m, torch.float32, "loss")
     assert launch.unrolled_wide_m(64, m, torch.float32, "loss") and not launch.unrolled_wide_m(64, 9, torch.float32,
@@ -663,7 +665,7 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
     W = 0.3 * torch.as_tensor(rng.standard_normal((21, m)), dtype=torch.float32)
     r = fusedml.loss_gradient(X, W, Y, loss="multinomial", intercept=True, backend="fused")
     ref = fusedml.loss_gradient(X.double(), W.double(), Y.double(), loss="multinomial", intercept=True, backend="cpu")
-    assert launched == [(m, 3, 8)]
+    assert launched == [(m, 3, 8 if m <= 6 else 4)]
     assert rel(r.grad, ref.grad) < TOL[torch.float32] and rel(r.loss, ref.loss) < 1e-5
 
 

@@ -1091,8 +1091,9 @@ def loss_launch(cfg: DenseConfig, D: int, m: int, X: torch.Tensor, acc: torch.dt
     return loss_config(cfg, acc)
 
 
-#: Widest rows (block_d) of the unrolled kernel's loss pass for m > 1 (the padded tl.dot's: 128)
-LOSS_SMALL_MAX_BD = 128
+#: Widest rows (block_d) of the unrolled kernel's loss pass for m > 1 (the padded tl.dot's: 128);
+#: H200, 2M x 256, m = 3: 1.31 ms against 1.71 for matvec + X^T V (m58_probe-*-s18-b)
+LOSS_SMALL_MAX_BD = 256
 
 
 def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> DenseConfig:
@@ -1112,10 +1113,11 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     if cfg.strategy != "onchip":
         raise NotImplementedError(f"no fused loss-gradient pass for the {cfg.strategy!r} strategy (wide rows)")
     if cfg.m_pad > 1 and cfg.block_d > (LOSS_SMALL_MAX_BD if cfg.mode == "small" else 128):
-        # m > 1 on rows wider than 128 values: the padded tl.dot's one read is slower than two
-        # reads (H200, 2M x 256, m = 3: 4.3 ms with tf32x3 and 72 ms with FMAs, against 0.96 +
-        # 0.85 for matvec + X^T V; solver_ops-*-s7-d, solver_ops_wide_unrolled-*-s8-e)
-        raise NotImplementedError("no fused loss-gradient pass for m > 1 on rows wider than 128 values")
+        # m > 1 on rows wider than 128 values (unrolled: 256): the padded tl.dot's one read is
+        # slower than two reads (H200, 2M x 256, m = 3: 4.3 ms with tf32x3 and 72 ms with FMAs,
+        # against 0.96 + 0.85 for matvec + X^T V; solver_ops-*-s7-d, solver_ops_wide_unrolled-*-s8-e)
+        raise NotImplementedError(f"no fused loss-gradient pass for m > 1 on rows of {cfg.block_d} values "
+                                  f"(the {cfg.mode!r} mode)")
     if cfg.mode == "vector" and not tuned:
         # the epilogue's Hessian-weight store is a layout conversion (two barriers) per tile: keep
         # the next tile's loads in flight across it, with half the warps for the registers (H200

@@ -190,8 +190,9 @@ SMALL_M_XTV = 8
 #: Largest m of the softmax Hessian product and of the loss pass served by the unrolled kernel
 #: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
 SMALL_M_WIDE = 8
-#: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product, the loss pass.
-SMALL_WIDE_M_D = {"softmax": 128, "loss": 64}
+#: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m = 7, 8:
+#: 128), the loss pass.
+SMALL_WIDE_M_D = {"softmax": 256, "loss": 64}
 
 
 def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
@@ -200,13 +201,22 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     ``form`` is ``"softmax"`` (the multinomial Hessian product ``X^T (h ⊙ (T - rowsum(h ⊙ T)))``)
     or ``"loss"`` (the multinomial loss-gradient pass). m is unrolled exactly (no padding columns);
     other forms and fp64 keep the padded ``tl.dot`` (fp64: 3-D elementwise). Measured on the H200
-    (``benchmarks/m3_probe.py --m 5``, ``results/m3_probe-H200-2026-12-04-s18-a``, every point
-    against float64), m = 5 with the intercept, ms at 16M x 64 / 4M x 64 / 1M x 100:
+    (``benchmarks/m3_probe.py``, ``results/m3_probe-H200-2026-12-04-s18-a`` and ``m58_probe-*-s18-b``,
+    every point against float64), with the intercept, ms at 16M x 64 / 4M x 64 / 1M x 100:
 
-    * softmax product, 4 warps x 8 values per thread, two tiles ahead: 1.59 / 0.415 / 0.230,
+    * m = 5, softmax product, 4 warps x 8 values per thread, two tiles ahead: 1.59 / 0.415 / 0.230,
       against 3.50 / 0.893 / 0.370 for the padded ``tl.dot`` (60 % of the floor at 16M x 64);
-    * loss pass, 8 warps x 4 values, two tiles ahead: 3.72 / 0.939 / 0.551 against 4.62 / 1.18 /
-      0.448: the unrolled pass wins on 64-value rows only.
+      2M x 256: 1.41 against 1.53;
+    * m = 5, loss pass, 8 warps x 4 values, two tiles ahead: 3.72 / 0.939 / 0.551 against 4.62 /
+      1.18 / 0.448: the unrolled pass wins on 64-value rows only;
+    * m = 8 (4M x 64 / 1M x 100): softmax product on 8 warps x 4 values 0.594 / 0.335 (4 x 8: 0.668 /
+      0.382, 220 registers); loss pass on 4 warps x 8 1.38 (8 x 4: 2.11, 184 registers, one program
+      per SM) / the padded ``tl.dot``'s 0.456 at 1M x 100.
+
+    m = 6 and 7 take the launch of the neighbour whose registers they are closer to (sm_90 compiles,
+    Triton 3.6 ptxas, ``benchmarks/sass_probe.py``): softmax m = 6 on 4 x 8 (167 registers: three
+    programs per SM, as m = 5), loss m = 6 on 8 x 4 (126: two per SM, as m = 5); m = 7 as m = 8.
+    The softmax product on 256-value rows only for m <= 6 (measured at m = 5).
 
     Parameters
     ----------
@@ -220,8 +230,9 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     -------
     bool
     """
-    return (SMALL_M < m <= SMALL_M_WIDE and dtype != torch.float64
-            and _pow2_ceil(D) <= SMALL_WIDE_M_D[form])
+    bd = _pow2_ceil(D)
+    return (SMALL_M < m <= SMALL_M_WIDE and dtype != torch.float64 and bd <= SMALL_WIDE_M_D[form]
+            and (form != "softmax" or m <= 6 or bd <= 128))
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
@@ -474,12 +485,14 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         weights' store, float64 loss sums) takes ~130 registers; H200, m = 3, 1M x 100 / 4M x 64 /
         16M x 64 (``m3_probe-H200-2026-12-04-s17-e``): 0.326 / 0.528 / 2.06 ms, against 0.57 / 1.37
         / 5.4 on 8 warps (``-s17-d``) and 0.47 / 0.91 / 3.54 for the padded ``tl.dot`` the pass
-        took before. m = 5..8 (:func:`unrolled_wide_m`): 4 values per thread on 8 warps.
+        took before. m = 5, 6 (:func:`unrolled_wide_m`): 4 values per thread on 8 warps; m = 7, 8:
+        8 values on 4 warps. Rows of 256 values for m <= 4 (2M x 256, m = 3: 1.31 ms against 1.71
+        for ``matvec`` + ``X^T V``; ``results/m58_probe-H200-2026-12-04-s18-b``).
     softmax : bool
-        The softmax Hessian product; m = 5..8 (:func:`unrolled_wide_m`) takes 8 values per thread
+        The softmax Hessian product; m = 5, 6 (:func:`unrolled_wide_m`) take 8 values per thread
         on 4 warps, two tiles ahead (H200, m = 5, 16M x 64: 1.59 ms against 2.35 on 8 warps x 4 and
-        2.15 on 8 warps x 8; ``results/m3_probe-H200-2026-12-04-s18-a``). m <= 4 as the other
-        ``X Y`` products.
+        2.15 on 8 warps x 8; ``results/m3_probe-H200-2026-12-04-s18-a``); m = 7, 8 4 values on
+        8 warps. m <= 4 as the other ``X Y`` products.
 
     Returns
     -------
@@ -493,10 +506,10 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     if D > SMALL_D:
         raise ValueError(f"the unrolled kernel holds whole rows of at most {SMALL_D} values, got D = {D}")
     bd = _pow2_ceil(D)
-    if loss:
-        ept, warps, prefetch = (8, 4, 2) if m_pad <= 4 else (4, 8, 2)
+    if loss:  # (see unrolled_wide_m for m = 5..8)
+        ept, warps, prefetch = (8, 4, 2) if m_pad <= 4 or m >= 7 else (4, 8, 2)
     elif softmax and m_pad > 4:
-        ept, warps, prefetch = 8, 4, 2
+        ept, warps, prefetch = (8, 4, 2) if m <= 6 else (4, 8, 2)
     elif xtv:
         ept, warps, prefetch = (16, 8, False) if m_pad <= 4 else (8, 16, False)
     elif not intercept and bd <= 128:  # one tile ahead here (2M x 128, m = 4: 0.344 ms against 0.453)
