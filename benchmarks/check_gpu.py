@@ -115,6 +115,14 @@ def check_mmchain(dev):
         V = torch.rand(3000, m, device=dev)
         record(f"dense matrix-y m={m}", rel(fusedml.mmchain(X, Y, V, backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0)), TOL[torch.float32])
         record(f"dense softmax m={m}", rel(fusedml.mmchain(X, Y, V, v_op="softmax", backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0, v_op="softmax")), 5e-5)
+    for d in (64, 100, 256):  # the softmax product with m = 5..8 (unrolled on rows of <= 128 / 256 values)
+        Xs = torch.randn(20_011, d, device=dev)
+        for m in (5, 6, 8):
+            Y, Z = torch.randn(d + 1, m, device=dev), torch.randn(d + 1, m, device=dev)
+            V = torch.rand(20_011, m, device=dev)
+            record(f"dense softmax intercept m={m} 20011x{d}",
+                   rel(fusedml.mmchain(Xs, Y, V, Z, 0.9, 0.3, intercept=True, v_op="softmax", backend="fused"),
+                       ref_mmchain(Xs.double(), Y, V, Z, 0.9, 0.3, intercept=True, v_op="softmax")), 5e-5)
     yi = torch.randn(301, device=dev)
     v = torch.rand(3000, device=dev)
     record("dense intercept", rel(fusedml.mmchain(X, yi, v, intercept=True, backend="fused"), ref_mmchain(X.double(), yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])
@@ -161,12 +169,14 @@ def check_mmchain(dev):
 
 def check_loss_gradient(dev):
     """Every loss of ``fusedml.loss_gradient`` on rows that are (D = 100, 101 with the intercept) and
-    are not (D = 64) 16-byte multiples, m = 1 and m = 3, with sample weights; deterministic repeat."""
+    are not (D = 64) 16-byte multiples, m = 1 and m = 3 (multinomial also 5, 7, 8; D = 200: the unrolled
+    pass for m <= 4, two reads for more), with sample weights; deterministic repeat."""
     from fusedml.mmchain.lossgrad import loss_terms
 
     cases = [("logistic", 1, None), ("squared_hinge", 3, None), ("multinomial", 3, None), ("poisson", 1, None),
-             ("gamma", 1, None), ("tweedie", 1, 1.5), ("squared_error", 1, None), ("multinomial", 7, None)]
-    for n, d in ((300_000, 100), (200_000, 64), (5_003, 37)):
+             ("gamma", 1, None), ("tweedie", 1, 1.5), ("squared_error", 1, None), ("multinomial", 7, None),
+             ("multinomial", 5, None), ("multinomial", 8, None)]
+    for n, d in ((300_000, 100), (200_000, 64), (5_003, 37), (100_003, 200)):
         X = torch.randn(n, d, device=dev)
         for loss, m, power in cases:
             W = 0.2 * torch.randn(d + 1, m, device=dev)
