@@ -72,13 +72,18 @@ def passes(X, w, y, h, m):
         A = X64()
         return sq(A.T @ (h.double() * (A @ w.double())) + L2 * w.double())
 
+    def ref_softmax():
+        A = X64()
+        T = A @ w.double()
+        return A.T @ (h.double() * (T - (h.double() * T).sum(1, keepdim=True))) + L2 * w.double()
+
     def ref_matvec():
         return sq(X64() @ w.double())
 
     def ref_xtv():
         return sq(X64().T @ h.double() + L2 * w.double())
 
-    return {
+    out = {
         f"loss+grad ({loss})": (lambda be, cfg: fusedml.loss_gradient(
             X, ws, ys, loss=loss, z=ws, beta=L2, intercept=True, backend=be, config=cfg).grad, ref_lossgrad),
         "hessian X^T(h*(Xs))": (lambda be, cfg: fusedml.mmchain(
@@ -87,6 +92,10 @@ def passes(X, w, y, h, m):
         "X^T v": (lambda be, cfg: fusedml.mmchain(
             X, None, v=hs, z=ws, beta=L2, intercept=True, backend=be, config=cfg), ref_xtv),
     }
+    if m > 1:  # the multinomial Hessian product (the solvers' form for m > 1)
+        out["hessian softmax"] = (lambda be, cfg: fusedml.mmchain(
+            X, w, v=h, z=w, beta=L2, intercept=True, v_op="softmax", backend=be, config=cfg), ref_softmax)
+    return out
 
 
 def sweep_points(X, m, quick, only_precision=False):

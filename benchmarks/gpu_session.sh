@@ -62,6 +62,9 @@ for p in $parts; do
       done ;;
     solver-ops-m3) run solver-ops-m3 150 python3 benchmarks/bench_solver_ops.py \
                      --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3.json" ;;
+    solver-ops-m5) run solver-ops-m5 200 python3 benchmarks/bench_solver_ops.py \
+                     --shapes 1000000x100x5 4000000x64x5 16000000x64x5 2000000x256x5 2000000x256x3 \
+                     --out "$out/solver_ops_m5.json" ;;
     solver-ops-m3-sweep) run solver-ops-m3-sweep 300 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                            --shapes 1000000x100x3 4000000x64x3 16000000x64x3 --out "$out/solver_ops_m3_sweep.json" ;;
     e2e-mult3) run e2e-mult3 200 python3 benchmarks/bench_end_to_end.py --parts dense large --classes 3 \
