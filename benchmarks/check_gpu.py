@@ -115,14 +115,17 @@ def check_mmchain(dev):
         V = torch.rand(3000, m, device=dev)
         record(f"dense matrix-y m={m}", rel(fusedml.mmchain(X, Y, V, backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0)), TOL[torch.float32])
         record(f"dense softmax m={m}", rel(fusedml.mmchain(X, Y, V, v_op="softmax", backend="fused"), ref_mmchain(X.double(), Y, V, None, 1, 0, v_op="softmax")), 5e-5)
-    for d in (64, 100, 256):  # the softmax product with m = 5..8 (unrolled on rows of <= 128 / 256 values)
+    for d in (64, 100, 256):  # m = 5..8 (unrolled as launch.unrolled_wide_m says)
         Xs = torch.randn(20_011, d, device=dev)
         for m in (5, 6, 8):
             Y, Z = torch.randn(d + 1, m, device=dev), torch.randn(d + 1, m, device=dev)
             V = torch.rand(20_011, m, device=dev)
-            record(f"dense softmax intercept m={m} 20011x{d}",
-                   rel(fusedml.mmchain(Xs, Y, V, Z, 0.9, 0.3, intercept=True, v_op="softmax", backend="fused"),
-                       ref_mmchain(Xs.double(), Y, V, Z, 0.9, 0.3, intercept=True, v_op="softmax")), 5e-5)
+            for v_op in ("softmax", "mul"):
+                record(f"dense {v_op} intercept m={m} 20011x{d}",
+                       rel(fusedml.mmchain(Xs, Y, V, Z, 0.9, 0.3, intercept=True, v_op=v_op, backend="fused"),
+                           ref_mmchain(Xs.double(), Y, V, Z, 0.9, 0.3, intercept=True, v_op=v_op)), 5e-5)
+            record(f"dense plain m={m} 20011x{d}", rel(fusedml.mmchain(Xs, Y[:d], V, backend="fused"),
+                                                       ref_mmchain(Xs.double(), Y[:d], V, None, 1, 0)), TOL[torch.float32])
     yi = torch.randn(301, device=dev)
     v = torch.rand(3000, device=dev)
     record("dense intercept", rel(fusedml.mmchain(X, yi, v, intercept=True, backend="fused"), ref_mmchain(X.double(), yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])

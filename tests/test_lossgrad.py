@@ -404,7 +404,8 @@ def test_bench_solver_ops_smoke(tmp_path):
 
     out = tmp_path / "s.json"
     rows = _bench_module("bench_solver_ops").main(["--shapes", "300x10", "200x20x3", "--out", str(out)])
-    assert len(rows) == 8 and json.loads(out.read_text())["rows"][0]["pass"] == "loss+grad (logistic)"
+    assert len(rows) == 9 and json.loads(out.read_text())["rows"][0]["pass"] == "loss+grad (logistic)"
+    assert [r["pass"] for r in rows].count("hessian softmax") == 1  # m > 1 only
     assert all(r["rel_err"] < 1e-5 and r["fused_ms"] > 0 and r["ops_ms"] > 0 for r in rows)
 
 
@@ -416,6 +417,17 @@ def test_m3_probe_smoke(tmp_path):
     assert {r["case"] for r in rows} >= {"loss new", "softmax new", "mul new", "plain new"}
     rows = _bench_module("m3_probe").main(["--m", "5", "--shapes", "30x6", "--out", str(tmp_path / "m5.json")])
     assert len(rows) == 18 and all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
+    from fusedml.mmchain import dense, launch
+
+    saved = dense.LOSS_SMALL_MAX_BD, launch.SMALL_WIDE_M_D["loss"]
+    try:  # chosen launches, the loss pass on 256-value rows against its two-read form
+        rows = _bench_module("m3_probe").main(["--m", "5", "--shapes", "20x150", "--launches", "4x8", "--forms",
+                                               "loss", "--loss-max-d", "256", "--out", str(tmp_path / "w.json")])
+    finally:
+        dense.LOSS_SMALL_MAX_BD, launch.SMALL_WIDE_M_D["loss"] = saved
+        dense._CONFIGS.clear()  # launches memoised under the probe's limits
+    assert [r["launch"] for r in rows] == ["model", "matvec + X^T V", "small 4w x 8/thread"]
+    assert all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
 
 
 def test_profile_fit_smoke(tmp_path):

@@ -180,8 +180,8 @@ def test_small_config_rules(rng):
             "small", warps, ept, pf, m_pad), (D, m, intercept, xtv, cfg)
         assert cfg.num_programs == 132 * (2048 // (32 * warps))  # an upper bound: the launcher caps it
         assert dense_mod._config(P, {"prefetch": not pf}).prefetch == (not pf)
-    with pytest.raises(ValueError, match="m <= 4"):
-        launch.small_config(launch.dense_config(10, 8, 5, torch.float32), 8, 5, torch.float32, xtv=False,
+    with pytest.raises(ValueError, match="m <= 8"):
+        launch.small_config(launch.dense_config(10, 8, 9, torch.float32), 8, 9, torch.float32, xtv=False,
                             intercept=False)
     with pytest.raises(ValueError, match="1024"):
         launch.small_config(launch.dense_config(10, 2000, 3, torch.float32), 2000, 3, torch.float32, xtv=True,
@@ -616,9 +616,9 @@ def test_dense_fused_prefetch_vector(rng, poison, N, D, bn, P, dtype):
 @pytest.mark.parametrize("m,v_op", [(5, "mul"), (16, "softmax")])
 def test_dense_fused_dot_mode(rng, poison, m, v_op):
     """m > 4: the padded ieee tl.dot path (m = 16 fills the pad exactly)."""
-    X = _dense(rng, 40, 20, torch.float32)
-    y, v, z = _operands(rng, 40, 20, m, intercept=True)
-    cfg = launch.dense_config(40, 20, m, torch.float32)
+    X = _dense(rng, 40, 70, torch.float32)
+    y, v, z = _operands(rng, 40, 70, m, intercept=True)
+    cfg = launch.dense_config(40, 70, m, torch.float32)
     assert cfg.mode == "dot"
     w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op=v_op, backend="fused")
     assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True, v_op=v_op)) < TOL[torch.float32]
@@ -627,7 +627,8 @@ def test_dense_fused_dot_mode(rng, poison, m, v_op):
 @pytest.mark.parametrize("m", [5, 8])
 def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatch, m):
     """launch.unrolled_wide_m (m3_probe-H200-2026-12-04-s18-a): the multinomial Hessian product
-    with m = 5..8 on rows of <= 128 values and the loss pass on rows of <= 64 run the unrolled
+    with m = 5..8 on rows of <= 128 values, the loss pass and the plain product (padded to 8) on
+    rows of <= 64 run the unrolled
     kernel with m exactly (softmax: 4 warps x 8 values for m <= 6, else 8 x 4, also on rows of 256
     values for m <= 6; the loss pass the other way round); wider rows, the plain product and fp64
     keep their launches; each result against float64."""
@@ -654,11 +655,15 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
     assert not launch.unrolled_wide_m(100, m, torch.float32, "loss")
     assert launch.unrolled_wide_m(64, m, torch.float32, "loss") and not launch.unrolled_wide_m(64, 9, torch.float32,
                                                                                                "loss")
-    # the plain product keeps the padded tl.dot
+    # the plain product: unrolled with m padded to 8 on rows of <= 64 values, the padded tl.dot on longer ones
+    for D, pad in ((20, 8), (100, None)):
+        X = _dense(rng, 70, D, torch.float32)
+        y, v, z = _operands(rng, 70, D, m, intercept=True)
+        w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")
+        assert launched == ([] if pad is None else [(pad, 0, 4)]), (D, launched)
+        assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True)) < TOL[torch.float32]
+        launched.clear()
     X = _dense(rng, 70, 20, torch.float32)
-    y, v, z = _operands(rng, 70, 20, m, intercept=True)
-    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")
-    assert launched == [] and rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True)) < TOL[torch.float32]
     # the loss pass: unrolled on 64-value rows
     labels = torch.as_tensor(rng.integers(0, m, 70))
     Y = torch.nn.functional.one_hot(labels, m).float()

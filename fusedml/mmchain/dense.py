@@ -1060,7 +1060,7 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         # buffer with half the warps: 0.12 / 0.49 / 0.25 ms against 0.16 / 0.64 / 0.34
         cfg = replace(cfg, prefetch=True, num_warps=max(2, cfg.num_warps // 2))
     elif (cfg.mode == "small" or (P.y is None and 2 <= P.m <= SMALL_M_XTV and P.D <= SMALL_D)
-          or (P.v_op == "softmax" and P.y is not None and unrolled_wide_m(P.D, P.m, X.dtype, "softmax"))):
+          or (P.y is not None and unrolled_wide_m(P.D, P.m, X.dtype, P.v_op))):
         # the unrolled kernel: its own tile, prefetch and grid rules (launch.small_config)
         cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=P.y is None, intercept=P.intercept, gpu=gpu_info(X.device),
                            stride_xn=X.stride(0), softmax=P.v_op == "softmax")

@@ -191,16 +191,18 @@ SMALL_M_XTV = 8
 #: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
 SMALL_M_WIDE = 8
 #: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m = 7, 8:
-#: 128), the loss pass.
-SMALL_WIDE_M_D = {"softmax": 256, "loss": 64}
+#: 128), the loss pass, the plain product ``X^T (V ⊙ [X, 1] Y)`` (m padded to 8).
+SMALL_WIDE_M_D = {"softmax": 256, "loss": 64, "mul": 64}
 
 
 def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     """Whether a product with m = 5..8 right-hand sides takes the unrolled ("small") kernel.
 
-    ``form`` is ``"softmax"`` (the multinomial Hessian product ``X^T (h ⊙ (T - rowsum(h ⊙ T)))``)
-    or ``"loss"`` (the multinomial loss-gradient pass). m is unrolled exactly (no padding columns);
-    other forms and fp64 keep the padded ``tl.dot`` (fp64: 3-D elementwise). Measured on the H200
+    ``form`` is ``"softmax"`` (the multinomial Hessian product ``X^T (h ⊙ (T - rowsum(h ⊙ T)))``),
+    ``"loss"`` (the multinomial loss-gradient pass), both with m unrolled exactly, or ``"mul"``
+    (the plain product ``X^T (V ⊙ [X, 1] Y)``, m padded to 8: its exact compile issues the
+    prefetch's loads late in the loop, as at m = 3). Elsewhere, and for fp64, the padded ``tl.dot``
+    (fp64: 3-D elementwise). Measured on the H200
     (``benchmarks/m3_probe.py``, ``results/m3_probe-H200-2026-12-04-s18-a`` and ``m58_probe-*-s18-b``,
     every point against float64), with the intercept, ms at 16M x 64 / 4M x 64 / 1M x 100:
 
@@ -209,6 +211,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
       2M x 256: 1.41 against 1.53;
     * m = 5, loss pass, 8 warps x 4 values, two tiles ahead: 3.72 / 0.939 / 0.551 against 4.62 /
       1.18 / 0.448: the unrolled pass wins on 64-value rows only;
+    * m = 5, plain product with V, padded to 8, 4 warps x 8 values: 2.53 / 0.648 / 0.356 against
+      3.58 / 0.909 / 0.364 (on 100-value rows no gain: only rows of <= 64 values take it);
     * m = 8 (4M x 64 / 1M x 100): softmax product on 8 warps x 4 values 0.594 / 0.335 (4 x 8: 0.668 /
       0.382, 220 registers); loss pass on 4 warps x 8 1.38 (8 x 4: 2.11, 184 registers, one program
       per SM) / the padded ``tl.dot``'s 0.456 at 1M x 100.
@@ -224,7 +228,7 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
         Columns of X and right-hand sides.
     dtype : torch.dtype
         Storage dtype of X.
-    form : {"softmax", "loss"}
+    form : {"softmax", "loss", "mul"}
 
     Returns
     -------
@@ -468,7 +472,7 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     D : int
         Columns of X (at most ``SMALL_D``: a whole row is one tile).
     m : int
-        Right-hand sides (2..4; 5..8 with ``xtv``, ``loss`` or ``softmax``).
+        Right-hand sides (2..8; m = 5..8 as :func:`unrolled_wide_m` says, ``X^T V`` on any row).
     dtype : torch.dtype
         Storage dtype of X.
     xtv : bool
@@ -492,7 +496,9 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         The softmax Hessian product; m = 5, 6 (:func:`unrolled_wide_m`) take 8 values per thread
         on 4 warps, two tiles ahead (H200, m = 5, 16M x 64: 1.59 ms against 2.35 on 8 warps x 4 and
         2.15 on 8 warps x 8; ``results/m3_probe-H200-2026-12-04-s18-a``); m = 7, 8 4 values on
-        8 warps. m <= 4 as the other ``X Y`` products.
+        8 warps. m <= 4 as the other ``X Y`` products. The plain product with m = 5..8 runs m
+        padded to 8 on 4 warps x 8 values (16M x 64, m = 5: 2.53 ms against 2.65-3.35 for the other
+        tiles and 3.58 for the padded ``tl.dot``).
 
     Returns
     -------
@@ -500,16 +506,15 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     """
     gpu = gpu or gpu_info()
     m_pad = _pow2_ceil(max(2, m))
-    if m_pad > (SMALL_M_XTV if xtv else SMALL_M_WIDE if loss or softmax else SMALL_M):
-        raise ValueError(f"the unrolled kernel serves m <= {SMALL_M} (X^T V, the softmax product and the loss "
-                         f"pass: <= {SMALL_M_XTV}), got m = {m}")
+    if m_pad > (SMALL_M_XTV if xtv else SMALL_M_WIDE):
+        raise ValueError(f"the unrolled kernel serves m <= {SMALL_M_WIDE}, got m = {m}")
     if D > SMALL_D:
         raise ValueError(f"the unrolled kernel holds whole rows of at most {SMALL_D} values, got D = {D}")
     bd = _pow2_ceil(D)
     if loss:  # (see unrolled_wide_m for m = 5..8)
         ept, warps, prefetch = (8, 4, 2) if m_pad <= 4 or m >= 7 else (4, 8, 2)
-    elif softmax and m_pad > 4:
-        ept, warps, prefetch = (8, 4, 2) if m <= 6 else (4, 8, 2)
+    elif m_pad > 4 and not xtv:  # m = 5..8 (unrolled_wide_m); the plain product is padded to 8
+        ept, warps, prefetch = (4, 8, 2) if softmax and m >= 7 else (8, 4, 2)
     elif xtv:
         ept, warps, prefetch = (16, 8, False) if m_pad <= 4 else (8, 16, False)
     elif not intercept and bd <= 128:  # one tile ahead here (2M x 128, m = 4: 0.344 ms against 0.453)
