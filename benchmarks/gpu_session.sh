@@ -85,6 +85,17 @@ for p in $parts; do
                   --forms softmax loss --out "$out/m6_probe.json"
                 run m8-wide 200 python3 benchmarks/m3_probe.py --m 8 --shapes 2000000x256 --launches 4x8 8x4 \
                   --forms softmax --out "$out/m8_wide_probe.json" ;;
+    chunk-probe)  # column-chunked tiles of the unrolled kernel (session 18)
+      run chunk-plain 120 python3 benchmarks/m3_probe.py --shapes 2000000x128x4p \
+        --launches 8x8c64p1 8x8c64p2 16x8c64p1 8x16c32p1 4x16c32p1 --out "$out/chunk_plain.json"
+      run chunk-m3-64 200 python3 benchmarks/m3_probe.py --m 3 --shapes 16000000x64 4000000x64 --forms softmax loss \
+        --launches 8x8c32 4x8c32 8x8c16 4x16c16 8x16c32 --out "$out/chunk_m3_64.json"
+      run chunk-m3-100 120 python3 benchmarks/m3_probe.py --m 3 --shapes 1000000x100 --forms softmax loss \
+        --launches 8x8c64 4x8c64 8x16c32 4x16c32 --out "$out/chunk_m3_100.json"
+      run chunk-m5-64 200 python3 benchmarks/m3_probe.py --m 5 --shapes 16000000x64 4000000x64 --forms softmax loss \
+        --launches 4x8c32 8x8c32 4x16c16 --out "$out/chunk_m5_64.json"
+      run chunk-m5-100 120 python3 benchmarks/m3_probe.py --m 5 --shapes 1000000x100 --forms softmax loss \
+        --launches 4x8c64 8x8c64 4x16c32 --out "$out/chunk_m5_100.json" ;;
     profile-mult) run profile-mult 150 python3 benchmarks/profile_fit.py --shape 16000000x64 --shape 1000000x100 \
                     --algo multinomial --out "$out/profile_fit_mult.json" ;;
     e2e-mult) run e2e-mult 200 python3 benchmarks/bench_end_to_end.py --parts dense large \

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import time
 
@@ -27,7 +28,17 @@ from fusedml.mmchain._checks import prepare_mmchain  # noqa: E402
 from _common import H200_BANDWIDTH, bench_ms, device, markdown_table, write_json  # noqa: E402
 
 
-def plain_cases(spec, dev, old):
+def parse_launch(spec, bd, m_pad, pf=2):
+    """``"WxE[cCH][pP]"`` (warps x values per thread, column chunk, prefetch depth) -> (name, config)."""
+    w, e, ch, p = re.fullmatch(r"(\d+)x(\d+)(?:c(\d+))?(?:p(\d+))?", spec).groups()
+    w, e, p = int(w), int(e), pf if p is None else int(p)
+    cfg = {"mode": "small", "m_pad": m_pad, "num_warps": w, "prefetch": p, "block_n": max(1, e * 32 * w // bd)}
+    if ch:
+        cfg["chunk"] = int(ch)
+    return f"small {w}w x {e}/thread" + (f", chunk {ch}" if ch else "") + f", {p} ahead", cfg
+
+
+def plain_cases(spec, dev, old, launches=None):
     N, D, m = (int(s) for s in spec[:-1].split("x"))
     g = torch.Generator(device=dev).manual_seed(N + D + m)
     X = torch.randn(N, D, generator=g, device=dev)
@@ -41,6 +52,9 @@ def plain_cases(spec, dev, old):
     cases += [("plain new", "model", new, None), ("plain new", "prefetch 1", new, {"prefetch": 1}),
               ("plain new", "8w x 8/thread, prefetch 1", new, {"num_warps": 8, "block_n": base.block_n, "prefetch": 1}),
               ("plain new", "8w x 8/thread, prefetch 2", new, {"num_warps": 8, "block_n": base.block_n, "prefetch": 2})]
+    if launches:  # the model against the chosen launches (one tile ahead unless given)
+        cases = [("plain new", "model", new, None)] + [
+            ("plain new", name, new, cfg) for name, cfg in (parse_launch(x, base.block_d, 4, 1) for x in launches)]
     rows = []
     for name, cfg_name, mod, cfg in cases:
         def fn():
@@ -59,9 +73,10 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=None)
     ap.add_argument("--m", type=int, default=3, help="right-hand sides (classes); m > 4: the padded tl.dot "
                     "against the unrolled kernel forced")
-    ap.add_argument("--launches", nargs="+", default=None, metavar="WxE",
-                    help="unrolled launches (warps x values per thread, e.g. 4x8) timed against the model "
-                    "for --forms; default for m > 4: 8x4 4x4 4x8 8x8 16x4")
+    ap.add_argument("--launches", nargs="+", default=None, metavar="WxE[cCH][pP]",
+                    help="unrolled launches (warps x values per thread, column chunk, prefetch depth; e.g. "
+                    "4x8c32p2) timed against the model for --forms (and the NxDxMp plain shapes); default "
+                    "for m > 4: 8x4 4x4 4x8 8x8 16x4")
     ap.add_argument("--forms", nargs="+", default=["mul", "softmax", "loss"], choices=["mul", "softmax", "loss"])
     ap.add_argument("--loss-max-d", type=int, default=None,
                     help="let the unrolled loss pass take rows up to this many values (block_d)")
@@ -82,7 +97,7 @@ def main(argv=None):
     rows, t0 = [], time.time()
     for spec in shapes:
         if spec.endswith("p"):  # NxDxMp: the plain product X^T (v ⊙ X Y), no intercept (bench_mmchain's m = 4 case)
-            rows += plain_cases(spec, dev, old)
+            rows += plain_cases(spec, dev, old, args.launches)
             continue
         N, D = (int(s) for s in spec.split("x"))
         m = args.m
@@ -100,11 +115,8 @@ def main(argv=None):
         cases = []
         if m > 4 or args.launches:  # the model against the unrolled kernel on request
             bd = 1 << (D - 1).bit_length()
-            launches = [tuple(int(a) for a in s.split("x")) for s in args.launches or ("8x4", "4x4", "4x8", "8x8",
-                                                                                      "16x4")]
-            unrolled = [(f"small {w}w x {e}/thread", {"mode": "small", "m_pad": 8 if m > 4 else 4, "num_warps": w,
-                                                       "prefetch": 2, "block_n": max(1, e * 32 * w // bd)})
-                        for w, e in launches]
+            unrolled = [parse_launch(x, bd, 8 if m > 4 else 4)
+                        for x in args.launches or ("8x4", "4x4", "4x8", "8x8", "16x4")]
             for form in args.forms:
                 P = None if form == "loss" else prepare_mmchain(X, S, h, S, 1.0, 0.5, intercept=True, v_op=form,
                                                                 check_finite=False)

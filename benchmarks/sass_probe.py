@@ -58,6 +58,22 @@ VARIANTS = {
     "loss m6 D64 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=6, BLOCK_N=16, PREFETCH=2), 4),
     "softmax m6 D64 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=6, BLOCK_N=16, PREFETCH=2), 4),
     "softmax m8 D256 8w x 4, 2 ahead": (dict(SOFTMAX=True, M_PAD=8, BLOCK_D=256, BLOCK_N=4, PREFETCH=2), 8),
+    # column chunks (CHUNK < BLOCK_D: a thread holds BLOCK_D / CHUNK pieces of its row)
+    "plain m4 D128 ch64 8w x 8, 1 ahead": (dict(INTERCEPT=False, M_PAD=4, BLOCK_D=128, BLOCK_N=16, PREFETCH=1,
+                                                CHUNK=64), 8),
+    "plain m4 D128 ch64 16w x 8, 1 ahead": (dict(INTERCEPT=False, M_PAD=4, BLOCK_D=128, BLOCK_N=32, PREFETCH=1,
+                                                 CHUNK=64), 16),
+    "plain m4 D128 ch32 4w x 16, 1 ahead": (dict(INTERCEPT=False, M_PAD=4, BLOCK_D=128, BLOCK_N=16, PREFETCH=1,
+                                                 CHUNK=32), 4),
+    "plain m4 D128 ch32 8w x 16, 1 ahead": (dict(INTERCEPT=False, M_PAD=4, BLOCK_D=128, BLOCK_N=32, PREFETCH=1,
+                                                 CHUNK=32), 8),
+    "softmax m3 D64 ch32 8w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=3, BLOCK_N=32, PREFETCH=2, CHUNK=32), 8),
+    "softmax m3 D64 ch16 8w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=3, BLOCK_N=32, PREFETCH=2, CHUNK=16), 8),
+    "loss m3 D64 ch32 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=3, BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
+    "loss m3 D64 ch16 4w x 8, 2 ahead": (dict(LOSS=3, M_PAD=3, BLOCK_N=16, PREFETCH=2, CHUNK=16), 4),
+    "softmax m5 D64 ch32 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
+    "loss m5 D64 ch32 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=32), 8),
+    "loss m5 D64 ch16 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=16), 8),
 }
 
 
@@ -74,6 +90,7 @@ def compile_variant(over, warps):
                   DETERMINISTIC=False, EVEN_D=True, VEC=4, MODE=3, ACC=tl.float32, BLOCK_D=64, LOSS=0,
                   HAS_C=False, STORE_ETA=False)
     consts.update(over)
+    consts.setdefault("CHUNK", consts["BLOCK_D"])  # one column chunk: the 2-D tile
     ints = {"N", "D", "M", "n_tiles", "stride_xn", "stride_yd", "stride_vn"}
     sig, attrs = {}, {}
     for i, a in enumerate(fn.arg_names):

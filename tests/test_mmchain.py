@@ -588,6 +588,44 @@ def test_dense_fused_small_m(rng, poison, case):
     assert rel(wx, refx) < TOL[dtype]
 
 
+@pytest.mark.parametrize("N,D,m,chunk,bn,dtype,layout,v_op,prefetch", [
+    (61, 64, 3, 32, 16, torch.float32, "row", "softmax", 2), (45, 100, 4, 32, 8, torch.float32, "row", "mul", 1),
+    (33, 40, 5, 16, 4, torch.float32, "strided", "softmax", 0), (50, 128, 2, 64, 8, torch.float16, "row", "mul", 2),
+    (29, 24, 8, 8, 4, torch.float64, "row", "mul", 1)])
+def test_dense_small_column_chunks(rng, poison, N, D, m, chunk, bn, dtype, layout, v_op, prefetch):
+    """``chunk``: the unrolled kernel's tile as [block_n, block_d / chunk, chunk] (a thread holds
+    pieces of its row from every chunk): the same product, X^T V and loss pass as float64, with and
+    without the intercept, deterministic bit-repeatable; a bad chunk is a clear error."""
+    X = _dense(rng, N, D, dtype, layout)
+    bd = 1 << (D - 1).bit_length()
+    cfg = {"mode": "small", "m_pad": 2 if m <= 2 else (4 if m <= 4 else 8), "block_n": bn, "num_programs": 3,
+           "prefetch": prefetch, "chunk": chunk, "block_d": bd, "strategy": "onchip"}
+    X64 = X.double() if dtype != torch.float64 else X
+    for intercept in (False, True):
+        y, v, z = _operands(rng, N, D, m, intercept=intercept)
+        ref = mmchain_reference(X64, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op)
+        w = fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused", config=cfg)
+        assert rel(w, ref) < TOL[dtype], intercept
+        wd = fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused", config=cfg,
+                             deterministic=True)
+        assert rel(wd, ref) < TOL[dtype] and torch.equal(wd, fusedml.mmchain(
+            X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused", config=cfg, deterministic=True))
+        wx = fusedml.mmchain(X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg)
+        assert rel(wx, mmchain_reference(X64, None, v, z, 1.5, 0.5, intercept=intercept)) < TOL[dtype]
+    if dtype == torch.float32:  # the loss pass's epilogue on the chunked tile
+        Y = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, m, N)), m).float()
+        W = 0.3 * torch.as_tensor(rng.standard_normal((D + 1, m)), dtype=torch.float32)
+        r = fusedml.loss_gradient(X, W, Y, loss="multinomial", intercept=True, backend="fused", config=cfg)
+        ref = fusedml.loss_gradient(X64, W.double(), Y.double(), loss="multinomial", intercept=True, backend="cpu")
+        assert rel(r.grad, ref.grad) < TOL[dtype] and rel(r.loss, ref.loss) < 1e-5 and rel(r.hess, ref.hess) < 1e-5
+    y, v, _ = _operands(rng, N, D, m)
+    for bad in (bd * 2, 3, 2):
+        with pytest.raises(ValueError, match="chunk"):
+            fusedml.mmchain(X, y, v, backend="fused", config=dict(cfg, chunk=bad))
+    with pytest.raises(ValueError, match="chunk"):  # the vector kernel (m = 1) has no chunks
+        fusedml.mmchain(X, y[:, 0], None, backend="fused", config={"chunk": 32})
+
+
 def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
     """The model's pick for m = 4 on short rows runs the small kernel (and no other)."""
     launched = []

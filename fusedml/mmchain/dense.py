@@ -86,6 +86,52 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
 
 
 @triton.jit
+def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
+             VEC: tl.constexpr):
+    # rows [BN] int64, cols [NCH, CH] -> tile [BN, NCH, CH] in the accumulation dtype (zeros outside X)
+    if VEC > 1:  # as _load_x_raw: row starts and D multiples of VEC, written so
+        stride_xn = (stride_xn // VEC) * VEC
+        D = (D // VEC) * VEC
+    ptrs = X + rows[:, None, None] * stride_xn + cols[None, :, :].to(tl.int64) * stride_xd
+    if EVEN_D:
+        mask = rows[:, None, None] < N
+    else:
+        mask = (rows[:, None, None] < N) & (cols[None, :, :] < D)
+    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def _small_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
+             VEC: tl.constexpr, NCH: tl.constexpr):
+    # the unrolled kernel's tile: [BN, BD] (one chunk, cols [BD]) or [BN, NCH, CH] (cols [NCH, CH])
+    if NCH == 1:
+        x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+    else:
+        x = _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+    return x
+
+
+@triton.jit
+def _small_zeros(BLOCK_N: tl.constexpr, NCH: tl.constexpr, CHUNK: tl.constexpr, ACC: tl.constexpr):
+    # an accumulator shaped as the tile
+    if NCH == 1:
+        z = tl.zeros([BLOCK_N, CHUNK], dtype=ACC)
+    else:
+        z = tl.zeros([BLOCK_N, NCH, CHUNK], dtype=ACC)
+    return z
+
+
+@triton.jit
+def _small_acc(acc, x, p, NCH: tl.constexpr):
+    # acc += x * p (p [BN], one value per row)
+    if NCH == 1:
+        acc += x * p[:, None]
+    else:
+        acc += x * p[:, None, None]
+    return acc
+
+
+@triton.jit
 def _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC: tl.constexpr):
     # y^T chunk [M_PAD, BD] (zeros in the padding)
     mask = (jm[:, None] < M) & (cols[None, :] < D)
@@ -327,7 +373,8 @@ def _mmchain_onchip_kernel(
 @triton.jit
 def _small_y(Y, cols, j: tl.constexpr, D, M, stride_yd, stride_ym, XTY: tl.constexpr, INTERCEPT: tl.constexpr,
              ACC: tl.constexpr):
-    # column j of y [BD] and its intercept entry, loaded once per program (zeros when XTY or j >= M)
+    # column j of y ([BD] or [NCH, CH]) and its intercept entry, loaded once per program (zeros when
+    # XTY or j >= M)
     # (masks on j are built as vectors: the interpreter rejects scalar constexpr-vs-int masks)
     yj = cols * 0.0
     yi = 0.0
@@ -342,12 +389,16 @@ def _small_y(Y, cols, j: tl.constexpr, D, M, stride_yd, stride_ym, XTY: tl.const
 @triton.jit
 def _small_col(x, yj, yi, V, rows, j: tl.constexpr, N, M, stride_vn, stride_vm,
                HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M
+               BLOCK_N: tl.constexpr, NCH: tl.constexpr):
+    # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M.
+    # x [BN, NCH, CH]: the chunks first (within a thread), then across the CH / 4 threads of a row
     if XTY:
         t = tl.zeros([BLOCK_N], dtype=ACC)
     else:
-        t = tl.sum(x * yj[None, :], axis=1)
+        if NCH == 1:
+            t = tl.sum(x * yj[None, :], axis=1)
+        else:
+            t = tl.sum(tl.sum(x * yj[None, :, :], axis=1), axis=1)
         if INTERCEPT:
             t += yi
     if HAS_V:
@@ -419,7 +470,7 @@ def _small_store(PTR, rows, N, M, a0, a1, a2, a3, a4, a5, a6, a7, BLOCK_N: tl.co
 @triton.jit
 def _small_out(acc, psum, alpha, W, PART, pid, cols, j: tl.constexpr, D, M,
                INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
-    # column j of the program's alpha X^T p (acc [BN, BD] summed over rows) -> partials row or atomics
+    # column j of the program's alpha X^T p (acc summed over rows) -> partials row or atomics
     a = tl.sum(acc, axis=0) * alpha
     psum = psum * alpha
     offs = cols.to(tl.int64) * M + j
@@ -471,97 +522,101 @@ def _mmchain_small_kernel(
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
-    LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr,
+    LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr, CHUNK: tl.constexpr,
 ):
     # "small" mode: the onchip kernel with the M_PAD (2..8) right-hand sides unrolled, so
-    # every tensor is 2-D [BLOCK_N, BLOCK_D] in X's load layout (no 3-D broadcast, no padded tl.dot):
-    # 2 m FMAs per element of X plus one row reduction per right-hand side (none for X^T V); y's
-    # columns are loaded once per program. LOSS > 0: the loss-gradient pass, the row's softmax
-    # (multinomial) or each column's loss in registers, c loss summed in float64.
+    # every tensor is a [BLOCK_N, NCH, CHUNK] tile in X's load layout (NCH = BLOCK_D / CHUNK column
+    # chunks, held within a thread; no padded tl.dot): 2 m FMAs per element of X plus one row
+    # reduction per right-hand side (none for X^T V); y's columns are loaded once per program.
+    # LOSS > 0: the loss-gradient pass, the row's softmax (multinomial) or each column's loss in
+    # registers, c loss summed in float64.
     tl.static_assert(M_PAD >= 2 and M_PAD <= 8, "M_PAD: 2..8")
+    NCH: tl.constexpr = BLOCK_D // CHUNK
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, CHUNK), CHUNK), CHUNK)
+    if NCH > 1:  # [NCH, CHUNK]: the chunk is dim 1 of the tile (Triton orders it after the rows: within a thread)
+        cols = tl.arange(0, NCH)[:, None] * CHUNK + cols[None, :]
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
     y0, yi0 = _small_y(Y, cols, 0, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
     y1, yi1 = _small_y(Y, cols, 1, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    acc0 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
+    acc1 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
     ps0 = tl.zeros([BLOCK_N], dtype=ACC)
     ps1 = tl.zeros([BLOCK_N], dtype=ACC)
     ls0 = tl.zeros([BLOCK_N], dtype=tl.float64)  # LOSS: sum of c loss per row slot and column
     ls1 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 2:
         y2, yi2 = _small_y(Y, cols, 2, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc2 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps2 = tl.zeros([BLOCK_N], dtype=ACC)
         ls2 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 3:
         y3, yi3 = _small_y(Y, cols, 3, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc3 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps3 = tl.zeros([BLOCK_N], dtype=ACC)
         ls3 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 4:
         y4, yi4 = _small_y(Y, cols, 4, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc4 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc4 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps4 = tl.zeros([BLOCK_N], dtype=ACC)
         ls4 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 5:
         y5, yi5 = _small_y(Y, cols, 5, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc5 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps5 = tl.zeros([BLOCK_N], dtype=ACC)
         ls5 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 6:
         y6, yi6 = _small_y(Y, cols, 6, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc6 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps6 = tl.zeros([BLOCK_N], dtype=ACC)
         ls6 = tl.zeros([BLOCK_N], dtype=tl.float64)
     if M_PAD > 7:
         y7, yi7 = _small_y(Y, cols, 7, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
-        acc7 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        acc7 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
         ps7 = tl.zeros([BLOCK_N], dtype=ACC)
         ls7 = tl.zeros([BLOCK_N], dtype=tl.float64)
     rows = tl.arange(0, BLOCK_N).to(tl.int64) + pid * BLOCK_N
     if PREFETCH > 0:  # register prefetch, PREFETCH tiles ahead
-        x_nxt = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        x_nxt = _small_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
     if PREFETCH > 1:
-        x_nx2 = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+        x_nx2 = _small_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
     for tile in range(pid, n_tiles, nprog):
         if PREFETCH > 1:
             x = x_nxt
             x_nxt = x_nx2
-            x_nx2 = _load_x(X, rows + 2 * nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+            x_nx2 = _small_x(X, rows + 2 * nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
         elif PREFETCH > 0:
             x = x_nxt
-            x_nxt = _load_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+            x_nxt = _small_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
         else:
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
-        t0, v0 = _small_col(x, y0, yi0, V, rows, 0, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
-        t1, v1 = _small_col(x, y1, yi1, V, rows, 1, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N)
+            x = _small_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
+        t0, v0 = _small_col(x, y0, yi0, V, rows, 0, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N, NCH)
+        t1, v1 = _small_col(x, y1, yi1, V, rows, 1, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N, NCH)
         s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
         if M_PAD > 2:
             t2, v2 = _small_col(x, y2, yi2, V, rows, 2, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v2 * t2
         if M_PAD > 3:
             t3, v3 = _small_col(x, y3, yi3, V, rows, 3, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v3 * t3
         if M_PAD > 4:
             t4, v4 = _small_col(x, y4, yi4, V, rows, 4, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v4 * t4
         if M_PAD > 5:
             t5, v5 = _small_col(x, y5, yi5, V, rows, 5, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v5 * t5
         if M_PAD > 6:
             t6, v6 = _small_col(x, y6, yi6, V, rows, 6, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v6 * t6
         if M_PAD > 7:
             t7, v7 = _small_col(x, y7, yi7, V, rows, 7, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
-                                BLOCK_N)
+                                BLOCK_N, NCH)
             s += v7 * t7
         # the loss pass's per-row terms (placeholders t0 where a loss does not use them)
         e0, e1, e2, e3, lse, rse, cc = t0, t0, t0, t0, t0, t0, t0
@@ -611,8 +666,8 @@ def _mmchain_small_kernel(
                     rse = libdevice.fast_dividef(1.0, se)
         p0, l0, h0 = _small_pv(t0, v0, s, e0, lse, rse, cc, rows, 0, N, M, power, XTY, HAS_V, SOFTMAX, LOSS, HAS_C)
         p1, l1, h1 = _small_pv(t1, v1, s, e1, lse, rse, cc, rows, 1, N, M, power, XTY, HAS_V, SOFTMAX, LOSS, HAS_C)
-        acc0 += x * p0[:, None]
-        acc1 += x * p1[:, None]
+        acc0 = _small_acc(acc0, x, p0, NCH)
+        acc1 = _small_acc(acc1, x, p1, NCH)
         if INTERCEPT:
             ps0 += p0
             ps1 += p1
@@ -624,7 +679,7 @@ def _mmchain_small_kernel(
         if M_PAD > 2:
             p2, l2, h2 = _small_pv(t2, v2, s, e2, lse, rse, cc, rows, 2, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc2 += x * p2[:, None]
+            acc2 = _small_acc(acc2, x, p2, NCH)
             tt2 = t2
             if INTERCEPT:
                 ps2 += p2
@@ -633,7 +688,7 @@ def _mmchain_small_kernel(
         if M_PAD > 3:
             p3, l3, h3 = _small_pv(t3, v3, s, e3, lse, rse, cc, rows, 3, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc3 += x * p3[:, None]
+            acc3 = _small_acc(acc3, x, p3, NCH)
             tt3 = t3
             if INTERCEPT:
                 ps3 += p3
@@ -642,7 +697,7 @@ def _mmchain_small_kernel(
         if M_PAD > 4:
             p4, l4, h4 = _small_pv(t4, v4, s, e4, lse, rse, cc, rows, 4, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc4 += x * p4[:, None]
+            acc4 = _small_acc(acc4, x, p4, NCH)
             tt4 = t4
             if INTERCEPT:
                 ps4 += p4
@@ -651,7 +706,7 @@ def _mmchain_small_kernel(
         if M_PAD > 5:
             p5, l5, h5 = _small_pv(t5, v5, s, e5, lse, rse, cc, rows, 5, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc5 += x * p5[:, None]
+            acc5 = _small_acc(acc5, x, p5, NCH)
             tt5 = t5
             if INTERCEPT:
                 ps5 += p5
@@ -660,7 +715,7 @@ def _mmchain_small_kernel(
         if M_PAD > 6:
             p6, l6, h6 = _small_pv(t6, v6, s, e6, lse, rse, cc, rows, 6, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc6 += x * p6[:, None]
+            acc6 = _small_acc(acc6, x, p6, NCH)
             tt6 = t6
             if INTERCEPT:
                 ps6 += p6
@@ -669,7 +724,7 @@ def _mmchain_small_kernel(
         if M_PAD > 7:
             p7, l7, h7 = _small_pv(t7, v7, s, e7, lse, rse, cc, rows, 7, N, M, power, XTY, HAS_V, SOFTMAX, LOSS,
                                    HAS_C)
-            acc7 += x * p7[:, None]
+            acc7 = _small_acc(acc7, x, p7, NCH)
             tt7 = t7
             if INTERCEPT:
                 ps7 += p7
@@ -1077,6 +1132,10 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
     if cfg.mode == "small" and not (cfg.m_pad in (2, 4, 8) and P.m <= cfg.m_pad):
         raise ValueError(f"mode='small' needs m <= m_pad in (2, 4, 8); got m={P.m}, m_pad={cfg.m_pad}")
+    if cfg.chunk is not None and not (cfg.mode == "small" and 4 <= cfg.chunk <= cfg.block_d
+                                      and cfg.chunk & (cfg.chunk - 1) == 0):
+        raise ValueError(f"chunk must be a power of two in [4, block_d = {cfg.block_d}] with mode='small', "
+                         f"got {cfg.chunk} (mode {cfg.mode!r})")
     return cfg
 
 
@@ -1271,6 +1330,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             # the unrolled kernel prefetches 1 or 2 tiles ahead, the onchip kernel 1
             extra = {"PREFETCH": int(cfg.prefetch) if kernel is _mmchain_small_kernel else bool(cfg.prefetch),
                      "LOSS": code, "HAS_C": c is not None, "STORE_ETA": eta is not None}
+            if kernel is _mmchain_small_kernel:
+                extra["CHUNK"] = cfg.chunk or cfg.block_d
         lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
         # the onchip and small kernels' loss operands, then power after the scalars
         mid = (w if c is None else c, w if eta is None else eta, lpart, hw)

@@ -120,6 +120,11 @@ class DenseConfig:
     two_pass : bool
         "coop" only: always use the two-launch form (partial dot products, then combine and
         accumulate: X read twice) instead of the single cooperative launch.
+    chunk : int, optional
+        "small" only: the row tile is held as ``[block_n, block_d / chunk, chunk]``, a thread's
+        values of a row spread over the ``block_d / chunk`` column chunks (a row's dot products
+        then reduce across ``chunk / 4`` threads instead of ``block_d / 4``: fewer shuffles per
+        element). None: ``block_d`` (one chunk: the 2-D tile).
     max_registers : int, optional
         "onchip" / "small": ptxas's register limit (Triton's ``maxnreg``); None: ptxas's choice
         (session 17's m = 3 passes: 128 changed nothing, 80 was slower; ``m3_probe-*-s17-f``).
@@ -144,6 +149,7 @@ class DenseConfig:
     two_pass: bool = False
     dot_precision: str = "tf32x3"
     max_registers: int | None = None
+    chunk: int | None = None
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
