@@ -74,6 +74,21 @@ VARIANTS = {
     "softmax m5 D64 ch32 4w x 8, 2 ahead": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
     "loss m5 D64 ch32 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=32), 8),
     "loss m5 D64 ch16 8w x 4, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=16), 8),
+    # the model's chunked launches (session 18, chunk_probe-*-s18-e)
+    "softmax m3 D64 ch16 4w x 16, 2 ahead (model)": (dict(SOFTMAX=True, M_PAD=3, BLOCK_N=32, PREFETCH=2,
+                                                         CHUNK=16), 4),
+    "loss m3 D64 ch32 4w x 8, 2 ahead (model)": (dict(LOSS=3, M_PAD=3, BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
+    "loss m3 D128 ch32 4w x 16, 2 ahead (model)": (dict(LOSS=3, M_PAD=3, BLOCK_D=128, EVEN_D=False, BLOCK_N=16,
+                                                       PREFETCH=2, CHUNK=32), 4),
+    "softmax m5 D64 ch16 4w x 16, 2 ahead (model)": (dict(SOFTMAX=True, M_PAD=5, BLOCK_N=32, PREFETCH=2,
+                                                         CHUNK=16), 4),
+    "softmax m5 D128 ch32 4w x 16, 2 ahead (model)": (dict(SOFTMAX=True, M_PAD=5, BLOCK_D=128, EVEN_D=False,
+                                                          BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
+    "loss m5 D64 ch32 4w x 8, 2 ahead (model)": (dict(LOSS=3, M_PAD=5, BLOCK_N=16, PREFETCH=2, CHUNK=32), 4),
+    "loss m5 D128 ch32 4w x 16, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=16,
+                                                PREFETCH=2, CHUNK=32), 4),
+    "loss m5 D128 ch64 8w x 8, 2 ahead": (dict(LOSS=3, M_PAD=5, BLOCK_D=128, EVEN_D=False, BLOCK_N=16,
+                                               PREFETCH=2, CHUNK=64), 8),
 }
 
 

@@ -158,14 +158,16 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
 
 def test_small_config_rules(rng):
     """launch.small_config (grid_probe-H200-2026-12-03-s12-b): X Y products prefetch (two tiles
-    ahead; one for the plain product on rows of <= 128 values, 4 elements per thread on 16 warps),
+    ahead; one for the plain product on rows of <= 128 values, 4 elements per thread on 16 warps;
+    fp32 m = 4 there: 8 on 8 warps in chunks of 64),
     else 8 on 8 warps; X^T V
     without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half, 2-byte storage at least 8;
     overrides still win."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     cases = [  # D, m, intercept, xtv, dtype -> warps, elements per thread, prefetch, m_pad
-        (100, 4, False, False, torch.float32, 16, 4, 1, 4), (100, 3, True, False, torch.float32, 8, 8, 2, 4),
+        (100, 4, False, False, torch.float32, 8, 8, 1, 4), (100, 3, True, False, torch.float32, 8, 8, 2, 4),
+        (100, 4, False, False, torch.float64, 16, 2, 1, 4),
         (256, 4, False, False, torch.float32, 8, 8, 2, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
         (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, 1, 2),
         (600, 8, False, True, torch.float64, 16, 4, False, 8), (128, 4, False, False, torch.bfloat16, 16, 8, 1, 4)]
@@ -179,6 +181,8 @@ def test_small_config_rules(rng):
         assert (cfg.mode, cfg.num_warps, cfg.block_n * bd // (32 * warps), cfg.prefetch, cfg.m_pad) == (
             "small", warps, ept, pf, m_pad), (D, m, intercept, xtv, cfg)
         assert cfg.num_programs == 132 * (2048 // (32 * warps))  # an upper bound: the launcher caps it
+        # column chunks (chunk_probe-*-s18-e): fp32, m = 4 without the intercept on 128-value rows
+        assert cfg.chunk == (64 if (D, m, intercept, dtype) == (100, 4, False, torch.float32) else None)
         assert dense_mod._config(P, {"prefetch": not pf}).prefetch == (not pf)
     with pytest.raises(ValueError, match="m <= 8"):
         launch.small_config(launch.dense_config(10, 8, 9, torch.float32), 8, 9, torch.float32, xtv=False,
@@ -626,6 +630,28 @@ def test_dense_small_column_chunks(rng, poison, N, D, m, chunk, bn, dtype, layou
         fusedml.mmchain(X, y[:, 0], None, backend="fused", config={"chunk": 32})
 
 
+@pytest.mark.parametrize("D,m,form,ept,warps,chunk", [
+    (64, 3, "softmax", 16, 4, 16), (100, 3, "softmax", 8, 8, None), (100, 5, "softmax", 16, 4, 32),
+    (64, 5, "softmax", 16, 4, 16), (64, 3, "loss", 8, 4, 32), (100, 3, "loss", 16, 4, 32), (100, 5, "loss", 8, 8, 64),
+    (64, 6, "loss", 4, 8, None), (200, 3, "loss", 8, 4, None), (64, 3, "mul", 8, 8, None)])
+def test_column_chunk_picks(rng, D, m, form, ept, warps, chunk):
+    """The model's column-chunked launches (chunk_probe-H200-2026-12-04-s18-e): fp32, m <= 5, the
+    loss pass and the softmax product on 64 / 128-value rows; float64 never chunks."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    for dtype in (torch.float32, torch.float64):
+        X = _dense(rng, 50, D, dtype)
+        y, v, _ = _operands(rng, 50, D, m, intercept=True)
+        P = prepare_mmchain(X, y, v, None, 1.0, 0.0, intercept=True, v_op="mul" if form == "loss" else form,
+                            check_finite=False)
+        cfg = dense_mod._config(P, None, loss=form == "loss")
+        if dtype == torch.float64:
+            assert cfg.chunk is None
+            continue
+        assert cfg.mode == "small" and cfg.chunk == chunk and cfg.num_warps == warps, cfg
+        assert cfg.block_n * cfg.block_d // (32 * warps) == ept, cfg
+
+
 def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
     """The model's pick for m = 4 on short rows runs the small kernel (and no other)."""
     launched = []
@@ -685,12 +711,14 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
         assert launched.pop() == (m, 0, warps)
         P = prepare_mmchain(X, y, v, z, 1.0, 0.5, intercept=True, v_op="softmax", check_finite=False)
         cfg = dense_mod._config(P, None)
-        assert cfg.block_n * cfg.block_d // (32 * cfg.num_warps) == (8 if m <= 6 else 4) and cfg.prefetch == 2
+        chunked = m == 5 and D == 100  # fp32 m = 5 on 128-value rows: chunks of 32, 16 values per thread
+        assert cfg.block_n * cfg.block_d // (32 * cfg.num_warps) == (16 if chunked else 8 if m <= 6 else 4)
+        assert cfg.prefetch == 2 and cfg.chunk == (32 if chunked else None)
     assert launch.unrolled_wide_m(128, m, torch.float32, "softmax")
     assert launch.unrolled_wide_m(256, m, torch.float32, "softmax") == (m <= 6)
     assert not launch.unrolled_wide_m(257, m, torch.float32, "softmax")
     assert not launch.unrolled_wide_m(100, m, torch.float64, "softmax")
-    assert not launch.unrolled_wide_m(100, m, torch.float32, "loss")
+    assert launch.unrolled_wide_m(100, m, torch.float32, "loss") == (m == 5)  # m = 5: the chunked launch
     assert launch.unrolled_wide_m(64, m, torch.float32, "loss") and not launch.unrolled_wide_m(64, 9, torch.float32,
                                                                                                "loss")
     # the plain product: unrolled with m padded to 8 on rows of <= 64 values, the padded tl.dot on longer ones
@@ -778,6 +806,15 @@ def _aot_dense_variants():
         # m = 5 on request (config={"mode": "small", "m_pad": 8}): 4 values per thread, two tiles ahead
         ("small m5 fp32 D=64 multinomial loss intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
          dict(MODE=3, BLOCK_N=16, BLOCK_D=64, M_PAD=5, LOSS=3, INTERCEPT=True, PREFETCH=2), 8),
+        # column-chunked tiles (DenseConfig.chunk), the model's session-18 launches: the fullest ones
+        # (ptxas with Triton 3.6: 246-255 registers) must not spill
+        ("small m5 fp32 D=100 chunk 64 multinomial loss intercept", dense_mod._mmchain_small_kernel, "fp32",
+         "fp32", dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=5, LOSS=3, INTERCEPT=True, EVEN_D=False, PREFETCH=2,
+                      CHUNK=64), 8, False),
+        ("small m5 fp32 D=64 chunk 16 softmax intercept", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=5, SOFTMAX=True, INTERCEPT=True, PREFETCH=2, CHUNK=16), 4),
+        ("small m4 fp32 D=128 chunk 64 plain", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=16, BLOCK_D=128, M_PAD=4, PREFETCH=1, CHUNK=64), 8),
     ]
     # rows of 100 fp32 values (stride and D not multiples of 16: only VEC tells the compiler that
     # 16-byte loads are aligned), with the fused logistic loss and sample weights, and the
@@ -812,6 +849,8 @@ def _aot_dense_variants():
          dict(coop, ACC=tl.float64, BLOCK_D=512, G_PAD=128, WORDS=2), 2),
     ]
     for name, fn, xdt, acc, over, warps, *aligned in variants:
+        if fn is dense_mod._mmchain_small_kernel:
+            over = dict(over, CHUNK=over.get("CHUNK", over["BLOCK_D"]))  # one chunk: the 2-D tile
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)
         regs, stack = resource_usage(k)
         vec = re.search(r"ld\.global(\.\w+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
@@ -898,7 +937,7 @@ def test_sass_probe_reports_the_prefetch_loads(tmp_path):
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 19)
+    run_aot(__file__, 22)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

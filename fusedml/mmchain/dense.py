@@ -53,6 +53,11 @@ from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, 
 #: the GPU's approximate log2 / reciprocal in the logistic epilogue (libdevice: not available to
 #: the interpreter, which takes the accurate forms)
 _FAST_MATH = tl.constexpr(not interpret_mode())
+#: the column-chunked tile's chunk axis: dim 1 ([BN, NCH, CH]) for Triton 3.6, dim 0 ([NCH, BN, CH])
+#: from 3.7 on. Triton orders the two non-contiguous dims of a 3-D load differently across versions
+#: (3.6: blocked order [2, 0, 1]; 3.7-3.9: [2, 1, 0]); the chunk axis must come last in that order,
+#: so that a thread holds its row's piece of every chunk (checked: sm_90 compiles with each version)
+_CHUNK_OUTER = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7))
 
 #: the unrolled kernel runs the softmax form and the loss pass with m columns, not padded to m_pad
 #: (False: the padded form, for A/B probes)
@@ -88,15 +93,22 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
 @triton.jit
 def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
              VEC: tl.constexpr):
-    # rows [BN] int64, cols [NCH, CH] -> tile [BN, NCH, CH] in the accumulation dtype (zeros outside X)
+    # rows [BN] int64, cols [NCH, CH] -> tile [BN, NCH, CH] ([NCH, BN, CH] with _CHUNK_OUTER) in the
+    # accumulation dtype (zeros outside X)
     if VEC > 1:  # as _load_x_raw: row starts and D multiples of VEC, written so
         stride_xn = (stride_xn // VEC) * VEC
         D = (D // VEC) * VEC
-    ptrs = X + rows[:, None, None] * stride_xn + cols[None, :, :].to(tl.int64) * stride_xd
-    if EVEN_D:
-        mask = rows[:, None, None] < N
+    if _CHUNK_OUTER:
+        r3 = rows[None, :, None]
+        c3 = cols[:, None, :]
     else:
-        mask = (rows[:, None, None] < N) & (cols[None, :, :] < D)
+        r3 = rows[:, None, None]
+        c3 = cols[None, :, :]
+    ptrs = X + r3 * stride_xn + c3.to(tl.int64) * stride_xd
+    if EVEN_D:
+        mask = r3 < N
+    else:
+        mask = (r3 < N) & (c3 < D)
     return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
 
 
@@ -116,6 +128,8 @@ def _small_zeros(BLOCK_N: tl.constexpr, NCH: tl.constexpr, CHUNK: tl.constexpr, 
     # an accumulator shaped as the tile
     if NCH == 1:
         z = tl.zeros([BLOCK_N, CHUNK], dtype=ACC)
+    elif _CHUNK_OUTER:
+        z = tl.zeros([NCH, BLOCK_N, CHUNK], dtype=ACC)
     else:
         z = tl.zeros([BLOCK_N, NCH, CHUNK], dtype=ACC)
     return z
@@ -126,6 +140,8 @@ def _small_acc(acc, x, p, NCH: tl.constexpr):
     # acc += x * p (p [BN], one value per row)
     if NCH == 1:
         acc += x * p[:, None]
+    elif _CHUNK_OUTER:
+        acc += x * p[None, :, None]
     else:
         acc += x * p[:, None, None]
     return acc
@@ -391,12 +407,15 @@ def _small_col(x, yj, yi, V, rows, j: tl.constexpr, N, M, stride_vn, stride_vm,
                HAS_V: tl.constexpr, XTY: tl.constexpr, INTERCEPT: tl.constexpr, ACC: tl.constexpr,
                BLOCK_N: tl.constexpr, NCH: tl.constexpr):
     # column j of t = [X,1] y (zeros when XTY) and of v, both [BN]; v_j = 0 for j >= M.
-    # x [BN, NCH, CH]: the chunks first (within a thread), then across the CH / 4 threads of a row
+    # x [BN, NCH, CH] or [NCH, BN, CH]: the chunks first (within a thread), then across the CH / 4
+    # threads of a row
     if XTY:
         t = tl.zeros([BLOCK_N], dtype=ACC)
     else:
         if NCH == 1:
             t = tl.sum(x * yj[None, :], axis=1)
+        elif _CHUNK_OUTER:
+            t = tl.sum(tl.sum(x * yj[:, None, :], axis=0), axis=1)
         else:
             t = tl.sum(tl.sum(x * yj[None, :, :], axis=1), axis=1)
         if INTERCEPT:
@@ -469,9 +488,9 @@ def _small_store(PTR, rows, N, M, a0, a1, a2, a3, a4, a5, a6, a7, BLOCK_N: tl.co
 
 @triton.jit
 def _small_out(acc, psum, alpha, W, PART, pid, cols, j: tl.constexpr, D, M,
-               INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr):
+               INTERCEPT: tl.constexpr, DETERMINISTIC: tl.constexpr, NCH: tl.constexpr):
     # column j of the program's alpha X^T p (acc summed over rows) -> partials row or atomics
-    a = tl.sum(acc, axis=0) * alpha
+    a = tl.sum(acc, axis=1 if NCH > 1 and _CHUNK_OUTER else 0) * alpha
     psum = psum * alpha
     offs = cols.to(tl.int64) * M + j
     omask = (cols < D) & ((cols * 0 + j) < M)
@@ -525,7 +544,8 @@ def _mmchain_small_kernel(
     LOSS: tl.constexpr, HAS_C: tl.constexpr, STORE_ETA: tl.constexpr, CHUNK: tl.constexpr,
 ):
     # "small" mode: the onchip kernel with the M_PAD (2..8) right-hand sides unrolled, so
-    # every tensor is a [BLOCK_N, NCH, CHUNK] tile in X's load layout (NCH = BLOCK_D / CHUNK column
+    # every tensor is a [BLOCK_N, NCH, CHUNK] tile (or [NCH, ...]) in X's load layout (NCH = BLOCK_D / CHUNK
+    # column
     # chunks, held within a thread; no padded tl.dot): 2 m FMAs per element of X plus one row
     # reduction per right-hand side (none for X^T V); y's columns are loaded once per program.
     # LOSS > 0: the loss-gradient pass, the row's softmax (multinomial) or each column's loss in
@@ -535,7 +555,7 @@ def _mmchain_small_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, CHUNK), CHUNK), CHUNK)
-    if NCH > 1:  # [NCH, CHUNK]: the chunk is dim 1 of the tile (Triton orders it after the rows: within a thread)
+    if NCH > 1:  # [NCH, CHUNK]; the tile's chunk axis is held within a thread (_CHUNK_OUTER)
         cols = tl.arange(0, NCH)[:, None] * CHUNK + cols[None, :]
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
     y0, yi0 = _small_y(Y, cols, 0, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
@@ -591,8 +611,10 @@ def _mmchain_small_kernel(
             x_nxt = _small_x(X, rows + nprog * BLOCK_N, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
         else:
             x = _small_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, NCH)
-        t0, v0 = _small_col(x, y0, yi0, V, rows, 0, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N, NCH)
-        t1, v1 = _small_col(x, y1, yi1, V, rows, 1, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC, BLOCK_N, NCH)
+        t0, v0 = _small_col(x, y0, yi0, V, rows, 0, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                            BLOCK_N, NCH)
+        t1, v1 = _small_col(x, y1, yi1, V, rows, 1, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
+                            BLOCK_N, NCH)
         s = v0 * t0 + v1 * t1  # softmax: sum_j v_j t_j (v_j = 0 for j >= M)
         if M_PAD > 2:
             t2, v2 = _small_col(x, y2, yi2, V, rows, 2, N, M, stride_vn, stride_vm, HAS_V, XTY, INTERCEPT, ACC,
@@ -735,33 +757,33 @@ def _mmchain_small_kernel(
             if STORE_ETA:
                 _small_store(ETA, rows, N, M, t0, t1, tt2, tt3, tt4, tt5, tt6, tt7, BLOCK_N, M_PAD)
         rows += nprog * BLOCK_N
-    _small_out(acc0, tl.sum(ps0, axis=0), alpha, W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC)
-    _small_out(acc1, tl.sum(ps1, axis=0), alpha, W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC)
+    _small_out(acc0, tl.sum(ps0, axis=0), alpha, W, PART, pid, cols, 0, D, M, INTERCEPT, DETERMINISTIC, NCH)
+    _small_out(acc1, tl.sum(ps1, axis=0), alpha, W, PART, pid, cols, 1, D, M, INTERCEPT, DETERMINISTIC, NCH)
     if LOSS > 0:
         _small_lsum(ls0, LPART, pid, 0, M)
         _small_lsum(ls1, LPART, pid, 1, M)
     if M_PAD > 2:
-        _small_out(acc2, tl.sum(ps2, axis=0), alpha, W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc2, tl.sum(ps2, axis=0), alpha, W, PART, pid, cols, 2, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls2, LPART, pid, 2, M)
     if M_PAD > 3:
-        _small_out(acc3, tl.sum(ps3, axis=0), alpha, W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc3, tl.sum(ps3, axis=0), alpha, W, PART, pid, cols, 3, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls3, LPART, pid, 3, M)
     if M_PAD > 4:
-        _small_out(acc4, tl.sum(ps4, axis=0), alpha, W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc4, tl.sum(ps4, axis=0), alpha, W, PART, pid, cols, 4, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls4, LPART, pid, 4, M)
     if M_PAD > 5:
-        _small_out(acc5, tl.sum(ps5, axis=0), alpha, W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc5, tl.sum(ps5, axis=0), alpha, W, PART, pid, cols, 5, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls5, LPART, pid, 5, M)
     if M_PAD > 6:
-        _small_out(acc6, tl.sum(ps6, axis=0), alpha, W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc6, tl.sum(ps6, axis=0), alpha, W, PART, pid, cols, 6, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls6, LPART, pid, 6, M)
     if M_PAD > 7:
-        _small_out(acc7, tl.sum(ps7, axis=0), alpha, W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC)
+        _small_out(acc7, tl.sum(ps7, axis=0), alpha, W, PART, pid, cols, 7, D, M, INTERCEPT, DETERMINISTIC, NCH)
         if LOSS > 0:
             _small_lsum(ls7, LPART, pid, 7, M)
 

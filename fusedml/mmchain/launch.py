@@ -98,8 +98,9 @@ class DenseConfig:
         Columns per tile (>= D for "onchip"), a power of two.
     mode : {"vector", "small", "dot", "elementwise"}
         m == 1: broadcast-multiply + ``tl.sum``; 2 <= m <= 4 (short rows; X^T V up to m = 8, the
-        softmax product and the loss pass as :func:`unrolled_wide_m` says): ``"small"``, the right-hand sides unrolled, one ``[block_n, block_d]`` accumulator each
-        (2 m FMAs per element of X; see :func:`small_config`); larger m, fp32/bf16/fp16:
+        multinomial passes and the plain product as :func:`unrolled_wide_m` says): ``"small"``, the
+        right-hand sides unrolled, one accumulator shaped as the tile each (2 m FMAs per element of
+        X; see :func:`small_config`); larger m, fp32/bf16/fp16:
         ``tl.dot`` with m padded to 16 (``dot_precision``); fp64 with m > 4: 3-D broadcast +
         ``tl.sum`` (no fp64 tl.dot).
     m_pad : int
@@ -196,9 +197,9 @@ SMALL_M_XTV = 8
 #: Largest m of the softmax Hessian product and of the loss pass served by the unrolled kernel
 #: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
 SMALL_M_WIDE = 8
-#: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m = 7, 8:
-#: 128), the loss pass, the plain product ``X^T (V ⊙ [X, 1] Y)`` (m padded to 8).
-SMALL_WIDE_M_D = {"softmax": 256, "loss": 64, "mul": 64}
+#: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m <= 6:
+#: 256), the loss pass (m = 5 in fp32: 128), the plain product ``X^T (V ⊙ [X, 1] Y)`` (m padded to 8).
+SMALL_WIDE_M_D = {"softmax": 128, "loss": 64, "mul": 64}
 
 
 def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
@@ -226,7 +227,10 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     m = 6 and 7 take the launch of the neighbour whose registers they are closer to (sm_90 compiles,
     Triton 3.6 ptxas, ``benchmarks/sass_probe.py``): softmax m = 6 on 4 x 8 (167 registers: three
     programs per SM, as m = 5), loss m = 6 on 8 x 4 (126: two per SM, as m = 5); m = 7 as m = 8.
-    The softmax product on 256-value rows only for m <= 6 (measured at m = 5).
+    The softmax product on 256-value rows only for m <= 6 (measured at m = 5). With the
+    column-chunked tiles (:func:`small_config`, ``results/chunk_probe-H200-2026-12-04-s18-e``) the
+    m = 5 loss pass also beats the padded ``tl.dot`` on 100-value rows (1M x 100: 0.417 against
+    0.450 ms), so fp32 m = 5 takes it on rows of <= 128 values.
 
     Parameters
     ----------
@@ -241,8 +245,13 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     bool
     """
     bd = _pow2_ceil(D)
-    return (SMALL_M < m <= SMALL_M_WIDE and dtype != torch.float64 and bd <= SMALL_WIDE_M_D[form]
-            and (form != "softmax" or m <= 6 or bd <= 128))
+    if not SMALL_M < m <= SMALL_M_WIDE or dtype == torch.float64:
+        return False
+    if form == "softmax" and m <= 6:
+        return bd <= max(256, SMALL_WIDE_M_D[form])
+    if form == "loss" and m == 5 and dtype == torch.float32:  # the column-chunked launch (small_config)
+        return bd <= max(128, SMALL_WIDE_M_D[form])
+    return bd <= SMALL_WIDE_M_D[form]
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashable arguments; solvers call it per pass
@@ -468,8 +477,27 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
       padded ``tl.dot`` took 0.369 / 0.850 / 0.195), 8 on 16 warps for m = 5..8 (2M x 256, m = 5:
       0.726 ms against the padded ``tl.dot``'s 0.771; 16 per thread spilled: 14 ms).
 
+    * Session 18, **column-chunked tiles** (``DenseConfig.chunk``; H200, fp32,
+      ``results/chunk_probe-H200-2026-12-04-s18-e``, each point against float64): the tile is held as
+      ``[block_n, block_d / chunk, chunk]``, so a thread carries a 4-value piece of each of its row's
+      chunks, the row's dot products reduce over ``chunk / 4`` threads (fewer shuffles per element:
+      sm_90 loop of the m = 3 loss pass 324 -> 205 instructions) and its per-row epilogue (softmax,
+      losses) runs on fewer lanes. Taken for m <= 5 in fp32 (ms, the previous launch in brackets):
+
+      - loss pass, 64-value rows: 8 values on 4 warps, chunks of 32 (m = 3, 16M x 64 1.68 (2.06),
+        4M x 64 0.435 (0.526); m = 5 2.32 (3.61), 0.597 (0.914)); 128-value rows: 16 values on
+        4 warps, chunks of 32 (1M x 100, m = 3 0.214 (0.326)); m = 5 there 8 values on 8 warps,
+        chunks of 64 (0.417 against 0.450 for the padded ``tl.dot``; 16 x 4 ran 0.369 but sits at
+        255 registers, and spills with Triton 3.9's ptxas);
+      - softmax product, 64-value rows: 16 values on 4 warps, chunks of 16 (m = 3, 16M x 64
+        **1.10 ms, 87 % of the floor** (1.23), 4M x 64 0.293 (0.318); m = 5 1.34 (1.60), 0.355
+        (0.414)); 128-value rows, m = 5: 16 on 4 warps, chunks of 32 (1M x 100 0.192 (0.229); m = 3
+        unchanged, 0.159-0.167 either way);
+      - plain product without the intercept, m = 4 on 128-value rows: 8 values on 8 warps, chunks
+        of 64, one tile ahead (2M x 128 0.323 ms, 74 % (0.344)).
+
     fp64 holds half as many elements per thread (two registers each), 2-byte storage at least 8
-    (one 16-byte load); neither was part of the probe.
+    (one 16-byte load); neither was part of the probes, and neither takes column chunks.
 
     Parameters
     ----------
@@ -527,6 +555,16 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         ept, warps, prefetch = 4, 16, 1
     else:
         ept, warps, prefetch = 8, 8, 2
+    chunk = None
+    if dtype == torch.float32 and m <= 5 and not xtv and stride_xn != 1:
+        # column-chunked tiles (a thread holds a piece of each of the row's chunks: fewer shuffles
+        # per element, the row's epilogue on fewer lanes); H200, results/chunk_probe-*-s18-e
+        if loss and bd in (64, 128):  # m = 5 on 128: 16 x 4 needs 255 registers (Triton 3.9: spills)
+            ept, warps, chunk = (8, 4, 32) if bd == 64 else (16, 4, 32) if m <= 4 else (8, 8, 64)
+        elif softmax and (bd == 64 or (bd == 128 and m == 5)):
+            ept, warps, chunk = (16, 4, 16) if bd == 64 else (16, 4, 32)
+        elif not loss and not softmax and not intercept and bd == 128 and m_pad == 4:
+            ept, warps, chunk, prefetch = 8, 8, 64, 1
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
@@ -534,7 +572,7 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     bn = max(32 if stride_xn == 1 else 1, ept * 32 * warps // bd)
     programs = gpu.sm_count * max(1, gpu.max_threads_per_sm // (32 * warps))
     return replace(cfg, strategy="onchip", mode="small", m_pad=m_pad, block_n=int(bn), block_d=bd, num_warps=warps,
-                   num_programs=int(programs), prefetch=prefetch)
+                   num_programs=int(programs), prefetch=prefetch, chunk=chunk)
 
 
 def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
