@@ -628,6 +628,11 @@ def test_dense_small_column_chunks(rng, poison, N, D, m, chunk, bn, dtype, layou
             fusedml.mmchain(X, y, v, backend="fused", config=dict(cfg, chunk=bad))
     with pytest.raises(ValueError, match="chunk"):  # the vector kernel (m = 1) has no chunks
         fusedml.mmchain(X, y[:, 0], None, backend="fused", config={"chunk": 32})
+    if dtype == torch.float32 and D == 64 and v_op == "softmax":  # the model chunks this product (m <= 5);
+        # another mode on request drops the chunks
+        ref = mmchain_reference(X64, y, v, None, 1.0, 0.0, v_op=v_op)
+        w = fusedml.mmchain(X, y, v, v_op=v_op, backend="fused", config={"mode": "dot", "m_pad": 16, "block_n": 16})
+        assert rel(w, ref) < TOL[dtype]
 
 
 @pytest.mark.parametrize("D,m,form,ept,warps,chunk", [
@@ -650,6 +655,16 @@ def test_column_chunk_picks(rng, D, m, form, ept, warps, chunk):
             continue
         assert cfg.mode == "small" and cfg.chunk == chunk and cfg.num_warps == warps, cfg
         assert cfg.block_n * cfg.block_d // (32 * warps) == ept, cfg
+        # the model's launch itself against float64
+        if form == "loss":
+            Y = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, m, 50)), m).float()
+            r = fusedml.loss_gradient(X, 0.3 * y, Y, loss="multinomial", intercept=True, backend="fused")
+            ref = fusedml.loss_gradient(X.double(), 0.3 * y.double(), Y.double(), loss="multinomial", intercept=True,
+                                        backend="cpu")
+            assert rel(r.grad, ref.grad) < TOL[dtype] and rel(r.hess, ref.hess) < 1e-5
+        else:
+            w = fusedml.mmchain(X, y, v, intercept=True, v_op=form, backend="fused")
+            assert rel(w, mmchain_reference(X.double(), y, v, None, 1.0, 0.0, intercept=True, v_op=form)) < TOL[dtype]
 
 
 def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):

@@ -1124,13 +1124,21 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
     return cfg
 
 
+def _overridden(cfg: DenseConfig, config: dict | None) -> DenseConfig:
+    # the caller's overrides; a mode other than "small" drops the model's column chunks (unless given)
+    cfg = cfg.with_overrides(config)
+    if cfg.chunk is not None and cfg.mode != "small" and "chunk" not in (config or {}):
+        cfg = replace(cfg, chunk=None)
+    return cfg
+
+
 def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig:
     X = P.X
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     if loss:  # the loss pass's launch, then the caller's overrides on top
         cfg = loss_launch(cfg, P.D, P.m, X, P.acc_dtype)
-        cfg = loss_config(cfg.with_overrides(config), P.acc_dtype, tuned=True)
+        cfg = loss_config(_overridden(cfg, config), P.acc_dtype, tuned=True)
     elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
         # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,
         # 2M x 256 and 4M x 64 (solver_ops-H200-2026-12-03-s4-*) all preferred the register double
@@ -1141,7 +1149,8 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         # the unrolled kernel: its own tile, prefetch and grid rules (launch.small_config)
         cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=P.y is None, intercept=P.intercept, gpu=gpu_info(X.device),
                            stride_xn=X.stride(0), softmax=P.v_op == "softmax")
-    cfg = cfg.with_overrides(None if loss else config)
+    if not loss:
+        cfg = _overridden(cfg, config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
