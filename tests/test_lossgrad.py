@@ -426,7 +426,7 @@ def test_m3_probe_smoke(tmp_path):
     finally:
         dense.LOSS_SMALL_MAX_BD, launch.SMALL_WIDE_M_D["loss"] = saved
         dense._CONFIGS.clear()  # launches memoised under the probe's limits
-    assert [r["launch"] for r in rows] == ["model", "matvec + X^T V", "small 4w x 8/thread"]
+    assert [r["launch"] for r in rows] == ["model", "matvec + X^T V", "small 4w x 8/thread, 2 ahead"]
     assert all(r["ms"] is not None and r["rel_err"] < 1e-5 for r in rows)
 
 

@@ -194,7 +194,7 @@ SMALL_M = 4
 SMALL_D = 1024
 #: Largest m of ``X^T V`` (no ``X Y``, so no row reductions) served by the unrolled kernel.
 SMALL_M_XTV = 8
-#: Largest m of the softmax Hessian product and of the loss pass served by the unrolled kernel
+#: Largest m of the `X Y` products and of the loss pass served by the unrolled kernel
 #: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
 SMALL_M_WIDE = 8
 #: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m <= 6:
