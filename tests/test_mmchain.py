@@ -877,6 +877,13 @@ def _aot_dense_variants():
         assert stack <= (1024 if "(spills)" in name else 0), f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
+        if "chunk" in name:  # the chunk axis of the 3-D tile lies within a thread (dense._CHUNK_OUTER
+            # follows Triton's axis order; a new Triton that orders them otherwise fails here)
+            ax = 0 if dense_mod._CHUNK_OUTER else 1
+            lay = [tuple(int(v) for v in re.search(rf"{f} = \[(\d+), (\d+), (\d+)\]", ln).groups())
+                   for ln in k.asm["ttgir"].splitlines() if "#ttg.blocked<{sizePerThread = [1, 1, 4]" in ln
+                   for f in ("threadsPerWarp", "warpsPerCTA")]
+            assert lay and all(t[ax] == 1 for t in lay), f"{name}: the chunk axis spans threads or warps: {lay}"
         if fn is dense_mod._mmchain_coop_kernel:  # the row handshake: tagged 64-bit words polled from L2
             ptx = k.asm["ptx"]
             assert re.search(r"ld\.volatile\.global(\.\w+)*\.b64", ptx) and "st.global.b64" in ptx, name
