@@ -48,13 +48,16 @@ def plain_cases(spec, dev, old, launches=None):
     floor = 1e3 * X.numel() * 4 / H200_BANDWIDTH
     P = prepare_mmchain(X, S, h, None, 1.0, 0.0, intercept=False, v_op="mul", check_finite=False)
     base = new._config(P, None)
-    cases = [("plain s16", "model", old, None)] if old is not None else []
-    cases += [("plain new", "model", new, None), ("plain new", "prefetch 1", new, {"prefetch": 1}),
-              ("plain new", "8w x 8/thread, prefetch 1", new, {"num_warps": 8, "block_n": base.block_n, "prefetch": 1}),
-              ("plain new", "8w x 8/thread, prefetch 2", new, {"num_warps": 8, "block_n": base.block_n, "prefetch": 2})]
     if launches:  # the model against the chosen launches (one tile ahead unless given)
         cases = [("plain new", "model", new, None)] + [
             ("plain new", name, new, cfg) for name, cfg in (parse_launch(x, base.block_d, 4, 1) for x in launches)]
+    else:
+        cases = [("plain s16", "model", old, None)] if old is not None else []
+        cases += [("plain new", "model", new, None), ("plain new", "prefetch 1", new, {"prefetch": 1}),
+                  ("plain new", "8w x 8/thread, prefetch 1", new,
+                   {"num_warps": 8, "block_n": base.block_n, "prefetch": 1}),
+                  ("plain new", "8w x 8/thread, prefetch 2", new,
+                   {"num_warps": 8, "block_n": base.block_n, "prefetch": 2})]
     rows = []
     for name, cfg_name, mod, cfg in cases:
         def fn():

@@ -635,6 +635,21 @@ def test_dense_small_column_chunks(rng, poison, N, D, m, chunk, bn, dtype, layou
         assert rel(w, ref) < TOL[dtype]
 
 
+def _record_small_launches(monkeypatch, *keys):
+    """Launches of the unrolled kernel from now on, as the value of ``keys`` (one key) or a tuple."""
+    launched = []
+    real = dense_mod._mmchain_small_kernel
+
+    def record(grid):
+        def run(*a, **k):
+            launched.append(k[keys[0]] if len(keys) == 1 else tuple(k[key] for key in keys))
+            return real[grid](*a, **k)
+        return run
+
+    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {"__getitem__": lambda self, g: record(g)})())
+    return launched
+
+
 @pytest.mark.parametrize("D,m,form,ept,warps,chunk", [
     (64, 3, "softmax", 16, 4, 16), (100, 3, "softmax", 8, 8, None), (100, 5, "softmax", 16, 4, 32),
     (64, 5, "softmax", 16, 4, 16), (64, 3, "loss", 8, 4, 32), (100, 3, "loss", 16, 4, 32), (100, 5, "loss", 8, 8, 64),
@@ -669,10 +684,7 @@ def test_column_chunk_picks(rng, D, m, form, ept, warps, chunk):
 
 def test_dense_fused_small_is_the_default_for_m4(rng, poison, monkeypatch):
     """The model's pick for m = 4 on short rows runs the small kernel (and no other)."""
-    launched = []
-    real = dense_mod._mmchain_small_kernel
-    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {
-        "__getitem__": lambda self, grid: (lambda *a, **k: (launched.append(k["M_PAD"]), real[grid](*a, **k)))})())
+    launched = _record_small_launches(monkeypatch, "M_PAD")
     X = _dense(rng, 70, 33, torch.float32)
     y, v, z = _operands(rng, 70, 33, 4)
     w = fusedml.mmchain(X, y, v, z, 1.0, 1.0, backend="fused")
@@ -713,11 +725,7 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
     keep their launches; each result against float64."""
     from fusedml.mmchain._checks import prepare_mmchain
 
-    launched = []
-    real = dense_mod._mmchain_small_kernel
-    monkeypatch.setattr(dense_mod, "_mmchain_small_kernel", type("K", (), {
-        "__getitem__": lambda self, grid: (lambda *a, **k: (launched.append((k["M_PAD"], k["LOSS"], k["num_warps"])),
-                                                            real[grid](*a, **k)))})())
+    launched = _record_small_launches(monkeypatch, "M_PAD", "LOSS", "num_warps")
     for D, warps in ((20, 4 if m <= 6 else 8), (100, 4 if m <= 6 else 8)):
         X = _dense(rng, 70, D, torch.float32)
         y, v, z = _operands(rng, 70, D, m, intercept=True)

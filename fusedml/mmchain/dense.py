@@ -1190,12 +1190,13 @@ def loss_config(cfg: DenseConfig, acc: torch.dtype, tuned: bool = False) -> Dens
     """The launch of a fused loss-gradient pass: the onchip or the unrolled ("small") kernel, whose
     tiles hold whole rows.
 
-    m = 1 takes the onchip kernel; 2 <= m <= 4, and m <= 8 on rows of at most 64 values
-    (:func:`~fusedml.mmchain.launch.unrolled_wide_m`), the unrolled kernel's loss epilogue (the row's
+    m = 1 takes the onchip kernel; 2 <= m <= 4, and m <= 8 on rows of at most 64 values (m = 5:
+    128; :func:`~fusedml.mmchain.launch.unrolled_wide_m`), the unrolled kernel's loss epilogue (the row's
     softmax and each column's loss in registers; its tile from :func:`~fusedml.mmchain.launch.small_config`,
     set by the caller); other m <= 16 the padded ``tl.dot``. Either way the other form is available
     through ``config`` (``{"mode": "small", "m_pad": 8, ...}`` runs m <= 8 unrolled).
-    Wide rows (chunked / cooperative strategies; for m > 1 rows wider than 128 values) raise
+    Wide rows (chunked / cooperative strategies; for m > 1 rows wider than 128 values, 256 for the
+    unrolled kernel, ``LOSS_SMALL_MAX_BD``) raise
     ``NotImplementedError``: the caller composes the pass from ``matvec`` and ``mmchain`` instead
     (X read twice). ``tuned``: only check and convert (the launch already adjusted, e.g. after a
     caller's overrides).

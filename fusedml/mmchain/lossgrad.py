@@ -166,7 +166,7 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     ----------
     X : array-like [N, D] or sparse CSR
         As for :func:`fusedml.mmchain`. The one-read pass serves dense X whose rows fit on chip
-        (the mmchain "onchip" strategy; for m > 1 rows of at most 128 values, see :func:`one_read`);
+        (the mmchain "onchip" strategy; for m > 1 the rows :func:`one_read` accepts);
         CSR and wider rows are composed from :func:`fusedml.matvec` and :func:`fusedml.mmchain`
         (two reads).
     W : array-like [D(+1)] or [D(+1), m] (m <= 16)
@@ -433,7 +433,8 @@ def bind_loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, al
 
 def one_read(X, m: int = 1) -> bool:
     """Whether the solvers should take :func:`loss_gradient`'s one read of this X on the fused
-    backend (dense rows on chip; for m > 1 rows of at most 128 values, where it is faster).
+    backend (dense rows on chip; for m > 1 rows of at most 128 values, 256 for m <= 4 and 64 for
+    m = 6..8: where it was measured faster, see :func:`fusedml.mmchain.dense.loss_launch`).
 
     Parameters
     ----------
