@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -42,7 +43,7 @@ import _common  # noqa: E402
 import fusedml  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
 from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
-from fusedml.gmm.model import auto_precision, plan_launch  # noqa: E402
+from fusedml.gmm.model import auto_precision, plan_launch, reg_tile  # noqa: E402
 from fusedml.gmm.ops import estep_ops  # noqa: E402
 
 BW = 4.28e12  # measured H200 read bandwidth, bytes/s (shared/PERFORMANCE.md)
@@ -66,6 +67,11 @@ CONFIGS = [
     (4 << 20, 8, 8, "full"),
     (1 << 20, 16, 16, "full"),
     (1 << 20, 32, 64, "full"),
+    # session 19: the register form's range (K x D up to ~1024)
+    (4 << 20, 16, 64, "diag"),
+    (4 << 20, 32, 8, "spherical"),
+    (1 << 20, 2, 128, "diag"),
+    (1 << 20, 16, 16, "diag"),  # the end-to-end GaussianMixture fit's shape
 ]
 DEFAULT = [1, 4, 5, 9, 2, 6, 7]  # the four targets, then 16M x 8, 4M x 64 K=128, 4M x 256 K=16 (crashed in s2)
 QUICK = [(300, 3, 3, "diag"), (300, 5, 20, "diag"), (257, 4, 5, "spherical"), (300, 3, 3, "tied"),
@@ -150,14 +156,19 @@ def run_config(cfg, args, dev, quick):
     row["ms"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan, ops=ops_), quick)
     other = "two_pass" if plan.path == "single" else "single"
     plan_o = plan_launch(N, K, D, ct, X.dtype, dev, path=other, precision=prec)
-    if cfg not in TARGETS and not args.full and not quick:
-        t_o = None  # the forced other path only for the targets in the default run (time budget)
+    if cfg not in TARGETS and not args.full and not quick and plan.path != "single":
+        t_o = None  # a forced single sweep only for the targets in the default run (time budget)
     elif other == "single" and not plan.single_fits:
         # far off chip (the model's estimate is past the register file): a forced single sweep
         # would spill massively and compile for minutes; not timed
         t_o = None
     else:
         t_o = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_o, ops=ops_), quick)
+    if plan.form == "reg":  # the tl.dot single sweep the register form replaced, same inputs
+        plan_d = plan_launch(N, K, D, ct, X.dtype, dev, precision=prec, register_form=False)
+        row["ms_tl_dot"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_d, ops=ops_), quick)
+        row["reg_over_tl_dot"] = row["ms_tl_dot"] / row["ms"]
+    row["form"] = plan.form
     t_single, t_two = (row["ms"], t_o) if plan.path == "single" else (t_o, row["ms"])
     row.update(ms_single=t_single, ms_two_pass=t_two,
                single_over_two=None if t_single is None or t_two is None else t_two / t_single)
@@ -195,14 +206,29 @@ def run_config(cfg, args, dev, quick):
     return row
 
 
-def sweep_variants(base_single, base_two, prec, D, K):
-    """Candidate launch variants around the model's plans (the model's picks first)."""
+def sweep_variants(base_single, base_two, prec, D, K, base_dot=None):
+    """Candidate launch variants around the model's plans (the model's picks first); ``base_dot``:
+    the ``tl.dot`` single-sweep plan where the model picks the register form."""
     out = []
     if base_single is not None:
         out.append(("model single", base_single))
+        if base_single.form == "reg":  # register FMAs: blocks ahead, components and rows per thread
+            for pf in (2, 1, 0):
+                for ki in (1, 2, 4, 8, 16):
+                    for rpt in (1, 2, 4):
+                        t = reg_tile(D, K, ki=ki, rows_per_thread=rpt)
+                        if t is None or (t[2], t[3], pf) == (base_single.reg[1], base_single.BN, base_single.prefetch):
+                            continue
+                        if t[0] * t[2] * rpt > 64 or (pf == 0 and rpt == 4):  # registers; session 19's first probe
+                            continue
+                        out.append((f"single reg KI={ki} rows/thread={rpt} ahead={pf}",
+                                    replace(base_single, reg=(t[0], t[2], t[1] // t[2]), BN=t[3], prefetch=pf)))
+            base_single = base_dot  # the tl.dot variants below start from the tl.dot plan
+            out.append(("single tl.dot plan", base_dot))
         BD, BK = base_single.BD, base_single.BK
         cand = [("blk", 64, 4, 2), ("cat", 128, 4, 2), ("blk", 64, 8, 2), ("cat", 64, 4, 2), ("blk", 64, 4, 3),
-                ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2)]
+                ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2),
+                ("blk", 16, 2, 2), ("blk", 64, 2, 2), ("blk", 128, 2, 2)]
         occ = replace(base_single, occupancy_grid=True)  # grid from the compiled kernel's resources
         out.append(("single occ", occ))
         out.append(("single occ prefetch", replace(occ, prefetch=True)))
@@ -242,7 +268,7 @@ def sweep(args, dev):
 
     rows, best = [], []
     t0 = time.time()
-    cfgs = [c for c in CONFIGS if c in TARGETS]
+    cfgs = [] if args.no_targets else [c for c in CONFIGS if c in TARGETS]
     if args.configs:  # extra shapes (indices into CONFIGS) after the targets
         cfgs += [CONFIGS[int(i)] for i in args.configs.split(",") if CONFIGS[int(i)] not in cfgs]
     for ci, cfg in enumerate(cfgs):
@@ -264,13 +290,16 @@ def sweep(args, dev):
             base_s = auto if auto.path == "single" else None
             # the budget is shared by the shapes left: each gets its slice, model picks always run
             slice_end = t0 + args.budget * (ci + 1) / len(cfgs)
-            for name, p in sweep_variants(base_s, base_t, prec, D, K):
+            base_d = plan_launch(N, K, D, ct, X.dtype, dev, path="single", precision=prec, register_form=False)
+            for name, p in sweep_variants(base_s, base_t, prec, D, K, base_d):
                 is_model = name.startswith("model")
+                if args.variants and not is_model and not re.search(args.variants, name):
+                    continue
                 if not is_model and time.time() > slice_end:
                     continue
                 row = {"N": N, "D": D, "K": K, "cov": ct, "precision": prec, "variant": name, "path": p.path,
                        "BN": p.BN, "BK_tile": p.BK_tile, "num_warps": p.num_warps, "num_stages": p.num_stages,
-                       "form": p.form, "DC": p.DC, "model": is_model and p.path == auto.path}
+                       "form": p.form, "reg": list(p.reg), "DC": p.DC, "model": is_model and p.path == auto.path}
                 try:
                     _estep_plan(prep, False, prec, p, ops_)  # compile; errors (out of resources) land here
                     row["ms"] = _bench(lambda: _estep_plan(prep, False, prec, p, ops_), False, rep=15)
@@ -294,7 +323,7 @@ def sweep(args, dev):
     return rows
 
 
-TABLE_COLUMNS = ["N", "D", "K", "cov", "precision", "path", "BN", "num_warps", "ms", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
+TABLE_COLUMNS = ["N", "D", "K", "cov", "precision", "path", "form", "BN", "num_warps", "ms", "ms_tl_dot", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
                  "single_over_two", "ms_call", "err_nk", "err_s1", "err_s2", "err_ll", "error"]
 
 
@@ -307,6 +336,8 @@ def main():
     ap.add_argument("--budget", type=float, default=50.0, help="--sweep: seconds of variants (model picks always run)")
     ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS")
     ap.add_argument("--sweep", action="store_true", help="launch-parameter sweep on the target shapes")
+    ap.add_argument("--no-targets", action="store_true", help="--sweep: only the shapes of --configs")
+    ap.add_argument("--variants", default=None, help="--sweep: only variants whose name matches this regex")
     ap.add_argument("--sweep-precisions", default="fp32,tf32x3")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gmm-<gpu>-<date>.json)")
     args = ap.parse_args()

@@ -26,14 +26,23 @@ for p in $parts; do
     csr-strategies) run csr-strategies 70 python3 benchmarks/bench_mmchain.py --csr-strategies --out "$out/mmchain-csr-strategies.json" ;;
     gmm) run gmm 60 python3 benchmarks/bench_gmm.py --out "$out/gmm.json" ;;
     gmm-sweep) run gmm-sweep 50 python3 benchmarks/bench_gmm.py --sweep --budget 30 --out "$out/gmm-sweep.json" ;;
+    gmm-reg)  # session 19: the register-FMA single sweep beside the tl.dot plans it replaced
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -12
+      run gmm-reg 150 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7 --out "$out/gmm.json" ;;
+    gmm-reg-sweep)  # its launch probe: components / rows per thread, blocks ahead; tl.dot blocks
+      run gmm-reg-sweep 330 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,3,16,17,18,19 \
+        --sweep-precisions fp32 --budget 270 --out "$out/gmm-sweep.json"
+      run gmm-dot-sweep 300 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 3,17,4,6,7,1 \
+        --sweep-precisions fp32 --budget 240 --variants '^single (BN=|tl.dot plan|occ$)' --out "$out/gmm-sweep-dot.json" ;;
     gmm-bf16) run gmm-bf16 60 python3 benchmarks/bench_gmm.py --precision bf16 --out "$out/gmm-bf16.json" ;;
     ncu-gmm)  # Nsight Compute on the single sweep and the two-pass kernels (one launch each)
       ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
       ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
       ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-      run ncu-gmm-16 120 ncu $ncu_sec --kernel-name regex:_diag_single --launch-skip 1 --launch-count 1 \
+      run ncu-gmm-16 120 ncu $ncu_sec --kernel-name regex:_diag_(single|reg) --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_gmm.py --shape 4194304,16,16
-      run ncu-gmm-8 120 ncu $ncu_sec --kernel-name regex:_diag_single --launch-skip 1 --launch-count 1 \
+      run ncu-gmm-8 120 ncu $ncu_sec --kernel-name regex:_diag_(single|reg) --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_gmm.py --shape 16777216,8,8
       run ncu-gmm-1024 120 ncu $ncu_sec --kernel-name "regex:_diag_(lse|stats)" --launch-skip 2 --launch-count 2 \
         python3 benchmarks/ncu_gmm.py --shape 1048576,128,1024 --precision bf16 ;;

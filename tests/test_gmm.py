@@ -3,6 +3,7 @@
 Fused kernels run under the Triton interpreter (conftest sets TRITON_INTERPRET=1): shapes are small.
 """
 import math
+import re
 import sys
 
 import numpy as np
@@ -291,9 +292,12 @@ def test_plan_small_d_and_occupancy_grid():
 
     cpu = torch.device("cpu")
     for D in (1, 2, 5, 8):
-        p = plan_launch(16 << 20, 8, D, "diag", torch.float32, cpu)
+        p = plan_launch(16 << 20, 8, D, "diag", torch.float32, cpu, register_form=False)
         assert (p.path, p.BD, p.form, p.prefetch, p.occupancy_grid) == ("single", 8, "cat", True, True)
-    p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu)
+        assert plan_launch(16 << 20, 8, D, "diag", torch.float32, cpu).form == "reg"
+    p = plan_launch(16 << 20, 64, 8, "diag", torch.float32, cpu)  # 16 threads per row: past the register form
+    assert (p.BD, p.form, p.prefetch, p.occupancy_grid) == (8, "cat", True, True)
+    p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu, register_form=False)
     assert (p.BD, p.form, p.prefetch, p.occupancy_grid) == (16, "dot", False, True)
     assert not plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).occupancy_grid
     assert resident_programs(_diag_single_kernel, (torch.zeros(1),), {}, cpu) is None
@@ -313,7 +317,7 @@ def test_small_d_cat_plan_matches_reference(rng, D, ct):
     X, w, means, pc = problem(rng, N, D, K, ct)
     ref = reference(X, w, means, pc, ct)
     prep = validate(torch.tensor(X), w, means, pc, ct)
-    plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"))
+    plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"), register_form=False)
     assert (plan.form, plan.BD, plan.prefetch) == ("cat", 8, True)
     lp, ll, nk, s1, s2 = estep_fused(prep, True, precision="fp32", plan=replace(plan, BN=32, programs=3))
     assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
@@ -321,12 +325,95 @@ def test_small_d_cat_plan_matches_reference(rng, D, ct):
     assert rel(lp, ref["log_prob"]) < 1e-5
 
 
+def test_reg_tile_rule():
+    """The register form's tile (session 19's H200 probe): BD * KI <= 32 values per thread, at most
+    8 threads per row, one row per thread; blocks ahead for ~2 KB in flight; fp32 single sweep only."""
+    from fusedml.gmm.model import reg_tile
+
+    cpu = torch.device("cpu")
+    assert reg_tile(16, 16) == (16, 16, 2, 16, 4)  # KO = 8 component groups, 4 rows per warp
+    assert reg_tile(8, 8) == (8, 8, 4, 64, 4)
+    assert reg_tile(2, 128) == (2, 128, 16, 16, 4)
+    assert reg_tile(1, 1) == (1, 1, 1, 128, 4)
+    assert reg_tile(3, 5) == (4, 8, 8, 128, 4)
+    for D, K in ((32, 32), (16, 64), (64, 4), (1, 512)):  # 16+ threads per row, or BD > 32: tl.dot
+        assert reg_tile(D, K) is None
+        assert plan_launch(4 << 20, K, D, "diag", torch.float32, cpu).form != "reg"
+    assert reg_tile(32, 32, ki=1) == (32, 32, 1, 4, 4)  # the probe's overrides reach KO = 32
+    p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu)
+    assert (p.path, p.form, p.reg, p.BN, p.num_warps, p.prefetch) == ("single", "reg", (16, 2, 8), 16, 4, 1)
+    assert plan_launch(1 << 20, 128, 2, "diag", torch.float32, cpu).prefetch == 2  # 128-byte blocks
+    assert plan_launch(4 << 20, 8, 32, "spherical", torch.float32, cpu).reg == (32, 1, 8)
+    for kw in (dict(precision="bf16"), dict(path="two_pass")):
+        assert plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu, **kw).form != "reg"
+    assert plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).form != "reg"
+    # tl.dot tiles of K x D <= 1024 run as small programs (32 rows, 2 or 4 warps; measured)
+    assert (lambda q: (q.form, q.BN, q.num_warps))(plan_launch(16 << 20, 32, 32, "diag", torch.float32, cpu)) == \
+        ("dot", 32, 4)
+    assert (lambda q: (q.BN, q.num_warps))(plan_launch(4 << 20, 16, 32, "diag", torch.float32, cpu)) == (32, 2)
+
+
+@pytest.mark.parametrize("N,D,K,ct,over", [
+    (301, 3, 6, "diag", {}),  # K, D not powers of two; KI = 8 components per thread
+    (130, 16, 16, "diag", {}),
+    (77, 1, 1, "diag", {}),
+    (1, 2, 3, "spherical", {}),
+    (200, 8, 8, "diag", dict(ki=2, rows_per_thread=2)),
+    (200, 5, 20, "spherical", dict(ki=1)),  # KO = 32: one row per warp
+    (150, 2, 40, "diag", {}),
+    (100, 31, 5, "diag", {}),
+])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
+    """The register-FMA single sweep (form "reg") against the float64 reference: statistics,
+    log-likelihood and per-sample log-probabilities, with and without sample weights, more row
+    blocks than programs, every prefetch depth; the input is not modified."""
+    from dataclasses import replace
+
+    from fusedml.gmm._prep import validate
+    from fusedml.gmm.fused import estep_fused
+    from fusedml.gmm.model import reg_tile
+
+    X, w, means, pc = problem(rng, N, D, K, ct)
+    plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"))
+    assert plan.form == "reg" or over
+    BD, BK, KI, BN, nw = reg_tile(D, K, **over)
+    plan = replace(plan, form="reg", reg=(BD, KI, BK // KI), BN=BN, num_warps=nw, programs=2, prefetch=prefetch)
+    sw = rng.uniform(0, 2, size=N)
+    for weights in (None, sw):
+        ref = reference(X, w, means, pc, ct, sw=weights)
+        Xt = torch.tensor(X)
+        before = Xt.clone()
+        prep = validate(Xt, w, means, pc, ct, sample_weight=weights)
+        lp, ll, nk, s1, s2 = estep_fused(prep, True, precision="fp32", plan=plan)
+        assert torch.equal(Xt, before)
+        assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
+        assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5
+        assert rel(lp, ref["log_prob"]) < 1e-5
+
+
+def test_register_form_far_from_origin_and_empty_component(rng):
+    """The cancellation case (data at 1e4 with unit spread) and a component no point reaches:
+    the register form keeps N_k = 0 finite and the moments accurate."""
+    X, w, means, pc = problem(rng, 300, 4, 3, "diag", spread=2.0, offset=1e4)
+    means = np.vstack([means, means[:1] + 1e3])  # a fourth component far from every point
+    w = np.append(w, 1e-9)  # (a small weight: the shift, a weighted mean of the means, stays with the data)
+    w /= w.sum()
+    pc = np.vstack([pc, pc[:1]])
+    assert plan_launch(300, 4, 4, "diag", torch.float32, torch.device("cpu")).form == "reg"
+    st = gmm_estep(torch.tensor(X), w, means, pc, "diag", backend="fused")
+    ref = reference(X, w, means, pc, "diag")
+    assert float(st.nk[3]) == pytest.approx(0.0, abs=1e-30) and torch.isfinite(st.s1).all()
+    assert rel(st.nk, ref["nk"]) < 1e-5 and rel(st.s2, ref["s2"]) < 1e-4
+    assert rel(st.log_likelihood, ref["log_likelihood"]) < 1e-6
+
+
 def test_ncu_gmm_script_smoke():
     """benchmarks/ncu_gmm.py (the run ncu profiles) on a tiny shape with a plan override."""
     from _bench import bench_module
 
     row = bench_module("ncu_gmm").main(["--shape", "300,5,4", "--plan", '{"BN": 32}'])
-    assert row["ms"] > 0 and row["plan"]["BN"] == 32 and row["plan"]["form"] == "cat"
+    assert row["ms"] > 0 and row["plan"]["BN"] == 32 and row["plan"]["form"] == "reg"
 
 
 def test_lse_feature_chunks(rng):
@@ -532,6 +619,8 @@ AOT_SHAPES = [  # (N, D, K, precision)
     (4 << 20, 256, 16, "fp32"), (4 << 20, 256, 16, "tf32x3"),  # session 2: 327680 B > 232448 B
     (1 << 20, 32, 256, "auto"), (1 << 20, 128, 1024, "auto"), (4 << 20, 64, 128, "auto"),
     (16 << 20, 8, 8, "fp32"), (1 << 20, 128, 1024, "bf16"),  # session 6: cat BD = 8 + prefetch; bf16 pass 1 DC = BD
+    # session 19: the register form at its limits (BD * KI = 32, KO = 32) and a tiny tile
+    (4 << 20, 16, 64, "fp32"), (4 << 20, 32, 8, "fp32"), (1 << 20, 2, 128, "fp32"), (1 << 20, 3, 2, "fp32"),
 ]
 
 
@@ -563,9 +652,9 @@ def _aot_check_plans():
         prec = plan.precision  # fp32 when no tensor-core configuration fits
         P = fused._PREC[prec]
         if plan.path == "single":
-            kernels = [("single", fused._diag_single_kernel,
-                        dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=False, WRITE_LOGP=False, PREC=P, FORM=plan.form,
-                             PREFETCH=plan.prefetch))]
+            fn, consts = fused._diag_single_launch(plan, False, False, P)
+            consts = {k: v for k, v in consts.items() if k not in ("num_warps", "num_stages")}
+            kernels = [("single", fn, consts)]
         else:
             kernels = [("stats", fused._diag_stats_kernel,
                         dict(BN=plan.BN, BD=plan.BD, BK=plan.BK_tile, HAS_SW=False, PREC=P))]
@@ -576,7 +665,8 @@ def _aot_check_plans():
             k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages)
             regs, stack = resource_usage(k)
             shared = k.metadata.shared
-            tag = f"{N}x{D} K={K} {prec} {plan.path}:{name} BN={consts['BN']} BK={consts['BK']} S={plan.num_stages}"
+            tag = (f"{N}x{D} K={K} {prec} {plan.path}:{name} {plan.form if name == 'single' else ''} BN={consts['BN']} "
+                   f"BK={plan.BK if 'KO' in consts else consts['BK']} S={plan.num_stages}")
             print(f"AOT {tag}: shared={shared} (model {plan.smem_est}) regs={regs} (model {plan.regs_est}) "
                   f"stack={stack}", flush=True)
             assert shared <= MAX_SHARED_PER_BLOCK, f"{tag}: shared memory {shared} > {MAX_SHARED_PER_BLOCK}"
@@ -587,6 +677,12 @@ def _aot_check_plans():
             # spill-free chunked form (24.2 -> 17.6 ms at 1M x 128, K = 1024 on the H200)
             spill_ok = name == "lse" and prec == "bf16" and plan.DC == plan.BD
             assert stack == 0 or (spill_ok and stack <= 2048), f"{tag}: register spills (stack {stack} B)"
+            if "KO" in consts:  # register form: the loop's 4-D statistics keep features and KI components in-thread
+                ir = k.asm["ttgir"]
+                defs = dict(re.findall(r"^(#blocked\d*) = (#ttg\.blocked<.*>)$", ir, re.M))
+                loop = next(ln for ln in ir.splitlines() if "scf.for" in ln)
+                lay = {defs[b] for b in re.findall(r"tensor<\d+x\d+x\d+x\d+xf32, (#blocked\d*)>", loop)}
+                assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
     sys.stdout.flush()
 
 

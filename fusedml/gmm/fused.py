@@ -262,6 +262,101 @@ def _diag_single_kernel(
 
 
 @triton.jit
+def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N, D, ON: tl.constexpr):
+    """Row block ``blk`` of X as a [BD, BN] tile in X's dtype (0 outside [N, D]); zeros when not ON
+    (an unused prefetch slot)."""
+    if ON:
+        rows = blk * BN + offs_n
+        m = (offs_d[:, None] < D) & (rows[None, :] < N)
+        return tl.load(X + rows.to(tl.int64)[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
+    else:
+        return tl.zeros((offs_d.shape[0], BN), dtype=X.dtype.element_ty)
+
+
+@triton.jit
+def _diag_reg_kernel(
+    X, stride_xn, stride_xd,  # [N, D] any float dtype, any strides
+    G,  # [D] shift (float64 for float64 X, else fp32)
+    SW,  # [N] fp32 sample weights (HAS_SW)
+    W1, W2, CONST,  # [D, K], [D, K], [K] fp32, log2 units
+    LOGP,  # [N] fp32 out (WRITE_LOGP)
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2,
+):
+    """Single sweep with register FMAs, for small K x D (``form="reg"``): tiles are
+    [BD, KI, BN, KO]. Triton's default layout gives threads to the trailing axes first, so the
+    feature axis and KI components lie within each thread (their weights and statistics held in
+    registers across the whole row stream: no shared-memory operands, no shuffles in the sums),
+    rows and KO component groups across threads (component k = ki * KO + ko). The statistics
+    accumulate per thread and are reduced over rows once, at the end. PREFETCH (0-2): row blocks
+    loaded ahead (a block is 1-2 KB, so one load in flight per program cannot cover DRAM latency)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_o = tl.arange(0, KO)
+    ks = tl.arange(0, KI)[:, None] * KO + offs_o[None, :]  # [KI, KO]
+    dmask = offs_d < D
+    kmask = ks < K
+    g = tl.load(G + offs_d, mask=dmask, other=0.0)
+    wmask = dmask[:, None, None] & kmask[None, :, :]  # [BD, KI, KO]
+    woff = offs_d[:, None, None] * K + ks[None, :, :]
+    w1 = tl.load(W1 + woff, mask=wmask, other=0.0)[:, :, None, :]  # [BD, KI, 1, KO]
+    w2 = tl.load(W2 + woff, mask=wmask, other=0.0)[:, :, None, :]
+    cst = tl.load(CONST + ks, mask=kmask, other=float("-inf"))[:, None, :]  # [KI, 1, KO]
+    acc_s1 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
+    acc_s2 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
+    acc_nk = tl.zeros((KI, BN, KO), dtype=tl.float32)
+    acc_ll = tl.zeros((BN, KO), dtype=tl.float32)  # row sums in the ko == 0 column: no layout change
+    x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1)
+    x_b = _reg_rows(X, stride_xn, stride_xd, pid + nprog, BN, offs_n, offs_d, N, D, PREFETCH >= 2)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n
+        nmask = rows < N
+        m2 = dmask[:, None] & nmask[None, :]
+        if PREFETCH == 0:
+            xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True)
+        elif PREFETCH == 1:
+            xt = x_a
+            x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True)
+        else:
+            xt = x_a
+            x_a = x_b
+            x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True)
+        xt = tl.where(m2, (xt.to(g.dtype) - g[:, None]).to(tl.float32), 0.0)  # [BD, BN]
+        x = xt[:, None, :, None]  # [BD, 1, BN, 1]
+        x2 = x * x
+        # two sums of products over the in-thread feature axis: FFMA chains
+        lg = tl.sum(x * w1, axis=0) + tl.sum(x2 * w2, axis=0) + cst  # [KI, BN, KO]
+        m = tl.max(tl.max(lg, axis=0), axis=1)  # [BN]
+        e = tl.exp2(lg - m[None, :, None])
+        l = tl.sum(tl.sum(e, axis=0), axis=1)
+        lse = (m + tl.log2(l)) * 0.6931471805599453  # natural log
+        r = e * (1.0 / l)[None, :, None]
+        if HAS_SW:
+            sw = tl.load(SW + rows, mask=nmask, other=0.0)
+            r = r * sw[None, :, None]
+            lse_w = sw * lse
+        else:
+            lse_w = lse
+        acc_ll += tl.where(nmask[:, None] & (offs_o[None, :] == 0), lse_w[:, None], 0.0)
+        if WRITE_LOGP:
+            tl.store(LOGP + rows, lse, mask=nmask)
+        r = tl.where(nmask[None, :, None], r, 0.0)
+        acc_nk += r
+        acc_s1 += x * r[None, :, :, :]
+        acc_s2 += x2 * r[None, :, :, :]
+    base = pid.to(tl.int64) * K * D
+    tl.store(PNK + pid * K + ks, tl.sum(acc_nk, axis=1), mask=kmask)
+    soff = base + ks[None, :, :] * D + offs_d[:, None, None]  # [BD, KI, KO] -> [k, d]
+    tl.store(PS1 + soff, tl.sum(acc_s1, axis=2), mask=wmask)
+    tl.store(PS2 + soff, tl.sum(acc_s2, axis=2), mask=wmask)
+    tl.store(PLL + pid, tl.sum(tl.sum(acc_ll, axis=1), axis=0))
+
+
+@triton.jit
 def _diag_lse_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
@@ -614,6 +709,15 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     return logp, (labels if want_label else None), pll
 
 
+def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str):
+    """``(kernel, keyword arguments)`` of the diag single sweep in the plan's form."""
+    kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.form == "reg":
+        bd, ki, ko = plan.reg
+        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch))
+    return _diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch)
+
+
 def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Plan, ops):
     """One fused E-step with a fixed plan (may raise triton's OutOfResources at launch)."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
@@ -626,16 +730,15 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     full_like = ct in ("full", "tied")
     if plan.path == "single":
         n_blocks = triton.cdiv(N, plan.BN)
+        if not full_like:
+            kern, kw = _diag_single_launch(plan, has_sw, return_log_prob, prec)
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
         else:
             args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
                     dummy, dummy, dummy, dummy, N, D, K, n_blocks)
-            kw = dict(BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec,
-                      FORM=plan.form, PREFETCH=plan.prefetch, num_warps=plan.num_warps, num_stages=plan.num_stages)
             # partials: P x K x D x 2 fp32, kept under ~32 MB
-            P = _grid(_diag_single_kernel, args, kw, dev, n_blocks, plan.programs,
-                      max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
+            P = _grid(kern, args, kw, dev, n_blocks, plan.programs, max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
         pnk = torch.empty(P, K, dtype=f32, device=dev)
         pll = torch.empty(P, dtype=f32, device=dev)
@@ -650,11 +753,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         else:
             ps1 = torch.empty(P, K, D, dtype=f32, device=dev)
             ps2 = torch.empty(P, K, D, dtype=f32, device=dev)
-            _diag_single_kernel[(P,)](
-                X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
-                pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
-                HAS_SW=has_sw, WRITE_LOGP=return_log_prob, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch,
-                num_warps=plan.num_warps, num_stages=plan.num_stages)
+            kern[(P,)](X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
+                       pnk, ps1, ps2, pll, N, D, K, n_blocks, **kw)
         lp_out = logp if return_log_prob else None
     else:
         logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)

@@ -122,9 +122,10 @@ class Plan:
     num_stages : int
         Software-pipelining depth passed to the launches.
     form : str
-        Single-sweep diag product form: ``"dot"`` (four ``tl.dot`` per block), ``"cat"`` (one
-        interleaved ``[x, x^2]`` operand: two ``tl.dot`` per block) or ``"bcast"`` (broadcast multiply
-        and in-register sums; fp32 only). "cat" and "bcast" are benchmark sweep variants.
+        Single-sweep diag product form: ``"reg"`` (register FMAs, small K x D: :func:`reg_tile`),
+        ``"dot"`` (four ``tl.dot`` per block), ``"cat"`` (one interleaved ``[x, x^2]`` operand: two
+        ``tl.dot`` per block) or ``"bcast"`` (broadcast multiply and in-register sums over a
+        ``[BN, BD, BK]`` tile; fp32 only, a benchmark sweep variant).
     smem_est : int
         Estimated shared memory per program (bytes) of the chosen path's largest kernel.
     DC : int
@@ -135,12 +136,16 @@ class Plan:
     precision : str
         The operand precision planned for: the one asked for, or "fp32" when no tensor-core
         configuration fits (e.g. D = 256: its split operands spill at every block size).
-    prefetch : bool
-        Single sweep (diag): load the next row block before this block's products (software
-        pipelining by hand, one more [BN, BD] tile live).
+    prefetch : int
+        Single sweep (diag): row blocks loaded ahead of this block's products (software pipelining
+        by hand; the ``tl.dot`` forms 0 or 1, the register form 0-2).
     occupancy_grid : bool
         Single sweep (diag): size the persistent grid from the compiled kernel's registers and
         shared memory (:func:`fusedml.gmm.fused.resident_programs`) instead of ``programs``.
+    reg : tuple
+        ``form="reg"``: ``(BD, KI, KO)`` of its tiles (:func:`reg_tile`: padded features, components
+        per thread, component groups across threads; ``BN`` is its row block); ``()`` otherwise.
+        ``BD`` and ``BK`` above stay the ``tl.dot`` tiles of pass 1 (scoring, fallbacks).
     """
 
     path: str
@@ -162,8 +167,9 @@ class Plan:
     lse_BK: int = 0
     lse_warps: int = 0
     precision: str = ""
-    prefetch: bool = False
+    prefetch: int = 0
     occupancy_grid: bool = False
+    reg: tuple = ()
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
@@ -200,6 +206,43 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device) -> str:
         ``"fp32"`` (kept as a function: the one place a measured rule for another GPU goes).
     """
     return "fp32"
+
+
+REG_VALUES = 32  # BD * KI of the register form: 2 x 32 weights and 2 x 32 statistics per thread
+REG_MAX_KO = 8  # threads sharing a row (component groups): more lost to tl.dot (session 19)
+
+
+def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | None = None, num_warps: int = 4):
+    """Tile of the register-FMA single sweep (``form="reg"``), or None where it does not apply.
+
+    The kernel (:func:`fusedml.gmm.fused._diag_reg_kernel`) holds, per thread, one row's
+    features and ``KI`` components' weights and statistics (``2 BD KI`` values each) for the
+    whole row stream, so ``BD * KI <= REG_VALUES`` (32: ~190 registers at D = K = 16 on sm_90,
+    no spills); the ``KO = BK / KI`` component groups lie across the threads of a warp
+    (``KO <= 32``: the row's softmax stays within a warp). Hence ``BD <= 32`` and
+    ``BK <= 32 KI``, i.e. ``K x D`` up to about 1024. ``KI = min(BK, 32 / BD)`` (most work per
+    thread for its copy of the row); rows per thread ``32 / (BD KI)`` (at most 4, so that tiny
+    rows still give each thread ~32 values of work per block).
+
+    Parameters
+    ----------
+    D, K : int
+        Features, components.
+    ki, rows_per_thread : int, optional
+        Overrides (the benchmark's probe).
+    num_warps : int
+
+    Returns
+    -------
+    tuple or None
+        ``(BD, BK, KI, BN, num_warps)``.
+    """
+    BD, BK = _pow2(D, 1), _pow2(K, 1)
+    KI = ki if ki is not None else min(BK, max(1, REG_VALUES // BD))
+    if BD * KI > REG_VALUES or BK % KI or BK // KI > (32 if ki is not None else REG_MAX_KO):
+        return None
+    rpt = rows_per_thread if rows_per_thread is not None else 1
+    return BD, BK, KI, 32 * num_warps * rpt // (BK // KI), num_warps
 
 
 def smem_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, num_stages: int, precision: str) -> int:
@@ -288,7 +331,7 @@ def _diag_fits(kind, BN, BD, BK, nw, st, precision, smem_limit):
 
 
 def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, path: str = "auto",
-                precision: str = "fp32") -> Plan:
+                precision: str = "fp32", register_form: bool = True) -> Plan:
     """Choose the fused E-step's path and launch parameters (see the module docstring for the model).
 
     Parameters
@@ -302,6 +345,9 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     path : {"auto", "single", "two_pass"}
     precision : str
         Operand precision: "fp32" or a tensor-core precision (tf32x3, tf32, bf16).
+    register_form : bool
+        Allow the register-FMA single sweep (:func:`reg_tile`); False gives the ``tl.dot`` plans
+        (the benchmark's before/after comparison).
 
     Returns
     -------
@@ -317,23 +363,22 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     tc = precision != "fp32"
     st = 2
     fits, best = False, None
-    for BN in (128, 64, 32, 16):
-        for nw in (4, 8):
-            if full_like:
-                if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
-                    continue
-                E = _single_elems(covariance_type, BN, BD, BK)
-                ok = E <= 32 * nw * _DATA_REGS and K <= 64
-                regs = min(255, E // (32 * nw) + 48)
-                sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
-                ok = ok and sm <= smem_limit
-            else:
-                ok, sm, regs = _diag_fits("single", BN, BD, BK, nw, st, precision, smem_limit)
-                ok = ok and (not tc or BD <= 64)  # tensor-core single sweep spilled at BD = 256 (sm_90)
-            if ok:
-                best, fits = (nw, BN, regs, sm), True
-                break
-        if fits:
+    # measured (session 19, occupancy grid): small fp32 diag tiles run best as many small programs
+    small = [] if full_like or tc or BD * BK > 1024 else [(32, 2 if BD * BK <= 512 else 4)]
+    for BN, nw in small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]:
+        if full_like:
+            if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
+                continue
+            E = _single_elems(covariance_type, BN, BD, BK)
+            ok = E <= 32 * nw * _DATA_REGS and K <= 64
+            regs = min(255, E // (32 * nw) + 48)
+            sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
+            ok = ok and sm <= smem_limit
+        else:
+            ok, sm, regs = _diag_fits("single", BN, BD, BK, nw, st, precision, smem_limit)
+            ok = ok and (not tc or BD <= 64)  # tensor-core single sweep spilled at BD = 256 (sm_90)
+        if ok:
+            best, fits = (nw, BN, regs, sm), True
             break
     chosen = path if path != "auto" else ("single" if fits else "two_pass")
     if chosen == "single":
@@ -393,12 +438,25 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     if precision == "bf16" and not full_like and DC < BD <= 128:  # measured: x on chip beats chunked re-reads
         DC, lse_bn = BD, 64
     lse_blocks = -(-N // lse_bn)
-    form, prefetch = "dot", False
-    if chosen == "single" and not full_like and D <= 8:  # [x, x^2] is 16 wide: no padded features
+    form, prefetch, reg = "dot", False, ()
+    rt = (reg_tile(D, K) if register_form and chosen == "single" and not full_like and precision == "fp32"
+          else None)
+    if rt is not None:  # register FMAs: no shared-memory operands (see reg_tile)
+        rbd, rbk, ki, BN, nw = rt
+        # blocks ahead: ~2 KB in flight per program (a 1 KB block one ahead, smaller ones two)
+        form, reg, prefetch = "reg", (rbd, ki, rbk // ki), (1 if 4 * BN * rbd >= 1024 else 2)
+        rpt = BN * (rbk // ki) // (32 * nw)
+        # shared memory: the x tile in flight (cp.async stages) and its layout change, the weight
+        # tiles' layout change, scratch (sm_90 compiles: 1-16 KB)
+        regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
+        sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
+        per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * regs)))
+        n_blocks = -(-N // BN)
+    elif chosen == "single" and not full_like and D <= 8:  # [x, x^2] is 16 wide: no padded features
         BD, form, prefetch = 8, "cat", True
         DC = BD if DC > BD else DC
     return Plan(path=chosen, BN=BN, BD=BD, BK=BK, BK_tile=BK_tile, num_warps=nw,
                 programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
                 form=form, DC=DC, lse_BN=lse_bn, lse_BK=lse_bk, lse_warps=lse_nw, precision=precision,
-                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like)
+                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like, reg=reg)
