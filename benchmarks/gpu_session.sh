@@ -40,9 +40,9 @@ for p in $parts; do
       ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
       ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
       ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-      run ncu-gmm-16 120 ncu $ncu_sec --kernel-name regex:_diag_(single|reg) --launch-skip 1 --launch-count 1 \
+      run ncu-gmm-16 120 ncu $ncu_sec --kernel-name "regex:_diag_(single|reg)" --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_gmm.py --shape 4194304,16,16
-      run ncu-gmm-8 120 ncu $ncu_sec --kernel-name regex:_diag_(single|reg) --launch-skip 1 --launch-count 1 \
+      run ncu-gmm-8 120 ncu $ncu_sec --kernel-name "regex:_diag_(single|reg)" --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_gmm.py --shape 16777216,8,8
       run ncu-gmm-1024 120 ncu $ncu_sec --kernel-name "regex:_diag_(lse|stats)" --launch-skip 2 --launch-count 2 \
         python3 benchmarks/ncu_gmm.py --shape 1048576,128,1024 --precision bf16 ;;
