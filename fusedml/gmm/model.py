@@ -364,7 +364,8 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     st = 2
     fits, best = False, None
     # measured (session 19, occupancy grid): small fp32 diag tiles run best as many small programs
-    small = [] if full_like or tc or BD * BK > 1024 else [(32, 2 if BD * BK <= 512 else 4)]
+    small = ([] if full_like or tc or BD * BK > 4096 else
+             [(32, 2)] if BD * BK <= 512 else [(32, 4)] if BD * BK <= 1024 else [(16, 4)])
     for BN, nw in small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]:
         if full_like:
             if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
