@@ -347,10 +347,12 @@ def test_reg_tile_rule():
     for kw in (dict(precision="bf16"), dict(path="two_pass")):
         assert plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu, **kw).form != "reg"
     assert plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).form != "reg"
-    # tl.dot tiles of K x D <= 1024 run as small programs (32 rows, 2 or 4 warps; measured)
+    # tl.dot tiles of K x D <= 4096 run as small programs (32 or 16 rows, 2 or 4 warps; measured)
     assert (lambda q: (q.form, q.BN, q.num_warps))(plan_launch(16 << 20, 32, 32, "diag", torch.float32, cpu)) == \
         ("dot", 32, 4)
     assert (lambda q: (q.BN, q.num_warps))(plan_launch(4 << 20, 16, 32, "diag", torch.float32, cpu)) == (32, 2)
+    assert (lambda q: (q.BN, q.num_warps))(plan_launch(1 << 20, 64, 64, "diag", torch.float32, cpu)) == (16, 4)
+    assert (lambda q: (q.BN, q.num_warps))(plan_launch(4 << 20, 128, 64, "diag", torch.float32, cpu)) == (16, 8)
 
 
 @pytest.mark.parametrize("N,D,K,ct,over", [

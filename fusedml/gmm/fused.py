@@ -8,6 +8,10 @@ the responsibilities and the statistics' partial sums (``r^T x``, ``r^T x^2`` th
 per-component ``(r_k e)^T e`` for full/tied), all in one traversal of K: nothing is recomputed and
 N x K never reaches memory. Partials per program, summed in float64 on the device afterwards.
 
+For small K x D (fp32) the single sweep's products are register FMAs instead (``form="reg"``,
+:func:`_diag_reg_kernel`): each thread keeps one row's features and a few components' weights and
+statistics in registers for the whole row stream, so no operand goes through shared memory.
+
 Two-pass (Flash-GMM design, ``path="two_pass"``) when K x D (K x D^2) does not fit on chip:
 pass 1 the row's log-normaliser by an online log-sum-exp over component tiles (the same kernel
 scores samples: log-likelihood and arg-max label); pass 2, a grid of (row chunk, component tile)

@@ -23,7 +23,8 @@ choices for the target shapes):
 * full/tied single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
   (the per-component column insert/extract costs ``O(BN K^2)``).
 * **Single sweep** when a (BN, W) candidate fits both budgets, tried in the order BN = 128, 64, 32,
-  16, W = 4 then 8 for each. Larger row blocks amortise the per-block work that does not scale with
+  16, W = 4 then 8 for each (fp32 diag tiles of ``BD x BK <= 4096`` try a measured small program
+  first, see session 19 below). Larger row blocks amortise the per-block work that does not scale with
   rows (weight-operand reads from shared memory, layout conversions, barriers): sm_90 PTX of the
   K = D = 16 sweep has 2461 instructions and 338 shared loads per row at BN = 128, W = 4 against 2982
   and 402 at BN = 64 (the session-1 pick, 0.64 ms on the H200), with 1072 vs 1120 FMAs per row (1024
@@ -48,6 +49,19 @@ choices for the target shapes):
   The compiled-resource grid was also measured for the full/tied single sweep and is not used
   there (``results/gmm_fulltied_occupancy-H200-2026-12-03-s6-e.json``): 1M x 32, K = 64 full
   13.7 -> 25.7 ms, 4M x 8, K = 8 full 3.97 -> 3.72, others within 1 %.
+
+* **Session 19** (H200, ``results/gmm*-H200-2026-12-04-s19-*``):
+
+  - the **register form** (``form="reg"``, fp32 diag/spherical single sweep, :func:`reg_tile`):
+    where at most 8 threads share a row (padded ``K x D <= 256``), each thread holds one row's
+    features and ``KI`` components' weights and statistics in registers: 4M x 16, K = 16
+    0.639 -> 0.505 ms, 16M x 8, K = 8 1.55 -> 0.542, 4M x 32, K = 8 spherical 1.14 -> 0.56,
+    1M x 2, K = 128 1.14 -> 0.25-0.48. With 16 or 32 threads per row it lost to ``tl.dot``
+    (16M x 32, K = 32: 7.9 against 4.3-4.9 ms): not used there. Its row blocks are 1-2 KB, so
+    blocks are loaded ahead (without: 0.77 / 0.82 ms at 4M x 16 / 4M x 32, K = 8 spherical);
+  - ``tl.dot`` tiles with ``BD x BK <= 4096`` run as small programs (the occupancy grid then
+    holds many of them): 32 rows x 2 warps up to 512, 32 x 4 up to 1024, 16 x 4 up to 4096
+    (16M x 32, K = 32 6.7 -> 4.9 ms; 4M x 16, K = 64 1.69 -> 1.27; 1M x 64, K = 64 1.31 -> 1.12).
 
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
