@@ -394,6 +394,30 @@ def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
         assert rel(lp, ref["log_prob"]) < 1e-5
 
 
+@pytest.mark.parametrize("P,PL,K,D,ct", [(1, 1, 1, 1, "diag"), (37, 37, 5, 3, "diag"), (20, 3, 3, 200, "diag"),
+                                         (17, 40, 4, 6, "spherical")])
+def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):
+    """The one-launch finish (float64 sums of the partials, moments moved to the centres) equals
+    the torch composition it replaced, for partial counts that are no multiple of its block,
+    feature counts past one feature block, and (two-pass) as many log-likelihood partials as pass 1
+    had programs, not as the statistics have row chunks."""
+    from fusedml.gmm._prep import finish_shifted, validate
+    from fusedml.gmm.fused import _diag_finish, _operands
+
+    X, w, means, pc = problem(rng, 10, D, K, ct)
+    prep = validate(torch.tensor(X), w, means, pc, ct, center=means + 0.3)
+    pnk = torch.rand(P, K) * 100
+    ps1 = torch.randn(P, K, D) * 10
+    ps2 = torch.rand(P, K, D) * 1000
+    pll = torch.randn(PL) * 1e3
+    ll, nk, s1, s2 = _diag_finish(prep, _operands(prep), pnk, ps1, ps2, pll)
+    nk_ref = pnk.double().sum(0)
+    s1_ref, s2_ref = finish_shifted(prep, nk_ref, ps1.double().sum(0), ps2.double().sum(0))
+    assert torch.allclose(ll, pll.double().sum(), rtol=1e-12) and torch.allclose(nk, nk_ref, rtol=1e-12)
+    assert torch.allclose(s1, s1_ref, rtol=1e-10, atol=1e-9) and torch.allclose(s2, s2_ref, rtol=1e-10, atol=1e-9)
+    assert s2.shape == ((K,) if ct == "spherical" else (K, D))
+
+
 def test_register_form_far_from_origin_and_empty_component(rng):
     """The cancellation case (data at 1e4 with unit spread) and a component no point reaches:
     the register form keeps N_k = 0 finite and the moments accurate."""
@@ -685,6 +709,14 @@ def _aot_check_plans():
                 loop = next(ln for ln in ir.splitlines() if "scf.for" in ln)
                 lay = {defs[b] for b in re.findall(r"tensor<\d+x\d+x\d+x\d+xf32, (#blocked\d*)>", loop)}
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
+    # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
+    fn = fused._diag_finish_kernel
+    sig = {a: ("constexpr" if a in ("BP", "BD") else ("i32" if a in ("P", "PL", "K", "D") else
+                                                      ("*fp64" if a in ("CP", "OUT") else "*fp32"))) for a in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, {"BP": 16, "BD": 128}), target=target, options=dict(num_warps=4))
+    regs, stack = resource_usage(k)
+    print(f"AOT finish: regs={regs} stack={stack}", flush=True)
+    assert stack == 0
     sys.stdout.flush()
 
 
