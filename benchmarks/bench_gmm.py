@@ -4,15 +4,19 @@ For each configuration: ms per E-step data pass (do_bench median of the launch +
 reduction, parameters prepared once), % of the read-once floor bytes(X) / 4.28e12, achieved
 TFLOP/s (useful flops: distances + statistics), the path the model picks, the speed-up over "ops"
 (torch GEMMs + logsumexp + N x K responsibilities), the single-sweep speed-up over the forced
-two-pass path, and the relative error of N_k, S1, S2 and the log-likelihood against a float64
-E-step on the same data. Also the public ``gmm_estep`` call time (validation included).
+two-pass path (for every single-sweep shape), the ``tl.dot`` plan's time where the register form
+runs (``ms_tl_dot``), and the relative error of N_k, S1, S2 and the log-likelihood against a
+float64 E-step on the same data. Also the public ``gmm_estep`` call time (validation included).
 
 Usage::
 
     python benchmarks/bench_gmm.py                 # 7 configurations incl. the 4 targets (< 45 s on an H200)
-    python benchmarks/bench_gmm.py --full          # all 16 configurations (a few minutes)
+    python benchmarks/bench_gmm.py --full          # all 20 configurations (a few minutes)
+    python benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7   # the README's table (session 19)
     python benchmarks/bench_gmm.py --precision tf32
     python benchmarks/bench_gmm.py --sweep         # launch-variant sweep on the target shapes (< 60 s)
+    python benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2 --sweep-precisions fp32 \
+        --variants '^single reg'                   # chosen shapes and variants only
     python benchmarks/bench_gmm.py --quick         # CPU smoke run under the Triton interpreter
 
 A configuration that fails (compile error, out of resources, ...) is recorded with its error and the
@@ -67,7 +71,7 @@ CONFIGS = [
     (4 << 20, 8, 8, "full"),
     (1 << 20, 16, 16, "full"),
     (1 << 20, 32, 64, "full"),
-    # session 19: the register form's range (K x D up to ~1024)
+    # session 19: the register form (K x D <= 256) and its limits (16-32 threads per row)
     (4 << 20, 16, 64, "diag"),
     (4 << 20, 32, 8, "spherical"),
     (1 << 20, 2, 128, "diag"),

@@ -283,9 +283,9 @@ def check_gmm(dev):
                 cases.append((cov, n, d, k, path, "auto"))
     cases += [("diag", 30_000, 64, 64, "auto", "tf32x3"), ("diag", 100_000, 128, 1024, "auto", "auto"),
               ("diag", 50_000, 32, 256, "auto", "auto"), ("diag", 20_000, 256, 16, "auto", "tf32x3"),
-              # D <= 8 plan (16-wide [x, x^2], prefetch) over several blocks per persistent program
+              # small K x D over several blocks per persistent program: the register form (session 19;
+              # K x D <= 256, odd K and D) and, at 32 x 32, the small tl.dot programs
               ("diag", 700_001, 8, 8, "auto", "auto"), ("spherical", 300_000, 2, 3, "auto", "auto"),
-              # register-FMA single sweep (form "reg"): K x D up to ~1024, odd K and D, many blocks
               ("diag", 1_000_003, 16, 16, "auto", "auto"), ("diag", 400_000, 32, 32, "auto", "auto"),
               ("diag", 300_001, 2, 128, "auto", "auto"), ("spherical", 200_000, 13, 24, "auto", "auto"),
               ("diag", 250_000, 1, 1, "auto", "auto"), ("diag", 250_000, 31, 5, "auto", "auto")]

@@ -231,12 +231,12 @@ def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | No
 
     The kernel (:func:`fusedml.gmm.fused._diag_reg_kernel`) holds, per thread, one row's
     features and ``KI`` components' weights and statistics (``2 BD KI`` values each) for the
-    whole row stream, so ``BD * KI <= REG_VALUES`` (32: ~190 registers at D = K = 16 on sm_90,
-    no spills); the ``KO = BK / KI`` component groups lie across the threads of a warp
-    (``KO <= 32``: the row's softmax stays within a warp). Hence ``BD <= 32`` and
-    ``BK <= 32 KI``, i.e. ``K x D`` up to about 1024. ``KI = min(BK, 32 / BD)`` (most work per
-    thread for its copy of the row); rows per thread ``32 / (BD KI)`` (at most 4, so that tiny
-    rows still give each thread ~32 values of work per block).
+    whole row stream, so ``BD * KI <= REG_VALUES`` (32: 180-250 registers on sm_90, no spills);
+    the ``KO = BK / KI`` component groups lie across the threads of a warp, at most
+    ``REG_MAX_KO = 8`` of them (each repeats the row's load, ``x^2`` and softmax; with 16-32 the
+    form lost to ``tl.dot`` on the H200), so the rule applies to padded ``K x D <= 256``.
+    ``KI = min(BK, 32 / BD)`` (most work per thread for its copy of the row); one row per thread
+    (two measured slower: ~255 registers, one program per SM). The overrides reach ``KO = 32``.
 
     Parameters
     ----------
