@@ -431,6 +431,18 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
             pick = (16, 16, 8, smem_estimate("stats", 16, BD, 16, 8, 1, precision),
                     regs_estimate("stats", 16, BD, 16, 8, precision))
         BK_tile, BN, nw, sm, regs = pick
+    form, prefetch, reg = "dot", False, ()
+    rt = (reg_tile(D, K) if register_form and chosen == "single" and not full_like and precision == "fp32"
+          else None)
+    if rt is not None:  # register FMAs: no shared-memory operands (see reg_tile)
+        rbd, rbk, ki, BN, nw = rt
+        # blocks ahead: ~2 KB in flight per program (a 1 KB block one ahead, smaller ones two)
+        form, reg, prefetch = "reg", (rbd, ki, rbk // ki), (1 if 4 * BN * rbd >= 1024 else 2)
+        rpt = BN * (rbk // ki) // (32 * nw)
+        # shared memory: the x tile in flight (cp.async stages) and its layout change, the weight
+        # tiles' layout change, scratch (sm_90 compiles: 1-16 KB)
+        regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
+        sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
     n_blocks = -(-N // BN)
     per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
     n_kt = K if full_like else -(-K // BK_tile)
@@ -453,21 +465,7 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     if precision == "bf16" and not full_like and DC < BD <= 128:  # measured: x on chip beats chunked re-reads
         DC, lse_bn = BD, 64
     lse_blocks = -(-N // lse_bn)
-    form, prefetch, reg = "dot", False, ()
-    rt = (reg_tile(D, K) if register_form and chosen == "single" and not full_like and precision == "fp32"
-          else None)
-    if rt is not None:  # register FMAs: no shared-memory operands (see reg_tile)
-        rbd, rbk, ki, BN, nw = rt
-        # blocks ahead: ~2 KB in flight per program (a 1 KB block one ahead, smaller ones two)
-        form, reg, prefetch = "reg", (rbd, ki, rbk // ki), (1 if 4 * BN * rbd >= 1024 else 2)
-        rpt = BN * (rbk // ki) // (32 * nw)
-        # shared memory: the x tile in flight (cp.async stages) and its layout change, the weight
-        # tiles' layout change, scratch (sm_90 compiles: 1-16 KB)
-        regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
-        sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
-        per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * regs)))
-        n_blocks = -(-N // BN)
-    elif chosen == "single" and not full_like and D <= 8:  # [x, x^2] is 16 wide: no padded features
+    if rt is None and chosen == "single" and not full_like and D <= 8:  # [x, x^2] is 16 wide: no padded features
         BD, form, prefetch = 8, "cat", True
         DC = BD if DC > BD else DC
     return Plan(path=chosen, BN=BN, BD=BD, BK=BK, BK_tile=BK_tile, num_warps=nw,
