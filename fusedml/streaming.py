@@ -1014,7 +1014,7 @@ class StreamedMatrix:
             lp = torch.cat([p[0] for p in parts], 0).to(torch.float64 if self.dtype == torch.float64 else torch.float32)
         ll, nk, s1, s2 = (_sum([p[i] for p in parts]) for i in range(1, 5))
         return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk,
-                        center=prep0.center.clone(), s1=s1, s2=s2)
+                        center=prep0.center, s1=s1, s2=s2)
 
     def _fusedml_gmm_score(self, weights, means, precisions_cholesky, covariance_type, *, backend="auto",
                            path="auto"):

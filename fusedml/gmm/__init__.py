@@ -177,7 +177,7 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
     if lp is not None:
         lp = lp.to(torch.float64 if prep.X.dtype == torch.float64 else torch.float32)
-    return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk, center=prep.center.clone(),
+    return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk, center=prep.center,
                     s1=s1, s2=s2)
 
 

@@ -28,12 +28,13 @@ import math
 import warnings
 from dataclasses import replace
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ._prep import Prepared, diag_precisions
+from ._prep import Prepared, diag_precisions_host, upload
 from .model import Plan, auto_precision, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
@@ -647,24 +648,28 @@ def _full_stats_kernel(
 # launch wrappers
 # ----------------------------------------------------------------------------------------------
 def _operands(prep: Prepared):
-    """Kernel-side parameter tensors (fp32, log2 units) and the shift in X's compute dtype."""
-    f32 = torch.float32
-    X = prep.X
-    g = prep.shift.to(torch.float64 if X.dtype == torch.float64 else f32).contiguous()
-    mup = prep.mu - prep.shift  # [K, D] float64
-    ops = {"G": g}
+    """Kernel-side parameter tensors (fp32, log2 units), the shift in X's compute dtype and the
+    float64 centres, derived on the host and sent to the device in one copy."""
+    h = prep.host
+    f32 = np.float32
+    mup = h["mu"] - h["shift"]  # [K, D] float64
+    cp = h["center"] - h["shift"]
+    arrays = {"G": h["shift"].astype(np.float64 if prep.X.dtype == torch.float64 else f32), "center": h["center"]}
     if prep.covariance_type in ("diag", "spherical"):
-        p = diag_precisions(prep)  # [K, D]
-        ops["W1"] = (LOG2E * mup * p).T.contiguous().to(f32)  # [D, K]
-        ops["W2"] = (-0.5 * LOG2E * p).T.contiguous().to(f32)  # [D, K]
-        ops["CONST"] = (LOG2E * (prep.const - 0.5 * (mup * mup * p).sum(1))).to(f32).contiguous()
-        ops["CP"] = (prep.center - prep.shift).contiguous()  # [K, D] float64, for the finish
+        p = diag_precisions_host(prep)  # [K, D]
+        arrays["W1"] = (LOG2E * mup * p).T.astype(f32)  # [D, K]
+        arrays["W2"] = (-0.5 * LOG2E * p).T.astype(f32)  # [D, K]
+        arrays["CONST"] = (LOG2E * (h["const"] - 0.5 * (mup * mup * p).sum(1))).astype(f32)
+        arrays["CP"] = cp  # [K, D] float64, for the finish
     else:
-        ops["MU"] = mup.to(f32).contiguous()
-        ops["P"] = prep.prec_chol.to(f32).contiguous()
+        arrays["MU"] = mup.astype(f32)
+        arrays["P"] = h["prec_chol"].astype(f32)
+        arrays["CONST"] = (LOG2E * h["const"]).astype(f32)
+        arrays["C"] = cp.astype(f32)
+    ops = upload(arrays, prep.device)
+    prep._dev.setdefault("center", ops["center"])
+    if prep.covariance_type in ("full", "tied"):
         ops["stride_pk"] = 0 if prep.covariance_type == "tied" else prep.D * prep.D
-        ops["CONST"] = (LOG2E * prep.const).to(f32).contiguous()
-        ops["C"] = (prep.center - prep.shift).to(f32).contiguous()
     return ops
 
 

@@ -70,6 +70,7 @@ count comes from :func:`gpu_info`. :func:`auto_precision` is the documented rule
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -366,7 +367,14 @@ def plan_launch(N: int, K: int, D: int, covariance_type: str, dtype, device, *, 
     Returns
     -------
     Plan
+        Memoised per argument tuple (a plan is immutable).
     """
+    return _plan(int(N), int(K), int(D), covariance_type, dtype, torch.device(device), path, precision,
+                 bool(register_form))
+
+
+@functools.lru_cache(maxsize=1024)  # an EM fit asks for the same plan every iteration (pure Python, ~40 us)
+def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_form) -> Plan:
     info = gpu_info(device)
     sms = info["sm_count"]
     smem_sm = int(info.get("smem_per_sm") or 233472)
