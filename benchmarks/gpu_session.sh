@@ -30,6 +30,16 @@ for p in $parts; do
       run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -12
       run gmm-reg 150 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7 --out "$out/gmm.json" ;;
+    gmm-host)  # session 20: parameters prepared on the host; the CUDA tests, the check, the E-step
+               # table (ms_call / ms_call_host: the public call with GPU / host parameters), the GMM fit
+      run cuda-tests-gmm 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-tests-gmm.log"
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -12
+      run gmm-host 170 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7 --out "$out/gmm.json"
+      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
+        --out "$out/end_to_end_gmm.json" ;;
     gmm-reg-sweep)  # its launch probe: components / rows per thread, blocks ahead; tl.dot blocks
       run gmm-reg-sweep 330 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,3,16,17,18,19 \
         --sweep-precisions fp32 --budget 270 --out "$out/gmm-sweep.json"
@@ -112,8 +122,8 @@ for p in $parts; do
                 --out "$out/end_to_end_multinomial.json" ;;
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
-    cuda-tests) run cuda-tests 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
-                  tests/test_algorithms_base.py ;;
+    cuda-tests) run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
+                  tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py ;;
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     solver-ops-prec) run solver-ops-prec 240 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                        --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;

@@ -4,6 +4,7 @@ scikit-learn is the reference: started from the same parameters (explicit ``*_in
 the same seed (our initialisations consume the RandomState exactly as scikit-learn does), the
 EM / Lloyd iterations must reach the same log-likelihood / inertia and the same parameters.
 """
+import os
 import pickle
 import warnings
 
@@ -249,6 +250,43 @@ def test_gmm_backends_give_same_model(ct):
     fits = [GaussianMixture(2, covariance_type=ct, max_iter=2, tol=1e-1, random_state=0, backend=be).fit(X)
             for be in ("cpu", "ops")]
     assert _rel(fits[1].means_, fits[0].means_) <= 1e-5
+
+
+def test_host_mstep_rule():
+    from algorithms.mixture import _HOST_MSTEP_MAX, _host_mstep
+
+    assert not _host_mstep("cpu", "diag", 2, 2)  # CPU data: the M-step stays where the data is
+    assert _host_mstep(torch.device("cuda", 0), "diag", 16, 16) and _host_mstep("cuda", "spherical", 4096, 256)
+    assert _host_mstep("cuda", "full", 16, 32) and not _host_mstep("cuda", "full", 16, 33)
+    assert not _host_mstep("cuda", "diag", 1024, 128) and _host_mstep("cuda", "tied", 1024, 128)
+    assert _host_mstep("cuda", "diag", _HOST_MSTEP_MAX, 1) and not _host_mstep("cuda", "diag", _HOST_MSTEP_MAX + 1, 1)
+
+
+_cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                                reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
+
+
+@_cuda_only
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_cuda_gmm_fit_host_and_device_mstep_agree(ct, monkeypatch):
+    import algorithms.mixture as mixture
+
+    X = load_iris().data.astype(np.float32)
+    kw = dict(covariance_type=ct, max_iter=6, tol=0.0, **_explicit_init(X.astype(np.float64), ct, K=3))
+    Xc = torch.tensor(X, device="cuda")
+    fits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fits["cpu"] = GaussianMixture(3, backend="cpu", **kw).fit(X)
+        for where in (True, False):
+            monkeypatch.setattr(mixture, "_host_mstep", lambda *a, where=where: where)
+            fits[where] = GaussianMixture(3, backend="fused", **kw).fit(Xc)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        host, dev = getattr(fits[True], name), getattr(fits[False], name)
+        assert host.device.type == "cuda" and dev.device.type == "cuda", name  # torch in, torch on X's device out
+        assert _rel(host.cpu().numpy(), dev.cpu().numpy()) <= 1e-9, name
+        assert _rel(host.cpu().numpy(), getattr(fits["cpu"], name)) <= 1e-4, name
+    assert fits[True].lower_bound_ == pytest.approx(fits["cpu"].lower_bound_, rel=1e-5)
 
 
 def test_kmeans_backends_give_same_model():

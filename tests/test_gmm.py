@@ -3,6 +3,7 @@
 Fused kernels run under the Triton interpreter (conftest sets TRITON_INTERPRET=1): shapes are small.
 """
 import math
+import os
 import re
 import sys
 
@@ -566,6 +567,70 @@ def test_merge_stats_equals_whole(rng):
     assert rel(m.nk, whole.nk) < TOL and rel(m.s2, whole.s2) < TOL and m.log_prob.shape == (120,)
     with pytest.raises(ValueError, match="centres"):
         a.merge(gmm_estep(X, w, means + 1, pc, "full", backend="cpu"))
+
+
+def test_upload_packs_host_arrays(rng):
+    from fusedml.gmm._prep import upload
+
+    arrays = {"a": rng.normal(size=(3, 5)), "b": rng.normal(size=7).astype(np.float32),
+              "c": np.arange(4, dtype=np.int64), "d": rng.normal(size=(4, 2)).T}  # d: not C-contiguous
+    out = upload(arrays, "cpu")
+    for k, a in arrays.items():
+        assert out[k].shape == a.shape and out[k].dtype == torch.from_numpy(np.ascontiguousarray(a)).dtype
+        assert np.array_equal(out[k].numpy(), a) and out[k].is_contiguous()
+    arrays["a"][0, 0] = 1e9  # the tensors are copies
+    assert out["a"][0, 0] != 1e9
+
+
+def test_validate_works_on_host_copies(rng):
+    from fusedml.gmm._prep import validate
+
+    X, w, means, pc = problem(rng, 40, 3, 4, "diag")
+    wt, mt, pt = (torch.tensor(a, dtype=torch.float32) for a in (w, means, pc))  # float32 parameters
+    prep = validate(torch.tensor(X), wt, mt, pt, "diag")
+    assert all(a.dtype == np.float64 for a in prep.host.values())
+    assert np.array_equal(prep.host["center"], prep.host["mu"])
+    assert not np.shares_memory(prep.host["center"], prep.host["mu"])
+    mt[0, 0] = 1e6  # later changes to the caller's tensors do not reach the prepared operands
+    assert prep.host["mu"][0, 0] != 1e6 and float(prep.mu[0, 0]) != 1e6
+    assert prep.mu.dtype == torch.float64 and prep.mu.device == prep.X.device
+    ref = validate(torch.tensor(X), w, means, pc, "diag")
+    assert np.allclose(ref.host["const"], prep.host["const"], rtol=1e-6)
+    # spherical and tied derive the same constants as explicit formulas
+    for ct in ("spherical", "tied"):
+        X, w, means, pc = problem(rng, 30, 3, 2, ct)
+        h = validate(X, w, means, pc, ct).host
+        ld = (3 * np.log(pc) if ct == "spherical" else np.full(2, np.log(np.diag(pc)).sum()))
+        assert np.allclose(h["const"], np.log(w) + ld - 1.5 * np.log(2 * np.pi))
+        assert np.allclose(h["shift"], (w[:, None] * means).sum(0), rtol=1e-6)
+
+
+def test_stats_to_same_device_is_identity(rng):
+    X, w, means, pc = problem(rng, 50, 3, 2, "diag")
+    st = gmm_estep(X, w, means, pc, "diag", backend="cpu")
+    assert st.to("cpu") is st
+
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                               reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
+
+
+@cuda_only
+@pytest.mark.parametrize("ct", COV)
+def test_cuda_parameters_on_host_or_device_agree(rng, ct):
+    X, w, means, pc = problem(rng, 5000, 6, 5, ct)
+    Xc = torch.tensor(X, dtype=torch.float32, device="cuda")
+    on_dev = gmm_estep(Xc, *(torch.tensor(a, device="cuda") for a in (w, means, pc)), ct, return_log_prob=True)
+    on_host = gmm_estep(Xc, w, means, pc, ct, return_log_prob=True)
+    for name in ("log_likelihood", "nk", "s1", "s2", "center", "log_prob"):
+        assert torch.equal(getattr(on_dev, name), getattr(on_host, name)), name
+    assert on_dev.nk.device.type == "cuda" and on_dev.center.device.type == "cuda"
+    back = on_dev.to("cpu")
+    assert back.nk.device.type == "cpu" and back.log_prob.device.type == "cpu"
+    for name in ("log_likelihood", "nk", "s1", "s2", "center", "log_prob"):
+        assert torch.equal(getattr(back, name), getattr(on_dev, name).cpu()), name
+    ref = gmm_estep(X, w, means, pc, ct, backend="cpu")
+    assert rel(back.nk, ref.nk) < 1e-4 and rel(back.s2, ref.s2) < 1e-4
 
 
 def test_top_level_exports():

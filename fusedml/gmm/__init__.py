@@ -83,6 +83,34 @@ class GMMStats:
         return replace(self, log_likelihood=self.log_likelihood + other.log_likelihood.to(dev), log_prob=lp,
                        nk=self.nk + other.nk.to(dev), s1=self.s1 + other.s1.to(dev), s2=self.s2 + other.s2.to(dev))
 
+    def to(self, device) -> "GMMStats":
+        """The statistics on ``device``, moved in ONE transfer (``log_prob``, ``[N]``, in a second).
+
+        An EM loop on a GPU reads the log-likelihood every iteration anyway; taking the small
+        statistics along in the same copy lets the M-step run on the host without further
+        synchronisations (``algorithms.GaussianMixture`` does this).
+
+        Parameters
+        ----------
+        device : torch.device or str
+
+        Returns
+        -------
+        GMMStats
+            New statistics, float64 (``log_prob`` keeps its dtype); ``self`` when already there.
+        """
+        device = torch.device(device)
+        fields = (self.log_likelihood, self.nk, self.center, self.s1, self.s2)
+        if all(t.device == device for t in fields) and (self.log_prob is None or self.log_prob.device == device):
+            return self
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in fields]).to(device)
+        out, o = [], 0
+        for t in fields:
+            out.append(flat[o:o + t.numel()].view(t.shape))
+            o += t.numel()
+        lp = None if self.log_prob is None else self.log_prob.to(device)
+        return replace(self, log_likelihood=out[0], nk=out[1], center=out[2], s1=out[3], s2=out[4], log_prob=lp)
+
 
 def _check_options(path, precision):
     if path not in PATHS:
