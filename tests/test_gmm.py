@@ -743,8 +743,7 @@ def _aot_check_plans():
         prec = plan.precision  # fp32 when no tensor-core configuration fits
         P = fused._PREC[prec]
         if plan.path == "single":
-            fn, consts = fused._diag_single_launch(plan, False, False, P)
-            consts = {k: v for k, v in consts.items() if k not in ("num_warps", "num_stages")}
+            fn, consts, _ = fused._diag_single_launch(plan, False, False, P)
             kernels = [("single", fn, consts)]
         else:
             kernels = [("stats", fused._diag_stats_kernel,

@@ -42,23 +42,30 @@ def upload(arrays: dict, device) -> dict:
     Returns
     -------
     dict of str to torch.Tensor
-        Contiguous tensors with the arrays' shapes and dtypes; on the CPU they share memory with
-        C-contiguous copies of the arrays.
+        Contiguous tensors with the arrays' shapes and dtypes (copies; on the CPU views of one
+        buffer too).
     """
     device = torch.device(device)
     arrays = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
-    if device.type == "cpu":
-        return {k: torch.from_numpy(a.copy()) for k, a in arrays.items()}
     offs, total = {}, 0
     for k, a in arrays.items():
         offs[k] = total
         total += -(-a.nbytes // 16) * 16
-    staging = torch.empty(max(total, 16), dtype=torch.uint8, pin_memory=True)
+    on_cpu = device.type == "cpu"
+    staging = torch.empty(max(total, 16), dtype=torch.uint8, pin_memory=not on_cpu)
     buf = staging.numpy()
     for k, a in arrays.items():
         buf[offs[k]:offs[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
-    dev = staging.to(device, non_blocking=True)  # the caching host allocator keeps `staging` until it is read
-    return {k: dev[offs[k]:offs[k] + a.nbytes].view(_TORCH_DTYPE[a.dtype]).view(a.shape) for k, a in arrays.items()}
+    # the caching host allocator keeps `staging` until the copy has read it
+    dev = staging if on_cpu else staging.to(device, non_blocking=True)
+    typed, out = {}, {}
+    for k, a in arrays.items():  # one typed view of the buffer per dtype, one strided view per array
+        dt = _TORCH_DTYPE[a.dtype]
+        base = typed.get(dt)
+        if base is None:
+            base = typed[dt] = dev.view(dt)
+        out[k] = base.as_strided(a.shape, tuple(st // a.itemsize for st in a.strides), offs[k] // a.itemsize)
+    return out
 
 
 class Prepared:

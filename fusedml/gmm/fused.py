@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from .._launch import launch
 from ._prep import Prepared, diag_precisions_host, upload
 from .model import Plan, auto_precision, gpu_info, plan_launch
 
@@ -763,12 +764,26 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
 
 
 def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str):
-    """``(kernel, keyword arguments)`` of the diag single sweep in the plan's form."""
-    kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form."""
+    kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
+    opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.form == "reg":
         bd, ki, ko = plan.reg
-        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch))
-    return _diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch)
+        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch)), opts
+    return (_diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch),
+            opts)
+
+
+_DUMMY: dict = {}
+_GRIDS: dict = {}
+
+
+def _dummy(dev) -> torch.Tensor:
+    """A 1-element fp32 tensor for pointer arguments a launch does not use (one per device)."""
+    t = _DUMMY.get(dev)
+    if t is None:
+        t = _DUMMY[dev] = torch.empty(1, dtype=torch.float32, device=dev)
+    return t
 
 
 def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Plan, ops):
@@ -778,20 +793,26 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     f32, f64 = torch.float32, torch.float64
     ct = prep.covariance_type
     prec = _PREC[precision]
-    dummy = torch.empty(1, dtype=f32, device=dev)
+    dummy = _dummy(dev)
     sw, has_sw = _sw(prep, dummy)
     full_like = ct in ("full", "tied")
     if plan.path == "single":
         n_blocks = triton.cdiv(N, plan.BN)
         if not full_like:
-            kern, kw = _diag_single_launch(plan, has_sw, return_log_prob, prec)
+            kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec)
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
         else:
-            args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
-                    dummy, dummy, dummy, dummy, N, D, K, n_blocks)
-            # partials: P x K x D x 2 fp32, kept under ~32 MB
-            P = _grid(kern, args, kw, dev, n_blocks, plan.programs, max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
+            gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, dev)
+            P = _GRIDS.get(gkey)
+            if P is None:
+                args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
+                        dummy, dummy, dummy, dummy, N, D, K, n_blocks)
+                # partials: P x K x D x 2 fp32, kept under ~32 MB
+                P = _grid(kern, args, {**consts, **opts}, dev, n_blocks, plan.programs,
+                          max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
+                if len(_GRIDS) < 4096:
+                    _GRIDS[gkey] = P
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
         pnk = torch.empty(P, K, dtype=f32, device=dev)
         pll = torch.empty(P, dtype=f32, device=dev)
@@ -806,8 +827,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         else:
             ps1 = torch.empty(P, K, D, dtype=f32, device=dev)
             ps2 = torch.empty(P, K, D, dtype=f32, device=dev)
-            kern[(P,)](X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
-                       pnk, ps1, ps2, pll, N, D, K, n_blocks, **kw)
+            launch(kern, (P,), (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
+                                pnk, ps1, ps2, pll, N, D, K, n_blocks), consts, **opts)
         lp_out = logp if return_log_prob else None
     else:
         logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)
@@ -847,8 +868,8 @@ def _diag_finish(prep: Prepared, ops, pnk, ps1, ps2, pll):
     K, D = prep.K, prep.D
     out = torch.empty(1 + K + 2 * K * D, dtype=torch.float64, device=pnk.device)
     BD = min(triton.next_power_of_2(D), 128)
-    _diag_finish_kernel[(K, triton.cdiv(D, BD))](pnk, ps1, ps2, pll, ops["CP"], out, pnk.shape[0], pll.shape[0], K, D,
-                                                   BP=16, BD=BD, num_warps=4)
+    launch(_diag_finish_kernel, (K, triton.cdiv(D, BD)), (pnk, ps1, ps2, pll, ops["CP"], out, pnk.shape[0],
+                                                          pll.shape[0], K, D), dict(BP=16, BD=BD), num_warps=4)
     s1 = out[1 + K:1 + K + K * D].view(K, D)
     s2 = out[1 + K + K * D:].view(K, D)
     if prep.covariance_type == "spherical":
@@ -919,7 +940,7 @@ def score_fused(prep: Prepared, plan: Plan | None = None):
     if plan is None:
         plan = plan_launch(prep.N, prep.K, prep.D, prep.covariance_type, prep.X.dtype, prep.device, path="two_pass")
     ops = _operands(prep)
-    dummy = torch.empty(1, dtype=torch.float32, device=prep.device)
+    dummy = _dummy(prep.device)
     err = None
     for p in [plan] + _fallbacks(plan, prep.N, prep.K, prep.D, prep.covariance_type, prep.device, "fp32"):
         try:
