@@ -146,19 +146,20 @@ def phase_times(fn, dev):
     return {k: (v[0], v[1]) for k, v in acc.items()}
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=None, help="NxDxK, suffix s for spherical")
-    ap.add_argument("--fit", default="1000000x16x16", help="NxDxK of the profiled fit ('' for none)")
+    ap.add_argument("--fit", default=None, help="NxDxK of the profiled fit ('' for none; default 1000000x16x16, "
+                                                 "400x3x2 without CUDA)")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--top", type=int, default=22)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = args.shapes or (SHAPES if dev.type == "cuda" else ["256x3x2", "256x4x3s"])
     calls = args.calls if dev.type == "cuda" else 2
     rows = [probe_estep(s, dev, calls, args.top) for s in shapes]
-    fit = args.fit if dev.type == "cuda" else ("400x3x2" if args.fit else "")
+    fit = args.fit if args.fit is not None else ("1000000x16x16" if dev.type == "cuda" else "400x3x2")
     if fit:
         rows.append(probe_fit(fit, dev, args.top))
     print("\nshape | host us (host params) | host us (GPU params) | kernel ms | call ms")
@@ -169,6 +170,7 @@ def main():
         else:
             print(f"fit {r['shape']} | {r['fit_ms']:.1f} ms | {r['n_iter']} iterations")
     print(_common.write_json("gmm_host_probe", rows, {"args": vars(args)}, args.out))
+    return rows
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ for p in $parts; do
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -12
       run gmm-host 170 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7 --out "$out/gmm.json"
       run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
-        --out "$out/end_to_end_gmm.json" ;;
+        --out "$out/end_to_end_gmm.json"
+      run gmm-host-probe 120 python3 benchmarks/gmm_host_probe.py --out "$out/gmm_host_probe.json"
+      tail -8 "$log/gmm-host-probe.log" ;;
     gmm-reg-sweep)  # its launch probe: components / rows per thread, blocks ahead; tl.dot blocks
       run gmm-reg-sweep 330 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,3,16,17,18,19 \
         --sweep-precisions fp32 --budget 270 --out "$out/gmm-sweep.json"

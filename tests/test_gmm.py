@@ -443,6 +443,17 @@ def test_ncu_gmm_script_smoke():
     assert row["ms"] > 0 and row["plan"]["BN"] == 32 and row["plan"]["form"] == "reg"
 
 
+def test_gmm_host_probe_script_smoke(tmp_path):
+    """benchmarks/gmm_host_probe.py on tiny shapes (diag and spherical) and a tiny fit."""
+    from _bench import bench_module
+
+    rows = bench_module("gmm_host_probe").main(["--shapes", "64x2x2", "80x3x2s", "--fit", "300x2x2",
+                                                 "--out", str(tmp_path / "p.json")])
+    assert [r["shape"] for r in rows] == ["64x2x2", "80x3x2s", "300x2x2"]
+    assert rows[0]["kernel_ms"] > 0 and "gmm_estep" in rows[1]["profile"]
+    assert rows[2]["phases"]["gmm_estep"][1] == rows[2]["n_iter"] and (tmp_path / "p.json").exists()
+
+
 def test_lse_feature_chunks(rng):
     """Pass 1 with the feature axis in chunks (DC < BD, the tensor-core layout at large D) agrees."""
     from dataclasses import replace
