@@ -37,7 +37,9 @@ def run_case(N, D, K, dev, gen):
     floor_ms = X.numel() * X.element_size() / _common.H200_BANDWIDTH * 1e3
     row = {"case": f"{N}x{D} K={K}", "N": N, "D": D, "K": K, "floor_ms": floor_ms}
     plan = fusedml.kmeans.lloyd_plan(N, D, K, dev)
-    row["plan"] = None if plan is None else {k: plan[k] for k in ("BLOCK_N", "BLOCK_D", "BLOCK_K", "num_warps", "programs")}
+    row["plan"] = None if plan is None else {k: plan[k] for k in ("BLOCK_N", "BLOCK_D", "BLOCK_K", "num_warps", "programs",
+                                                                  "REG")}
+    row["form"] = None if plan is None else "reg" if plan["REG"] else "dot" if plan["USE_DOT"] else "fma"
     f = fusedml.lloyd_step(X, C, shift=shift, backend="fused", check_finite=False)
     row["path"] = f.backend
     o = fusedml.lloyd_step(X, C, shift=shift, backend="ops", check_finite=False)
@@ -50,6 +52,11 @@ def run_case(N, D, K, dev, gen):
     row["ops_vs_fused_labels"] = float((f.labels == o.labels).double().mean())
     row["fused_ms"] = _common.bench_ms(lambda: fusedml.lloyd_step(X, C, shift=shift, backend="fused", check_finite=False))
     row["ops_ms"] = _common.bench_ms(lambda: fusedml.lloyd_step(X, C, shift=shift, backend="ops", check_finite=False))
+    if row["form"] == "reg":  # the form the register kernel replaced (session 20), same inputs
+        prev = {"REG": False}
+        row["prev_ms"] = _common.bench_ms(lambda: fusedml.lloyd_step(X, C, shift=shift, backend="fused",
+                                                                     check_finite=False, plan=prev))
+        row["reg_over_prev"] = row["prev_ms"] / row["fused_ms"]
     row["GB/s"] = X.numel() * X.element_size() / row["fused_ms"] / 1e6
     row["%floor"] = 100 * floor_ms / row["fused_ms"]
     row["speedup_ops"] = row["ops_ms"] / row["fused_ms"]
@@ -111,7 +118,7 @@ def main(argv=None):
         print(rows[-1], flush=True)
     path = _common.write_json("kmeans", rows, {"args": vars(args)}, args.out)
     print(f"\nwrote {path}\n")
-    print(_common.markdown_table(rows, ["case", "path", "floor_ms", "fused_ms", "GB/s", "%floor", "ops_ms",
+    print(_common.markdown_table(rows, ["case", "path", "form", "floor_ms", "fused_ms", "prev_ms", "GB/s", "%floor", "ops_ms",
                                         "speedup_ops", "label_agreement", "rel_err_sums", "error"]))
 
 

@@ -42,6 +42,14 @@ for p in $parts; do
         --out "$out/end_to_end_gmm.json"
       run gmm-host-probe 120 python3 benchmarks/gmm_host_probe.py --out "$out/gmm_host_probe.json"
       tail -8 "$log/gmm-host-probe.log" ;;
+    kmeans-reg)  # session 20: the Lloyd step in the register form; its check, table, the GMM fit it initialises
+      run check-kmeans 90 python3 benchmarks/check_gpu.py --parts kmeans --out "$out/check_gpu_kmeans.json"
+      grep -E "^FAIL|passed" "$log/check-kmeans.log" | tail -6
+      run kmeans 90 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json"
+      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
+        --out "$out/end_to_end_gmm.json"
+      run gmm-fit-probe 90 python3 benchmarks/gmm_host_probe.py --shapes 1048576x16x16 --out "$out/gmm_host_probe.json"
+      grep -A1 "phases" "$log/gmm-fit-probe.log" | head -2 ;;
     gmm-reg-sweep)  # its launch probe: components / rows per thread, blocks ahead; tl.dot blocks
       run gmm-reg-sweep 330 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,3,16,17,18,19 \
         --sweep-precisions fp32 --budget 270 --out "$out/gmm-sweep.json"

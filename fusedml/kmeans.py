@@ -26,6 +26,8 @@ import triton.language as tl
 from ._dispatch import resolve_backend
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
+from .gmm.fused import _reg_rows, resident_programs
+from .gmm.model import reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
@@ -116,6 +118,71 @@ def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K, n_
     base = PART + pid.to(tl.int64) * (BLOCK_K * BLOCK_D + BLOCK_K + 2)
     tl.store(base + offs_k[:, None] * BLOCK_D + offs_d[None, :], acc)
     tl.store(base + BLOCK_K * BLOCK_D + offs_k, cnt)
+    tl.store(base + BLOCK_K * BLOCK_D + BLOCK_K, tl.sum(inr, 0))
+    tl.store(base + BLOCK_K * BLOCK_D + BLOCK_K + 1, tl.sum(chg, 0))
+
+
+@triton.jit
+def _lloyd_reg_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K, n_tiles,
+                      HAS_W: tl.constexpr, HAS_OLD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_K: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr, PREFETCH: tl.constexpr):
+    # _lloyd_kernel's step in the GMM single sweep's register form (fusedml.gmm.fused._diag_reg_kernel):
+    # tiles [BD, KI, BN, KO], each thread holding one row's features and KI centres (k = ki * KO + ko)
+    # and their sums for the whole row stream; the distance products are FFMA chains in-thread,
+    # the arg-min crosses at most KO lanes. Same PART layout as _lloyd_kernel.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_o = tl.arange(0, KO)
+    ks = tl.arange(0, KI)[:, None] * KO + offs_o[None, :]  # [KI, KO]
+    dmask = offs_d < D
+    kmask = ks < K
+    shift = tl.load(SHIFT + offs_d, mask=dmask, other=0.0)
+    cmask = dmask[:, None, None] & kmask[None, :, :]  # [BD, KI, KO]
+    c = tl.load(C + ks[None, :, :] * D + offs_d[:, None, None], mask=cmask, other=0.0)[:, :, None, :]
+    csq = tl.load(CSQ + ks, mask=kmask, other=float("inf"))[:, None, :]  # [KI, 1, KO]; padding never wins
+    kk = ks[:, None, :]  # [KI, 1, KO]
+    acc = tl.zeros((BLOCK_D, KI, BLOCK_N, KO), dtype=tl.float32)
+    cnt = tl.zeros((KI, BLOCK_N, KO), dtype=tl.float32)
+    inr = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    chg = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    x_a = _reg_rows(X, sx0, sx1, pid, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 1)
+    x_b = _reg_rows(X, sx0, sx1, pid + nprog, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 2)
+    for t in range(pid, n_tiles, nprog):
+        rows = t * BLOCK_N + offs_n
+        rmask = rows < N
+        m2 = dmask[:, None] & rmask[None, :]
+        if PREFETCH == 0:
+            xt = _reg_rows(X, sx0, sx1, t, BLOCK_N, offs_n, offs_d, N, D, True)
+        elif PREFETCH == 1:
+            xt = x_a
+            x_a = _reg_rows(X, sx0, sx1, t + nprog, BLOCK_N, offs_n, offs_d, N, D, True)
+        else:
+            xt = x_a
+            x_a = x_b
+            x_b = _reg_rows(X, sx0, sx1, t + 2 * nprog, BLOCK_N, offs_n, offs_d, N, D, True)
+        xs = tl.where(m2, xt.to(tl.float32) - shift[:, None], 0.0)  # [BD, BN]
+        xsq = tl.sum(xs * xs, axis=0)  # [BN]
+        x = xs[:, None, :, None]  # [BD, 1, BN, 1]
+        d2 = tl.maximum(xsq[None, :, None] - 2.0 * tl.sum(x * c, axis=0) + csq, 0.0)  # [KI, BN, KO]
+        mind = tl.min(tl.min(d2, axis=0), axis=1)  # [BN]
+        lab = tl.min(tl.min(tl.where(d2 == mind[None, :, None], kk, BLOCK_K), axis=0), axis=1)  # first on ties
+        if HAS_W:
+            w = tl.load(W + rows, mask=rmask, other=0.0).to(tl.float32)
+        else:
+            w = tl.where(rmask, 1.0, 0.0)
+        oh = tl.where(kk == lab[None, :, None], w[None, :, None], 0.0)  # [KI, BN, KO]
+        acc += x * oh[None, :, :, :]
+        cnt += oh
+        inr += tl.where(rmask, w * mind, 0.0)
+        tl.store(LAB + rows, lab.to(tl.int32), mask=rmask)
+        if HAS_OLD:
+            old = tl.load(LAB_OLD + rows, mask=rmask, other=0)
+            chg += tl.where(rmask & (old != lab.to(tl.int32)), 1.0, 0.0)
+    base = PART + pid.to(tl.int64) * (BLOCK_K * BLOCK_D + BLOCK_K + 2)
+    tl.store(base + ks[None, :, :] * BLOCK_D + offs_d[:, None, None], tl.sum(acc, axis=2))  # [BD, KI, KO]
+    tl.store(base + BLOCK_K * BLOCK_D + ks, tl.sum(cnt, axis=1))
     tl.store(base + BLOCK_K * BLOCK_D + BLOCK_K, tl.sum(inr, 0))
     tl.store(base + BLOCK_K * BLOCK_D + BLOCK_K + 1, tl.sum(chg, 0))
 
@@ -268,6 +335,15 @@ def lloyd_plan(N, D, K, device=None, **override):
     dict or None
         ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``num_warps``, ``programs``, ``n_tiles``.
     """
+    sms = _sm_count(device)
+    per_sm = override.get("per_sm", 4)
+    reg = None if override.get("REG", True) is False or "USE_DOT" in override else reg_tile(D, K)
+    if reg is not None:
+        bd, bk, ki, bn, nw = reg
+        n_tiles = triton.cdiv(int(N), bn)
+        return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": False, "REG": (ki, bk // ki),
+                "PREFETCH": override.get("PREFETCH", 1 if 4 * bn * bd >= 1024 else 2), "num_warps": nw,
+                "programs": max(1, min(n_tiles, per_sm * sms)), "n_tiles": n_tiles}
     use_dot = override.get("USE_DOT", _pow2(D, 1) * _pow2(K, 1) > 64)
     lo = 16 if use_dot else 1
     bd, bk = _pow2(D, lo), _pow2(K, lo)
@@ -279,9 +355,7 @@ def lloyd_plan(N, D, K, device=None, **override):
         bn = max(16, min(256, 8192 // (bd * bk)))
     bn = override.get("BLOCK_N", bn)
     n_tiles = triton.cdiv(int(N), bn)
-    sms = _sm_count(device)
-    per_sm = override.get("per_sm", 4)
-    return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot,
+    return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot, "REG": None,
             "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),
             "n_tiles": n_tiles}
 
@@ -293,11 +367,24 @@ def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
     P, bk, bd = plan["programs"], plan["BLOCK_K"], plan["BLOCK_D"]
     dev = X.device
     labels = torch.empty(N, dtype=torch.int32, device=dev)
+    consts = dict(HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd,
+                  BLOCK_K=bk)
+    if plan.get("REG"):
+        kernel = _lloyd_reg_kernel
+        consts.update(KI=plan["REG"][0], KO=plan["REG"][1], PREFETCH=plan["PREFETCH"])
+        # a persistent grid of every program the compiled kernel keeps resident
+        f32 = w if w is not None else Cs  # the launch's argument types (one compiled variant)
+        args = (X, X.stride(0), X.stride(1), Cs, csq, shift, f32, labels, labels, Cs, N, D, K, plan["n_tiles"])
+        per_sm = resident_programs(kernel, args, dict(consts, num_warps=plan["num_warps"]), dev)
+        if per_sm is not None:
+            P = max(1, min(plan["n_tiles"], per_sm * _sm_count(dev)))
+    else:
+        kernel = _lloyd_kernel
+        consts.update(USE_DOT=plan["USE_DOT"])
     part = torch.empty((P, bk * bd + bk + 2), dtype=torch.float32, device=dev)
-    _lloyd_kernel[(P,)](X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part,
-                        labels, labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"],
-                        HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"],
-                        BLOCK_D=bd, BLOCK_K=bk, USE_DOT=plan["USE_DOT"], num_warps=plan["num_warps"])
+    kernel[(P,)](X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
+                 labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"], **consts,
+                 num_warps=plan["num_warps"])
     return labels, part.sum(0, dtype=_F64)
 
 

@@ -197,18 +197,28 @@ def _aot():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from _sm90 import resource_usage
+
     target = GPUTarget("cuda", 90, 32)
-    fn = km._lloyd_kernel
     types = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp32", CSQ="*fp32", SHIFT="*fp32", W="*fp32",
                  LAB="*i32", LAB_OLD="*i32", PART="*fp32", N="i32", D="i32", K="i32", n_tiles="i32")
-    for (D, K) in [(16, 16), (64, 64), (2, 128), (128, 8), (8, 8), (32, 256)]:
-        p = km.lloyd_plan(1 << 20, D, K)
-        consts = dict(HAS_W=True, HAS_OLD=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
-                      BLOCK_K=p["BLOCK_K"], USE_DOT=p["USE_DOT"])
+    cases = [(D, K, None) for D, K in [(16, 16), (64, 64), (2, 128), (128, 8), (8, 8), (32, 256)]]
+    cases += [(16, 16, {"USE_DOT": True}), (8, 8, {"USE_DOT": False})]  # the forms the register form replaced
+    for (D, K, over) in cases:
+        p = km.lloyd_plan(1 << 20, D, K, **(over or {}))
+        consts = dict(HAS_W=True, HAS_OLD=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"])
+        if p["REG"]:
+            fn = km._lloyd_reg_kernel
+            consts.update(KI=p["REG"][0], KO=p["REG"][1], PREFETCH=p["PREFETCH"])
+        else:
+            fn = km._lloyd_kernel
+            consts.update(USE_DOT=p["USE_DOT"])
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
         assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
-        print("AOT", D, K, k.metadata.shared)
+        regs, stack = resource_usage(k)
+        assert stack == 0 or not p["REG"], (D, K, "register form spills", stack)
+        print("AOT", D, K, "reg" if p["REG"] else "dot" if p["USE_DOT"] else "fma", k.metadata.shared, regs, stack)
     cd = km._cand_dist_kernel
     ctypes = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp64", CLOSEST="*fp64", SW="*fp64", DIST="*fp64",
                   PPOT="*fp64", N="i32", D="i32", L="i32", n_tiles="i32")
@@ -228,7 +238,7 @@ def _aot():
 def test_kernel_compiles_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 8, tools=('ptxas',))
+    run_aot(__file__, 10)
 
 
 def test_kmeans_tolerance_matches_scikit_learn_far_from_origin(rng):
