@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import resolve_backend
+from ._launch import launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_rows, resident_programs
@@ -285,10 +286,9 @@ def candidate_distances(X, candidates, closest=None, sample_weight=None):
     ppot = torch.empty((P, bl), dtype=_F64, device=dev)
     cl = None if closest is None else closest.to(_F64).contiguous()
     sw = None if sample_weight is None else sample_weight.to(_F64).contiguous()
-    _cand_dist_kernel[(P,)](X, X.stride(0), X.stride(1), c, dist if cl is None else cl,
-                            dist if sw is None else sw, dist, ppot, N, D, L, n_tiles,
-                            HAS_CLOSEST=cl is not None, HAS_SW=sw is not None, BLOCK_N=bn, BLOCK_D=bd,
-                            BLOCK_L=bl, num_warps=4)
+    launch(_cand_dist_kernel, (P,), (X, X.stride(0), X.stride(1), c, dist if cl is None else cl,
+                                     dist if sw is None else sw, dist, ppot, N, D, L, n_tiles),
+           dict(HAS_CLOSEST=cl is not None, HAS_SW=sw is not None, BLOCK_N=bn, BLOCK_D=bd, BLOCK_L=bl), num_warps=4)
     return dist, ppot.sum(0)[:L]
 
 
@@ -372,20 +372,26 @@ def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
     if plan.get("REG"):
         kernel = _lloyd_reg_kernel
         consts.update(KI=plan["REG"][0], KO=plan["REG"][1], PREFETCH=plan["PREFETCH"])
-        # a persistent grid of every program the compiled kernel keeps resident
-        f32 = w if w is not None else Cs  # the launch's argument types (one compiled variant)
-        args = (X, X.stride(0), X.stride(1), Cs, csq, shift, f32, labels, labels, Cs, N, D, K, plan["n_tiles"])
-        per_sm = resident_programs(kernel, args, dict(consts, num_warps=plan["num_warps"]), dev)
-        if per_sm is not None:
-            P = max(1, min(plan["n_tiles"], per_sm * _sm_count(dev)))
+        gkey = (N, D, K, X.dtype, dev, tuple(consts.items()), plan["num_warps"])
+        P = _GRIDS.get(gkey)
+        if P is None:  # a persistent grid of every program the compiled kernel keeps resident
+            f32 = w if w is not None else Cs  # the launch's argument types (one compiled variant)
+            args = (X, X.stride(0), X.stride(1), Cs, csq, shift, f32, labels, labels, Cs, N, D, K, plan["n_tiles"])
+            per_sm = resident_programs(kernel, args, dict(consts, num_warps=plan["num_warps"]), dev)
+            P = plan["programs"] if per_sm is None else max(1, min(plan["n_tiles"], per_sm * _sm_count(dev)))
+            if len(_GRIDS) < 4096:
+                _GRIDS[gkey] = P
     else:
         kernel = _lloyd_kernel
         consts.update(USE_DOT=plan["USE_DOT"])
     part = torch.empty((P, bk * bd + bk + 2), dtype=torch.float32, device=dev)
-    kernel[(P,)](X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
-                 labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"], **consts,
-                 num_warps=plan["num_warps"])
+    launch(kernel, (P,), (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
+                          labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"]), consts,
+           num_warps=plan["num_warps"])
     return labels, part.sum(0, dtype=_F64)
+
+
+_GRIDS: dict = {}
 
 
 def _lloyd_fused(X, Cs, csq, shift, w, plan):
@@ -453,8 +459,8 @@ class LloydIterations:
         cs_next = torch.empty((K, D), dtype=torch.float32, device=dev)
         csq_next = torch.empty(K, dtype=torch.float32, device=dev)
         out = torch.empty(4, dtype=_F64, device=dev)
-        _lloyd_finalize_kernel[(1,)](red, c64, self.sh64, new, cs_next, csq_next, out, K, D,
-                                     BLOCK_K=self.plan["BLOCK_K"], BLOCK_D=self.plan["BLOCK_D"], num_warps=4)
+        launch(_lloyd_finalize_kernel, (1,), (red, c64, self.sh64, new, cs_next, csq_next, out, K, D),
+               dict(BLOCK_K=self.plan["BLOCK_K"], BLOCK_D=self.plan["BLOCK_D"]), num_warps=4)
         self.prepared = (new, cs_next, csq_next)
         return labels, new, out
 

@@ -262,6 +262,18 @@ def test_host_mstep_rule():
     assert _host_mstep("cuda", "diag", _HOST_MSTEP_MAX, 1) and not _host_mstep("cuda", "diag", _HOST_MSTEP_MAX + 1, 1)
 
 
+def test_choice_p_equals_normalised_ones():
+    from algorithms.mixture import _choice_p
+
+    for N in (1, 3, 150, 1_000_003):  # the uniform fast path gives scikit-learn's p exactly
+        for dt in (np.float32, np.float64):
+            ones = np.ones(N, dtype=dt)
+            p = _choice_p(N, None, dt)
+            assert p.dtype == dt and np.array_equal(p, ones / ones.sum())
+    sw = torch.tensor([1.0, 3.0, 0.0, 4.0], dtype=torch.float64)
+    np.testing.assert_array_equal(_choice_p(4, sw, np.float32), np.array([1, 3, 0, 4], np.float32) / np.float32(8))
+
+
 _cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
                                 reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
 
