@@ -261,6 +261,23 @@ def _choice_p(N, sw, np_dtype):
     return s / s.sum()
 
 
+def _choice_one(N, sw, np_dtype, random_state) -> int:
+    """``random_state.choice(N, p=_choice_p(N, sw, np_dtype))`` (scikit-learn's first k-means++
+    centre), the same draw and the same state afterwards.
+
+    For uniform weights it runs numpy's sampling steps alone (``cdf = cumsum(p); cdf /= cdf[-1]``,
+    one ``random_sample()``, ``searchsorted(..., "right")``: ``RandomState.choice`` with ``p``), without
+    its checks of a ``p`` that is valid by construction (a float64 copy, a sign test and a
+    compensated sum: most of its time at a million rows).
+    """
+    p = _choice_p(N, sw, np_dtype)
+    if sw is not None:
+        return int(random_state.choice(N, p=p))
+    cdf = np.cumsum(p, dtype=np.float64)
+    cdf /= cdf[-1]
+    return int(cdf.searchsorted(random_state.random_sample(), side="right"))
+
+
 def _check_positive_rows(sw, K, what):
     """``ValueError`` when fewer than ``K`` rows have positive weight (``what`` needs K distinct rows)."""
     if sw is not None:
@@ -340,7 +357,7 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None, backend=No
     N = X.shape[0]
     n_local_trials = 2 + int(np.log(n_clusters))
     sw = sample_weight
-    first = int(random_state.choice(N, p=_choice_p(N, sw, _np_dtype(X))))
+    first = _choice_one(N, sw, _np_dtype(X), random_state)
     on_device = not _is_streamed(X)
     first_row = _take_rows(X, [first])
     dist_op, shift = None, None  # the kernel's difference form needs no centring pass

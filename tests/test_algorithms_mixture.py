@@ -274,6 +274,18 @@ def test_choice_p_equals_normalised_ones():
     np.testing.assert_array_equal(_choice_p(4, sw, np.float32), np.array([1, 3, 0, 4], np.float32) / np.float32(8))
 
 
+def test_choice_one_is_random_state_choice():
+    from algorithms.mixture import _choice_one, _choice_p
+
+    sw = torch.tensor([1.0, 3.0, 0.0, 4.0], dtype=torch.float64)
+    for seed in range(60):
+        for N, w in ((1, None), (7, None), (150, None), (20_000, None), (4, sw)):
+            for dt in (np.float32, np.float64):
+                a, b = np.random.RandomState(seed), np.random.RandomState(seed)
+                assert _choice_one(N, w, dt, a) == int(b.choice(N, p=_choice_p(N, w, dt))), (seed, N, dt)
+                assert a.random_sample() == b.random_sample()  # the same state afterwards
+
+
 _cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
                                 reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
 
