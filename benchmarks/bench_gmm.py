@@ -76,6 +76,9 @@ CONFIGS = [
     (4 << 20, 32, 8, "spherical"),
     (1 << 20, 2, 128, "diag"),
     (1 << 20, 16, 16, "diag"),  # the end-to-end GaussianMixture fit's shape
+    # session 20: spherical register tiles (quadratic term and moment per row: KI doubles)
+    (4 << 20, 16, 16, "spherical"),
+    (16 << 20, 8, 8, "spherical"),
 ]
 DEFAULT = [1, 4, 5, 9, 2, 6, 7]  # the four targets, then 16M x 8, 4M x 64 K=128, 4M x 256 K=16 (crashed in s2)
 QUICK = [(300, 3, 3, "diag"), (300, 5, 20, "diag"), (257, 4, 5, "spherical"), (300, 3, 3, "tied"),
@@ -172,6 +175,13 @@ def run_config(cfg, args, dev, quick):
         plan_d = plan_launch(N, K, D, ct, X.dtype, dev, precision=prec, register_form=False)
         row["ms_tl_dot"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_d, ops=ops_), quick)
         row["reg_over_tl_dot"] = row["ms_tl_dot"] / row["ms"]
+    prev = reg_tile(D, K) if plan.sph else None
+    if prev is not None:  # spherical: session 19's per-feature register tiles (diag's KI), same inputs
+        bd, bk, ki, bn, nw = prev
+        plan_p = replace(plan, reg=(bd, ki, bk // ki), BN=bn, num_warps=nw, sph=False,
+                         prefetch=1 if 4 * bn * bd >= 1024 else 2)
+        row["ms_prev_reg"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_p, ops=ops_), quick)
+        row["sph_over_prev"] = row["ms_prev_reg"] / row["ms"]
     row["form"] = plan.form
     t_single, t_two = (row["ms"], t_o) if plan.path == "single" else (t_o, row["ms"])
     row.update(ms_single=t_single, ms_two_pass=t_two,
@@ -332,7 +342,7 @@ def sweep(args, dev):
 
 
 TABLE_COLUMNS = ["N", "D", "K", "cov", "precision", "path", "form", "BN", "num_warps", "ms", "ms_tl_dot", "target_ms", "pct_floor", "tflops", "ms_ops", "speedup_ops",
-                 "single_over_two", "ms_call", "ms_call_host", "err_nk", "err_s1", "err_s2", "err_ll", "error"]
+                 "single_over_two", "ms_call", "ms_call_host", "ms_prev_reg", "err_nk", "err_s1", "err_s2", "err_ll", "error"]
 
 
 def main():

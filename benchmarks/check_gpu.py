@@ -288,7 +288,10 @@ def check_gmm(dev):
               ("diag", 700_001, 8, 8, "auto", "auto"), ("spherical", 300_000, 2, 3, "auto", "auto"),
               ("diag", 1_000_003, 16, 16, "auto", "auto"), ("diag", 400_000, 32, 32, "auto", "auto"),
               ("diag", 300_001, 2, 128, "auto", "auto"), ("spherical", 200_000, 13, 24, "auto", "auto"),
-              ("diag", 250_000, 1, 1, "auto", "auto"), ("diag", 250_000, 31, 5, "auto", "auto")]
+              ("diag", 250_000, 1, 1, "auto", "auto"), ("diag", 250_000, 31, 5, "auto", "auto"),
+              # session 20: spherical register tiles (per-row quadratic term and moment, KI doubled)
+              ("spherical", 500_001, 32, 8, "auto", "auto"), ("spherical", 400_003, 8, 8, "auto", "auto"),
+              ("spherical", 300_007, 16, 16, "auto", "auto"), ("spherical", 200_000, 2, 128, "auto", "auto")]
     for case in cases:
         try:
             _gmm_case(dev, *case)

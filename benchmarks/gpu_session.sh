@@ -42,6 +42,13 @@ for p in $parts; do
         --out "$out/end_to_end_gmm.json"
       run gmm-host-probe 120 python3 benchmarks/gmm_host_probe.py --out "$out/gmm_host_probe.json"
       tail -8 "$log/gmm-host-probe.log" ;;
+    gmm-sph)  # session 20: spherical register tiles; the check, the spherical rows beside diag ones
+      run cuda-tests-gmm 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py
+      tail -1 "$log/cuda-tests-gmm.log"
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -12
+      run gmm-sph 120 python3 benchmarks/bench_gmm.py --configs 17,20,21,10,1,19 --out "$out/gmm.json" ;;
     kmeans-reg)  # session 20: the Lloyd step in the register form; its check, table, the GMM fit it initialises
       run check-kmeans 90 python3 benchmarks/check_gpu.py --parts kmeans --out "$out/check_gpu_kmeans.json"
       grep -E "^FAIL|passed" "$log/check-kmeans.log" | tail -6

@@ -344,7 +344,12 @@ def test_reg_tile_rule():
     p = plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu)
     assert (p.path, p.form, p.reg, p.BN, p.num_warps, p.prefetch) == ("single", "reg", (16, 2, 8), 16, 4, 1)
     assert plan_launch(1 << 20, 128, 2, "diag", torch.float32, cpu).prefetch == 2  # 128-byte blocks
-    assert plan_launch(4 << 20, 8, 32, "spherical", torch.float32, cpu).reg == (32, 1, 8)
+    # spherical: two values per feature and component (quadratic term and moment per row), KI doubles
+    sp = plan_launch(4 << 20, 8, 32, "spherical", torch.float32, cpu)
+    assert (sp.reg, sp.sph, sp.BN) == ((32, 2, 4), True, 32)
+    assert not plan_launch(4 << 20, 8, 32, "diag", torch.float32, cpu).sph
+    assert reg_tile(16, 16, values=64) == (16, 16, 4, 32, 4) and reg_tile(64, 4, values=128) is None
+    assert plan_launch(4 << 20, 4, 64, "spherical", torch.float32, cpu).form != "reg"  # BD > 32: the row alone
     for kw in (dict(precision="bf16"), dict(path="two_pass")):
         assert plan_launch(4 << 20, 16, 16, "diag", torch.float32, cpu, **kw).form != "reg"
     assert plan_launch(4 << 20, 16, 16, "full", torch.float32, cpu).form != "reg"
@@ -365,6 +370,8 @@ def test_reg_tile_rule():
     (200, 5, 20, "spherical", dict(ki=1)),  # KO = 32: one row per warp
     (150, 2, 40, "diag", {}),
     (100, 31, 5, "diag", {}),
+    (150, 16, 16, "spherical", {}),  # KI = 4: twice diag's components per thread
+    (90, 32, 8, "spherical", {}),
 ])
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
 def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
@@ -377,13 +384,19 @@ def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
     from fusedml.gmm.fused import estep_fused
     from fusedml.gmm.model import reg_tile
 
+    from fusedml.gmm.model import reg_values
+
     X, w, means, pc = problem(rng, N, D, K, ct)
     plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"))
     assert plan.form == "reg" or over
-    BD, BK, KI, BN, nw = reg_tile(D, K, **over)
-    plan = replace(plan, form="reg", reg=(BD, KI, BK // KI), BN=BN, num_warps=nw, programs=2, prefetch=prefetch)
+    assert plan.sph == (ct == "spherical" and plan.form == "reg")
+    BD, BK, KI, BN, nw = reg_tile(D, K, values=reg_values(ct), **over)
+    plan = replace(plan, form="reg", reg=(BD, KI, BK // KI), BN=BN, num_warps=nw, programs=2, prefetch=prefetch,
+                   sph=ct == "spherical")
     sw = rng.uniform(0, 2, size=N)
-    for weights in (None, sw):
+    # spherical: also the per-feature form (precisions broadcast over D), as diag runs it
+    for weights, sph in [(None, plan.sph), (sw, plan.sph)] + ([(sw, False)] if plan.sph else []):
+        plan = replace(plan, sph=sph)
         ref = reference(X, w, means, pc, ct, sw=weights)
         Xt = torch.tensor(X)
         before = Xt.clone()
@@ -723,6 +736,9 @@ AOT_SHAPES = [  # (N, D, K, precision)
     (16 << 20, 8, 8, "fp32"), (1 << 20, 128, 1024, "bf16"),  # session 6: cat BD = 8 + prefetch; bf16 pass 1 DC = BD
     # session 19: the register form at its limits (BD * KI = 32, KO = 32) and a tiny tile
     (4 << 20, 16, 64, "fp32"), (4 << 20, 32, 8, "fp32"), (1 << 20, 2, 128, "fp32"), (1 << 20, 3, 2, "fp32"),
+    # session 20: spherical register tiles (BD * KI = 64)
+    (4 << 20, 32, 8, "fp32", "spherical"), (4 << 20, 16, 16, "fp32", "spherical"), (1 << 20, 2, 128, "fp32", "spherical"),
+    (16 << 20, 8, 8, "fp32", "spherical"),
 ]
 
 
@@ -747,10 +763,11 @@ def _aot_check_plans():
                               options=dict(num_warps=num_warps, num_stages=num_stages))
 
     cuda = torch.device("cuda")
-    for N, D, K, prec in AOT_SHAPES:
+    for N, D, K, prec, *ct in AOT_SHAPES:
+        ct = ct[0] if ct else "diag"
         if prec == "auto":
-            prec = auto_precision(N, K, D, "diag", cuda)
-        plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision=prec)
+            prec = auto_precision(N, K, D, ct, cuda)
+        plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"), precision=prec)
         prec = plan.precision  # fp32 when no tensor-core configuration fits
         P = fused._PREC[prec]
         if plan.path == "single":
@@ -766,7 +783,7 @@ def _aot_check_plans():
             k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages)
             regs, stack = resource_usage(k)
             shared = k.metadata.shared
-            tag = (f"{N}x{D} K={K} {prec} {plan.path}:{name} {plan.form if name == 'single' else ''} BN={consts['BN']} "
+            tag = (f"{N}x{D} K={K} {ct} {prec} {plan.path}:{name} {plan.form if name == 'single' else ''} BN={consts['BN']} "
                    f"BK={plan.BK if 'KO' in consts else consts['BK']} S={plan.num_stages}")
             print(f"AOT {tag}: shared={shared} (model {plan.smem_est}) regs={regs} (model {plan.regs_est}) "
                   f"stack={stack}", flush=True)

@@ -289,7 +289,7 @@ def _diag_reg_kernel(
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
-    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2, SPH: tl.constexpr = False,
 ):
     """Single sweep with register FMAs, for small K x D (``form="reg"``): tiles are
     [BD, KI, BN, KO]. Triton's default layout gives threads to the trailing axes first, so the
@@ -297,7 +297,10 @@ def _diag_reg_kernel(
     registers across the whole row stream: no shared-memory operands, no shuffles in the sums),
     rows and KO component groups across threads (component k = ki * KO + ko). The statistics
     accumulate per thread and are reduced over rows once, at the end. PREFETCH (0-2): row blocks
-    loaded ahead (a block is 1-2 KB, so one load in flight per program cannot cover DRAM latency)."""
+    loaded ahead (a block is 1-2 KB, so one load in flight per program cannot cover DRAM latency).
+    SPH (spherical): the quadratic term ``p_k |x|^2`` and the second moment ``sum r |x|^2`` per row
+    and component (W2's row 0 holds ``-p_k / 2`` in log2 units; the moment goes to PS2's feature 0,
+    zeros elsewhere, so the finishing kernel's per-feature centring sums to the spherical one)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n = tl.arange(0, BN)
@@ -310,10 +313,14 @@ def _diag_reg_kernel(
     wmask = dmask[:, None, None] & kmask[None, :, :]  # [BD, KI, KO]
     woff = offs_d[:, None, None] * K + ks[None, :, :]
     w1 = tl.load(W1 + woff, mask=wmask, other=0.0)[:, :, None, :]  # [BD, KI, 1, KO]
-    w2 = tl.load(W2 + woff, mask=wmask, other=0.0)[:, :, None, :]
+    if SPH:
+        w2 = tl.load(W2 + ks, mask=kmask, other=0.0)[:, None, :]  # [KI, 1, KO]
+        acc_s2 = tl.zeros((KI, BN, KO), dtype=tl.float32)
+    else:
+        w2 = tl.load(W2 + woff, mask=wmask, other=0.0)[:, :, None, :]
+        acc_s2 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
     cst = tl.load(CONST + ks, mask=kmask, other=float("-inf"))[:, None, :]  # [KI, 1, KO]
     acc_s1 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
-    acc_s2 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
     acc_nk = tl.zeros((KI, BN, KO), dtype=tl.float32)
     acc_ll = tl.zeros((BN, KO), dtype=tl.float32)  # row sums in the ko == 0 column: no layout change
     x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1)
@@ -333,9 +340,13 @@ def _diag_reg_kernel(
             x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True)
         xt = tl.where(m2, (xt.to(g.dtype) - g[:, None]).to(tl.float32), 0.0)  # [BD, BN]
         x = xt[:, None, :, None]  # [BD, 1, BN, 1]
-        x2 = x * x
-        # two sums of products over the in-thread feature axis: FFMA chains
-        lg = tl.sum(x * w1, axis=0) + tl.sum(x2 * w2, axis=0) + cst  # [KI, BN, KO]
+        if SPH:
+            x2 = tl.sum(xt * xt, axis=0)[None, :, None]  # [1, BN, 1] |x|^2
+            lg = tl.sum(x * w1, axis=0) + x2 * w2 + cst  # [KI, BN, KO]
+        else:
+            x2 = x * x
+            # two sums of products over the in-thread feature axis: FFMA chains
+            lg = tl.sum(x * w1, axis=0) + tl.sum(x2 * w2, axis=0) + cst  # [KI, BN, KO]
         m = tl.max(tl.max(lg, axis=0), axis=1)  # [BN]
         e = tl.exp2(lg - m[None, :, None])
         l = tl.sum(tl.sum(e, axis=0), axis=1)
@@ -353,12 +364,18 @@ def _diag_reg_kernel(
         r = tl.where(nmask[None, :, None], r, 0.0)
         acc_nk += r
         acc_s1 += x * r[None, :, :, :]
-        acc_s2 += x2 * r[None, :, :, :]
+        if SPH:
+            acc_s2 += x2 * r
+        else:
+            acc_s2 += x2 * r[None, :, :, :]
     base = pid.to(tl.int64) * K * D
     tl.store(PNK + pid * K + ks, tl.sum(acc_nk, axis=1), mask=kmask)
     soff = base + ks[None, :, :] * D + offs_d[:, None, None]  # [BD, KI, KO] -> [k, d]
     tl.store(PS1 + soff, tl.sum(acc_s1, axis=2), mask=wmask)
-    tl.store(PS2 + soff, tl.sum(acc_s2, axis=2), mask=wmask)
+    if SPH:
+        tl.store(PS2 + soff, tl.where(offs_d[:, None, None] == 0, tl.sum(acc_s2, axis=1)[None, :, :], 0.0), mask=wmask)
+    else:
+        tl.store(PS2 + soff, tl.sum(acc_s2, axis=2), mask=wmask)
     tl.store(PLL + pid, tl.sum(tl.sum(acc_ll, axis=1), axis=0))
 
 
@@ -769,7 +786,7 @@ def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str):
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.form == "reg":
         bd, ki, ko = plan.reg
-        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch)), opts
+        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph), opts
     return (_diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch),
             opts)
 

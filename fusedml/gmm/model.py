@@ -161,6 +161,10 @@ class Plan:
         ``form="reg"``: ``(BD, KI, KO)`` of its tiles (:func:`reg_tile`: padded features, components
         per thread, component groups across threads; ``BN`` is its row block); ``()`` otherwise.
         ``BD`` and ``BK`` above stay the ``tl.dot`` tiles of pass 1 (scoring, fallbacks).
+    sph : bool
+        ``form="reg"``, spherical: the quadratic term and the second moment per row and component
+        (``p_k |x|^2``, ``sum r |x|^2``) instead of per feature, which halves the thread's values
+        (``reg_tile(..., values=2 * REG_VALUES)``).
     """
 
     path: str
@@ -185,6 +189,7 @@ class Plan:
     prefetch: int = 0
     occupancy_grid: bool = False
     reg: tuple = ()
+    sph: bool = False
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
@@ -227,7 +232,15 @@ REG_VALUES = 32  # BD * KI of the register form: 2 x 32 weights and 2 x 32 stati
 REG_MAX_KO = 8  # threads sharing a row (component groups): more lost to tl.dot (session 19)
 
 
-def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | None = None, num_warps: int = 4):
+def reg_values(covariance_type: str) -> int:
+    """``BD * KI`` budget of the register form for ``covariance_type``: diag holds four values per
+    feature and component (two weights, two statistics), spherical two (its quadratic term and
+    second moment are per row and component, :attr:`Plan.sph`)."""
+    return 2 * REG_VALUES if covariance_type == "spherical" else REG_VALUES
+
+
+def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | None = None, num_warps: int = 4,
+             values: int = REG_VALUES):
     """Tile of the register-FMA single sweep (``form="reg"``), or None where it does not apply.
 
     The kernel (:func:`fusedml.gmm.fused._diag_reg_kernel`) holds, per thread, one row's
@@ -246,6 +259,11 @@ def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | No
     ki, rows_per_thread : int, optional
         Overrides (the benchmark's probe).
     num_warps : int
+    values : int
+        ``BD * KI`` budget (:func:`reg_values`). Above ``REG_VALUES`` (spherical) ``KI`` grows to at
+        most 8 (never below the diag rule's); features stay at most ``REG_VALUES`` (the row and its
+        prefetched blocks are held per thread too). sm_90 compiles (Triton 3.9): 232-239 registers
+        without spills at D = 16, K = 16 (KI = 4) and D = 32, K = 8 (KI = 2); KI = 32 at D = 2 spilled.
 
     Returns
     -------
@@ -253,8 +271,11 @@ def reg_tile(D: int, K: int, *, ki: int | None = None, rows_per_thread: int | No
         ``(BD, BK, KI, BN, num_warps)``.
     """
     BD, BK = _pow2(D, 1), _pow2(K, 1)
-    KI = ki if ki is not None else min(BK, max(1, REG_VALUES // BD))
-    if BD * KI > REG_VALUES or BK % KI or BK // KI > (32 if ki is not None else REG_MAX_KO):
+    KI = min(BK, max(1, REG_VALUES // BD))
+    if values > REG_VALUES:  # more components per thread, at most 8 (each has ~6 per-row values too)
+        KI = min(BK, max(KI, min(values // BD, 8)))
+    KI = ki if ki is not None else KI
+    if BD > REG_VALUES or BD * KI > values or BK % KI or BK // KI > (32 if ki is not None else REG_MAX_KO):
         return None
     rpt = rows_per_thread if rows_per_thread is not None else 1
     return BD, BK, KI, 32 * num_warps * rpt // (BK // KI), num_warps
@@ -440,8 +461,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
                     regs_estimate("stats", 16, BD, 16, 8, precision))
         BK_tile, BN, nw, sm, regs = pick
     form, prefetch, reg = "dot", False, ()
-    rt = (reg_tile(D, K) if register_form and chosen == "single" and not full_like and precision == "fp32"
-          else None)
+    rt = (reg_tile(D, K, values=reg_values(covariance_type))
+          if register_form and chosen == "single" and not full_like and precision == "fp32" else None)
     if rt is not None:  # register FMAs: no shared-memory operands (see reg_tile)
         rbd, rbk, ki, BN, nw = rt
         # blocks ahead: ~2 KB in flight per program (a 1 KB block one ahead, smaller ones two)
@@ -480,4 +501,5 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
                 programs=max(1, min(n_blocks, sms * per_sm)), lse_programs=max(1, min(lse_blocks, sms * 4)),
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
                 form=form, DC=DC, lse_BN=lse_bn, lse_BK=lse_bk, lse_warps=lse_nw, precision=precision,
-                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like, reg=reg)
+                prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like, reg=reg,
+                sph=bool(reg) and covariance_type == "spherical")
