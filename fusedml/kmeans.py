@@ -28,7 +28,7 @@ from ._launch import launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_rows, resident_programs
-from .gmm.model import reg_tile
+from .gmm.model import reg_tile, reg_values
 from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
@@ -309,6 +309,10 @@ def lloyd_plan(N, D, K, device=None, **override):
     chosen from two H200 runs (2026-12-02, ms per step; first run: tl.dot, ``BLOCK_N`` 128 /
     8192 // padded K, 4 warps; second run: the rule below except for the rows marked):
 
+    * ``REG=(KI, KO)`` (session 20) wherever :func:`fusedml.gmm.model.reg_tile` applies (padded
+      ``K x D <= 256``, at most 8 threads per row): the GMM single sweep's register form
+      (:func:`_lloyd_reg_kernel`), with spherical's budget (two values per feature and centre);
+      ``REG=False`` gives the rules below, ``REG_KI`` overrides the centres per thread.
     * ``USE_DOT=False`` when the padded ``BLOCK_K * BLOCK_D <= 64``: broadcast FMAs in registers
       over a ``[BLOCK_N, BLOCK_K, BLOCK_D]`` temporary of about 8192 elements, no padding of K and
       D to 16 (16M x 8, K=8: 2.83 ms against 3.49 with tl.dot). Larger products lost in this form
@@ -318,7 +322,8 @@ def lloyd_plan(N, D, K, device=None, **override):
       at 128 with 8 warps, where ptxas spills; 1M x 32, K=256: 1.85).
 
     The ``[BLOCK_K, BLOCK_D]`` accumulator must fit ``_MAX_TILE`` fp32 elements; beyond that the
-    operator-level path runs. Programs: a persistent grid of four per SM.
+    operator-level path runs. Programs: a persistent grid of four per SM (the register form: every
+    program the compiled kernel keeps resident, from its registers, at launch).
 
     Parameters
     ----------
@@ -327,17 +332,20 @@ def lloyd_plan(N, D, K, device=None, **override):
     device : torch.device, optional
         Where the kernel runs (its SM count sizes the grid; 132 when unknown).
     **override
-        Replace any entry of the plan (``BLOCK_N``, ``num_warps``, ``USE_DOT``, ``per_sm``): the
-        benchmark's sweep.
+        Replace any entry of the plan (``BLOCK_N``, ``num_warps``, ``USE_DOT``, ``per_sm``; ``REG``
+        False / ``REG_KI``, ``PREFETCH`` for the register form): the benchmark's sweep.
 
     Returns
     -------
     dict or None
-        ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``num_warps``, ``programs``, ``n_tiles``.
+        ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``REG`` (``(KI, KO)`` or None),
+        ``num_warps``, ``programs``, ``n_tiles`` (and ``PREFETCH`` for the register form).
     """
     sms = _sm_count(device)
     per_sm = override.get("per_sm", 4)
-    reg = None if override.get("REG", True) is False or "USE_DOT" in override else reg_tile(D, K)
+    # the register form holds two values per feature and centre (centre, sum): spherical's budget
+    reg = (None if override.get("REG", True) is False or "USE_DOT" in override
+           else reg_tile(D, K, values=reg_values("spherical"), ki=override.get("REG_KI")))
     if reg is not None:
         bd, bk, ki, bn, nw = reg
         n_tiles = triton.cdiv(int(N), bn)
