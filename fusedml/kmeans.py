@@ -28,7 +28,7 @@ from ._launch import launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_rows, resident_programs
-from .gmm.model import reg_tile, reg_values
+from .gmm.model import REG_VALUES, reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
@@ -311,8 +311,10 @@ def lloyd_plan(N, D, K, device=None, **override):
 
     * ``REG=(KI, KO)`` (session 20) wherever :func:`fusedml.gmm.model.reg_tile` applies (padded
       ``K x D <= 256``, at most 8 threads per row): the GMM single sweep's register form
-      (:func:`_lloyd_reg_kernel`), with spherical's budget (two values per feature and centre);
-      ``REG=False`` gives the rules below, ``REG_KI`` overrides the centres per thread.
+      (:func:`_lloyd_reg_kernel`; 16M x 8, K = 8: 2.81 -> 0.49 ms, 4M x 16, K = 16: 0.59 -> 0.33-0.43,
+      ``kmeans-*-s20-{e,f,g,i}``), with the GMM diag budget (``BD * KI <= 32``: twice the centres per
+      thread was slower at 16 x 16); ``REG=False`` gives the rules below, ``REG_KI`` /
+      ``REG_VALUES`` override the centres per thread / their budget.
     * ``USE_DOT=False`` when the padded ``BLOCK_K * BLOCK_D <= 64``: broadcast FMAs in registers
       over a ``[BLOCK_N, BLOCK_K, BLOCK_D]`` temporary of about 8192 elements, no padding of K and
       D to 16 (16M x 8, K=8: 2.83 ms against 3.49 with tl.dot). Larger products lost in this form
@@ -333,7 +335,7 @@ def lloyd_plan(N, D, K, device=None, **override):
         Where the kernel runs (its SM count sizes the grid; 132 when unknown).
     **override
         Replace any entry of the plan (``BLOCK_N``, ``num_warps``, ``USE_DOT``, ``per_sm``; ``REG``
-        False / ``REG_KI``, ``PREFETCH`` for the register form): the benchmark's sweep.
+        False / ``REG_KI``, ``REG_VALUES``, ``PREFETCH`` for the register form): the benchmark's sweep.
 
     Returns
     -------
@@ -343,9 +345,10 @@ def lloyd_plan(N, D, K, device=None, **override):
     """
     sms = _sm_count(device)
     per_sm = override.get("per_sm", 4)
-    # the register form holds two values per feature and centre (centre, sum): spherical's budget
+    # the register form at diag's budget: spherical's (KI doubled) measured 0.42 against 0.33 ms at
+    # 4M x 16, K = 16 and equal at 16M x 8, K = 8 (kmeans-*-s20-i)
     reg = (None if override.get("REG", True) is False or "USE_DOT" in override
-           else reg_tile(D, K, values=reg_values("spherical"), ki=override.get("REG_KI")))
+           else reg_tile(D, K, ki=override.get("REG_KI"), values=override.get("REG_VALUES", REG_VALUES)))
     if reg is not None:
         bd, bk, ki, bn, nw = reg
         n_tiles = triton.cdiv(int(N), bn)

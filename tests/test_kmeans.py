@@ -28,7 +28,8 @@ def _relerr(a, b):
 
 SHAPES = [(1000, 5, 3, False, 0.0), (777, 16, 16, True, 0.0), (300, 33, 20, False, 1e4),
           (5, 2, 1, True, 0.0), (1, 1, 1, False, 0.0), (257, 1, 7, True, 50.0), (200, 64, 128, False, 0.0)]
-FORMS = [{"USE_DOT": True}, {"USE_DOT": False, "BLOCK_N": 16}, {"REG_KI": 1, "PREFETCH": 0}]
+FORMS = [{"USE_DOT": True}, {"USE_DOT": False, "BLOCK_N": 16}, {"REG_KI": 1, "PREFETCH": 0},
+         {"REG_VALUES": 64, "PREFETCH": 1}]
 
 
 @pytest.mark.parametrize("N,D,K,weighted,offset,form",
@@ -51,8 +52,9 @@ def test_fused_matches_float64(rng, N, D, K, weighted, offset, form):
 
 def test_register_form_plan():
     p = km.lloyd_plan(1 << 20, 16, 16)
-    assert p["REG"] == (4, 4) and p["BLOCK_N"] == 32 and not p["USE_DOT"]  # spherical's budget: 64 values
-    assert km.lloyd_plan(1 << 20, 16, 16, REG_KI=2)["REG"] == (2, 8)
+    assert p["REG"] == (2, 8) and p["BLOCK_N"] == 16 and not p["USE_DOT"]  # the GMM diag tile (measured)
+    assert km.lloyd_plan(1 << 20, 16, 16, REG_VALUES=64)["REG"] == (4, 4)  # the s20-i probe
+    assert km.lloyd_plan(1 << 20, 16, 16, REG_KI=1)["REG"] == (1, 16)
     assert km.lloyd_plan(1 << 20, 16, 16, REG=False)["REG"] is None
     assert km.lloyd_plan(1 << 20, 16, 16, USE_DOT=True)["USE_DOT"]
     assert km.lloyd_plan(1 << 20, 64, 64)["REG"] is None and km.lloyd_plan(1 << 20, 2, 128)["REG"] == (16, 8)
