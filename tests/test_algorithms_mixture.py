@@ -205,20 +205,26 @@ def test_initial_statistics_equal_sklearn_mstep(ct, K, D, rng):
 
 @pytest.mark.parametrize("shape", [(37,), (37, 3), (37, 2, 2)], ids=["1d", "2d", "3d"])
 def test_segment_sums_both_paths(shape, rng):
-    """Per-label sums: the host path (sort + segment_reduce) equals the CUDA path (index_add_)."""
+    """Per-label sums and counts: the host path (sort + segment_reduce) equals the CUDA path
+    (one-hot GEMM), both equal index_add_ / bincount."""
     from algorithms.mixture import _Segments
 
     K = 6
     lab = torch.from_numpy(rng.integers(0, K - 1, 37))  # label K-1 stays empty
     src = torch.from_numpy(rng.normal(size=shape))
-    host = torch.zeros((K,) + shape[1:], dtype=torch.float64)
-    _Segments(lab, K).add_(host, src)
-    seg = _Segments(lab, K)
-    seg.cuda = True  # take the index_add_ branch on CPU tensors
-    atomic = torch.zeros_like(host)
-    seg.add_(atomic, src)
-    torch.testing.assert_close(host, atomic, rtol=1e-12, atol=1e-12)
-    assert float(host[K - 1].abs().sum()) == 0.0
+    w = torch.from_numpy(rng.random(37))
+    ref = torch.zeros((K,) + shape[1:], dtype=torch.float64).index_add_(0, lab, src)
+    for onehot in (False, True):  # True: the CUDA branch on CPU tensors
+        seg = _Segments(lab, K, onehot=onehot)
+        acc = torch.zeros_like(ref)
+        seg.add_(acc, src)
+        torch.testing.assert_close(acc, ref, rtol=1e-12, atol=1e-12)
+        assert float(acc[K - 1].abs().sum()) == 0.0
+        for weights in (None, w):
+            cnt = torch.zeros(K, dtype=torch.float64)
+            seg.count_(cnt, weights)
+            torch.testing.assert_close(cnt, torch.bincount(lab, weights=weights, minlength=K).double(),
+                                       rtol=1e-12, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
