@@ -125,7 +125,7 @@ def _to_host(tensors, probes):
     vals = [None] * len(probes)
     if remote or rprobes:
         dev = (tensors[remote[0]] if remote else probes[rprobes[0]]).device
-        parts = ([tensors[i].reshape(-1).to(device=dev, dtype=torch.float64) for i in remote]
+        parts = ([tensors[i].detach().reshape(-1).to(device=dev, dtype=torch.float64) for i in remote]
                  + [probes[i].reshape(1).to(device=dev, dtype=torch.float64) for i in rprobes])
         flat = torch.cat(parts).cpu().numpy()
         o = 0
