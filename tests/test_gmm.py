@@ -633,6 +633,13 @@ def test_stats_to_same_device_is_identity(rng):
     X, w, means, pc = problem(rng, 50, 3, 2, "diag")
     st = gmm_estep(X, w, means, pc, "diag", backend="cpu")
     assert st.to("cpu") is st
+    for ct in ("full", "spherical"):  # another device (meta: shapes and dtypes only) unpacks every field
+        X, w, means, pc = problem(rng, 50, 3, 2, ct)
+        st = gmm_estep(X, w, means, pc, ct, backend="cpu", return_log_prob=True)
+        m = st.to("meta")
+        for name in ("log_likelihood", "nk", "center", "s1", "s2", "log_prob"):
+            a, b = getattr(m, name), getattr(st, name)
+            assert a.device.type == "meta" and a.shape == b.shape and a.dtype == b.dtype, (ct, name)
 
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
