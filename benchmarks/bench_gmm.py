@@ -47,7 +47,7 @@ import _common  # noqa: E402
 import fusedml  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
 from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
-from fusedml.gmm.model import auto_precision, plan_launch, reg_tile  # noqa: E402
+from fusedml.gmm.model import auto_precision, plan_launch, reg_prefetch, reg_tile  # noqa: E402
 from fusedml.gmm.ops import estep_ops  # noqa: E402
 
 BW = 4.28e12  # measured H200 read bandwidth, bytes/s (shared/PERFORMANCE.md)
@@ -179,7 +179,7 @@ def run_config(cfg, args, dev, quick):
     if prev is not None:  # spherical: session 19's per-feature register tiles (diag's KI), same inputs
         bd, bk, ki, bn, nw = prev
         plan_p = replace(plan, reg=(bd, ki, bk // ki), BN=bn, num_warps=nw, sph=False,
-                         prefetch=1 if 4 * bn * bd >= 1024 else 2)
+                         prefetch=reg_prefetch(bn, bd))
         row["ms_prev_reg"] = _bench(lambda: estep_fused(prep, False, precision=prec, plan=plan_p, ops=ops_), quick)
         row["sph_over_prev"] = row["ms_prev_reg"] / row["ms"]
     row["form"] = plan.form

@@ -27,8 +27,8 @@ from ._dispatch import resolve_backend
 from ._launch import launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import _reg_rows, resident_programs
-from .gmm.model import REG_VALUES, reg_tile
+from .gmm.fused import _reg_next, _reg_rows, resident_programs
+from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
@@ -154,15 +154,7 @@ def _lloyd_reg_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K
         rows = t * BLOCK_N + offs_n
         rmask = rows < N
         m2 = dmask[:, None] & rmask[None, :]
-        if PREFETCH == 0:
-            xt = _reg_rows(X, sx0, sx1, t, BLOCK_N, offs_n, offs_d, N, D, True)
-        elif PREFETCH == 1:
-            xt = x_a
-            x_a = _reg_rows(X, sx0, sx1, t + nprog, BLOCK_N, offs_n, offs_d, N, D, True)
-        else:
-            xt = x_a
-            x_a = x_b
-            x_b = _reg_rows(X, sx0, sx1, t + 2 * nprog, BLOCK_N, offs_n, offs_d, N, D, True)
+        xt, x_a, x_b = _reg_next(X, sx0, sx1, t, nprog, BLOCK_N, offs_n, offs_d, N, D, x_a, x_b, PREFETCH)
         xs = tl.where(m2, xt.to(tl.float32) - shift[:, None], 0.0)  # [BD, BN]
         xsq = tl.sum(xs * xs, axis=0)  # [BN]
         x = xs[:, None, :, None]  # [BD, 1, BN, 1]
@@ -353,7 +345,7 @@ def lloyd_plan(N, D, K, device=None, **override):
         bd, bk, ki, bn, nw = reg
         n_tiles = triton.cdiv(int(N), bn)
         return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": False, "REG": (ki, bk // ki),
-                "PREFETCH": override.get("PREFETCH", 1 if 4 * bn * bd >= 1024 else 2), "num_warps": nw,
+                "PREFETCH": override.get("PREFETCH", reg_prefetch(bn, bd)), "num_warps": nw,
                 "programs": max(1, min(n_tiles, per_sm * sms)), "n_tiles": n_tiles}
     use_dot = override.get("USE_DOT", _pow2(D, 1) * _pow2(K, 1) > 64)
     lo = 16 if use_dot else 1

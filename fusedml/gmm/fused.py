@@ -280,6 +280,24 @@ def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N,
 
 
 @triton.jit
+def _reg_next(X, stride_xn, stride_xd, blk, nprog, BN: tl.constexpr, offs_n, offs_d, N, D, x_a, x_b,
+              PREFETCH: tl.constexpr):
+    """``(tile of row block blk, x_a, x_b)`` for a persistent loop over blocks ``blk, blk + nprog,
+    ...`` holding PREFETCH (0-2) blocks ahead in ``x_a`` / ``x_b`` (start them with :func:`_reg_rows`
+    at ``pid`` and ``pid + nprog``): the next block ahead is loaded into the slot this one frees."""
+    if PREFETCH == 0:
+        xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True)
+    elif PREFETCH == 1:
+        xt = x_a
+        x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True)
+    else:
+        xt = x_a
+        x_a = x_b
+        x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True)
+    return xt, x_a, x_b
+
+
+@triton.jit
 def _diag_reg_kernel(
     X, stride_xn, stride_xd,  # [N, D] any float dtype, any strides
     G,  # [D] shift (float64 for float64 X, else fp32)
@@ -329,15 +347,7 @@ def _diag_reg_kernel(
         rows = blk * BN + offs_n
         nmask = rows < N
         m2 = dmask[:, None] & nmask[None, :]
-        if PREFETCH == 0:
-            xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True)
-        elif PREFETCH == 1:
-            xt = x_a
-            x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True)
-        else:
-            xt = x_a
-            x_a = x_b
-            x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True)
+        xt, x_a, x_b = _reg_next(X, stride_xn, stride_xd, blk, nprog, BN, offs_n, offs_d, N, D, x_a, x_b, PREFETCH)
         xt = tl.where(m2, (xt.to(g.dtype) - g[:, None]).to(tl.float32), 0.0)  # [BD, BN]
         x = xt[:, None, :, None]  # [BD, 1, BN, 1]
         if SPH:

@@ -232,6 +232,12 @@ REG_VALUES = 32  # BD * KI of the register form: 2 x 32 weights and 2 x 32 stati
 REG_MAX_KO = 8  # threads sharing a row (component groups): more lost to tl.dot (session 19)
 
 
+def reg_prefetch(BN: int, BD: int) -> int:
+    """Row blocks the register form loads ahead: about 2 KB in flight per program (a 1 KB
+    ``BN x BD`` fp32 block one ahead, smaller ones two; session 19's probe)."""
+    return 1 if 4 * BN * BD >= 1024 else 2
+
+
 def reg_values(covariance_type: str) -> int:
     """``BD * KI`` budget of the register form for ``covariance_type``: diag holds four values per
     feature and component (two weights, two statistics), spherical two (its quadratic term and
@@ -465,8 +471,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
           if register_form and chosen == "single" and not full_like and precision == "fp32" else None)
     if rt is not None:  # register FMAs: no shared-memory operands (see reg_tile)
         rbd, rbk, ki, BN, nw = rt
-        # blocks ahead: ~2 KB in flight per program (a 1 KB block one ahead, smaller ones two)
-        form, reg, prefetch = "reg", (rbd, ki, rbk // ki), (1 if 4 * BN * rbd >= 1024 else 2)
+        form, reg, prefetch = "reg", (rbd, ki, rbk // ki), reg_prefetch(BN, rbd)
         rpt = BN * (rbk // ki) // (32 * nw)
         # shared memory: the x tile in flight (cp.async stages) and its layout change, the weight
         # tiles' layout change, scratch (sm_90 compiles: 1-16 KB)
