@@ -67,16 +67,17 @@ def run_case(N, D, K, dev, gen):
     return row
 
 
-def sweep(N, D, K, dev, gen, budget_s=12.0):
-    """Time launch-plan variants of the fused step (form, BLOCK_N, warps, programs per SM)."""
+def sweep(N, D, K, dev, gen, budget_s=12.0, forms=(False, True)):
+    """Time launch-plan variants of the fused step (form, BLOCK_N, warps, programs per SM); ``forms``:
+    the ``USE_DOT`` values swept."""
     X = torch.randn(N, D, generator=gen).to(dev)
     C = X[:K].clone()
     shift = X.double().mean(0)
     ref = fusedml.lloyd_step(X.double(), C.double(), shift=shift, backend="ops", check_finite=False)
     out = []
     t_end = time.perf_counter() + budget_s
-    for use_dot in (False, True):
-        for bn in ((16, 32, 64) if use_dot else (32, 64, 128, 256)):
+    for use_dot in forms:
+        for bn in ((16, 32, 64, 128) if use_dot else (32, 64, 128, 256)):
             for warps in (4, 8):
                 for per_sm in (4, 8):
                     plan = {"USE_DOT": use_dot, "BLOCK_N": bn, "num_warps": warps, "per_sm": per_sm}
@@ -102,15 +103,20 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="JSON path (default benchmarks/results/kmeans-<gpu>-<date>.json)")
     p.add_argument("--quick", action="store_true", help="small shapes (CPU smoke run)")
-    p.add_argument("--sweep", action="store_true", help="time launch-plan variants of the first three cases")
+    p.add_argument("--sweep", action="store_true", help="time launch-plan variants of --sweep-cases")
+    p.add_argument("--sweep-cases", default="0,1,2", help="indices into CASES for --sweep (default 0,1,2)")
+    p.add_argument("--sweep-dot-only", action="store_true", help="--sweep over the tl.dot form alone")
+    p.add_argument("--sweep-budget", type=float, default=12.0, help="seconds per swept case")
     args = p.parse_args(argv)
     dev = _common.device()
     gen = torch.Generator().manual_seed(0)
     cases = [(1024, d, k) for (_, d, k) in CASES[:3]] if args.quick or dev.type != "cuda" else CASES
     rows = []
     if args.sweep:
-        for N, D, K in cases[:3]:
-            rows.append(sweep(N, D, K, dev, gen))
+        picked = [int(i) for i in args.sweep_cases.split(",")]
+        for N, D, K in ([cases[i] for i in picked] if dev.type == "cuda" and not args.quick else cases[:3]):
+            rows.append(sweep(N, D, K, dev, gen, forms=(True,) if args.sweep_dot_only else (False, True),
+                              budget_s=args.sweep_budget))
             print(rows[-1], flush=True)
         print(_common.write_json("kmeans-sweep", rows, {"args": vars(args)}, args.out))
         return

@@ -83,6 +83,9 @@ for p in $parts; do
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,1 --dtype bfloat16 ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
+    kmeans-sweep-dot)  # session 21: the tl.dot form's BLOCK_N / warps where the register form does not apply
+      run kmeans-sweep-dot 120 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only \
+        --sweep-budget 30 --out "$out/kmeans-sweep-dot.json" ;;
     e2e) run e2e 200 python3 benchmarks/bench_end_to_end.py --repeat 1 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     e2e-gmm) run e2e-gmm 120 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
                --out "$out/end_to_end_gmm.json" ;;

@@ -285,11 +285,41 @@ def test_choice_one_is_random_state_choice():
 
     sw = torch.tensor([1.0, 3.0, 0.0, 4.0], dtype=torch.float64)
     for seed in range(60):
-        for N, w in ((1, None), (7, None), (150, None), (20_000, None), (4, sw)):
+        for N, w in ((1, None), (3, None), (7, None), (150, None), (20_000, None), (1_000_003, None), (4, sw)):
             for dt in (np.float32, np.float64):
                 a, b = np.random.RandomState(seed), np.random.RandomState(seed)
                 assert _choice_one(N, w, dt, a) == int(b.choice(N, p=_choice_p(N, w, dt))), (seed, N, dt)
                 assert a.random_sample() == b.random_sample()  # the same state afterwards
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 5, 1000, 65_536, 99_991, 1_000_000])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_uniform_cdf_search_is_numpys(N, dt):
+    from algorithms.mixture import _uniform_cdf_search, _uniform_runs
+
+    p = float(np.asarray(1, dtype=dt) / np.asarray(N, dtype=dt))
+    cdf = np.cumsum(np.full(N, dt(p)), dtype=np.float64)
+    runs = _uniform_runs(N, p)
+    assert len(runs) < 200 and sum(r[3] for r in runs) == N
+    rebuilt = np.concatenate([r[1] + np.arange(r[3]) * r[2] for r in runs])
+    np.testing.assert_array_equal(rebuilt, cdf)  # the sums bit for bit
+    cdf /= cdf[-1]
+    rng = np.random.default_rng(N)
+    at = cdf[rng.integers(0, N, 20)]  # u on a cdf value and one ulp either side: the ties of "right"
+    for u in np.concatenate([rng.random(20), [0.0, np.nextafter(1.0, 0.0)], at, np.nextafter(at, 0.0),
+                             np.nextafter(at, 1.0)]):
+        if u < 1.0:
+            assert _uniform_cdf_search(N, p, float(u)) == int(cdf.searchsorted(u, side="right")), (N, u)
+
+
+def test_uniform_runs_through_rounding_ties():
+    from algorithms.mixture import _uniform_runs
+
+    # 1/3's last bit is half an ulp of [2/3, 4/3): ties, rounded to even, at 3^k steps
+    for N, p in ((3, 1.0 / 3.0), (50_000, 1.0 / 3.0), (70_001, 1.0 / 7.0), (40_000, 0.1), (30_000, 1.0 + 2.0 ** -52)):
+        runs = _uniform_runs(N, p)
+        rebuilt = np.concatenate([r[1] + np.arange(r[3]) * r[2] for r in runs])
+        np.testing.assert_array_equal(rebuilt, np.cumsum(np.full(N, p)), err_msg=str((N, p)))
 
 
 _cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
