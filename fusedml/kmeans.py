@@ -312,8 +312,9 @@ def lloyd_plan(N, D, K, device=None, **override):
       D to 16 (16M x 8, K=8: 2.83 ms against 3.49 with tl.dot). Larger products lost in this form
       (4M x 16, K=16: 1.04 against 0.61; 1M x 2, K=128: 1.21 against 0.70).
     * ``USE_DOT=True`` otherwise, IEEE fp32, ``BLOCK_N`` 128 while ``BLOCK_K * BLOCK_D <= 256``,
-      64 up to 2048 (1M x 128, K=16: 0.98 ms; 1.73 at 32), else 32 (1M x 64, K=64: 1.58 ms; 31.8
-      at 128 with 8 warps, where ptxas spills; 1M x 32, K=256: 1.85).
+      64 up to 4096 (1M x 128, K=16: 0.97 ms, 1.46 at 16; 1M x 64, K=64: 0.97 ms against 1.55 at
+      32, ``kmeans-sweep-dot-*-s21-b``, although ptxas spills 7 KB there), else 32 (1M x 32,
+      K=256: 1.81; 1.86 at 64 with 8 warps).
 
     The ``[BLOCK_K, BLOCK_D]`` accumulator must fit ``_MAX_TILE`` fp32 elements; beyond that the
     operator-level path runs. Programs: a persistent grid of four per SM (the register form: every
@@ -353,7 +354,7 @@ def lloyd_plan(N, D, K, device=None, **override):
     if bd * bk > _MAX_TILE:
         return None
     if use_dot:
-        bn = 128 if bd * bk <= 256 else (64 if bd * bk <= 2048 else 32)
+        bn = 128 if bd * bk <= 256 else (64 if bd * bk <= 4096 else 32)
     else:
         bn = max(16, min(256, 8192 // (bd * bk)))
     bn = override.get("BLOCK_N", bn)

@@ -60,6 +60,12 @@ def test_register_form_plan():
     assert km.lloyd_plan(1 << 20, 64, 64)["REG"] is None and km.lloyd_plan(1 << 20, 2, 128)["REG"] == (16, 8)
 
 
+def test_dot_form_rows_per_tile():
+    # tl.dot tiles: 64 rows up to a 4096-element accumulator, 32 beyond (kmeans-sweep-dot-*-s21-b)
+    assert [km.lloyd_plan(1 << 20, d, k)["BLOCK_N"] for d, k in ((128, 16), (64, 64), (32, 256))] == [64, 64, 32]
+    assert all(km.lloyd_plan(1 << 20, d, k)["USE_DOT"] for d, k in ((128, 16), (64, 64), (32, 256)))
+
+
 def test_torch_path_and_strided_half_input(rng):
     X = torch.from_numpy(rng.standard_normal((400, 24))).half()
     Xt = X.t().contiguous().t()  # column-major view, read without a copy
