@@ -54,6 +54,7 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
+import os
 import time
 import warnings
 
@@ -714,6 +715,139 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
 
 
 # ----------------------------------------------------------------------------------------------
+# the EM iterations (host M-step, or everything queued on the device)
+# ----------------------------------------------------------------------------------------------
+class _EMLog:
+    """An EM run's lower bounds, ``history_`` rows, verbose lines and stopping rule
+    (scikit-learn's: ``|change| < tol``)."""
+
+    def __init__(self, est, lower_bound, t0):
+        self.est, self.lower_bound, self.t0 = est, lower_bound, t0
+        self.lbs, self.hist, self.converged = [], [], False
+        self.t_iter = time.perf_counter()
+
+    def step(self, n_iter, log_likelihood):
+        """Record iteration ``n_iter``'s mean log-likelihood; True when the run stops there."""
+        est = self.est
+        prev, self.lower_bound = self.lower_bound, log_likelihood
+        change = self.lower_bound - prev
+        now = time.perf_counter()
+        self.lbs.append(self.lower_bound)
+        self.hist.append({"iter": n_iter, "objective": self.lower_bound, "grad_norm": float("nan"),
+                          "step": change, "time": now - self.t0})
+        if est.verbose >= 1 and n_iter % est.verbose_interval == 0:
+            print(f"  Iteration {n_iter}" if est.verbose == 1 else
+                  f"  Iteration {n_iter}\t time lapse {now - self.t_iter:.5f}s\t ll change {change:.5f}")
+        self.t_iter = now
+        self.converged = abs(change) < est.tol
+        return self.converged
+
+
+def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
+    """EM iterations through :func:`fusedml.gmm_estep` and :func:`fusedml.gmm.gmm_mstep`.
+
+    With ``host_mstep`` each E-step's log-likelihood and statistics reach the host in one copy and
+    the M-step runs there, so the next E-step's parameters are host arrays (no further sync).
+    Returns ``(weights, means, covariances, precisions_cholesky, n_iter)``.
+    """
+    gmm = _gmm_ops()
+    w, m, cov, pc = params
+    n_iter = 0
+    for n_iter in range(1, est.max_iter + 1):
+        stats = gmm.gmm_estep(X, w, m, pc, est.covariance_type, sample_weight=sw, backend=backend, check_finite=False)
+        if host_mstep:  # the log-likelihood and the statistics in one copy; next E-step: no sync
+            stats = stats.to("cpu")
+        ll = float(stats.log_likelihood) / total_weight
+        w, m, cov, pc = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)
+        if log.step(n_iter, ll):
+            break
+    return w, m, cov, pc, n_iter
+
+
+#: None: the device EM loop wherever it applies (:func:`_device_em_applies`); True: also on the
+#: CPU under the interpreter (tests); False: never (``FUSEDML_DEVICE_EM=0`` too, for A/B runs)
+_DEVICE_EM = None
+#: calls of each parity's iteration before its CUDA graph is captured (2: iterations 1-4 eager,
+#: 5-6 capture, 7+ replay; a capture costs ~1 ms of host time, a replay saves ~0.3-0.5 ms)
+_EM_CAPTURE_AFTER = 2
+
+
+def _device_em_applies(X, covariance_type, backend) -> bool:
+    """Whether ``GaussianMixture`` runs its EM iterations with :func:`_em_device`: the fused backend,
+    diag or spherical covariances, X an in-memory tensor on a GPU (or anywhere when forced)."""
+    if _DEVICE_EM is False or os.environ.get("FUSEDML_DEVICE_EM", "1") == "0":
+        return False
+    if backend != "fused" or covariance_type not in ("diag", "spherical") or not isinstance(X, torch.Tensor):
+        return False
+    return _DEVICE_EM is True or X.device.type == "cuda"
+
+
+def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
+    """EM iterations queued on X's device, one iteration ahead of the host's stopping test.
+
+    Iteration ``i`` (:func:`fusedml.gmm.fused.estep_device` then
+    :func:`fusedml.gmm.mstep_tensors`, no host synchronisation) reads the parameters in buffer
+    ``(i - 1) % 2`` and writes the next ones into the other buffer, with its log-likelihood and
+    M-step failure flag into a small per-parity buffer. Iteration ``i + 1`` is queued before the
+    host reads iteration ``i``'s scalars, so the GPU never waits for the host's decision; when
+    iteration ``i`` stops the run, the speculative one is simply not used (it wrote the other
+    buffer). Each parity's iteration is replayed from a CUDA graph after ``_EM_CAPTURE_AFTER``
+    calls (``algorithms._solvers._Replay``: ~45 launches and ~0.5 ms of host time become one).
+    The iterates are those of :func:`_em_host` up to float64 rounding (the operands are derived
+    with torch instead of numpy).
+    """
+    from algorithms._solvers import _Replay, graph_safe
+    from fusedml.gmm import _FAIL_MSG, mstep_tensors
+    from fusedml.gmm.fused import estep_device
+
+    ct, reg = est.covariance_type, float(est.reg_covar)
+    dev, f64 = X.device, torch.float64
+    bufs = [[t.to(device=dev, dtype=f64).clone() for t in params] for _ in range(2)]  # (w, m, cov, pc) x 2
+    scal = torch.zeros((2, 2), dtype=f64, device=dev)  # per parity: (log-likelihood, M-step failed)
+    sw32 = None if sw is None else sw.to(torch.float32).contiguous()
+    cuda = dev.type == "cuda"
+    pinned = torch.empty((2, 2), dtype=f64, pin_memory=True) if cuda else None
+
+    def iteration(src, dst, slot):
+        def fn():
+            w, m, _, pc = src
+            ll, nk, s1, s2 = estep_device(X, w, m, pc, ct, sample_weight=sw32)
+            out = mstep_tensors(ct, nk, m, s1, s2, reg)
+            for d, o in zip(dst, out[:4]):
+                d.copy_(o)
+            scal[slot, 0].copy_(ll)
+            scal[slot, 1].copy_(out[4])
+        return fn
+
+    steps = [_Replay(iteration(bufs[0], bufs[1], 0), cuda and graph_safe(X)),
+             _Replay(iteration(bufs[1], bufs[0], 1), cuda and graph_safe(X))]
+    for r in steps:
+        r.capture_after = _EM_CAPTURE_AFTER
+
+    def queue(i):  # iteration i (1-based); returns how to read its scalars
+        slot = (i - 1) % 2
+        steps[slot]()
+        if not cuda:
+            return scal[slot].tolist
+        pinned[slot].copy_(scal[slot], non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        return lambda: (ev.synchronize(), pinned[slot].tolist())[1]
+
+    n_iter = 0
+    nxt = queue(1) if est.max_iter >= 1 else None
+    for n_iter in range(1, est.max_iter + 1):
+        read, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
+        ll, bad = read()
+        if bad:
+            raise ValueError(_FAIL_MSG)
+        if log.step(n_iter, ll / total_weight):
+            break
+    w, m, cov, pc = (t.clone() for t in bufs[n_iter % 2])
+    return w, m, cov, pc, n_iter
+
+
+# ----------------------------------------------------------------------------------------------
 # GMM initial statistics (responsibilities never materialised for the whole data)
 # ----------------------------------------------------------------------------------------------
 def _zeros_s2(covariance_type, K, D, device):
@@ -1334,7 +1468,6 @@ class GaussianMixture(BaseEstimator):
         sw = _sample_weight(sample_weight, info)
         total_weight = N if sw is None else float(sw.sum())  # lower bound = weighted mean log-likelihood
         backend = resolve_backend(self.backend, info.device)
-        gmm = _gmm_ops()
         ct = self.covariance_type
 
         do_init = not (self.warm_start and hasattr(self, "converged_"))
@@ -1342,6 +1475,7 @@ class GaussianMixture(BaseEstimator):
             raise ValueError(f"warm_start: X has {D} features, but the fitted model has {self.n_features_in_}")
         n_init = self.n_init if do_init else 1
         host_mstep = _host_mstep(info.device, ct, self.n_components, D)
+        device_em = _device_em_applies(X, ct, backend)
         rs = _check_random_state(self.random_state)
         t0 = time.perf_counter()
         max_lower_bound = -math.inf
@@ -1356,30 +1490,11 @@ class GaussianMixture(BaseEstimator):
             if self.max_iter == 0:  # scikit-learn: keep the initialisation, lower bound -inf
                 best, best_n_iter = params, 0
                 continue
-            w, m, cov, pc = params
             lower_bound = -math.inf if do_init else self.lower_bound_
-            lbs, hist = [], []
-            converged = False
-            t_iter = time.perf_counter()
-            for n_iter in range(1, self.max_iter + 1):
-                prev = lower_bound
-                stats = gmm.gmm_estep(X, w, m, pc, ct, sample_weight=sw, backend=backend, check_finite=False)
-                if host_mstep:  # the log-likelihood and the statistics in one copy; next E-step: no sync
-                    stats = stats.to("cpu")
-                lower_bound = float(stats.log_likelihood) / total_weight
-                w, m, cov, pc = gmm.gmm_mstep(stats, reg_covar=self.reg_covar)
-                change = lower_bound - prev
-                now = time.perf_counter()
-                lbs.append(lower_bound)
-                hist.append({"iter": n_iter, "objective": lower_bound, "grad_norm": float("nan"),
-                             "step": change, "time": now - t0})
-                if self.verbose >= 1 and n_iter % self.verbose_interval == 0:
-                    print(f"  Iteration {n_iter}" if self.verbose == 1 else
-                          f"  Iteration {n_iter}\t time lapse {now - t_iter:.5f}s\t ll change {change:.5f}")
-                t_iter = now
-                if abs(change) < self.tol:
-                    converged = True
-                    break
+            log = _EMLog(self, lower_bound, t0)
+            em = _em_device if device_em else _em_host
+            w, m, cov, pc, n_iter = em(self, X, params, sw, total_weight, log, backend, host_mstep)
+            lower_bound, lbs, hist, converged = log.lower_bound, log.lbs, log.hist, log.converged
             if self.verbose >= 1:
                 msg = "converged" if converged else "did not converge"
                 print(f"Initialization {msg}." if self.verbose == 1 else

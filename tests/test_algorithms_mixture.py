@@ -258,6 +258,53 @@ def test_gmm_backends_give_same_model(ct):
     assert _rel(fits[1].means_, fits[0].means_) <= 1e-5
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+@pytest.mark.parametrize("max_iter,tol,weighted", [(1, 0.0, False), (2, 0.0, True), (6, 0.0, False), (200, 1e-3, True)])
+def test_device_em_loop_equals_host_loop(ct, max_iter, tol, weighted, monkeypatch):
+    """The device EM loop (speculative next iteration, ping-pong buffers; forced on the CPU) stops
+    where the host loop does, with the same iterates, history and warnings."""
+    import algorithms.mixture as mixture
+
+    X = load_iris().data[:, :3].astype(np.float32)
+    sw = np.linspace(0.5, 2.0, X.shape[0]) if weighted else None
+    kw = dict(covariance_type=ct, max_iter=max_iter, tol=tol, backend="fused", **_explicit_init(X.astype(np.float64), ct))
+    fits = {}
+    for forced in (True, False):
+        monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fits[forced] = GaussianMixture(3, **kw).fit(X, sample_weight=sw)
+        fits[forced].warned = any(issubclass(c.category, ConvergenceWarning) for c in caught)
+    dev, host = fits[True], fits[False]
+    assert dev.n_iter_ == host.n_iter_ and dev.converged_ == host.converged_ and dev.warned == host.warned
+    assert len(dev.history_) == dev.n_iter_ and [h["iter"] for h in dev.history_] == list(range(1, dev.n_iter_ + 1))
+    np.testing.assert_allclose(dev.lower_bounds_, host.lower_bounds_, rtol=1e-10)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        assert _rel(getattr(dev, name), getattr(host, name)) <= 1e-9, name
+    assert tol == 0.0 or dev.converged_
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the speculative iteration runs on the failed M-step
+def test_device_em_loop_raises_the_mstep_failure(monkeypatch):
+    import algorithms.mixture as mixture
+
+    X = np.repeat(np.array([[0.0, 0.0], [10.0, 10.0]], dtype=np.float32), 10, axis=0)  # two collapsed points
+    kw = dict(covariance_type="diag", reg_covar=0.0, weights_init=[0.5, 0.5], means_init=[[0.0, 0.0], [10.0, 10.0]],
+              precisions_init=np.ones((2, 2)), backend="fused")
+    monkeypatch.setattr(mixture, "_DEVICE_EM", True)
+    assert mixture._device_em_applies(torch.from_numpy(X), "diag", "fused")
+    assert not mixture._device_em_applies(torch.from_numpy(X), "full", "fused")
+    assert not mixture._device_em_applies(torch.from_numpy(X), "diag", "ops")
+    with pytest.raises(ValueError, match="ill-defined empirical covariance"):
+        GaussianMixture(2, **kw).fit(X)
+    monkeypatch.setattr(mixture, "_DEVICE_EM", None)
+    assert not mixture._device_em_applies(torch.from_numpy(X), "diag", "fused")  # a CPU tensor: the host loop
+    monkeypatch.setenv("FUSEDML_DEVICE_EM", "0")
+    monkeypatch.setattr(mixture, "_DEVICE_EM", True)
+    assert not mixture._device_em_applies(torch.from_numpy(X), "diag", "fused")
+
+
 def test_host_mstep_rule():
     from algorithms.mixture import _HOST_MSTEP_MAX, _host_mstep
 
@@ -347,6 +394,30 @@ def test_cuda_gmm_fit_host_and_device_mstep_agree(ct, monkeypatch):
         assert _rel(host.cpu().numpy(), dev.cpu().numpy()) <= 1e-9, name
         assert _rel(host.cpu().numpy(), getattr(fits["cpu"], name)) <= 1e-4, name
     assert fits[True].lower_bound_ == pytest.approx(fits["cpu"].lower_bound_, rel=1e-5)
+
+
+@_cuda_only
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_cuda_device_em_graphs_equal_host_loop(ct, monkeypatch):
+    # 12 iterations: each parity's iteration is captured in a CUDA graph and replayed
+    import algorithms.mixture as mixture
+    from algorithms._solvers import _Replay
+
+    X = torch.tensor(load_iris().data.astype(np.float32), device="cuda")
+    kw = dict(covariance_type=ct, max_iter=12, tol=0.0, backend="fused",
+              **_explicit_init(load_iris().data.astype(np.float64), ct))
+    fits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for forced in (None, False):
+            monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
+            before = _Replay.captures
+            fits[forced] = GaussianMixture(3, **kw).fit(X)
+            fits[forced].captured = _Replay.captures - before
+    assert fits[None].captured == 2 and fits[False].captured == 0
+    np.testing.assert_allclose(fits[None].lower_bounds_, fits[False].lower_bounds_, rtol=1e-9)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        assert _rel(getattr(fits[None], name).cpu().numpy(), getattr(fits[False], name).cpu().numpy()) <= 1e-8, name
 
 
 def test_kmeans_backends_give_same_model():

@@ -582,6 +582,40 @@ def test_mstep_errors(rng):
             gmm_mstep(st, reg_covar=0.0)
 
 
+@pytest.mark.parametrize("ct", COV)
+def test_mstep_tensors_is_gmm_mstep_without_checks(rng, ct):
+    from fusedml.gmm import mstep_tensors
+
+    X, w, means, pc = problem(rng, 120, 3, 4, ct)
+    st = gmm_estep(X.astype(np.float64), w, means, pc, ct, backend="cpu")
+    *got, bad = mstep_tensors(ct, st.nk, st.center, st.s1, st.s2, 1e-6)
+    assert bad.dim() == 0 and bad.dtype == torch.bool and not bool(bad)
+    for a, b in zip(got, gmm_mstep(st, reg_covar=1e-6)):
+        assert torch.equal(a, b)
+    neg = {"diag": -torch.ones(4, 3), "spherical": -torch.ones(4), "full": -torch.eye(3).expand(4, 3, 3),
+           "tied": -torch.eye(3)}[ct].double()
+    assert bool(mstep_tensors(ct, st.nk, st.center, st.s1, neg, 0.0)[4])  # flagged, not raised
+
+
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_estep_device_equals_gmm_estep(rng, ct, weighted):
+    from fusedml.gmm.fused import device_operands, estep_device
+
+    X, w, means, pc = problem(rng, 333, 5, 6, ct)
+    Xt = torch.from_numpy(X)
+    sw = torch.from_numpy(rng.uniform(0.2, 2.0, 333)) if weighted else None
+    ref = gmm_estep(X, w, means, pc, ct, sample_weight=sw, backend="fused")
+    args = [torch.as_tensor(a, dtype=torch.float64) for a in (w, means, pc)]
+    ll, nk, s1, s2 = estep_device(Xt, *args, ct, sample_weight=None if sw is None else sw.float())
+    for a, b in ((ll, ref.log_likelihood), (nk, ref.nk), (s1, ref.s1), (s2, ref.s2)):
+        assert a.dtype == torch.float64 and rel(a, b) < 1e-6
+    ops = device_operands(Xt, *args, ct)
+    assert ops["W1"].shape == (5, 6) and ops["W1"].is_contiguous() and ops["CONST"].dtype == torch.float32
+    with pytest.raises(ValueError, match="diag or spherical"):
+        estep_device(Xt, *args, "full")
+
+
 def test_merge_stats_equals_whole(rng):
     X, w, means, pc = problem(rng, 120, 3, 3, "full")
     a = gmm_estep(X[:50], w, means, pc, "full", center=means, backend="fused", return_log_prob=True)

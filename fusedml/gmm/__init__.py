@@ -250,27 +250,54 @@ def gmm_mstep(stats: GMMStats, reg_covar: float = 1e-6):
         raise TypeError(f"stats must be a GMMStats, got {type(stats).__name__}")
     if not (float(reg_covar) >= 0.0):
         raise ValueError(f"reg_covar must be non-negative, got {reg_covar!r}")
+    weights, means, cov, prec_chol, bad = mstep_tensors(stats.covariance_type, stats.nk, stats.center, stats.s1,
+                                                        stats.s2, float(reg_covar))
+    if bool(bad):
+        raise ValueError(_FAIL_MSG)
+    return weights, means, cov, prec_chol
+
+
+def mstep_tensors(covariance_type, nk, center, s1, s2, reg_covar):
+    """:func:`gmm_mstep`'s arithmetic without its checks or host synchronisation.
+
+    Every operation stays on the statistics' device, so the M-step can be queued behind the
+    E-step (and captured in a CUDA graph with it) and its failure read later.
+
+    Parameters
+    ----------
+    covariance_type : str
+    nk, center, s1, s2 : torch.Tensor
+        :class:`GMMStats` fields (any float dtype; used in float64).
+    reg_covar : float
+        Non-negative (not checked).
+
+    Returns
+    -------
+    tuple
+        ``(weights, means, covariances, precisions_cholesky, bad)``: as :func:`gmm_estep`'s
+        M-step, and ``bad`` a 0-d bool tensor, True where a covariance is not positive definite
+        (the other outputs are then meaningless; :func:`gmm_mstep` raises).
+    """
     f64 = torch.float64
-    ct = stats.covariance_type
-    nk_raw = stats.nk.to(f64)
+    ct = covariance_type
+    nk_raw = nk.to(f64)
     nk = nk_raw + 10 * torch.finfo(f64).eps
-    c = stats.center.to(f64)
-    s1 = stats.s1.to(f64)
+    c = center.to(f64)
+    s1 = s1.to(f64)
     means = (s1 + nk_raw[:, None] * c) / nk[:, None]  # sum r x / N_k
     delta = means - c  # [K, D]
-    K, D = means.shape
-    s2 = stats.s2.to(f64)
-    eye = torch.eye(D, dtype=f64, device=means.device)
+    D = means.shape[1]
+    s2 = s2.to(f64)
     if ct in ("diag", "spherical"):
         # sum r (x - mu)^2 = S2 - 2 delta S1 + N delta^2, about c
         if ct == "diag":
             cov = (s2 - 2 * delta * s1 + nk_raw[:, None] * delta * delta) / nk[:, None] + reg_covar
         else:
             cov = (s2 - 2 * (delta * s1).sum(1) + nk_raw * (delta * delta).sum(1)) / (nk * D) + reg_covar
-        if bool((cov <= 0).any()):
-            raise ValueError(_FAIL_MSG)
+        bad = (cov <= 0).any()
         prec_chol = 1.0 / torch.sqrt(cov)
     else:
+        eye = torch.eye(D, dtype=f64, device=means.device)
         corr = (s1[:, :, None] * delta[:, None, :] + delta[:, :, None] * s1[:, None, :]
                 - nk_raw[:, None, None] * delta[:, :, None] * delta[:, None, :])  # [K, D, D]
         if ct == "full":
@@ -279,12 +306,11 @@ def gmm_mstep(stats: GMMStats, reg_covar: float = 1e-6):
             cov = (s2 - corr.sum(0)) / nk.sum() + reg_covar * eye
         cov = 0.5 * (cov + cov.transpose(-1, -2))
         L, info = torch.linalg.cholesky_ex(cov)
-        if bool((info != 0).any()):
-            raise ValueError(_FAIL_MSG)
+        bad = (info != 0).any()
         eye_b = eye.expand_as(L) if ct == "full" else eye
         prec_chol = torch.linalg.solve_triangular(L, eye_b, upper=False).transpose(-1, -2)
     weights = nk / nk.sum()
-    return weights, means, cov, prec_chol
+    return weights, means, cov, prec_chol, bad
 
 
 def gmm_score(X, weights, means, precisions_cholesky, covariance_type, *, backend="auto", path="auto"):

@@ -35,7 +35,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .._launch import launch
-from ._prep import Prepared, diag_precisions_host, upload
+from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
 from .model import Plan, auto_precision, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
@@ -699,6 +699,96 @@ def _operands(prep: Prepared):
     if prep.covariance_type in ("full", "tied"):
         ops["stride_pk"] = 0 if prep.covariance_type == "tied" else prep.D * prep.D
     return ops
+
+
+class _DevicePrep:
+    """What :func:`_estep_plan` reads of a :class:`Prepared`, for parameters already on the device."""
+
+    def __init__(self, X, sample_weight, covariance_type, K, D):
+        self.X, self.sample_weight, self.covariance_type = X, sample_weight, covariance_type
+        self.N, self.K, self.D = X.shape[0], K, D
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+
+def device_operands(X, weights, means, prec_chol, covariance_type):
+    """:func:`_operands` (diag / spherical) from float64 parameter tensors on X's device.
+
+    The same float64 derivation as :func:`fusedml.gmm._prep.validate` and :func:`_operands`, in
+    torch ops on the device: no host copy and no synchronisation, so the E-step can follow an
+    M-step in one queue (and one CUDA graph). The centres are the means.
+
+    Parameters
+    ----------
+    X : torch.Tensor
+        ``[N, D]`` data (its dtype picks the shift's).
+    weights, means, prec_chol : torch.Tensor
+        float64 ``[K]``, ``[K, D]``, ``[K, D]`` (diag) or ``[K]`` (spherical), valid (not checked).
+    covariance_type : {"diag", "spherical"}
+
+    Returns
+    -------
+    dict
+        ``G``, ``W1``, ``W2``, ``CONST``, ``CP`` as :func:`_operands` returns them.
+    """
+    f64 = torch.float64
+    K, D = means.shape
+    logdet = torch.log(prec_chol).sum(1) if covariance_type == "diag" else D * torch.log(prec_chol)
+    logw = torch.where(weights > 0, torch.log(weights.clamp(min=1e-300)), torch.full_like(weights, LOG_ZERO))
+    const = logw + logdet - 0.5 * D * math.log(2 * math.pi)
+    shift = (weights[:, None] * means).sum(0)
+    if X.dtype != f64:  # exactly representable in fp32, as validate makes it
+        shift = shift.to(torch.float32).to(f64)
+    mup = means - shift  # [K, D]
+    p = prec_chol * prec_chol
+    if covariance_type == "spherical":
+        p = p[:, None].expand(K, D)
+    return {"G": shift if X.dtype == f64 else shift.to(torch.float32),
+            "W1": (LOG2E * mup * p).T.to(torch.float32).contiguous(),
+            "W2": (-0.5 * LOG2E * p).T.to(torch.float32).contiguous(),
+            "CONST": (LOG2E * (const - 0.5 * (mup * mup * p).sum(1))).to(torch.float32),
+            "CP": mup}
+
+
+def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight=None, precision="auto", plan=None):
+    """Fused E-step (diag / spherical) for trusted parameters that live on X's device.
+
+    What :func:`fusedml.gmm.gmm_estep` computes with ``center=means``, without its checks and
+    host round trip: the operands come from :func:`device_operands`, so nothing synchronises the
+    host and the call can be captured in a CUDA graph (``GaussianMixture``'s EM loop on a GPU).
+    Callers validate X and produce the parameters themselves (an M-step's output).
+
+    Parameters
+    ----------
+    X : torch.Tensor
+        ``[N, D]`` float data on a CUDA device (or the CPU under ``TRITON_INTERPRET=1``).
+    weights, means, prec_chol : torch.Tensor
+        float64 parameters on X's device (see :func:`device_operands`).
+    covariance_type : {"diag", "spherical"}
+    sample_weight : torch.Tensor, optional
+        ``[N]`` float32 contiguous row weights.
+    precision : str
+        As :func:`fusedml.gmm.gmm_estep`'s (``"auto"`` resolved per shape).
+    plan : Plan, optional
+        A launch plan (default: the model's).
+
+    Returns
+    -------
+    tuple
+        ``(log_likelihood, nk, s1, s2)`` float64 on the device, the statistics about the means.
+    """
+    if covariance_type not in ("diag", "spherical"):
+        raise ValueError(f"estep_device takes diag or spherical parameters, got {covariance_type!r}")
+    K, D = means.shape
+    prep = _DevicePrep(X, sample_weight, covariance_type, K, D)
+    if precision == "auto":
+        precision = auto_precision(prep.N, K, D, covariance_type, X.device)
+    if plan is None:
+        plan = plan_launch(prep.N, K, D, covariance_type, X.dtype, X.device, precision=precision)
+    ops = device_operands(X, weights, means, prec_chol, covariance_type)
+    return _estep_plan(prep, False, plan.precision or precision, plan, ops)[1:]
 
 
 _RESIDENT: dict = {}
