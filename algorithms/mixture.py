@@ -785,54 +785,66 @@ def _device_em_applies(X, covariance_type, backend) -> bool:
 def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     """EM iterations queued on X's device, one iteration ahead of the host's stopping test.
 
-    Iteration ``i`` (:func:`fusedml.gmm.fused.estep_device` then
-    :func:`fusedml.gmm.mstep_tensors`, no host synchronisation) reads the parameters in buffer
-    ``(i - 1) % 2`` and writes the next ones into the other buffer, with its log-likelihood and
-    M-step failure flag into a small per-parity buffer. Iteration ``i + 1`` is queued before the
-    host reads iteration ``i``'s scalars, so the GPU never waits for the host's decision; when
-    iteration ``i`` stops the run, the speculative one is simply not used (it wrote the other
-    buffer). Each parity's iteration is replayed from a CUDA graph after ``_EM_CAPTURE_AFTER``
-    calls (``algorithms._solvers._Replay``: ~45 launches and ~0.5 ms of host time become one).
-    The iterates are those of :func:`_em_host` up to float64 rounding (the operands are derived
-    with torch instead of numpy).
+    Iteration ``i`` reads the parameters and their kernel operands in buffer ``(i - 1) % 2`` and
+    writes the next ones, with its log-likelihood and M-step failure flag, into the other: the
+    E-step (:func:`fusedml.gmm.fused.estep_device`, two launches) and one launch for the M-step
+    and the next operands (:func:`fusedml.gmm.fused.mstep_operands`; torch ops where the padded
+    K x D exceeds its one program). Nothing synchronises the host inside an iteration, so
+    iteration ``i + 1`` is queued before the host reads iteration ``i``'s scalars and the GPU
+    never waits for the host's decision; when iteration ``i`` stops the run, the speculative one
+    is not used (it wrote the other buffer). Each parity's iteration is replayed from a CUDA graph
+    after ``_EM_CAPTURE_AFTER`` calls (``algorithms._solvers._Replay``). The iterates are those of
+    :func:`_em_host` up to float64 rounding (the operands are derived on the device).
     """
     from algorithms._solvers import _Replay, graph_safe
     from fusedml.gmm import _FAIL_MSG, mstep_tensors
-    from fusedml.gmm.fused import estep_device
+    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
 
-    ct, reg = est.covariance_type, float(est.reg_covar)
+    ct = est.covariance_type
     dev, f64 = X.device, torch.float64
-    bufs = [[t.to(device=dev, dtype=f64).clone() for t in params] for _ in range(2)]  # (w, m, cov, pc) x 2
-    scal = torch.zeros((2, 2), dtype=f64, device=dev)  # per parity: (log-likelihood, M-step failed)
+    names = ("weights", "means", "covariances", "precisions_cholesky")
+    first = {n: t.to(device=dev, dtype=f64).clone() for n, t in zip(names, params)}
+    first.update(device_operands(X, first["weights"], first["means"], first["precisions_cholesky"], ct))
+    first["scal"] = torch.zeros(2, dtype=f64, device=dev)  # (log-likelihood, M-step failed)
+    bufs = [first, {n: torch.empty_like(t) for n, t in first.items()}]
+    reg = torch.full((1,), float(est.reg_covar), dtype=f64, device=dev)
+    K, D = first["means"].shape
+    one_launch = mstep_operands_applies(K, D, ct)
     sw32 = None if sw is None else sw.to(torch.float32).contiguous()
     cuda = dev.type == "cuda"
     pinned = torch.empty((2, 2), dtype=f64, pin_memory=True) if cuda else None
 
-    def iteration(src, dst, slot):
+    def iteration(src, dst):
         def fn():
-            w, m, _, pc = src
-            ll, nk, s1, s2 = estep_device(X, w, m, pc, ct, sample_weight=sw32)
-            out = mstep_tensors(ct, nk, m, s1, s2, reg)
-            for d, o in zip(dst, out[:4]):
-                d.copy_(o)
-            scal[slot, 0].copy_(ll)
-            scal[slot, 1].copy_(out[4])
+            stats = estep_device(X, src["weights"], src["means"], src["precisions_cholesky"], ct,
+                                 sample_weight=sw32, ops=src)
+            if one_launch:
+                mstep_operands(stats, src["means"], reg, ct, X.dtype, dst)
+                return
+            out = mstep_tensors(ct, stats[1], src["means"], stats[2], stats[3], reg[0])
+            for n, o in zip(names, out[:4]):
+                dst[n].copy_(o)
+            for n, o in device_operands(X, *(dst[n] for n in ("weights", "means", "precisions_cholesky")), ct).items():
+                dst[n].copy_(o)
+            dst["scal"][0].copy_(stats[0])
+            dst["scal"][1].copy_(out[4])
         return fn
 
-    steps = [_Replay(iteration(bufs[0], bufs[1], 0), cuda and graph_safe(X)),
-             _Replay(iteration(bufs[1], bufs[0], 1), cuda and graph_safe(X))]
+    steps = [_Replay(iteration(bufs[0], bufs[1]), cuda and graph_safe(X)),
+             _Replay(iteration(bufs[1], bufs[0]), cuda and graph_safe(X))]
     for r in steps:
         r.capture_after = _EM_CAPTURE_AFTER
 
     def queue(i):  # iteration i (1-based); returns how to read its scalars
-        slot = (i - 1) % 2
-        steps[slot]()
+        steps[(i - 1) % 2]()
+        scal = bufs[i % 2]["scal"]
         if not cuda:
-            return scal[slot].tolist
-        pinned[slot].copy_(scal[slot], non_blocking=True)
+            return scal.tolist
+        host = pinned[i % 2]
+        host.copy_(scal, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        return lambda: (ev.synchronize(), pinned[slot].tolist())[1]
+        return lambda: (ev.synchronize(), host.tolist())[1]
 
     n_iter = 0
     nxt = queue(1) if est.max_iter >= 1 else None
@@ -843,8 +855,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
             raise ValueError(_FAIL_MSG)
         if log.step(n_iter, ll / total_weight):
             break
-    w, m, cov, pc = (t.clone() for t in bufs[n_iter % 2])
-    return w, m, cov, pc, n_iter
+    return tuple(bufs[n_iter % 2][n].clone() for n in names) + (n_iter,)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -616,6 +616,36 @@ def test_estep_device_equals_gmm_estep(rng, ct, weighted):
         estep_device(Xt, *args, "full")
 
 
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mstep_operands_is_mstep_then_operands(rng, ct, dtype):
+    from fusedml.gmm import mstep_tensors
+    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
+
+    X, w, means, pc = problem(rng, 200, 5, 7, ct)
+    Xt = torch.from_numpy(X.astype(dtype))
+    args = [torch.as_tensor(a, dtype=torch.float64) for a in (w, means, pc)]
+    stats = estep_device(Xt, *args, ct)
+    ref = mstep_tensors(ct, stats[1], args[1], stats[2], stats[3], 1e-4)
+    ref_ops = device_operands(Xt, ref[0], ref[1], ref[3], ct)
+    out = {n: torch.full_like(t, float("nan")) for n, t in zip(("weights", "means", "covariances",
+                                                                "precisions_cholesky"), ref[:4])}
+    out.update({n: torch.full_like(t, float("nan")) for n, t in ref_ops.items()})
+    out["scal"] = torch.full((2,), float("nan"), dtype=torch.float64)
+    reg = torch.tensor([1e-4], dtype=torch.float64)
+    assert mstep_operands(stats, args[1], reg, ct, Xt.dtype, out) is out
+    for n, r in zip(("weights", "means", "covariances", "precisions_cholesky"), ref[:4]):
+        assert rel(out[n], r) < 1e-13, n
+    for n, r in ref_ops.items():
+        assert out[n].dtype == r.dtype and rel(out[n], r) < (1e-13 if r.dtype == torch.float64 else 1e-6), n
+    assert out["scal"].tolist() == [float(stats[0]), 0.0]
+    bad = (stats[0], stats[1], stats[2], -stats[3].abs() - 1.0)  # negative second moments: flagged
+    assert mstep_operands(bad, args[1], torch.zeros(1, dtype=torch.float64), ct, Xt.dtype, out)["scal"][1] > 0
+    assert not mstep_operands_applies(65, 64, ct) and not mstep_operands_applies(4, 4, "full")
+    with pytest.raises(ValueError, match="beyond its one program"):
+        mstep_operands(stats, args[1], reg, "full", Xt.dtype, out)
+
+
 def test_merge_stats_equals_whole(rng):
     X, w, means, pc = problem(rng, 120, 3, 3, "full")
     a = gmm_estep(X[:50], w, means, pc, "full", center=means, backend="fused", return_log_prob=True)
@@ -850,6 +880,17 @@ def _aot_check_plans():
     regs, stack = resource_usage(k)
     print(f"AOT finish: regs={regs} stack={stack}", flush=True)
     assert stack == 0
+    # the device EM loop's M-step + operands (float64 log / sqrt through libdevice)
+    fn = fused._mstep_operands_kernel
+    f32 = {"G", "W1", "W2", "CONST"}
+    for sph in (False, True):
+        consts = dict(SPH=sph, X64=False, BLOCK_K=16, BLOCK_D=16)
+        sig = {a: ("constexpr" if a in consts else "i32" if a in ("K", "D") else "*fp32" if a in f32 else "*fp64")
+               for a in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=4))
+        regs, stack = resource_usage(k)
+        print(f"AOT mstep_operands sph={sph}: regs={regs} stack={stack}", flush=True)
+        assert stack == 0
     sys.stdout.flush()
 
 

@@ -752,7 +752,132 @@ def device_operands(X, weights, means, prec_chol, covariance_type):
             "CP": mup}
 
 
-def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight=None, precision="auto", plan=None):
+@triton.jit
+def _mstep_operands_kernel(
+    LL, NK, S1, S2,  # [1], [K], [K, D], [K, D] (spherical: [K]) float64: statistics about C
+    C,  # [K, D] float64 the E-step's centres (its means)
+    W, MEANS, COV, PC,  # out: [K], [K, D], [K, D] or [K], [K, D] or [K] float64
+    G, W1, W2, CONST, CP,  # out: the next E-step's operands (see _operands)
+    SCAL,  # out: [2] float64 (log-likelihood, covariance entries <= 0)
+    REG,  # [1] float64 reg_covar (a Python float argument would be fp32)
+    K, D,
+    SPH: tl.constexpr, X64: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # one program: gmm_mstep's arithmetic (diag / spherical) and device_operands' derivation, so an
+    # EM iteration is the E-step's two launches and this one. float64 constants through tl.full (a
+    # Python float literal is an fp32 constant)
+    log2e = tl.full((), 1.4426950408889634, tl.float64)
+    eps10 = tl.full((), 2.220446049250313e-15, tl.float64)  # 10 x float64 eps
+    log2pi = tl.full((), 1.8378770664093453, tl.float64)
+    tiny = tl.full((), 1e-300, tl.float64)
+    log_zero = tl.full((), -1.0e30, tl.float64)
+    reg_covar = tl.load(REG)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    km = offs_k < K
+    dm = offs_d < D
+    m2 = km[:, None] & dm[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    nk_raw = tl.load(NK + offs_k, mask=km, other=0.0)
+    nk = nk_raw + eps10
+    c = tl.load(C + kd, mask=m2, other=0.0)
+    s1 = tl.load(S1 + kd, mask=m2, other=0.0)
+    means = (s1 + nk_raw[:, None] * c) / nk[:, None]
+    delta = tl.where(m2, means - c, 0.0)
+    if SPH:
+        s2 = tl.load(S2 + offs_k, mask=km, other=1.0)
+        cov = (s2 - 2 * tl.sum(delta * s1, 1) + nk_raw * tl.sum(delta * delta, 1)) / (nk * D) + reg_covar
+        bad = tl.sum(tl.where(km & (cov <= 0), 1.0, 0.0), 0)
+        pc = 1.0 / tl.sqrt(cov)  # [BLOCK_K]
+        tl.store(COV + offs_k, cov, mask=km)
+        tl.store(PC + offs_k, pc, mask=km)
+        logdet = D * tl.log(pc)
+        p = tl.where(m2, (pc * pc)[:, None] + 0.0 * delta, 0.0)  # [BLOCK_K, BLOCK_D]
+    else:
+        s2 = tl.load(S2 + kd, mask=m2, other=1.0)
+        cov = (s2 - 2 * delta * s1 + nk_raw[:, None] * delta * delta) / nk[:, None] + reg_covar
+        bad = tl.sum(tl.sum(tl.where(m2 & (cov <= 0), 1.0, 0.0), 1), 0)
+        pc = 1.0 / tl.sqrt(cov)
+        tl.store(COV + kd, cov, mask=m2)
+        tl.store(PC + kd, pc, mask=m2)
+        logdet = tl.sum(tl.where(m2, tl.log(pc), 0.0), 1)
+        p = tl.where(m2, pc * pc, 0.0)
+    w = tl.where(km, nk / tl.sum(tl.where(km, nk, 0.0), 0), 0.0)
+    tl.store(W + offs_k, w, mask=km)
+    tl.store(MEANS + kd, means, mask=m2)
+    logw = tl.where(w > 0, tl.log(tl.maximum(w, tiny)), log_zero)
+    const = logw + logdet - 0.5 * D * log2pi
+    shift = tl.sum(tl.where(m2, w[:, None] * means, 0.0), 0)  # [BLOCK_D]
+    if X64:
+        tl.store(G + offs_d, shift, mask=dm)
+    else:  # exactly representable in fp32, as validate makes it
+        shift = shift.to(tl.float32).to(tl.float64)
+        tl.store(G + offs_d, shift.to(tl.float32), mask=dm)
+    mup = tl.where(m2, means - shift[None, :], 0.0)
+    dk = offs_d[None, :] * K + offs_k[:, None]  # the [D, K] layout of W1 / W2
+    tl.store(W1 + dk, (log2e * mup * p).to(tl.float32), mask=m2)
+    tl.store(W2 + dk, (-0.5 * log2e * p).to(tl.float32), mask=m2)
+    tl.store(CONST + offs_k, (log2e * (const - 0.5 * tl.sum(mup * mup * p, 1))).to(tl.float32), mask=km)
+    tl.store(CP + kd, mup, mask=m2)
+    tl.store(SCAL, tl.load(LL))
+    tl.store(SCAL + 1, bad)
+
+
+#: the largest padded K x D of :func:`mstep_operands`' one program (float64 tiles in registers)
+MSTEP_MAX_TILE = 4096
+
+
+def mstep_operands_applies(K: int, D: int, covariance_type: str) -> bool:
+    """Whether :func:`mstep_operands` takes K components of D features (diag / spherical, padded
+    ``K x D <= MSTEP_MAX_TILE``)."""
+    return (covariance_type in ("diag", "spherical")
+            and triton.next_power_of_2(K) * triton.next_power_of_2(D) <= MSTEP_MAX_TILE)
+
+
+def mstep_operands(stats, means, reg_covar, covariance_type, x_dtype, out):
+    """One launch: the M-step (diag / spherical) and the next E-step's operands, on the device.
+
+    :func:`fusedml.gmm.mstep_tensors`' arithmetic followed by :func:`device_operands`' (the new
+    parameters' kernel operands), written into ``out``'s buffers: an EM iteration becomes the
+    E-step's two launches and this one (~45 small launches in torch ops).
+
+    Parameters
+    ----------
+    stats : tuple
+        ``(log_likelihood, nk, s1, s2)`` float64 from :func:`estep_device` (about ``means``).
+    means : torch.Tensor
+        ``[K, D]`` float64, the parameters the E-step used.
+    reg_covar : torch.Tensor
+        ``[1]`` float64 on the device.
+    covariance_type : {"diag", "spherical"}
+    x_dtype : torch.dtype
+        The data's dtype (float64 data: a float64 shift).
+    out : dict
+        Buffers ``weights``, ``means``, ``covariances``, ``precisions_cholesky`` (float64) and the
+        operands ``G``, ``W1``, ``W2``, ``CONST``, ``CP`` (:func:`device_operands`' shapes and
+        dtypes), and ``scal`` ``[2]`` float64: (log-likelihood, how many covariance entries are
+        not positive: 0 when the M-step succeeded).
+
+    Returns
+    -------
+    dict
+        ``out``.
+    """
+    ll, nk, s1, s2 = stats
+    K, D = means.shape
+    BK, BD = triton.next_power_of_2(K), triton.next_power_of_2(D)
+    if not mstep_operands_applies(K, D, covariance_type):
+        raise ValueError(f"mstep_operands: K={K}, D={D}, {covariance_type!r} is beyond its one program")
+    launch(_mstep_operands_kernel, (1,),
+           (ll, nk, s1, s2, means, out["weights"], out["means"], out["covariances"], out["precisions_cholesky"],
+            out["G"], out["W1"], out["W2"], out["CONST"], out["CP"], out["scal"], reg_covar, K, D),
+           dict(SPH=covariance_type == "spherical", X64=x_dtype == torch.float64, BLOCK_K=BK, BLOCK_D=BD),
+           num_warps=4 if BK * BD <= 1024 else 8)
+    return out
+
+
+def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight=None, precision="auto", plan=None,
+                 ops=None):
     """Fused E-step (diag / spherical) for trusted parameters that live on X's device.
 
     What :func:`fusedml.gmm.gmm_estep` computes with ``center=means``, without its checks and
@@ -773,6 +898,9 @@ def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight
         As :func:`fusedml.gmm.gmm_estep`'s (``"auto"`` resolved per shape).
     plan : Plan, optional
         A launch plan (default: the model's).
+    ops : dict, optional
+        The parameters' operands, already derived (:func:`mstep_operands` writes them); default
+        :func:`device_operands`.
 
     Returns
     -------
@@ -787,7 +915,8 @@ def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight
         precision = auto_precision(prep.N, K, D, covariance_type, X.device)
     if plan is None:
         plan = plan_launch(prep.N, K, D, covariance_type, X.dtype, X.device, precision=precision)
-    ops = device_operands(X, weights, means, prec_chol, covariance_type)
+    if ops is None:
+        ops = device_operands(X, weights, means, prec_chol, covariance_type)
     return _estep_plan(prep, False, plan.precision or precision, plan, ops)[1:]
 
 
