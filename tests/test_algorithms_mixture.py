@@ -427,6 +427,22 @@ def test_cuda_device_em_graphs_equal_host_loop(ct, monkeypatch):
         assert _rel(getattr(fits[None], name).cpu().numpy(), getattr(fits[False], name).cpu().numpy()) <= 1e-8, name
 
 
+@_cuda_only
+def test_cuda_kmeans_plusplus_replayed_picks_the_cpu_seeds():
+    # 12 centres: the fused step is captured at the third and replayed for the rest
+    from algorithms._solvers import _Replay
+    from algorithms.mixture import _kmeans_plusplus
+
+    rng = np.random.default_rng(5)
+    X = torch.tensor(rng.standard_normal((20_000, 8)).astype(np.float32) * 3)
+    for w in (None, torch.tensor(rng.uniform(0.1, 2.0, 20_000))):
+        before = _Replay.captures
+        a = _kmeans_plusplus(X.cuda(), 12, np.random.RandomState(7), None if w is None else w.cuda(), backend="fused")
+        assert _Replay.captures == before + 1
+        b = _kmeans_plusplus(X, 12, np.random.RandomState(7), w, backend="cpu")
+        np.testing.assert_array_equal(a, b)
+
+
 def test_kmeans_backends_give_same_model():
     X = load_iris().data[::2, :3].astype(np.float32)  # N=75, D=3
     init = X[[0, 30, 60]]
