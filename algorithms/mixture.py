@@ -693,33 +693,56 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
     cluster empty (then the relocation of :func:`_lloyd_update` runs with step i's labels,
     scikit-learn's rule). The iterates equal those of the step-by-step loop.
 
+    From the second step on, the steps run in place on three persistent slots
+    (:meth:`~fusedml.kmeans.LloydIterations.step_into`: step i writes slot ``i % 3``, so the
+    queued step leaves step i - 1's centres, which a relocation reads, intact), each of the three
+    transitions replayed from a CUDA graph after two calls (``algorithms._solvers._Replay``:
+    ~10 launches and allocations per step become one replay).
+
     Returns
     -------
     tuple
         ``(centers [K, D] float64, labels [N] int32, n_iter, converged, strict)``.
     """
-    labels_old, converged, strict, n_iter = None, False, False, 0
-    nxt = it.step(centers, None)
-    pinned = None  # one pinned buffer for every step's scalars: each fetch is read before the next
+    from algorithms._solvers import _Replay, graph_safe
+
+    labels, first, out = it.step(centers, None)
+    slots = [it.new_slot() for _ in range(3)]
+    it.load(slots[1], first, labels)
+    slots[1]["out"].copy_(out)
+    enabled = graph_safe(X)
+    replays = {}
+
+    def queue(i):  # step i + 1 from step i's slot
+        key = (i % 3, (i + 1) % 3)
+        if key not in replays:
+            replays[key] = _Replay(lambda a=slots[key[0]], b=slots[key[1]]: it.step_into(a, b), enabled)
+            replays[key].capture_after = 2
+        replays[key]()
+
+    converged, strict, n_iter = False, False, 0
+    prev_centers, pinned = centers, None  # pinned: one buffer for every step's scalars, read before the next
     for i in range(max_iter):
-        labels, new, out = nxt
-        fetch = _Fetch(out, pinned)
-        pinned = fetch.host if out.device.type == "cuda" else None
-        nxt = it.step(new, labels) if i + 1 < max_iter else None  # speculative: dropped if unused
+        cur = slots[(i + 1) % 3]  # step i + 1's results
+        fetch = _Fetch(cur["out"], pinned)
+        pinned = fetch.host if cur["out"].device.type == "cuda" else None
+        queued = i + 1 < max_iter
+        if queued:
+            queue(i + 1)  # speculative: its results are ignored if unused
         empty, shift_sq, inertia_old, changed = fetch.get()
-        same = labels_old is not None and changed == 0
+        same = i > 0 and changed == 0
         if empty:
-            nxt = None
-            new, shift_sq, inertia_old = _lloyd_update(X, labels.long(), centers, sample_weight)
-        centers = new
+            new, shift_sq, inertia_old = _lloyd_update(X, cur["labels"].long(), prev_centers, sample_weight)
+            it.load(cur, new)
+            if queued:
+                queue(i + 1)  # again, from the relocated centres
         n_iter = i + 1
         converged, strict = _lloyd_stop(i, inertia_old, shift_sq, same, tol_abs, verbose, history, t0)
         if converged:
             break
-        labels_old = labels
-        if nxt is None and i + 1 < max_iter:
-            nxt = it.step(centers, labels_old)
-    return centers, labels, n_iter, converged, strict
+        prev_centers = cur["C"]
+    cur = slots[n_iter % 3]
+    return cur["C"].clone(), cur["labels"].clone(), n_iter, converged, strict
 
 
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None,

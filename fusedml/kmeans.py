@@ -364,13 +364,15 @@ def lloyd_plan(N, D, K, device=None, **override):
             "n_tiles": n_tiles}
 
 
-def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
-    """The fused kernel and the one reduction over programs: ``(labels [N] int32, RED [ROW] f64)``."""
+def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None, labels=None, red=None):
+    """The fused kernel and the one reduction over programs: ``(labels [N] int32, RED [ROW] f64)``
+    (into ``labels`` / ``red`` when given)."""
     N, D = X.shape
     K = Cs.shape[0]
     P, bk, bd = plan["programs"], plan["BLOCK_K"], plan["BLOCK_D"]
     dev = X.device
-    labels = torch.empty(N, dtype=torch.int32, device=dev)
+    if labels is None:
+        labels = torch.empty(N, dtype=torch.int32, device=dev)
     consts = dict(HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd,
                   BLOCK_K=bk)
     if plan.get("REG"):
@@ -392,7 +394,9 @@ def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
     launch(kernel, (P,), (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
                           labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"]), consts,
            num_warps=plan["num_warps"])
-    return labels, part.sum(0, dtype=_F64)
+    if red is None:
+        return labels, part.sum(0, dtype=_F64)
+    return labels, torch.sum(part, 0, dtype=_F64, out=red)
 
 
 _GRIDS: dict = {}
@@ -467,6 +471,37 @@ class LloydIterations:
                dict(BLOCK_K=self.plan["BLOCK_K"], BLOCK_D=self.plan["BLOCK_D"]), num_warps=4)
         self.prepared = (new, cs_next, csq_next)
         return labels, new, out
+
+    def new_slot(self):
+        """Persistent buffers of one step's results, for :meth:`step_into`: ``C`` [K, D] float64
+        centres, ``CS`` / ``CSQ`` their shifted fp32 copy and squared norms, ``labels`` [N] int32,
+        ``out`` [4] float64 scalars (as :meth:`step`'s), ``red`` the reduced partials."""
+        K, D, dev = self.K, self.D, self.X.device
+        bk, bd = self.plan["BLOCK_K"], self.plan["BLOCK_D"]
+        return {"C": torch.zeros((K, D), dtype=_F64, device=dev), "CS": torch.zeros((K, D), dtype=torch.float32, device=dev),
+                "CSQ": torch.zeros(K, dtype=torch.float32, device=dev),
+                "labels": torch.zeros(self.X.shape[0], dtype=torch.int32, device=dev),
+                "out": torch.zeros(4, dtype=_F64, device=dev), "red": torch.zeros(bk * bd + bk + 2, dtype=_F64, device=dev)}
+
+    def load(self, slot, centers, labels=None):
+        """Write ``centers`` [K, D] (and ``labels`` [N]) into ``slot`` as if a step had produced them."""
+        c64 = centers.to(_F64)
+        csd = c64 - self.sh64
+        slot["C"].copy_(c64)
+        slot["CS"].copy_(csd)
+        slot["CSQ"].copy_((csd * csd).sum(1))
+        if labels is not None:
+            slot["labels"].copy_(labels)
+
+    def step_into(self, src, dst):
+        """:meth:`step` from ``src``'s centres with ``src``'s labels as the previous ones, results
+        into ``dst`` (both from :meth:`new_slot`): no allocation, so the step can be replayed from
+        a CUDA graph. ``dst`` must not be ``src``."""
+        labels, red = _lloyd_launch(self.X, src["CS"], src["CSQ"], self.sh32, self.w, self.plan, src["labels"],
+                                    labels=dst["labels"], red=dst["red"])
+        launch(_lloyd_finalize_kernel, (1,), (red, src["C"], self.sh64, dst["C"], dst["CS"], dst["CSQ"], dst["out"],
+                                              self.K, self.D),
+               dict(BLOCK_K=self.plan["BLOCK_K"], BLOCK_D=self.plan["BLOCK_D"]), num_warps=4)
 
 
 def _lloyd_torch(X, Cs, csq, shift, w):

@@ -443,6 +443,22 @@ def test_cuda_kmeans_plusplus_replayed_picks_the_cpu_seeds():
         np.testing.assert_array_equal(a, b)
 
 
+@_cuda_only
+def test_cuda_kmeans_replayed_lloyd_equals_cpu():
+    # a long Lloyd run: every slot transition is captured and replayed
+    from algorithms._solvers import _Replay
+
+    rng = np.random.default_rng(3)
+    X = (rng.standard_normal((50_000, 4)) + rng.integers(0, 3, (50_000, 1)) * 2.0).astype(np.float32)
+    init = X[:6].copy()
+    before = _Replay.captures
+    a = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=40, backend="fused").fit(torch.tensor(X, device="cuda"))
+    assert _Replay.captures - before == (3 if a.n_iter_ >= 10 else _Replay.captures - before)
+    b = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=40, backend="cpu").fit(X)
+    assert a.n_iter_ == b.n_iter_ and (a.labels_.cpu().numpy() == b.labels_).mean() > 0.999
+    np.testing.assert_allclose(a.cluster_centers_.cpu().numpy(), b.cluster_centers_, rtol=1e-4, atol=1e-4)
+
+
 def test_kmeans_backends_give_same_model():
     X = load_iris().data[::2, :3].astype(np.float32)  # N=75, D=3
     init = X[[0, 30, 60]]

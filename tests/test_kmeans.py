@@ -130,6 +130,23 @@ def test_kmeans_fused_relocates_empty_cluster():
     assert len(set(a.labels_.tolist())) == 3
 
 
+def test_kmeans_fused_relocates_after_the_first_step():
+    # this start leaves clusters empty at steps 1 and 2: the second relocation reads step 1's
+    # centres, which the queued step 3 must not have overwritten (the loop's three slots)
+    from algorithms import KMeans
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((30, 2)).astype(np.float32)
+    X[:10] += 5
+    X[10:20] -= 5
+    init = rng.uniform(-8, 8, (7, 2)).astype(np.float32)
+    a = KMeans(7, init=init, n_init=1, max_iter=50, backend="fused").fit(X)
+    b = KMeans(7, init=init, n_init=1, max_iter=50, backend="cpu").fit(X)
+    assert a.n_iter_ == b.n_iter_ and np.array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-5)
+
+
 def test_benchmark_smoke(tmp_path):
     import importlib.util
     import json
@@ -174,6 +191,15 @@ def test_lloyd_iterations_match_lloyd_step(rng, weighted):
     # a cluster left empty is reported (its centre far from every row)
     far = torch.cat([C[:-1], torch.full((1, D), 1e3, dtype=torch.float64)])
     assert km.LloydIterations(X, w, shift, K).step(far)[2].tolist()[0] == 1.0
+    # the in-place form (persistent slots, what the replayed loop uses) gives the same step
+    a, b = it.new_slot(), it.new_slot()
+    it.load(a, new, old)
+    assert it.step_into(a, b) is None
+    assert torch.equal(b["labels"], labels2) and torch.equal(b["C"], new2) and torch.equal(b["out"], out2)
+    assert torch.equal(b["CS"], it.prepared[1]) and torch.equal(b["CSQ"], it.prepared[2])
+    it.step_into(b, a)  # and on from its own results
+    labels3, new3, out3 = it.step(new2, labels2)
+    assert torch.equal(a["labels"], labels3) and torch.equal(a["C"], new3) and torch.equal(a["out"], out3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
