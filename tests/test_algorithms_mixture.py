@@ -449,13 +449,15 @@ def test_cuda_kmeans_replayed_lloyd_equals_cpu():
     from algorithms._solvers import _Replay
 
     rng = np.random.default_rng(3)
-    X = (rng.standard_normal((50_000, 4)) + rng.integers(0, 3, (50_000, 1)) * 2.0).astype(np.float32)
+    X = rng.uniform(size=(50_000, 4)).astype(np.float32)  # no cluster structure: a slow Lloyd run
     init = X[:6].copy()
     before = _Replay.captures
-    a = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=40, backend="fused").fit(torch.tensor(X, device="cuda"))
-    assert _Replay.captures - before == (3 if a.n_iter_ >= 10 else _Replay.captures - before)
-    b = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=40, backend="cpu").fit(X)
-    assert a.n_iter_ == b.n_iter_ and (a.labels_.cpu().numpy() == b.labels_).mean() > 0.999
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=12, backend="fused").fit(torch.tensor(X, device="cuda"))
+        b = KMeans(6, init=init, n_init=1, tol=0.0, max_iter=12, backend="cpu").fit(X)
+    assert a.n_iter_ == 12 and _Replay.captures - before == 3
+    assert b.n_iter_ == 12 and (a.labels_.cpu().numpy() == b.labels_).mean() > 0.999
     np.testing.assert_allclose(a.cluster_centers_.cpu().numpy(), b.cluster_centers_, rtol=1e-4, atol=1e-4)
 
 
