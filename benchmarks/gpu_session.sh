@@ -83,14 +83,11 @@ for p in $parts; do
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,1 --dtype bfloat16 ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
-    gmm-em)  # session 21: the device EM loop (graphs, one iteration ahead) on short and 50-iteration fits
-      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
-        --out "$out/end_to_end_gmm.json"
+    gmm-em)  # session 21: the device EM loop (graphs, one iteration ahead) on 50-iteration fits (with kmeans-reg)
       run e2e-gmm-long 200 python3 benchmarks/bench_end_to_end.py --parts gmm --max-iter 50 --tol 0 --repeat 3 \
         --sklearn-budget 5 --out "$out/end_to_end_gmm_long.json"
       run e2e-gmm-long-hostloop 120 env FUSEDML_DEVICE_EM=0 python3 benchmarks/bench_end_to_end.py --parts gmm \
         --max-iter 50 --tol 0 --repeat 3 --backends fused --no-plots --out "$out/end_to_end_gmm_long_hostloop.json"
-      run gmm-fit-probe 90 python3 benchmarks/gmm_host_probe.py --shapes 1048576x16x16 --out "$out/gmm_host_probe.json"
       ;;
     kmeans-sweep-dot)  # session 21: the tl.dot form's BLOCK_N / warps where the register form does not apply
       run kmeans-sweep-dot 120 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only \
