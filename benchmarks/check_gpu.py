@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+import warnings
 
+import numpy as np
 import torch
 
 import fusedml
@@ -508,16 +511,80 @@ def check_cg_decided(dev, g):
                    f"(reach {sum(x > 0.5 for x in reach)}/{P})", err, tol)
 
 
+def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
+    """The device EM loop's pieces on fresh random inputs: the one-launch M-step + operands against
+    torch's float64 arithmetic, whole fits of the device loop (CUDA graphs) against the host loop,
+    and the replayed k-means++ seeds against the CPU path's."""
+    import algorithms.mixture as mixture
+    from algorithms import GaussianMixture
+    from fusedml.gmm import mstep_tensors
+    from fusedml.gmm.fused import device_operands, mstep_operands
+
+    f64 = torch.float64
+    for ct, K, D in (("diag", 16, 16), ("spherical", 8, 32), ("diag", 64, 64), ("diag", 3, 5)):
+        nk = torch.rand(K, dtype=f64, device=dev) * 1e5 + 1.0
+        c = torch.randn(K, D, dtype=f64, device=dev) * 3
+        s1 = torch.randn(K, D, dtype=f64, device=dev) * nk[:, None] * 0.01
+        s2 = torch.rand(K, D, dtype=f64, device=dev) * nk[:, None] + nk[:, None] * 0.01
+        if ct == "spherical":
+            s2 = s2.sum(1)
+        ll = torch.randn((), dtype=f64, device=dev) * 1e6
+        ref = mstep_tensors(ct, nk, c, s1, s2, 1e-6)
+        ref_ops = device_operands(torch.empty(1, D, device=dev), ref[0], ref[1], ref[3], ct)
+        out = {n: torch.full_like(t, float("nan")) for n, t in zip(("weights", "means", "covariances",
+                                                                    "precisions_cholesky"), ref[:4])}
+        out.update({n: torch.full_like(t, float("nan")) for n, t in ref_ops.items()})
+        out["scal"] = torch.full((2,), float("nan"), dtype=f64, device=dev)
+        mstep_operands((ll, nk, s1, s2), c, torch.tensor([1e-6], dtype=f64, device=dev), ct, torch.float32, out)
+        err = max(rel(out[n], r) for n, r in zip(("weights", "means", "covariances", "precisions_cholesky"), ref[:4]))
+        record(f"mstep_operands {ct} K={K} D={D} parameters (float64)", err, 1e-13)
+        err = max(rel(out[n], r) for n, r in ref_ops.items())
+        record(f"mstep_operands {ct} K={K} D={D} operands (fp32 rounding)", err, 2e-7)
+        record(f"mstep_operands {ct} K={K} D={D} scalars", abs(float(out["scal"][0]) / float(ll) - 1)
+               + float(out["scal"][1]), 1e-15)
+    for ct, K, D in (("diag", 16, 16), ("spherical", 8, 8)):
+        X = torch.randn(N, D, device=dev) + torch.randint(0, 4, (N, 1), device=dev) * 3.0
+        fits = {}
+        for forced in (None, False):
+            mixture._DEVICE_EM = forced
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    fits[forced] = GaussianMixture(K, covariance_type=ct, max_iter=20, tol=0.0, random_state=0,
+                                                   backend="fused").fit(X)
+            finally:
+                mixture._DEVICE_EM = None
+        a, b = fits[None], fits[False]
+        name = f"GaussianMixture {N}x{D} K={K} {ct} device loop vs host loop"
+        record(name + " lower bounds", float(np.max(np.abs(np.array(a.lower_bounds_) / np.array(b.lower_bounds_) - 1))), 1e-9)
+        record(name + " parameters", max(rel(getattr(a, n), getattr(b, n)) for n in ("weights_", "means_",
+                                                                                     "covariances_")), 1e-7)
+    from algorithms.mixture import _kmeans_plusplus
+
+    X = torch.randn(kpp_rows, 8, device=dev) * 2
+    w = torch.rand(kpp_rows, dtype=f64, device=dev) + 0.1
+    for sw in (None, w):
+        seed = int(torch.randint(0, 1 << 30, ()))
+        a = _kmeans_plusplus(X, 16, np.random.RandomState(seed), sw, backend="fused")
+        os.environ["FUSEDML_CUDA_GRAPHS"] = "0"  # the same steps, eager
+        try:
+            b = _kmeans_plusplus(X, 16, np.random.RandomState(seed), sw, backend="fused")
+        finally:
+            del os.environ["FUSEDML_CUDA_GRAPHS"]
+        record(f"k-means++ replayed {kpp_rows}x8 K=16{' weighted' if sw is not None else ''} seeds = eager steps'",
+               float((a != b).sum()), 0.0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
     ap.add_argument("--parts", nargs="+", default=["mmchain", "loss_gradient", "kmeans", "gmm"],
-                    choices=["mmchain", "loss_gradient", "kmeans", "gmm", "cg"])
+                    choices=["mmchain", "loss_gradient", "kmeans", "gmm", "cg", "gmm_em"])
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     checks = {"mmchain": check_mmchain, "loss_gradient": check_loss_gradient, "kmeans": check_kmeans,
-              "gmm": check_gmm, "cg": check_cg}
+              "gmm": check_gmm, "cg": check_cg, "gmm_em": check_gmm_em}
     for part in args.parts:
         checks[part](dev)
     bad = [r for r in ROWS if not r["ok"]]

@@ -84,10 +84,14 @@ for p in $parts; do
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     gmm-em)  # session 21: the device EM loop (graphs, one iteration ahead) on 50-iteration fits (with kmeans-reg)
+      run check-gmm-em 120 python3 benchmarks/check_gpu.py --parts gmm_em --out "$out/check_gpu_gmm_em.json"
+      grep -E "^FAIL|passed" "$log/check-gmm-em.log" | tail -6
       run e2e-gmm-long 200 python3 benchmarks/bench_end_to_end.py --parts gmm --max-iter 50 --tol 0 --repeat 3 \
         --sklearn-budget 5 --out "$out/end_to_end_gmm_long.json"
       run e2e-gmm-long-hostloop 120 env FUSEDML_DEVICE_EM=0 python3 benchmarks/bench_end_to_end.py --parts gmm \
         --max-iter 50 --tol 0 --repeat 3 --backends fused --no-plots --out "$out/end_to_end_gmm_long_hostloop.json"
+      run e2e-gmm-nographs 120 env FUSEDML_CUDA_GRAPHS=0 python3 benchmarks/bench_end_to_end.py --parts gmm \
+        --repeat 3 --backends fused --no-plots --out "$out/end_to_end_gmm_nographs.json"
       ;;
     kmeans-sweep-dot)  # session 21: the tl.dot form's BLOCK_N / warps where the register form does not apply
       run kmeans-sweep-dot 120 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only \
