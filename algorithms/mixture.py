@@ -684,6 +684,14 @@ def _lloyd_stop(i, inertia_old, shift_sq, same, tol_abs, verbose, history, t0):
     return False, False
 
 
+#: calls of each of the three slot transitions before its CUDA graph is captured: 16, i.e. from
+#: about step 48 on. Each capture costs ~0.9 ms of host time on the H200 host and a replay saves
+#: ~0.1 ms (the eager step is near the GPU's ~0.1 ms at 1M x 16, K = 16): the GaussianMixture
+#: initialisation's 38 steps ran 7 ms slower with captures after two calls
+#: (end_to_end_gmm-*-s21-f against end_to_end_gmm_nographs-*-s21-f); long KMeans fits replay
+_LLOYD_CAPTURE_AFTER = 16
+
+
 def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, sample_weight):
     """The Lloyd loop on :class:`fusedml.kmeans.LloydIterations`, one step queued ahead.
 
@@ -696,8 +704,8 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
     From the second step on, the steps run in place on three persistent slots
     (:meth:`~fusedml.kmeans.LloydIterations.step_into`: step i writes slot ``i % 3``, so the
     queued step leaves step i - 1's centres, which a relocation reads, intact), each of the three
-    transitions replayed from a CUDA graph after two calls (``algorithms._solvers._Replay``:
-    ~10 launches and allocations per step become one replay).
+    transitions replayed from a CUDA graph after ``_LLOYD_CAPTURE_AFTER`` calls
+    (``algorithms._solvers._Replay``: ~10 launches and allocations per step become one replay).
 
     Returns
     -------
@@ -717,7 +725,7 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
         key = (i % 3, (i + 1) % 3)
         if key not in replays:
             replays[key] = _Replay(lambda a=slots[key[0]], b=slots[key[1]]: it.step_into(a, b), enabled)
-            replays[key].capture_after = 2
+            replays[key].capture_after = _LLOYD_CAPTURE_AFTER
         replays[key]()
 
     converged, strict, n_iter = False, False, 0

@@ -444,10 +444,12 @@ def test_cuda_kmeans_plusplus_replayed_picks_the_cpu_seeds():
 
 
 @_cuda_only
-def test_cuda_kmeans_replayed_lloyd_equals_cpu():
-    # a long Lloyd run: every slot transition is captured and replayed
+def test_cuda_kmeans_replayed_lloyd_equals_cpu(monkeypatch):
+    # a Lloyd run with captures after two calls: every slot transition is captured and replayed
+    import algorithms.mixture as mixture
     from algorithms._solvers import _Replay
 
+    monkeypatch.setattr(mixture, "_LLOYD_CAPTURE_AFTER", 2)
     rng = np.random.default_rng(3)
     X = rng.uniform(size=(50_000, 4)).astype(np.float32)  # no cluster structure: a slow Lloyd run
     init = X[:6].copy()
