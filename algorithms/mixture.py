@@ -466,14 +466,23 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None, backend=No
     return torch.stack(indices).cpu().numpy().astype(np.int64)  # the one host sync
 
 
+#: centres before the k-means++ step is captured in a CUDA graph. A step is ~15 launches and
+#: ~0.3 ms of host time on the H200 host against ~0.17 ms on the GPU, but a capture here costs
+#: several ms (its private memory pool allocates the [L, N] distances anew for every fit): with a
+#: capture at the third centre the 1M x 16, K = 16 GaussianMixture fit took 23.5 ms against
+#: 16.6 without graphs (end_to_end_gmm-*-s21-g), so only many centres capture
+_KPP_CAPTURE_AFTER = 32
+
+
 def _kmeans_plusplus_replayed(X, sw, first, closest, pot, draws, dist_op):
     """The greedy k-means++ loop on the fused backend, each centre's step in place on persistent
-    buffers and replayed from a CUDA graph after two centres (``algorithms._solvers._Replay``).
+    buffers, replayed from a CUDA graph after ``_KPP_CAPTURE_AFTER`` centres
+    (``algorithms._solvers._Replay``).
 
     A step (candidates by D^2 sampling, their distances and potentials in one kernel, the best
-    one kept) is ~15 launches and ~0.3-0.5 ms of host time on the H200 host against ~0.17 ms on
-    the GPU; replayed it is one launch, with the centre's draws copied in before and its index
-    copied out after. The same operations as :func:`_kmeans_plusplus`' loop, so the same seeds.
+    one kept) is ~15 launches; replayed it is one launch, with the centre's draws copied in
+    before and its index copied out after. The same operations as :func:`_kmeans_plusplus`'
+    loop, so the same seeds.
 
     Parameters
     ----------
@@ -513,7 +522,7 @@ def _kmeans_plusplus_replayed(X, sw, first, closest, pot, draws, dist_op):
         chosen.copy_(cand.index_select(0, best))
 
     replay = _Replay(step, graph_safe(X))
-    replay.capture_after = 2
+    replay.capture_after = _KPP_CAPTURE_AFTER
     for c in range(1, draws.shape[0] + 1):
         draw.copy_(draws[c - 1])
         replay()

@@ -561,6 +561,7 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
                                                                                      "covariances_")), 1e-7)
     from algorithms.mixture import _kmeans_plusplus
 
+    mixture._KPP_CAPTURE_AFTER = 2  # capture at the third centre (the fits' default captures later)
     X = torch.randn(kpp_rows, 8, device=dev) * 2
     w = torch.rand(kpp_rows, dtype=f64, device=dev) + 0.1
     for sw in (None, w):

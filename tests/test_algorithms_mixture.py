@@ -428,11 +428,13 @@ def test_cuda_device_em_graphs_equal_host_loop(ct, monkeypatch):
 
 
 @_cuda_only
-def test_cuda_kmeans_plusplus_replayed_picks_the_cpu_seeds():
-    # 12 centres: the fused step is captured at the third and replayed for the rest
+def test_cuda_kmeans_plusplus_replayed_picks_the_cpu_seeds(monkeypatch):
+    # 12 centres, captures after two: the fused step is captured at the third and replayed for the rest
+    import algorithms.mixture as mixture
     from algorithms._solvers import _Replay
     from algorithms.mixture import _kmeans_plusplus
 
+    monkeypatch.setattr(mixture, "_KPP_CAPTURE_AFTER", 2)
     rng = np.random.default_rng(5)
     X = torch.tensor(rng.standard_normal((20_000, 8)).astype(np.float32) * 3)
     for w in (None, torch.tensor(rng.uniform(0.1, 2.0, 20_000))):
