@@ -561,9 +561,9 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
                                                                                      "covariances_")), 1e-7)
     from algorithms.mixture import _kmeans_plusplus
 
-    mixture._KPP_CAPTURE_AFTER = 2  # capture at the third centre (the fits' default captures later)
     X = torch.randn(kpp_rows, 8, device=dev) * 2
     w = torch.rand(kpp_rows, dtype=f64, device=dev) + 0.1
+    keep, mixture._KPP_CAPTURE_AFTER = mixture._KPP_CAPTURE_AFTER, 2  # capture at the third centre
     for sw in (None, w):
         seed = int(torch.randint(0, 1 << 30, ()))
         a = _kmeans_plusplus(X, 16, np.random.RandomState(seed), sw, backend="fused")
@@ -574,6 +574,7 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
             del os.environ["FUSEDML_CUDA_GRAPHS"]
         record(f"k-means++ replayed {kpp_rows}x8 K=16{' weighted' if sw is not None else ''} seeds = eager steps'",
                float((a != b).sum()), 0.0)
+    mixture._KPP_CAPTURE_AFTER = keep
 
 
 def main():
