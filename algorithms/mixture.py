@@ -13,12 +13,18 @@
 * lower bound = mean log-likelihood of the parameters *entering* the iteration (as scikit-learn);
   converged when ``|lower_bound - previous| < tol``; ``n_init`` restarts keep the best lower
   bound; ``warm_start`` continues from the fitted parameters.
+* On a GPU with the fused backend and diag / spherical covariances the iterations run on the
+  device (:func:`_em_device`): :func:`fusedml.gmm.fused.estep_device` and one launch for the
+  M-step and the next operands (:func:`fusedml.gmm.fused.mstep_operands`), iteration ``i + 1``
+  queued before the host reads iteration ``i``'s lower bound, replayed from CUDA graphs from the
+  fifth iteration on (0.13 ms per iteration at 1M x 16, K = 16 on the H200 against 1.1 ms for the
+  host loop :func:`_em_host`); ``FUSEDML_DEVICE_EM=0`` keeps the host loop.
 
 Initialisation follows scikit-learn: responsibilities from k-means labels (``"kmeans"``), from
 uniform random numbers (``"random"``), or one-hot on ``K`` rows picked at random
 (``"random_from_data"``) or by k-means++ (``"k-means++"``), then one M-step. Here the
 responsibilities are never materialised either: hard labels are turned into statistics by
-per-label sums over row blocks (``index_add_`` on CUDA), random responsibilities are drawn block
+per-label sums over row blocks (one-hot GEMMs on CUDA), random responsibilities are drawn block
 by block from the same ``numpy.random.RandomState`` stream scikit-learn uses (so a seeded
 ``"random"`` init gives the same start as scikit-learn's).
 
