@@ -495,9 +495,9 @@ class LloydIterations:
 
     def step_into(self, src, dst):
         """:meth:`step` from ``src``'s centres with ``src``'s labels as the previous ones, results
-        into ``dst`` (both from :meth:`new_slot`): no allocation, so the step can be replayed from
-        a CUDA graph. ``dst`` must not be ``src``."""
-        labels, red = _lloyd_launch(self.X, src["CS"], src["CSQ"], self.sh32, self.w, self.plan, src["labels"],
+        into ``dst`` (both from :meth:`new_slot`): fixed buffers and no host synchronisation, so the
+        step can be replayed from a CUDA graph. ``dst`` must not be ``src``."""
+        _, red = _lloyd_launch(self.X, src["CS"], src["CSQ"], self.sh32, self.w, self.plan, src["labels"],
                                     labels=dst["labels"], red=dst["red"])
         launch(_lloyd_finalize_kernel, (1,), (red, src["C"], self.sh64, dst["C"], dst["CS"], dst["CSQ"], dst["out"],
                                               self.K, self.D),

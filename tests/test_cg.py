@@ -344,7 +344,10 @@ def test_decided_cg_steps_any_lag(monkeypatch, case, lag):
                                atol=1e-5 * np.abs(np.asarray(ref.coef_)).max())
     hg, hr = got.history_, ref.history_
     assert [r["iter"] for r in hg] == [r["iter"] for r in hr]
-    np.testing.assert_allclose([r["objective"] for r in hg], [r["objective"] for r in hr], rtol=1e-5)
+    # fp32 objectives near convergence cancel terms of the first objective's size (Ridge's 11.1 ->
+    # 0.028): their rounding is absolute at that scale (torch 2.13's CPU sums moved it to 1.4e-5 relative)
+    np.testing.assert_allclose([r["objective"] for r in hg], [r["objective"] for r in hr], rtol=1e-5,
+                               atol=1e-7 * abs(hr[0]["objective"]))
     if case == "ridge-2":
         assert got._fit_info["n_mmchain"] >= ref._fit_info["n_mmchain"]
         assert got._fit_info["n_mmchain"] <= ref._fit_info["n_mmchain"] + int(lag)
