@@ -523,9 +523,9 @@ def _kmeans_plusplus_replayed(X, sw, first, closest, pot, draws, dist_op):
         cand = torch.searchsorted(torch.cumsum(wclosest, 0), draw * pot).clamp_(max=N - 1)
         dist, pots = dist_op(X, X[cand].to(_F64), closest, sw)
         best = torch.argmin(pots).reshape(1)  # [1]: indexing with a 0-d tensor would read it on the host
-        pot.copy_(pots.index_select(0, best))
-        closest.copy_(dist.index_select(0, best)[0])
-        chosen.copy_(cand.index_select(0, best))
+        torch.index_select(pots, 0, best, out=pot)
+        torch.index_select(dist, 0, best, out=closest.view(1, N))
+        torch.index_select(cand, 0, best, out=chosen)
 
     replay = _Replay(step, graph_safe(X))
     replay.capture_after = _KPP_CAPTURE_AFTER

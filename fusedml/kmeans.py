@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import resolve_backend
-from ._launch import launch
+from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_next, _reg_rows, resident_programs
@@ -364,15 +364,12 @@ def lloyd_plan(N, D, K, device=None, **override):
             "n_tiles": n_tiles}
 
 
-def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None, labels=None, red=None):
-    """The fused kernel and the one reduction over programs: ``(labels [N] int32, RED [ROW] f64)``
-    (into ``labels`` / ``red`` when given)."""
+def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
+    """The fused kernel's launch: ``(kernel, P, consts)`` and the argument tuple builder."""
     N, D = X.shape
     K = Cs.shape[0]
     P, bk, bd = plan["programs"], plan["BLOCK_K"], plan["BLOCK_D"]
     dev = X.device
-    if labels is None:
-        labels = torch.empty(N, dtype=torch.int32, device=dev)
     consts = dict(HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd,
                   BLOCK_K=bk)
     if plan.get("REG"):
@@ -390,13 +387,21 @@ def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None, labels=None, red=
     else:
         kernel = _lloyd_kernel
         consts.update(USE_DOT=plan["USE_DOT"])
-    part = torch.empty((P, bk * bd + bk + 2), dtype=torch.float32, device=dev)
-    launch(kernel, (P,), (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
-                          labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"]), consts,
-           num_warps=plan["num_warps"])
-    if red is None:
-        return labels, part.sum(0, dtype=_F64)
-    return labels, torch.sum(part, 0, dtype=_F64, out=red)
+
+    def args(part):
+        return (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
+                labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"])
+    return kernel, P, consts, args
+
+
+def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
+    """The fused kernel and the one reduction over programs: ``(labels [N] int32, RED [ROW] f64)``."""
+    labels = torch.empty(X.shape[0], dtype=torch.int32, device=X.device)
+    kernel, P, consts, args = _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels)
+    part = torch.empty((P, plan["BLOCK_K"] * plan["BLOCK_D"] + plan["BLOCK_K"] + 2), dtype=torch.float32,
+                       device=X.device)
+    launch(kernel, (P,), args(part), consts, num_warps=plan["num_warps"])
+    return labels, part.sum(0, dtype=_F64)
 
 
 _GRIDS: dict = {}
@@ -443,6 +448,7 @@ class LloydIterations:
         self.sh32 = shift.to(torch.float32).contiguous()
         self.sh64 = self.sh32.to(_F64)
         self.prepared = None  # (centres f64, their shifted fp32 copy, |c'|^2 fp32) from the last step
+        self._bound = {}  # step_into's bound launches per (src, dst) slot pair
 
     def step(self, centers, labels_old=None):
         """One Lloyd step from ``centers`` [K, D] float64.
@@ -495,13 +501,35 @@ class LloydIterations:
 
     def step_into(self, src, dst):
         """:meth:`step` from ``src``'s centres with ``src``'s labels as the previous ones, results
-        into ``dst`` (both from :meth:`new_slot`): fixed buffers and no host synchronisation, so the
-        step can be replayed from a CUDA graph. ``dst`` must not be ``src``."""
-        _, red = _lloyd_launch(self.X, src["CS"], src["CSQ"], self.sh32, self.w, self.plan, src["labels"],
-                                    labels=dst["labels"], red=dst["red"])
-        launch(_lloyd_finalize_kernel, (1,), (red, src["C"], self.sh64, dst["C"], dst["CS"], dst["CSQ"], dst["out"],
-                                              self.K, self.D),
-               dict(BLOCK_K=self.plan["BLOCK_K"], BLOCK_D=self.plan["BLOCK_D"]), num_warps=4)
+        into ``dst`` (both from :meth:`new_slot`; ``dst`` must not be ``src``).
+
+        Fixed buffers and no host synchronisation, so the step can be replayed from a CUDA graph;
+        eager, each (src, dst) pair's two launches are bound once (:func:`fusedml._launch.bind`:
+        no per-call argument keys) and the partials reused, so a step costs three host calls.
+        """
+        key = (id(src["C"]), id(dst["C"]))
+        fn = self._bound.get(key)
+        if fn is None:
+            fn = self._bound[key] = self._bind(src, dst)
+        fn()
+
+    def _bind(self, src, dst):
+        plan = self.plan
+        kernel, P, consts, args = _lloyd_spec(self.X, src["CS"], src["CSQ"], self.sh32, self.w, plan, src["labels"],
+                                              dst["labels"])
+        part = torch.empty((P, plan["BLOCK_K"] * plan["BLOCK_D"] + plan["BLOCK_K"] + 2), dtype=torch.float32,
+                           device=self.X.device)
+        step = bind(kernel, (P,), args(part), consts, num_warps=plan["num_warps"])
+        fin = bind(_lloyd_finalize_kernel, (1,), (dst["red"], src["C"], self.sh64, dst["C"], dst["CS"], dst["CSQ"],
+                                                  dst["out"], self.K, self.D),
+                   dict(BLOCK_K=plan["BLOCK_K"], BLOCK_D=plan["BLOCK_D"]), num_warps=4)
+        red = dst["red"]
+
+        def run():
+            step()
+            torch.sum(part, 0, dtype=_F64, out=red)
+            fin()
+        return run
 
 
 def _lloyd_torch(X, Cs, csq, shift, w):
