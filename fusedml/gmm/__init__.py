@@ -274,8 +274,8 @@ def mstep_tensors(covariance_type, nk, center, s1, s2, reg_covar):
     Returns
     -------
     tuple
-        ``(weights, means, covariances, precisions_cholesky, bad)``: as :func:`gmm_estep`'s
-        M-step, and ``bad`` a 0-d bool tensor, True where a covariance is not positive definite
+        ``(weights, means, covariances, precisions_cholesky, bad)``: as :func:`gmm_mstep`'s
+        result, and ``bad`` a 0-d bool tensor, True where a covariance is not positive definite
         (the other outputs are then meaningless; :func:`gmm_mstep` raises).
     """
     f64 = torch.float64
