@@ -449,27 +449,39 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None, backend=No
     # pageable host-to-device copy synchronises the stream: one per centre would stall the queue)
     draws = torch.as_tensor(random_state.uniform(size=(max(n_clusters - 1, 0), n_local_trials)), dtype=_F64)
     draws = draws.to(dev)
-    if dist_op is not None and on_device:
-        return _kmeans_plusplus_replayed(X, sw, first, closest, pot.reshape(1), draws, dist_op)
-    indices = [torch.full((), first, dtype=torch.int64).to(dev)]
-    for c in range(1, n_clusters):
-        rand_vals = draws[c - 1] * pot
-        cand = torch.searchsorted(torch.cumsum(wclosest, 0), rand_vals).clamp_(max=N - 1)
+    pot = pot.reshape(1)
+    draw = torch.empty(n_local_trials, dtype=_F64, device=dev)  # [L] this centre's draws
+    chosen = torch.empty(1, dtype=torch.int64, device=dev)
+    indices = torch.full((n_clusters,), first, dtype=torch.int64, device=dev)
+
+    def step():  # one centre, in place on closest / pot / chosen (replayable from a CUDA graph)
+        nonlocal shift
+        wclosest = closest if sw is None else closest * sw
+        cand = torch.searchsorted(torch.cumsum(wclosest, 0), draw * pot).clamp_(max=N - 1)
         rows = X[cand].to(_F64) if on_device else _take_rows(X, cand.cpu().numpy())
         res = None if dist_op is None else dist_op(X, rows, closest, sw)
         if res is not None:  # one kernel: min(distances, closest) and the potentials
             dist, pots = res
-        else:
+        else:  # the operator-level path (or L x D too large for the kernel)
             shift = _data_mean(X) if shift is None else shift
             dist = _sq_dist_to_rows(X, rows, shift)  # [L, N]
             torch.minimum(dist, closest[None, :], out=dist)
             pots = dist.sum(1) if sw is None else dist @ sw
         best = torch.argmin(pots).reshape(1)  # [1]: indexing with a 0-d tensor would read it on the host
-        pot = pots.index_select(0, best)[0]
-        closest = dist.index_select(0, best)[0]
-        wclosest = closest if sw is None else closest * sw
-        indices.append(cand.index_select(0, best)[0])
-    return torch.stack(indices).cpu().numpy().astype(np.int64)  # the one host sync
+        torch.index_select(pots, 0, best, out=pot)
+        torch.index_select(dist, 0, best, out=closest.view(1, N))
+        torch.index_select(cand, 0, best, out=chosen)
+
+    from algorithms._solvers import _Replay, graph_safe
+
+    # replayed (fused kernel, in-memory X) after _KPP_CAPTURE_AFTER centres: ~15 launches become one
+    replay = _Replay(step, dist_op is not None and on_device and graph_safe(X))
+    replay.capture_after = _KPP_CAPTURE_AFTER
+    for c in range(1, n_clusters):
+        draw.copy_(draws[c - 1])
+        replay()
+        indices[c:c + 1].copy_(chosen)
+    return indices.cpu().numpy()  # the one host sync (a streamed X also fetched its candidate rows)
 
 
 #: centres before the k-means++ step is captured in a CUDA graph. A step is ~15 launches and
@@ -478,62 +490,6 @@ def _kmeans_plusplus(X, n_clusters, random_state, sample_weight=None, backend=No
 #: capture at the third centre the 1M x 16, K = 16 GaussianMixture fit took 23.5 ms against
 #: 16.6 without graphs (end_to_end_gmm-*-s21-g), so only many centres capture
 _KPP_CAPTURE_AFTER = 32
-
-
-def _kmeans_plusplus_replayed(X, sw, first, closest, pot, draws, dist_op):
-    """The greedy k-means++ loop on the fused backend, each centre's step in place on persistent
-    buffers, replayed from a CUDA graph after ``_KPP_CAPTURE_AFTER`` centres
-    (``algorithms._solvers._Replay``).
-
-    A step (candidates by D^2 sampling, their distances and potentials in one kernel, the best
-    one kept) is ~15 launches; replayed it is one launch, with the centre's draws copied in
-    before and its index copied out after. The same operations as :func:`_kmeans_plusplus`'
-    loop, so the same seeds.
-
-    Parameters
-    ----------
-    X : torch.Tensor [N, D]
-    sw : torch.Tensor [N] float64 or None
-    first : int
-        The first centre's row.
-    closest : torch.Tensor [N] float64
-        Distances to the first centre (a fresh tensor: updated in place).
-    pot : torch.Tensor [1] float64
-        Their (weighted) sum.
-    draws : torch.Tensor [K - 1, L] float64
-        scikit-learn's uniform draws, one row per further centre.
-    dist_op : callable
-        :func:`fusedml.kmeans.candidate_distances`.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``[K]`` int64 row indices.
-    """
-    from algorithms._solvers import _Replay, graph_safe
-
-    N = X.shape[0]
-    dev = closest.device
-    draw = torch.empty(draws.shape[1], dtype=_F64, device=dev)  # [L] this centre's draws
-    chosen = torch.empty(1, dtype=torch.int64, device=dev)
-    indices = torch.full((draws.shape[0] + 1,), first, dtype=torch.int64, device=dev)
-
-    def step():
-        wclosest = closest if sw is None else closest * sw
-        cand = torch.searchsorted(torch.cumsum(wclosest, 0), draw * pot).clamp_(max=N - 1)
-        dist, pots = dist_op(X, X[cand].to(_F64), closest, sw)
-        best = torch.argmin(pots).reshape(1)  # [1]: indexing with a 0-d tensor would read it on the host
-        torch.index_select(pots, 0, best, out=pot)
-        torch.index_select(dist, 0, best, out=closest.view(1, N))
-        torch.index_select(cand, 0, best, out=chosen)
-
-    replay = _Replay(step, graph_safe(X))
-    replay.capture_after = _KPP_CAPTURE_AFTER
-    for c in range(1, draws.shape[0] + 1):
-        draw.copy_(draws[c - 1])
-        replay()
-        indices[c:c + 1].copy_(chosen)
-    return indices.cpu().numpy()  # the one host sync
 
 
 def _random_rows(N, n_clusters, random_state, np_dtype, sample_weight=None):

@@ -227,6 +227,12 @@ def test_fused_kmeans_plusplus_picks_the_cpu_seeds(rng):
         a = _kmeans_plusplus(X, 6, np.random.RandomState(3), w, backend="fused")
         b = _kmeans_plusplus(X, 6, np.random.RandomState(3), w, backend="cpu")
         assert np.array_equal(a, b)
+    # D = 1024: the kernel takes the first row (1 x 1024) but not 4 candidates (4 x 1024 > 2048
+    # register values): those centres fall back to the operator-level distances
+    X = torch.from_numpy(rng.standard_normal((200, 1024))).float()
+    assert km.candidate_distances(X, X[:1].double()) is not None and km.candidate_distances(X, X[:4].double()) is None
+    a = _kmeans_plusplus(X, 16, np.random.RandomState(5), None, backend="fused")
+    assert np.array_equal(a, _kmeans_plusplus(X, 16, np.random.RandomState(5), None, backend="cpu"))
 
 
 def test_lloyd_iterations_rejects_unplanned():
