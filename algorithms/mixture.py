@@ -607,17 +607,17 @@ def _inertia(X, labels, centers, sample_weight=None):
 class _Fetch:
     """A small device tensor's values read on the host without waiting for later work.
 
-    CUDA: a non-blocking copy into pinned memory and an event recorded behind it, so that work
-    queued AFTER the fetch (the next Lloyd step) keeps the GPU busy while the host waits for
-    this one; elsewhere the tensor itself.
+    CUDA: a non-blocking copy into ``host`` (a pinned buffer of t's shape and dtype, which the
+    caller reuses once :meth:`get` returned: a pinned allocation per step cost ~40 us of host time
+    on the H200 host) and an event recorded behind it, so that work queued AFTER the fetch (the
+    next Lloyd step or EM iteration) keeps the GPU busy while the host waits for this one;
+    elsewhere the tensor itself.
     """
 
-    def __init__(self, t, host=None):
+    def __init__(self, t, host):
         self.event = None
         if t.device.type == "cuda":
-            # ``host``: a pinned buffer of t's shape and dtype to reuse (a pinned allocation costs
-            # ~40 us of host time per Lloyd step on the H200 host); free once ``get`` returned
-            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if host is None else host
+            self.host = host
             self.host.copy_(t, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
@@ -700,11 +700,12 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
         replays[key]()
 
     converged, strict, n_iter = False, False, 0
-    prev_centers, pinned = centers, None  # pinned: one buffer for every step's scalars, read before the next
+    prev_centers = centers
+    # one pinned buffer for every step's scalars: each fetch is read before the next
+    pinned = torch.empty(4, dtype=_F64, pin_memory=True) if X.device.type == "cuda" else None
     for i in range(max_iter):
         cur = slots[(i + 1) % 3]  # step i + 1's results
         fetch = _Fetch(cur["out"], pinned)
-        pinned = fetch.host if cur["out"].device.type == "cuda" else None
         queued = i + 1 < max_iter
         if queued:
             queue(i + 1)  # speculative: its results are ignored if unused
@@ -894,22 +895,15 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     for r in steps:
         r.capture_after = _EM_CAPTURE_AFTER
 
-    def queue(i):  # iteration i (1-based); returns how to read its scalars
+    def queue(i):  # iteration i (1-based); its scalars' fetch
         steps[(i - 1) % 2]()
-        scal = bufs[i % 2]["scal"]
-        if not cuda:
-            return scal.tolist
-        host = pinned[i % 2]
-        host.copy_(scal, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        return lambda: (ev.synchronize(), host.tolist())[1]
+        return _Fetch(bufs[i % 2]["scal"], pinned[i % 2] if cuda else None)
 
     n_iter = 0
     nxt = queue(1) if est.max_iter >= 1 else None
     for n_iter in range(1, est.max_iter + 1):
-        read, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
-        ll, bad = read()
+        fetch, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
+        ll, bad = fetch.get()
         if bad:
             raise ValueError(_FAIL_MSG)
         if log.step(n_iter, ll / total_weight):
