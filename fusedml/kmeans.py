@@ -27,7 +27,7 @@ from ._dispatch import resolve_backend
 from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import _reg_next, _reg_rows, resident_programs
+from .gmm.fused import _reg_layout, _reg_next, _reg_rows, resident_programs
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
@@ -133,12 +133,7 @@ def _lloyd_reg_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K
     # the arg-min crosses at most KO lanes. Same PART layout as _lloyd_kernel.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_o = tl.arange(0, KO)
-    ks = tl.arange(0, KI)[:, None] * KO + offs_o[None, :]  # [KI, KO]
-    dmask = offs_d < D
-    kmask = ks < K
+    offs_n, offs_d, offs_o, ks, dmask, kmask = _reg_layout(BLOCK_N, BLOCK_D, KI, KO, D, K)
     shift = tl.load(SHIFT + offs_d, mask=dmask, other=0.0)
     cmask = dmask[:, None, None] & kmask[None, :, :]  # [BD, KI, KO]
     c = tl.load(C + ks[None, :, :] * D + offs_d[:, None, None], mask=cmask, other=0.0)[:, :, None, :]

@@ -268,6 +268,18 @@ def _diag_single_kernel(
 
 
 @triton.jit
+def _reg_layout(BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr, D, K):
+    """Index vectors of the register form's ``[BD, KI, BN, KO]`` tiles (the GMM single sweep's and
+    the Lloyd step's): rows, features, component groups, the component ids ``k = ki * KO + ko``
+    ``[KI, KO]``, and the feature and component masks."""
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_o = tl.arange(0, KO)
+    ks = tl.arange(0, KI)[:, None] * KO + offs_o[None, :]  # [KI, KO]
+    return offs_n, offs_d, offs_o, ks, offs_d < D, ks < K
+
+
+@triton.jit
 def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N, D, ON: tl.constexpr):
     """Row block ``blk`` of X as a [BD, BN] tile in X's dtype (0 outside [N, D]); zeros when not ON
     (an unused prefetch slot)."""
@@ -321,12 +333,7 @@ def _diag_reg_kernel(
     zeros elsewhere, so the finishing kernel's per-feature centring sums to the spherical one)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs_n = tl.arange(0, BN)
-    offs_d = tl.arange(0, BD)
-    offs_o = tl.arange(0, KO)
-    ks = tl.arange(0, KI)[:, None] * KO + offs_o[None, :]  # [KI, KO]
-    dmask = offs_d < D
-    kmask = ks < K
+    offs_n, offs_d, offs_o, ks, dmask, kmask = _reg_layout(BN, BD, KI, KO, D, K)
     g = tl.load(G + offs_d, mask=dmask, other=0.0)
     wmask = dmask[:, None, None] & kmask[None, :, :]  # [BD, KI, KO]
     woff = offs_d[:, None, None] * K + ks[None, :, :]
