@@ -708,18 +708,6 @@ def _operands(prep: Prepared):
     return ops
 
 
-class _DevicePrep:
-    """What :func:`_estep_plan` reads of a :class:`Prepared`, for parameters already on the device."""
-
-    def __init__(self, X, sample_weight, covariance_type, K, D):
-        self.X, self.sample_weight, self.covariance_type = X, sample_weight, covariance_type
-        self.N, self.K, self.D = X.shape[0], K, D
-
-    @property
-    def device(self) -> torch.device:
-        return self.X.device
-
-
 def device_operands(X, weights, means, prec_chol, covariance_type):
     """:func:`_operands` (diag / spherical) from float64 parameter tensors on X's device.
 
@@ -917,7 +905,8 @@ def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight
     if covariance_type not in ("diag", "spherical"):
         raise ValueError(f"estep_device takes diag or spherical parameters, got {covariance_type!r}")
     K, D = means.shape
-    prep = _DevicePrep(X, sample_weight, covariance_type, K, D)
+    # the problem's shape only: _estep_plan reads no parameter of it (they are in ``ops``)
+    prep = Prepared(X, sample_weight, covariance_type, K, D, X.shape[0], host={})
     if precision == "auto":
         precision = auto_precision(prep.N, K, D, covariance_type, X.device)
     if plan is None:
