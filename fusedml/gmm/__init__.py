@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .._dispatch import resolve_backend
-from ._prep import COVARIANCE_TYPES, PATHS, PRECISIONS, validate
+from ._prep import COVARIANCE_TYPES, PATHS, PRECISIONS, packed_to, validate
 
 __all__ = ["GMMStats", "gmm_estep", "gmm_mstep", "gmm_score", "COVARIANCE_TYPES"]
 
@@ -103,11 +103,7 @@ class GMMStats:
         fields = (self.log_likelihood, self.nk, self.center, self.s1, self.s2)
         if all(t.device == device for t in fields) and (self.log_prob is None or self.log_prob.device == device):
             return self
-        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in fields]).to(device)
-        out, o = [], 0
-        for t in fields:
-            out.append(flat[o:o + t.numel()].view(t.shape))
-            o += t.numel()
+        out = packed_to(fields, device)
         lp = None if self.log_prob is None else self.log_prob.to(device)
         return replace(self, log_likelihood=out[0], nk=out[1], center=out[2], s1=out[3], s2=out[4], log_prob=lp)
 

@@ -116,6 +116,17 @@ def _expected_prec_shape(covariance_type, K, D):
     return {"full": (K, D, D), "tied": (D, D), "diag": (K, D), "spherical": (K,)}[covariance_type]
 
 
+def packed_to(tensors, device):
+    """``tensors`` (any shapes, on one device) in float64 on ``device`` in ONE transfer: views of
+    one buffer, in order."""
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).to(device)
+    out, o = [], 0
+    for t in tensors:
+        out.append(flat[o:o + t.numel()].view(t.shape))
+        o += t.numel()
+    return out
+
+
 def _to_host(tensors, probes):
     """float64 numpy copies of ``tensors`` and floats of the 0-d ``probes``: one device-to-host
     transfer for everything that lives on a GPU (one synchronisation), none when nothing does."""
@@ -125,17 +136,11 @@ def _to_host(tensors, probes):
     vals = [None] * len(probes)
     if remote or rprobes:
         dev = (tensors[remote[0]] if remote else probes[rprobes[0]]).device
-        parts = ([tensors[i].detach().reshape(-1).to(device=dev, dtype=torch.float64) for i in remote]
-                 + [probes[i].reshape(1).to(device=dev, dtype=torch.float64) for i in rprobes])
-        flat = torch.cat(parts).cpu().numpy()
-        o = 0
-        for i in remote:
-            n = tensors[i].numel()
-            out[i] = flat[o:o + n].reshape(tuple(tensors[i].shape))
-            o += n
-        for i in rprobes:
-            vals[i] = float(flat[o])
-            o += 1
+        host = packed_to([tensors[i].detach().to(dev) for i in remote] + [probes[i].to(dev) for i in rprobes], "cpu")
+        for i, h in zip(remote, host):
+            out[i] = h.numpy()
+        for i, h in zip(rprobes, host[len(remote):]):
+            vals[i] = float(h)
     for i, t in enumerate(tensors):
         if out[i] is None:
             out[i] = t.detach().to(torch.float64).numpy().copy()
