@@ -195,6 +195,10 @@ for p in $parts; do
               grep -E "^FAIL|passed" "$log/check-mm.log" | tail -12 ;;
     profile) run profile 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 2000000x256 \
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
+    trace)  # session 22: Chrome traces of whole fits (plain and with Python stacks) for their GPU idle gaps
+      run trace 240 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 4000000x64 --algo logistic \
+        --algo linearsvc --algo poisson --cprofile 40 --trace-dir "$out/traces" --out "$out/profile_fit.json"
+      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
     profile-big) run profile-big 150 python3 benchmarks/profile_fit.py --shape 4000000x64 --algo logistic \
                    --algo poisson --cprofile 45 --out "$out/profile_fit_big.json" ;;
     profile-gmm) run profile-gmm 120 python3 benchmarks/profile_fit.py --shape 1000000x16 --algo gmm \

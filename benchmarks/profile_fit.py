@@ -70,8 +70,9 @@ def operator_rows(X, backend, n_calls):
     return rows
 
 
-def profile_fit(make, X, y, n_top=8):
-    """Profile one warm fit: wall, summed kernel time, launches, syncs, top kernels."""
+def profile_fit(make, X, y, n_top=8, trace=None):
+    """Profile one warm fit: wall, summed kernel time, launches, syncs, top kernels; with ``trace``
+    (a path) also the fit's Chrome trace, for its GPU idle gaps (``benchmarks/trace_gaps.py``)."""
     from torch.profiler import ProfilerActivity, profile
 
     make().fit(X, y)  # warm: compiles, caches
@@ -85,6 +86,14 @@ def profile_fit(make, X, y, n_top=8):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    if trace:
+        prof.export_chrome_trace(trace)
+        est2 = make()  # again with Python stacks: slower, but names the host code behind each gap
+        with profile(activities=acts, with_stack=True) as prof2:
+            est2.fit(X, y)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        prof2.export_chrome_trace(trace.replace(".json", "-stack.json"))
     kern, n_launch, n_sync, sync_us = {}, 0, 0, 0.0
     for e in prof.events():
         dt = getattr(e, "device_type", None)
@@ -151,6 +160,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=50, help="calls per wall-time measurement")
     ap.add_argument("--cprofile", type=int, default=0, metavar="K",
                     help="also print the K host functions with the most own and cumulative time in one fused fit")
+    ap.add_argument("--trace-dir", default=None, help="write each profiled fit's Chrome trace here")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
@@ -172,7 +182,11 @@ def main(argv=None):
                                   device=dev, return_torch=True)
                 elif task != "binary":
                     ds = make_dense(n, d, task, signal=0.5, device=dev, return_torch=True)
-                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y)
+                trace = None
+                if args.trace_dir:
+                    os.makedirs(args.trace_dir, exist_ok=True)
+                    trace = os.path.join(args.trace_dir, f"trace-{a}-{shape}-{be}.json")
+                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y, trace=trace)
                 if args.cprofile and be == "fused":
                     host_profile(lambda: cls(backend=be, **params), ds.X, ds.y, args.cprofile)
                 fit_rows.append(dict(r, shape=shape, algo=a, backend=be))
