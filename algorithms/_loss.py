@@ -677,7 +677,9 @@ class LinearObjective:
         Where the product is one mmchain (at most 16 columns, row weights or the one-read softmax
         form) it is bound once (:func:`fusedml.bind_mmchain`: no per-call validation, dispatch or
         launch set-up); otherwise each call is :meth:`hessp`. The result may be a buffer that the
-        next call overwrites: then the returned callable's ``persistent`` attribute is True.
+        next call overwrites: then the returned callable's ``persistent`` attribute is True, and
+        it may also have ``prefill = (W, l2, rows)`` and ``bare``: ``bare()`` is the product for a
+        caller that wrote ``W = l2 * mask * S`` (rows ``>= rows`` zero) since the previous call.
         """
         K = S.shape[1]
         fallback = lambda: self.hessp(hstate, S)  # noqa: E731
@@ -711,6 +713,18 @@ class LinearObjective:
                 out = out.unsqueeze(1)
             return out if out.dtype == dtype else out.to(dtype)
         run.persistent = getattr(op, "persistent", False) and op.P.acc_dtype == dtype  # each call: one buffer
+        bare = op.launch_only() if run.persistent else None
+        if bare is not None:
+            # a CG engine that forms the next direction D can write the product's start l2 * mask * D
+            # in the same launch (fusedml.cg's prefill): then no mask and beta * z launches here
+            rows = self.n_rows - 1 if masked else self.n_rows
+            run.prefill = (op.out, self.l2, rows)
+
+            def run_bare():
+                self.n_mmchain += 1
+                out = bare()
+                return out.unsqueeze(1) if out.ndim == 1 else out
+            run.bare = run_bare
         return run
 
     def _softmax_one_read(self):

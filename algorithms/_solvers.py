@@ -285,7 +285,7 @@ class _CGEngine:
         z = torch.zeros_like(like, memory_format=torch.contiguous_format)
         self.S, self.R, self.Dv = z, z.clone(), z.clone()
         # the product's result is one buffer, overwritten by each call: the update kernel binds to it
-        self.persistent, self._upd = False, None
+        self.persistent, self._upd, op = False, None, None
         if bind is not None:  # ``bind(Dv) -> () -> A Dv``: the product set up once for the Dv buffer
             op = bind(self.Dv)
             self.apply = lambda D: op()
@@ -302,6 +302,11 @@ class _CGEngine:
         # decided steps: the update kernel also forms the next direction, and a solve starts in
         # one launch (S = 0, R = Dv = -g): 1 and ~4 launches fewer per step and per solve
         self.next_dir, self._restarts = bool(self.decide), {}
+        # ... and writes the next product's start (its beta * z) in the same sweep: two launches
+        # fewer per step, where the bound product can leave that step to it
+        self.prefill = getattr(op, "prefill", None) if self.next_dir and self.persistent else None
+        if self.prefill is not None:
+            self.apply = lambda D: op.bare()
         self.packed = torch.empty(2 * P, dtype=like.dtype, device=like.device) if self.fused and not decide else None
         self.ctl = torch.zeros(len(CONTROL) * P, dtype=torch.float64, device=like.device) if self.decide else None
         self.snaps = _Snapshots(self.ctl, _lag() + 2) if self.decide else None
@@ -312,7 +317,8 @@ class _CGEngine:
     def _restart(self, R, negate=False):
         if self.next_dir:  # one launch, bound per source buffer (a solver's gradients alternate between two)
             _bound_call(self._restarts, (R.data_ptr(), R.stride(), R.shape, negate),
-                        lambda: bind_cg_restart(self.S, self.R, self.Dv, R, self.beta, negate=negate))
+                        lambda: bind_cg_restart(self.S, self.R, self.Dv, R, self.beta, negate=negate,
+                                                prefill=self.prefill))
             return
         self.S.zero_()
         if negate:
@@ -384,7 +390,7 @@ class _CGEngine:
                 return self._upd[1]()
         if self.decide:  # the decisions made by the kernel too
             args, kw = (None, self.beta, None), dict(control=self.ctl, trust_region=self.decide == "tr",
-                                                     next_direction=self.next_dir)
+                                                     next_direction=self.next_dir, prefill=self.prefill)
         else:
             args, kw = (self.rTr, self.beta, self.packed), dict(mask=self.mask, S0=self.S0, R0=self.R0)
         if not self.persistent:

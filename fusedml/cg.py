@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ._dispatch import interpret_mode
 from ._launch import bind as bind_launch, launch
+from .mmchain.dense import _split
 
 __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_sums", "cg_control", "control_slice",
            "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
@@ -39,9 +40,10 @@ def _finite_or_zero(x):
 def _cg_update_kernel(
     S, R, Dv, Ad, S0, R0,  # [n, K] (Ad: any strides; the others contiguous)
     RTR, BETA, MASK, PACKED, CTL,  # [P], [P], [P], [2P], [NCTL * P] float64
-    n, cpp, P, K, stride_an, stride_ak,
+    W,  # [n, K] (any strides): the next product's start, (pf_hi + pf_lo) * Dv, rows >= pf_rows zeroed
+    n, cpp, P, K, stride_an, stride_ak, stride_wn, stride_wk, pf_hi, pf_lo, pf_rows,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr,
-    NEXT_DIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    NEXT_DIR: tl.constexpr, PREFILL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     j = tl.program_id(0)  # problem j owns columns [j * cpp, (j + 1) * cpp)
     offs_r = tl.arange(0, BLOCK_R)
@@ -136,12 +138,20 @@ def _cg_update_kernel(
             at = rows[:, None] * K + cols[None, :]
             r = tl.load(R + at, mask=m, other=0.0)
             d = tl.load(Dv + at, mask=m, other=0.0)
-            tl.store(Dv + at, (r.to(tl.float64) + b * d.to(tl.float64)).to(r.dtype), mask=m)
+            dn = r.to(tl.float64) + b * d.to(tl.float64)
+            tl.store(Dv + at, dn.to(r.dtype), mask=m)
+            if PREFILL:  # W may be Ad itself: this program read its entries in sweeps 1 and 2
+                keep = (rows < pf_rows)[:, None]
+                pf = tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)
+                tl.store(W + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
+                         tl.where(keep, pf * dn, 0.0).to(W.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _cg_restart_kernel(S, R, Dv, G, BETA, n, K, P, sg_n, sg_k, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    # S = 0, R = Dv = SIGN * G ([n, K]; S, R, Dv contiguous, G any strides), BETA [P] = 0
+def _cg_restart_kernel(S, R, Dv, G, BETA, W, n, K, P, sg_n, sg_k, sw_n, sw_k, pf_hi, pf_lo, pf_rows,
+                       SIGN: tl.constexpr, PREFILL: tl.constexpr, BLOCK: tl.constexpr):
+    # S = 0, R = Dv = SIGN * G ([n, K]; S, R, Dv contiguous, G any strides), BETA [P] = 0;
+    # PREFILL: W = (pf_hi + pf_lo) * Dv with rows >= pf_rows zeroed (the first product's start)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n * K
     row = (i // K).to(tl.int64)
@@ -150,6 +160,9 @@ def _cg_restart_kernel(S, R, Dv, G, BETA, n, K, P, sg_n, sg_k, SIGN: tl.constexp
     tl.store(S + i, tl.zeros_like(r), mask=m)
     tl.store(R + i, r, mask=m)
     tl.store(Dv + i, r, mask=m)
+    if PREFILL:
+        wv = tl.where(row < pf_rows, (tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)) * r.to(tl.float64), 0.0)
+        tl.store(W + row * sw_n + (i % K) * sw_k, wv.to(W.dtype.element_ty), mask=m)
     if tl.program_id(0) == 0:
         jp = tl.arange(0, 16)
         for p0 in range(0, P, 16):
@@ -170,7 +183,18 @@ def _check_contiguous(tensors):
             raise ValueError(f"{name} must be contiguous")
 
 
-def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
+def _check_prefill(prefill, S):
+    """``(W, scale, rows)`` of the ``prefill`` option (W [n, K] like S, any strides), or None."""
+    if prefill is None:
+        return None
+    W, scale, rows = prefill
+    if W.shape != S.shape or W.device != S.device or W.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"prefill's W must be a float32/float64 [n, K] = {tuple(S.shape)} tensor on {S.device}, "
+                         f"got {tuple(W.shape)}, {W.dtype}, {W.device}")
+    return W, _split(float(scale)), int(rows)
+
+
+def bind_cg_restart(S, R, Dv, g, beta, *, negate=False, prefill=None):
     """A CG solve's start from ``S = 0`` in one launch, over fixed vectors.
 
     Parameters
@@ -183,6 +207,9 @@ def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
     beta : torch.Tensor
         [P] in the vectors' dtype: set to 0.
     negate : bool
+    prefill : tuple (W, scale, rows), optional
+        Also set ``W = scale * Dv`` with rows ``>= rows`` zeroed (W [n, K], any strides): the
+        start a bound product accumulates onto (:meth:`fusedml.BoundMMChain.launch_only`).
 
     Returns
     -------
@@ -196,10 +223,13 @@ def bind_cg_restart(S, R, Dv, g, beta, *, negate=False):
     _check_contiguous(((S, "S"), (R, "R"), (Dv, "Dv"), (beta, "beta")))
     if beta.dtype != S.dtype or beta.device != S.device or beta.ndim != 1:
         raise ValueError(f"beta must be a 1-D {S.dtype} tensor on {S.device}")
+    pf = _check_prefill(prefill, S)
+    W, (hi, lo), rows = pf if pf is not None else (S, (0.0, 0.0), 0)
     block = 1024
     return bind_launch(_cg_restart_kernel, (triton.cdiv(n * K, block),),
-                       (S, R, Dv, g, beta, n, K, beta.numel(), g.stride(0), g.stride(1)),
-                       dict(SIGN=-1.0 if negate else 1.0, BLOCK=block), num_warps=4)
+                       (S, R, Dv, g, beta, W, n, K, beta.numel(), g.stride(0), g.stride(1), W.stride(0), W.stride(1),
+                        hi, lo, rows),
+                       dict(SIGN=-1.0 if negate else 1.0, PREFILL=pf is not None, BLOCK=block), num_warps=4)
 
 
 def cg_update_applies(like: torch.Tensor, P: int) -> bool:
@@ -283,7 +313,7 @@ def cg_control(rTr, tol2, run, dsq=None) -> list:
 
 
 def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
-              trust_region=False, next_direction=False) -> torch.Tensor:
+              trust_region=False, next_direction=False, prefill=None) -> torch.Tensor:
     """The vector half of one CG step, in place, one launch.
 
     With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
@@ -331,6 +361,11 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
     next_direction : bool
         Also set ``Dv = R + beta Dv`` for the next step (a third sweep; the caller then skips
         the direction update before the next product).
+    prefill : tuple (W, scale, rows), optional
+        With ``next_direction``: also set ``W = scale * Dv`` (the new direction) with rows
+        ``>= rows`` zeroed, W [n, K] of any strides and may be ``Ad`` itself: the start that
+        the next product accumulates onto (a bound product's ``beta * z`` with ``z`` the
+        direction and its unpenalised intercept row masked; two launches fewer per step).
 
     Returns
     -------
@@ -338,18 +373,18 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
         ``packed`` (``control`` with ``control``).
     """
     kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region, next_direction)
+                                                       trust_region, next_direction, prefill)
     launch(kernel, grid, args, consts, **opts)
     return control if control is not None else packed
 
 
 def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
-                   trust_region=False, next_direction=False):
+                   trust_region=False, next_direction=False, prefill=None):
     """:func:`cg_update` over fixed buffers, checked once: a CG engine's repeated step.
 
     Parameters
     ----------
-    S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region
+    S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction, prefill
         As for :func:`cg_update`; each call of the result updates from their current contents
         (their storage must stay: ``Ad`` too, e.g. a bound product's result buffer).
 
@@ -360,7 +395,7 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
         (``control`` with ``control``).
     """
     kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region, next_direction)
+                                                       trust_region, next_direction, prefill)
     return _returning(bind_launch(kernel, grid, args, consts, **opts), control if control is not None else packed)
 
 
@@ -372,7 +407,8 @@ def _returning(go, res):
     return run
 
 
-def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction=False):
+def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction=False,
+                    prefill=None):
     """Checked arguments of :func:`cg_update`: ``(kernel, grid, args, consts, options)``."""
     if S.ndim != 2:
         raise ValueError(f"S must be [n, K], got shape {tuple(S.shape)}")
@@ -397,6 +433,10 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
     for t, name, size in small:
         if t is not None and (t.numel() != size or not t.is_contiguous() or t.dtype != S.dtype):
             raise ValueError(f"{name} must be {size} contiguous values of {S.dtype}")
+    pf = _check_prefill(prefill, S)
+    if pf is not None and not next_direction:
+        raise ValueError("prefill needs next_direction (it is the next direction, scaled)")
+    W, (hi, lo), rows = pf if pf is not None else (S, (0.0, 0.0), 0)
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
     block_r = max(1, 2048 // block_c)
@@ -405,9 +445,11 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
     return (_cg_update_kernel, (P,),
            (S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr if rTr is not None else dummy, beta,
             mask if mask is not None else dummy, packed if packed is not None else dummy,
-            control if control is not None else dummy, n, cpp, P, K, Ad.stride(0), Ad.stride(1)),
+            control if control is not None else dummy, W, n, cpp, P, K, Ad.stride(0), Ad.stride(1), W.stride(0),
+            W.stride(1), hi, lo, rows),
            dict(KEEP=keep, HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region),
-                NEXT_DIR=bool(next_direction), BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=8))
+                NEXT_DIR=bool(next_direction), PREFILL=pf is not None, BLOCK_R=block_r, BLOCK_C=block_c),
+           dict(num_warps=8))
 
 
 @triton.jit

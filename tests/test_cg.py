@@ -221,6 +221,49 @@ def test_cg_update_decided_matches_steihaug(n, K, P, region, dtype, next_dir):
         assert torch.all(S[:, -cpp:] == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,K,P,rows", [(30, 1, 1, 29), (40, 3, 3, 40), (9, 2, 1, 0)])
+def test_cg_prefill_writes_next_products_start(n, K, P, rows, dtype):
+    """``prefill``: the restart and each update also write ``W = scale * Dv`` (the direction the
+    next product takes) with rows ``>= rows`` zeroed, into a strided W that is the product's own
+    result buffer ``Ad``; S, R, Dv and the control block are as without it."""
+    g = torch.Generator().manual_seed(n * K)
+    Q = torch.randn(n, n, generator=g, dtype=torch.float64)
+    A = Q @ Q.T / n + 0.5 * torch.eye(n, dtype=torch.float64)
+    B = torch.randn(n, K, generator=g, dtype=torch.float64).to(dtype)
+    scale = 0.37
+    store = torch.full((K, n), float("nan"), dtype=dtype)
+    W = store.t()  # column-major, like a product's [Dx, 1] view
+    bufs = {k: [torch.zeros(n, K, dtype=dtype) for _ in range(3)] + [torch.zeros(P, dtype=dtype)] for k in "ab"}
+    ctls = {}
+    for k, pf in (("a", None), ("b", (W, scale, rows))):
+        S, R, Dv, beta = bufs[k]
+        bind_cg_restart(S, R, Dv, B, beta, negate=True, prefill=pf)()
+        rtr = (B.double() ** 2).reshape(n, P, K // P).sum((0, 2)).tolist()
+        ctls[k] = torch.tensor(cg_control(rtr, [1e-12 * x for x in rtr], [True] * P), dtype=torch.float64)
+    want = lambda D: torch.where(torch.arange(n)[:, None] < rows, scale * D.double(), 0.0)  # noqa: E731
+    torch.testing.assert_close(W.double(), want(bufs["b"][2]), rtol=1e-6, atol=1e-7)
+    for _ in range(4):
+        for k in "ab":
+            S, R, Dv, beta = bufs[k]
+            Ad = (A @ Dv.double()).to(dtype)
+            if k == "b":  # the product's result buffer is W itself: it is read, then overwritten
+                W.copy_(Ad)
+                Ad = W
+            cg_update(S, R, Dv, Ad, None, beta, None, control=ctls[k], next_direction=True,
+                      prefill=(W, scale, rows) if k == "b" else None)
+        for a, b in zip(bufs["a"], bufs["b"]):
+            assert torch.equal(a, b)
+        assert torch.equal(ctls["a"], ctls["b"])
+        torch.testing.assert_close(W.double(), want(bufs["b"][2]), rtol=1e-6, atol=1e-7)
+    S = bufs["a"][0]
+    with pytest.raises(ValueError, match="prefill needs next_direction"):
+        cg_update(S, S.clone(), S.clone(), S.clone(), None, torch.zeros(P, dtype=dtype), None, control=ctls["a"],
+                  prefill=(W, 1.0, n))
+    with pytest.raises(ValueError, match="prefill's W must be"):
+        bind_cg_restart(S, S.clone(), S.clone(), S.clone(), torch.zeros(P, dtype=dtype), prefill=(W[:-1], 1.0, n))
+
+
 def test_cg_update_decided_bad_inputs():
     S = torch.zeros(4, 2)
     beta = torch.zeros(1)
@@ -328,6 +371,45 @@ def test_solvers_on_bound_launches(monkeypatch, case, bind):
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
 
 
+@pytest.mark.parametrize("case", ["logistic", "svc-ovr"])
+def test_tron_prefilled_products(monkeypatch, case):
+    """TRON's CG engine on bound fused products leaves each product's ``beta * z`` start to its
+    update and restart kernels (``BoundMMChain.launch_only``): the same fit as when the product
+    writes it itself, and no ``mask * S`` or ``beta * z`` launch per product."""
+    import fusedml
+
+    from algorithms import _solvers
+
+    monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
+    make, X, y = _solver_case(case)
+    fit = lambda: make().set_params(backend="fused", tol=1e-6 if case == "logistic" else 1e-4).fit(X, y)  # noqa: E731
+    engines = []
+    real_init = _solvers._CGEngine.__init__
+    monkeypatch.setattr(_solvers._CGEngine, "__init__",
+                        lambda self, *a, **k: real_init(self, *a, **k) or engines.append(self))
+    got = fit()
+    assert engines and all(e.prefill is not None for e in engines)
+    real_mul = torch.mul
+
+    def count_muls():
+        muls = []
+        monkeypatch.setattr(torch, "mul", lambda *a, **k: muls.append(1) or real_mul(*a, **k))
+        est = fit()
+        monkeypatch.setattr(torch, "mul", real_mul)
+        return est, len(muls)
+    got2, n_got = count_muls()
+    assert np.array_equal(np.asarray(got2.coef_), np.asarray(got.coef_))
+    monkeypatch.setattr(fusedml.BoundMMChain, "launch_only", lambda self: None)
+    engines.clear()
+    ref, n_ref = count_muls()
+    assert engines and all(e.prefill is None for e in engines)
+    n_cg = sum(r["cg_iter"] for r in ref.history_)
+    assert n_cg > 0 and n_ref - n_got >= 2 * n_cg  # two launches fewer per Hessian product
+    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    np.testing.assert_allclose(np.asarray(got.coef_), np.asarray(ref.coef_), rtol=1e-5,
+                               atol=1e-6 * np.abs(np.asarray(ref.coef_)).max())
+
+
 @pytest.mark.parametrize("lag", ["0", "3"])
 @pytest.mark.parametrize("case", ["svc-ovr", "ridge-2"])
 def test_decided_cg_steps_any_lag(monkeypatch, case, lag):
@@ -385,20 +467,26 @@ def _aot():
     target = GPUTarget("cuda", 90, 32)
     fn = cg._cg_update_kernel
     for ty in ("fp32", "fp64"):
-        for keep, mask, decide, tr, nd in ((True, False, False, False, False), (False, True, False, False, False),
-                                           (False, False, True, True, True), (False, False, True, False, True)):
-            types = {a: f"*{ty}" for a in ("S", "R", "Dv", "Ad", "S0", "R0", "RTR", "BETA", "MASK", "PACKED")}
-            types.update(CTL="*fp64", n="i32", cpp="i32", P="i32", K="i32", stride_an="i32", stride_ak="i32")
-            consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, NEXT_DIR=nd, BLOCK_R=512, BLOCK_C=4)
-            sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        for keep, mask, decide, tr, nd, pf in ((True, False, False, False, False, False),
+                                               (False, True, False, False, False, False),
+                                               (False, False, True, True, True, False),
+                                               (False, False, True, True, True, True),
+                                               (False, False, True, False, True, False)):
+            types = {a: f"*{ty}" for a in ("S", "R", "Dv", "Ad", "S0", "R0", "RTR", "BETA", "MASK", "PACKED", "W")}
+            types.update(CTL="*fp64", pf_hi="fp32", pf_lo="fp32", pf_rows="i32")
+            consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, NEXT_DIR=nd, PREFILL=pf, BLOCK_R=512,
+                          BLOCK_C=4)
+            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
             triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=8))
-            print("AOT cg_update", ty, keep, mask, decide, tr, nd)
+            print("AOT cg_update", ty, keep, mask, decide, tr, nd, pf)
         rs = cg._cg_restart_kernel
-        types = {a: f"*{ty}" for a in ("S", "R", "Dv", "G", "BETA")}
-        consts = dict(SIGN=-1.0, BLOCK=1024)
-        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in rs.arg_names}
-        triton.compile(ASTSource(rs, sig, consts), target=target, options=dict(num_warps=4))
-        print("AOT cg_restart", ty)
+        for pf in (False, True):
+            types = {a: f"*{ty}" for a in ("S", "R", "Dv", "G", "BETA", "W")}
+            types.update(pf_hi="fp32", pf_lo="fp32")
+            consts = dict(SIGN=-1.0, PREFILL=pf, BLOCK=1024)
+            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in rs.arg_names}
+            triton.compile(ASTSource(rs, sig, consts), target=target, options=dict(num_warps=4))
+            print("AOT cg_restart", ty, pf)
         ts = cg._trial_sums_kernel
         types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
         types.update(OUT="*fp64")

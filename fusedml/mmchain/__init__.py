@@ -149,6 +149,37 @@ class BoundMMChain:
         """Whether every call returns the same buffer (the fused dense path)."""
         return self._out is not None
 
+    def launch_only(self):
+        """The product without its first step, for a caller that writes that step itself.
+
+        A call of the bound product first writes ``beta * z`` (zero without ``z``) into its
+        result buffer, one launch, then accumulates ``alpha * [X,1]^T (v ⊙ ([X,1] y))`` onto it.
+        The callable returned here runs the accumulation alone: whoever calls it must have left
+        ``beta * z`` in :attr:`out` since the previous call (a CG update kernel that forms the next
+        direction can write it in the same sweep: :func:`fusedml.cg.cg_update`'s ``prefill``).
+
+        Returns
+        -------
+        callable or None
+            ``() -> torch.Tensor`` (the same view a call returns); None off the bound fused dense
+            path (there each call makes its own result).
+        """
+        go = getattr(self._run, "launch_only", None)
+        if go is None:
+            return None
+        view = self._view
+
+        def run():
+            self.calls += 1
+            go()
+            return view
+        return run
+
+    @property
+    def out(self):
+        """The persistent ``[Dx, m]`` result buffer (None where :attr:`persistent` is False)."""
+        return self._out
+
     def __call__(self) -> torch.Tensor:
         self.calls += 1
         if self._run is not None:

@@ -1400,6 +1400,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
                 go()
                 return res
             run.result = res  # the buffers each call fills (a bound epilogue launch may read them)
+            run.launch_only = go  # for a caller that leaves beta * z (or zero) in w itself
             return run
         launch(kernel, (grid,), lead + scalars + mid, dict(consts, **extra), num_warps=cfg.num_warps,
                num_stages=cfg.num_stages, **opts)
