@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import fusedml
 from fusedml._launch import bound_enabled
+from fusedml.cg import bind_trial_point
 from fusedml.mmchain.lossgrad import logistic_value
 
 MAX_COLS = 16  # mmchain's widest matrix y / v (api.md: m <= 16)
@@ -852,15 +853,37 @@ class LinearObjective:
         if not slots:
             return self.evaluate_gradient(state["W"] if S is None else state["W"] + S)
         W, Wm, op = slots[1] if state["W"] is slots[0][0] else slots[0]
-        if S is None:
-            W.copy_(state["W"])
+        point = None if S is None else self._trial_point(state["W"], S, W, Wm, op)
+        if point is not None:  # W, mask * W and the gradient's start l2 * mask * W: one launch
+            point[0]()
+            r = point[1]()
         else:
-            torch.add(state["W"], S, out=W)
-        if Wm is not W:
-            torch.mul(W, self.mask, out=Wm)
-        st, g, hs = self._fused_result(op(), W, Wm, spec)
+            if S is None:
+                W.copy_(state["W"])
+            else:
+                torch.add(state["W"], S, out=W)
+            if Wm is not W:
+                torch.mul(W, self.mask, out=Wm)
+            r = op()
+        st, g, hs = self._fused_result(r, W, Wm, spec)
         st["bound"] = True  # g and the state's tensors live in one of the two buffer sets
         return st, g, hs
+
+    def _trial_point(self, W0, S, W, Wm, op):
+        """``(bound trial-point launch, op's launch_only)`` for ``W = W0 + S`` into a slot, or None
+        where they do not apply (kept per source, slot and step buffer: a few per fit)."""
+        go = op.launch_only()
+        if go is None or not (W0.is_contiguous() and S.is_contiguous() and S.shape == W.shape
+                              and S.dtype == W.dtype and op.out.dtype == W.dtype):
+            return None
+        cache = self.__dict__.setdefault("_points", {})
+        key = (W0.data_ptr(), S.data_ptr(), W.data_ptr())
+        if key not in cache:
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            rows = self.n_rows - 1 if self.fit_intercept else self.n_rows
+            cache[key] = (bind_trial_point(W0, S, W, None if Wm is W else Wm, op.out, self.l2, rows), go)
+        return cache[key]
 
     def _slots(self, spec):
         """Two ``(W, mask * W, bound loss-gradient pass)`` buffer sets (an empty list where the

@@ -709,12 +709,17 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         if host_stop is not None and trial_sums_applies((g, S, R, g_t), P):
             # one launch for the accept test's sums (float64), the stop rule on the host; bound
             # where g and g_t are the objective's two trial buffers (which alternate)
-            if st.get("bound") and stn.get("bound"):  # [g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]
-                sums = _bound_call(sum_ops, (id(g), id(S), id(R), id(g_t)), lambda: bind_trial_sums(g, S, R, g_t, P))
+            # [f_t, g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|]: the kernel copies f_t ahead of its sums
+            f_t = stn["f"].reshape(-1)
+            f_in = f_t if f_t.dtype == torch.float64 and f_t.numel() == P and f_t.is_contiguous() else None
+            if st.get("bound") and stn.get("bound"):
+                sums = _bound_call(sum_ops, (id(g), id(S), id(R), id(g_t), None if f_in is None else f_in.data_ptr()),
+                                   lambda: bind_trial_sums(g, S, R, g_t, P, f=f_in))
             else:
-                sums = trial_sums(g, S, R, g_t, P)
-            gg_t = sums[3 * P:4 * P]
-            v = _host(torch.cat([stn["f"].reshape(-1).to(torch.float64), sums]))
+                sums = trial_sums(g, S, R, g_t, P, f=f_in)
+            packed = sums if f_in is not None else torch.cat([f_t.to(torch.float64), sums])
+            gg_t = packed[4 * P:5 * P]
+            v = _host(packed)
             v[4 * P:5 * P] = [math.sqrt(max(x, 0.0)) if math.isfinite(x) else x for x in v[4 * P:5 * P]]
             conv_t = host_stop(v[5 * P:6 * P], v[4 * P:5 * P], gnorm0)
         else:
@@ -777,7 +782,7 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
                 active[j] = not conv[j] and not stalled[j]
         if history is not None:
             history.add(it, sum(f), max(gnorm), max(snorm), cg_iter=n_cg)
-    for k in ("_cg_engine", "_lg_slots"):  # its CUDA graph and buffers; the trial buffers (W stays ours)
+    for k in ("_cg_engine", "_lg_slots", "_points"):  # its CUDA graph and buffers; the trial buffers (W stays ours)
         obj.__dict__.pop(k, None)
     status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv, stalled)]
     return SolverResult(st["W"], n_iter, status, st)

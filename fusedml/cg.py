@@ -23,7 +23,8 @@ from ._dispatch import interpret_mode
 from ._launch import bind as bind_launch, launch
 from .mmchain.dense import _split
 
-__all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_sums", "cg_control", "control_slice",
+__all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "bind_trial_sums", "cg_control",
+           "control_slice",
            "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
@@ -230,6 +231,64 @@ def bind_cg_restart(S, R, Dv, g, beta, *, negate=False, prefill=None):
                        (S, R, Dv, g, beta, W, n, K, beta.numel(), g.stride(0), g.stride(1), W.stride(0), W.stride(1),
                         hi, lo, rows),
                        dict(SIGN=-1.0 if negate else 1.0, PREFILL=pf is not None, BLOCK=block), num_warps=4)
+
+
+@triton.jit
+def _trial_point_kernel(W0, S, W, WM, G, numel, K, pf_hi, pf_lo, pf_rows,
+                        HAS_WM: tl.constexpr, BLOCK: tl.constexpr):
+    # W = W0 + S; WM = W with rows >= pf_rows zeroed; G = (pf_hi + pf_lo) * WM (all [n, K] contiguous)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < numel
+    w = tl.load(W0 + i, mask=m, other=0.0) + tl.load(S + i, mask=m, other=0.0)
+    tl.store(W + i, w, mask=m)
+    wm = tl.where(i // K < pf_rows, w, 0.0)
+    if HAS_WM:
+        tl.store(WM + i, wm, mask=m)
+    gv = (tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)) * wm.to(tl.float64)
+    tl.store(G + i, gv.to(G.dtype.element_ty), mask=m)
+
+
+def bind_trial_point(W0, S, W, Wm, G, scale, rows):
+    """A solver's trial point and its pass's start in one launch, over fixed buffers.
+
+    Sets ``W = W0 + S``, ``Wm = W`` with rows ``>= rows`` zeroed (the penalised part: the
+    intercept row is not), and ``G = scale * Wm``: the start a bound loss-gradient pass
+    accumulates its gradient onto (:meth:`fusedml.BoundLossGradient.launch_only`), where
+    ``torch.add``, ``torch.mul`` and the pass's own ``beta * z`` launch would be three.
+
+    Parameters
+    ----------
+    W0, S : torch.Tensor
+        [n, K] contiguous, float32 or float64, read at each call.
+    W : torch.Tensor
+        [n, K] contiguous, same dtype: written.
+    Wm : torch.Tensor or None
+        [n, K] contiguous, same dtype: written (None: the rows are all penalised or there is no
+        penalty, and ``Wm`` would be ``W``).
+    G : torch.Tensor
+        [n, K] contiguous, float32 or float64: written.
+    scale : float
+        The pass's ``beta`` (the L2 strength).
+    rows : int
+        Rows below which ``W`` is penalised.
+
+    Returns
+    -------
+    callable
+        ``() -> None``: one launch (:func:`fusedml._launch.bind`).
+    """
+    if W.ndim != 2:
+        raise ValueError(f"W must be [n, K], got shape {tuple(W.shape)}")
+    _check_like(W, "W", ((W0, "W0"), (S, "S"), (Wm, "Wm")))
+    _check_contiguous(((W0, "W0"), (S, "S"), (W, "W"), (Wm, "Wm"), (G, "G")))
+    if G.shape != W.shape or G.device != W.device or G.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"G must be a float32/float64 {tuple(W.shape)} tensor on {W.device}")
+    n, K = W.shape
+    hi, lo = _split(float(scale))
+    block = 1024
+    return bind_launch(_trial_point_kernel, (triton.cdiv(n * K, block),),
+                       (W0, S, W, W if Wm is None else Wm, G, n * K, K, hi, lo, int(rows)),
+                       dict(HAS_WM=Wm is not None, BLOCK=block), num_warps=4)
 
 
 def cg_update_applies(like: torch.Tensor, P: int) -> bool:
@@ -454,11 +513,14 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
 
 @triton.jit
 def _trial_sums_kernel(
-    G, S, R, GT, OUT,  # [n, K] each (any strides), OUT [5P] float64
+    G, S, R, GT, F, OUT,  # [n, K] each (any strides), F [P] float64, OUT [5P] ([6P] with F first) float64
     n, cpp, P, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_F: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     j = tl.program_id(0)
+    if HAS_F:  # the trial objective beside the sums: one buffer for the host's one copy
+        tl.store(OUT + j, tl.load(F + j))
+        OUT += P
     offs_r = tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     cols = (j * cpp + offs_c).to(tl.int64)
@@ -501,7 +563,7 @@ def trial_sums_applies(tensors, P: int) -> bool:
     return _applies(first, P)
 
 
-def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
+def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
     """The sums a trust-region Newton step's accept test needs, per problem, in one launch.
 
     Parameters
@@ -511,19 +573,23 @@ def trial_sums(g, S, R, g_t, P: int) -> torch.Tensor:
         the gradient at the trial point.
     P : int
         Problems: 1 (one over all K columns) or K (one per column).
+    f : torch.Tensor, optional
+        [P] float64 (the trial objective): copied ahead of the sums, so that the host reads
+        both in one copy.
 
     Returns
     -------
     torch.Tensor
         [5 P] float64: ``g^T S``, ``S^T R``, ``S^T S``, ``g_t^T g_t`` and ``max |g_t|`` (NaN if
-        ``g_t`` holds a NaN), each per problem, sums in float64.
+        ``g_t`` holds a NaN), each per problem, sums in float64; [6 P] with ``f`` first when
+        ``f`` is given.
     """
-    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P)
+    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P, f)
     launch(kernel, grid, args, consts, num_warps=8)
     return out
 
 
-def _trial_sums_spec(g, S, R, g_t, P):
+def _trial_sums_spec(g, S, R, g_t, P, f=None):
     """Checked arguments of :func:`trial_sums`: ``(out, (kernel, grid, args, consts))``."""
     if g.ndim != 2:
         raise ValueError(f"g must be [n, K], got shape {tuple(g.shape)}")
@@ -531,26 +597,31 @@ def _trial_sums_spec(g, S, R, g_t, P):
     _check_like(g, "g", ((S, "S"), (R, "R"), (g_t, "g_t")))
     if P not in (1, K):
         raise ValueError(f"P must be 1 or K = {K}, got {P}")
+    if f is not None and (f.numel() != P or f.dtype != torch.float64 or not f.is_contiguous() or f.device != g.device):
+        raise ValueError(f"f must be {P} contiguous float64 values on {g.device}, got {tuple(f.shape)}, {f.dtype}, "
+                         f"{f.device}")
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
-    out = torch.empty(5 * P, dtype=torch.float64, device=g.device)
+    out = torch.empty((5 if f is None else 6) * P, dtype=torch.float64, device=g.device)
     return out, (_trial_sums_kernel, (P,),
-                 (g, S, R, g_t, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0),
-                  R.stride(1), g_t.stride(0), g_t.stride(1)), dict(BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c))
+                 (g, S, R, g_t, out if f is None else f, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0),
+                  S.stride(1), R.stride(0), R.stride(1), g_t.stride(0), g_t.stride(1)),
+                 dict(HAS_F=f is not None, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c))
 
 
-def bind_trial_sums(g, S, R, g_t, P: int):
+def bind_trial_sums(g, S, R, g_t, P: int, f=None):
     """:func:`trial_sums` over fixed vectors, checked once (a solver's repeated accept test).
 
     Parameters
     ----------
-    g, S, R, g_t, P
-        As for :func:`trial_sums`; each call sums their current contents.
+    g, S, R, g_t, P, f
+        As for :func:`trial_sums`; each call sums their current contents (and copies ``f``'s).
 
     Returns
     -------
     callable
-        ``() -> torch.Tensor``: one launch, returning the same ``[5 P]`` float64 buffer each call.
+        ``() -> torch.Tensor``: one launch, returning the same ``[5 P]`` (``[6 P]``) float64
+        buffer each call.
     """
-    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P)
+    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P, f)
     return _returning(bind_launch(kernel, grid, args, consts, num_warps=8), out)

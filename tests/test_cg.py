@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fusedml.cg import (CONTROL, MAX_ENTRIES, bind_cg_restart, cg_control, cg_update, cg_update_applies, control_slice, trial_sums,
-                        trial_sums_applies)
+from fusedml.cg import (CONTROL, MAX_ENTRIES, bind_cg_restart, bind_trial_point, bind_trial_sums, cg_control,
+                        cg_update, cg_update_applies, control_slice, trial_sums, trial_sums_applies)
 
 
 def _reference(S, R, Dv, Ad, rTr, mask, P):
@@ -301,6 +301,11 @@ def test_trial_sums_matches_float64(n, K, P, dtype):
                       (per(g_t) ** 2).sum((0, 2)), per(g_t).abs().amax((0, 2))])
     assert out.dtype == torch.float64 and out.shape == (5 * P,)
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    f = torch.randn(P, generator=gen, dtype=torch.float64)
+    out_f = bind_trial_sums(g, S, R, g_t, P, f=f)()  # the objective ahead of the sums
+    torch.testing.assert_close(out_f, torch.cat([f, want]), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="f must be"):
+        trial_sums(g, S, R, g_t, P, f=f.float())
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's numpy
@@ -371,11 +376,38 @@ def test_solvers_on_bound_launches(monkeypatch, case, bind):
     np.testing.assert_allclose(cg, cr, rtol=1e-4, atol=1e-5 * np.abs(cr).max())
 
 
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bind_trial_point(masked, dtype):
+    """One launch: W = W0 + S, Wm = W with the rows from ``rows`` on zeroed, G = scale * Wm; the
+    sources' current contents at each call; mismatched buffers raise."""
+    g = torch.Generator().manual_seed(3)
+    n, K, rows, scale = 1500, 2, 1499, 0.3
+    W0, S = (torch.randn(n, K, generator=g, dtype=dtype) for _ in range(2))
+    W, Wm, G = (torch.full((n, K), float("nan"), dtype=dtype) for _ in range(3))
+    go = bind_trial_point(W0, S, W, Wm if masked else None, G, scale, rows)
+    for _ in range(2):
+        go()
+        want = W0 + S
+        wm = want.clone()
+        wm[rows:] = 0
+        assert torch.equal(W, want)
+        if masked:
+            assert torch.equal(Wm, wm)
+        torch.testing.assert_close(G, scale * wm)
+        S.add_(1.0)
+    with pytest.raises(ValueError, match="S must match W"):
+        bind_trial_point(W0, S[:, :1], W, None, G, scale, rows)
+    with pytest.raises(ValueError, match="G must be"):
+        bind_trial_point(W0, S, W, None, G[:-1], scale, rows)
+
+
 @pytest.mark.parametrize("case", ["logistic", "svc-ovr"])
 def test_tron_prefilled_products(monkeypatch, case):
     """TRON's CG engine on bound fused products leaves each product's ``beta * z`` start to its
-    update and restart kernels (``BoundMMChain.launch_only``): the same fit as when the product
-    writes it itself, and no ``mask * S`` or ``beta * z`` launch per product."""
+    update and restart kernels (``BoundMMChain.launch_only``), and each trial point's gradient
+    start to ``bind_trial_point``: the same fit as when the passes write it themselves, and no
+    ``mask * S`` or ``beta * z`` launch per product."""
     import fusedml
 
     from algorithms import _solvers
@@ -399,7 +431,14 @@ def test_tron_prefilled_products(monkeypatch, case):
         return est, len(muls)
     got2, n_got = count_muls()
     assert np.array_equal(np.asarray(got2.coef_), np.asarray(got.coef_))
+    from algorithms import _loss
+    points = []
+    real_point = _loss.bind_trial_point
+    monkeypatch.setattr(_loss, "bind_trial_point", lambda *a, **k: points.append(1) or real_point(*a, **k))
+    fit()
+    assert points, "the trial points did not take bind_trial_point"
     monkeypatch.setattr(fusedml.BoundMMChain, "launch_only", lambda self: None)
+    monkeypatch.setattr(fusedml.BoundLossGradient, "launch_only", lambda self: None)
     engines.clear()
     ref, n_ref = count_muls()
     assert engines and all(e.prefill is None for e in engines)
@@ -488,12 +527,21 @@ def _aot():
             triton.compile(ASTSource(rs, sig, consts), target=target, options=dict(num_warps=4))
             print("AOT cg_restart", ty, pf)
         ts = cg._trial_sums_kernel
-        types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
-        types.update(OUT="*fp64")
-        consts = dict(BLOCK_R=1024, BLOCK_C=1)
-        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ts.arg_names}
-        triton.compile(ASTSource(ts, sig, consts), target=target, options=dict(num_warps=8))
-        print("AOT trial_sums", ty)
+        for has_f in (False, True):
+            types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
+            types.update(OUT="*fp64", F="*fp64")
+            consts = dict(HAS_F=has_f, BLOCK_R=1024, BLOCK_C=1)
+            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ts.arg_names}
+            triton.compile(ASTSource(ts, sig, consts), target=target, options=dict(num_warps=8))
+            print("AOT trial_sums", ty, has_f)
+        tp = cg._trial_point_kernel
+        for has_wm in (False, True):
+            types = {a: f"*{ty}" for a in ("W0", "S", "W", "WM", "G")}
+            types.update(pf_hi="fp32", pf_lo="fp32")
+            consts = dict(HAS_WM=has_wm, BLOCK=1024)
+            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in tp.arg_names}
+            triton.compile(ASTSource(tp, sig, consts), target=target, options=dict(num_warps=4))
+            print("AOT trial_point", ty, has_wm)
     # the bound loss-gradient pass's objective launch (fusedml/mmchain/lossgrad.py)
     from fusedml.mmchain import lossgrad
 
@@ -510,7 +558,7 @@ def test_kernels_compile_for_sm90():
     """The decided step's float64 scalar logic (sqrt, selects) and both kernels compile for the GPU."""
     from _sm90 import run_aot
 
-    run_aot(__file__, 14, tools=("ptxas",))
+    run_aot(__file__, 24, tools=("ptxas",))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -372,6 +372,34 @@ class BoundLossGradient:
                                      offset=offset)
         self.one_read = self._run is not None
 
+    def launch_only(self):
+        """The pass without its first launch, for a caller that writes it itself.
+
+        A call first writes ``beta * z`` (zero without ``z``) into the gradient buffer, then
+        accumulates ``alpha * [X,1]^T (c * loss')`` onto it. The callable returned here runs the
+        accumulation (and the objective's launch) alone: whoever calls it must have left
+        ``beta * z`` in :attr:`out` since the previous call (:func:`fusedml.cg.bind_trial_point`
+        writes it with the trial point).
+
+        Returns
+        -------
+        callable or None
+            ``() -> LossGradient``; None off the bound fused one-read path with an ``objective``.
+        """
+        go = getattr(self._run, "launch_only", None)
+        if go is None:
+            return None
+
+        def run():
+            self.calls += 1
+            return _result(self.P, *go())
+        return run
+
+    @property
+    def out(self):
+        """The persistent ``[Dx, m]`` gradient buffer where :meth:`launch_only` applies, else None."""
+        return getattr(self._run, "grad", None)
+
     def __call__(self) -> LossGradient:
         self.calls += 1
         if self._run is not None:
@@ -491,6 +519,12 @@ def _dense_fused(P, code, p, c, return_eta, deterministic, config, bind=False, o
             r()
             go()
             return grad, lsum, eta, hess, obj
+
+        def run_only():  # the caller left beta * z (or zero) in grad
+            r.launch_only()
+            go()
+            return grad, lsum, eta, hess, obj
+        run.launch_only, run.grad = run_only, grad
         return run
     g, lpart = r
     return g, lpart.sum(0, dtype=torch.float64), eta, hess
