@@ -199,6 +199,16 @@ for p in $parts; do
       run trace 240 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 4000000x64 --algo logistic \
         --algo linearsvc --algo poisson --cprofile 40 --trace-dir "$out/traces" --out "$out/profile_fit.json"
       tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
+    ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
+             # this code, interleaved base / new / base / new on one machine start (fused and ops)
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run e2e-ab-$side-$r 200 python3 $root/benchmarks/bench_end_to_end.py --parts dense large --large 4000000x64 \
+            --repeat 5 --backends fused ops --no-plots --out "$out/end_to_end_ab_${side}_$r.json"
+          tail -16 "$log/e2e-ab-$side-$r.log" | grep -E "^\| synthetic" | cut -c1-150
+        done
+      done ;;
     profile-big) run profile-big 150 python3 benchmarks/profile_fit.py --shape 4000000x64 --algo logistic \
                    --algo poisson --cprofile 45 --out "$out/profile_fit_big.json" ;;
     profile-gmm) run profile-gmm 120 python3 benchmarks/profile_fit.py --shape 1000000x16 --algo gmm \

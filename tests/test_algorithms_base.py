@@ -422,6 +422,34 @@ def test_classifier_bad_labels_and_params(rng, cls):
             cls(solver="saga").fit(X, y)
 
 
+@pytest.mark.parametrize("labels", [(0, 1), (-3.5, 2.0), (7, 4)])
+def test_encode_torch_labels_binary_fast_path(labels):
+    """Two distinct torch labels take the sort-free path: the same classes and indices as
+    ``torch.unique``; three labels, one label, NaN and inf keep the general path and its errors."""
+    from algorithms._base import DataInfo, encode_labels
+
+    g = torch.Generator().manual_seed(1)
+    pick = torch.rand(50, generator=g) < 0.4
+    t = torch.where(pick, torch.tensor(float(labels[0])), torch.tensor(float(labels[1])))
+    if isinstance(labels[0], int):
+        t = t.long()
+    info = DataInfo(50, 3, torch.device("cpu"), torch.float32, "dense")
+    classes, idx = encode_labels(t, info)
+    want_c, want_i = torch.unique(t, sorted=True, return_inverse=True)
+    assert torch.equal(classes, want_c) and classes.dtype == t.dtype and torch.equal(idx, want_i)
+    three = t.clone()
+    three[0] = 100
+    classes3, idx3 = encode_labels(three, info)
+    assert len(classes3) == 3 and torch.equal(idx3, torch.unique(three, return_inverse=True)[1])
+    with pytest.raises(ValueError, match="only one class"):
+        encode_labels(torch.full((50,), 2.0), info)
+    for bad in (float("nan"), float("inf")):
+        tb = t.double()
+        tb[3] = bad
+        with pytest.raises(ValueError, match="NaN|inf"):
+            encode_labels(tb, info)
+
+
 def test_integer_and_list_inputs_and_score_weights(rng):
     X, y = _xy(rng, "class")
     Xi = np.round(X * 10).astype(np.int64)
