@@ -714,7 +714,8 @@ class LinearObjective:
                 out = out.unsqueeze(1)
             return out if out.dtype == dtype else out.to(dtype)
         run.persistent = getattr(op, "persistent", False) and op.P.acc_dtype == dtype  # each call: one buffer
-        bare = op.launch_only() if run.persistent else None
+        lo = getattr(op, "launch_only", None)
+        bare = lo() if run.persistent and lo is not None else None
         if bare is not None:
             # a CG engine that forms the next direction D can write the product's start l2 * mask * D
             # in the same launch (fusedml.cg's prefill): then no mask and beta * z launches here
@@ -872,7 +873,8 @@ class LinearObjective:
     def _trial_point(self, W0, S, W, Wm, op):
         """``(bound trial-point launch, op's launch_only)`` for ``W = W0 + S`` into a slot, or None
         where they do not apply (kept per source, slot and step buffer: a few per fit)."""
-        go = op.launch_only()
+        lo = getattr(op, "launch_only", None)
+        go = None if lo is None else lo()
         if go is None or not (W0.is_contiguous() and S.is_contiguous() and S.shape == W.shape
                               and S.dtype == W.dtype and op.out.dtype == W.dtype):
             return None
