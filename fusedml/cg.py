@@ -24,12 +24,17 @@ from ._launch import bind as bind_launch, launch
 from .mmchain.dense import _split
 
 __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "bind_trial_sums", "cg_control",
-           "control_slice",
-           "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
+           "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
+
+
+@triton.jit
+def _f64(hi, lo):
+    """The float64 value of an fp32 hi/lo pair (:func:`fusedml.mmchain.dense._split`)."""
+    return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
 
 
 @triton.jit
@@ -143,9 +148,8 @@ def _cg_update_kernel(
             tl.store(Dv + at, dn.to(r.dtype), mask=m)
             if PREFILL:  # W may be Ad itself: this program read its entries in sweeps 1 and 2
                 keep = (rows < pf_rows)[:, None]
-                pf = tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)
                 tl.store(W + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
-                         tl.where(keep, pf * dn, 0.0).to(W.dtype.element_ty), mask=m)
+                         tl.where(keep, _f64(pf_hi, pf_lo) * dn, 0.0).to(W.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -162,7 +166,7 @@ def _cg_restart_kernel(S, R, Dv, G, BETA, W, n, K, P, sg_n, sg_k, sw_n, sw_k, pf
     tl.store(R + i, r, mask=m)
     tl.store(Dv + i, r, mask=m)
     if PREFILL:
-        wv = tl.where(row < pf_rows, (tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)) * r.to(tl.float64), 0.0)
+        wv = tl.where(row < pf_rows, _f64(pf_hi, pf_lo) * r.to(tl.float64), 0.0)
         tl.store(W + row * sw_n + (i % K) * sw_k, wv.to(W.dtype.element_ty), mask=m)
     if tl.program_id(0) == 0:
         jp = tl.arange(0, 16)
@@ -244,7 +248,7 @@ def _trial_point_kernel(W0, S, W, WM, G, numel, K, pf_hi, pf_lo, pf_rows,
     wm = tl.where(i // K < pf_rows, w, 0.0)
     if HAS_WM:
         tl.store(WM + i, wm, mask=m)
-    gv = (tl.cast(pf_hi, tl.float64) + tl.cast(pf_lo, tl.float64)) * wm.to(tl.float64)
+    gv = _f64(pf_hi, pf_lo) * wm.to(tl.float64)
     tl.store(G + i, gv.to(G.dtype.element_ty), mask=m)
 
 
