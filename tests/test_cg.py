@@ -402,7 +402,7 @@ def test_bind_trial_point(masked, dtype):
         bind_trial_point(W0, S, W, None, G[:-1], scale, rows)
 
 
-@pytest.mark.parametrize("case", ["logistic", "svc-ovr"])
+@pytest.mark.parametrize("case", ["logistic", "svc-ovr", "multinomial", "poisson", "logistic-fp64"])
 def test_tron_prefilled_products(monkeypatch, case):
     """TRON's CG engine on bound fused products leaves each product's ``beta * z`` start to its
     update and restart kernels (``BoundMMChain.launch_only``), and each trial point's gradient
@@ -413,8 +413,11 @@ def test_tron_prefilled_products(monkeypatch, case):
     from algorithms import _solvers
 
     monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
-    make, X, y = _solver_case(case)
-    fit = lambda: make().set_params(backend="fused", tol=1e-6 if case == "logistic" else 1e-4).fit(X, y)  # noqa: E731
+    make, X, y = _solver_case(case.replace("-fp64", ""))
+    if case.endswith("fp64"):
+        X = X.astype(np.float64)
+    tol = 1e-6 if case.startswith("logistic") else 1e-4
+    fit = lambda: make().set_params(backend="fused", tol=tol).fit(X, y)  # noqa: E731
     engines = []
     real_init = _solvers._CGEngine.__init__
     monkeypatch.setattr(_solvers._CGEngine, "__init__",
@@ -547,7 +550,8 @@ def _aot():
 
     ob = lossgrad._objective_kernel
     for ty, coupled in (("fp32", True), ("fp64", False)):
-        types = dict(LPART="*fp64", Z=f"*{ty}", SC="*fp64", OFF="*fp64", LOSS="*fp64", OBJ="*fp64")
+        types = dict(LPART="*fp64", Z=f"*{ty}", OFF="*fp64", LOSS="*fp64", OBJ="*fp64", a_hi="fp32", a_lo="fp32",
+                     hb_hi="fp32", hb_lo="fp32")
         consts = dict(COUPLED=coupled, HAS_Z=True, HAS_OFF=True, BLOCK_G=256, BLOCK_M=4, BLOCK_R=256)
         sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ob.arg_names}
         triton.compile(ASTSource(ob, sig, consts), target=target, options=dict(num_warps=4))

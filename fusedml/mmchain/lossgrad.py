@@ -32,6 +32,7 @@ from .._dispatch import resolve_backend
 from .._launch import bind as bind_launch
 from .._validation import CSRMatrix
 from ._checks import _operand, _scalar, check_bindable, prepare_mmchain
+from .dense import _split
 
 __all__ = ["LOSSES", "BoundLossGradient", "LossGradient", "bind_loss_gradient", "loss_gradient", "loss_terms",
            "one_read"]
@@ -268,8 +269,8 @@ def _objective_torch(P, lsum, objective, offset):
 
 @triton.jit
 def _objective_kernel(
-    LPART, Z, SC, OFF, LOSS, OBJ,  # LPART [G, M] float64; Z [DZ, M]; SC [alpha, beta/2] float64
-    G, M, DZ, stride_zn, stride_zk,
+    LPART, Z, OFF, LOSS, OBJ,  # LPART [G, M] float64; Z [DZ, M]
+    G, M, DZ, stride_zn, stride_zk, a_hi, a_lo, hb_hi, hb_lo,  # alpha and beta / 2 as fp32 hi/lo pairs
     COUPLED: tl.constexpr, HAS_Z: tl.constexpr, HAS_OFF: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
@@ -283,7 +284,7 @@ def _objective_kernel(
         acc += tl.load(LPART + rows[:, None] * M + jm[None, :], mask=(rows < G)[:, None] & cm[None, :], other=0.0)
     lsum = tl.sum(acc, axis=0)
     tl.store(LOSS + jm, lsum, mask=cm)
-    obj = tl.load(SC) * lsum
+    obj = (tl.cast(a_hi, tl.float64) + tl.cast(a_lo, tl.float64)) * lsum
     if HAS_Z:
         orr = tl.arange(0, BLOCK_R)
         zz = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float64)
@@ -292,7 +293,7 @@ def _objective_kernel(
             zv = tl.load(Z + rows[:, None] * stride_zn + jm[None, :] * stride_zk,
                          mask=(rows < DZ)[:, None] & cm[None, :], other=0.0).to(tl.float64)
             zz += zv * zv
-        obj += tl.load(SC + 1) * tl.sum(zz, axis=0)
+        obj += (tl.cast(hb_hi, tl.float64) + tl.cast(hb_lo, tl.float64)) * tl.sum(zz, axis=0)
     if COUPLED:
         tot = tl.sum(tl.where(cm, obj, 0.0), axis=0)
         if HAS_OFF:
@@ -310,12 +311,11 @@ def _bind_objective(P, lpart, objective, offset):
     has_z = P.z is not None and P.beta != 0.0
     lsum = torch.empty(m, dtype=torch.float64, device=dev)
     obj = torch.empty(1 if objective == "sum" else m, dtype=torch.float64, device=dev)
-    sc = torch.tensor([P.alpha, 0.5 * P.beta], dtype=torch.float64).to(dev)
     z = P.z if has_z else lpart
     block_m = triton.next_power_of_2(m)
     go = bind_launch(_objective_kernel, (1,),
-                     (lpart, z, sc, offset if offset is not None else sc, lsum, obj, lpart.shape[0], m,
-                      P.Dx if has_z else 0, z.stride(0), z.stride(1)),
+                     (lpart, z, offset if offset is not None else lsum, lsum, obj, lpart.shape[0], m,
+                      P.Dx if has_z else 0, z.stride(0), z.stride(1), *_split(P.alpha), *_split(0.5 * P.beta)),
                      dict(COUPLED=objective == "sum", HAS_Z=has_z, HAS_OFF=offset is not None,
                           BLOCK_G=max(1, 1024 // block_m), BLOCK_M=block_m, BLOCK_R=max(1, 1024 // block_m)),
                      num_warps=4)
