@@ -77,13 +77,10 @@ class StopRule:
         The same test on Python floats per problem: ``gmax`` the largest ``|g|`` entry, ``gnorm``
         and ``gnorm0`` the gradient norms (TRON's accept test takes this form when its sums come
         from :func:`fusedml.cg.trial_sums`).
-    rule : tuple (name, value), optional
-        The test as :func:`fusedml.cg.tron_accept` evaluates it (one of ``fusedml.cg.TRON_STOPS``
-        and its parameter), for one problem: TRON's outer decisions then run on the device.
     """
 
-    def __init__(self, device, host, rule=None):
-        self.device, self.host, self.rule = device, host, rule
+    def __init__(self, device, host):
+        self.device, self.host = device, host
 
     def __call__(self, g, gnorm, gnorm0):
         return self.device(g, gnorm, gnorm0)
@@ -102,8 +99,7 @@ def max_abs_grad_stop(tol):
     """
     tol = float(tol)
     return StopRule(lambda g, gnorm, gnorm0: (g.abs().amax() <= tol).reshape(1),
-                    lambda gmax, gnorm, gnorm0: [all(x <= tol for x in gmax)],  # NaN: False
-                    rule=("max_abs_grad", tol))
+                    lambda gmax, gnorm, gnorm0: [all(x <= tol for x in gmax)])  # NaN: False
 
 
 def relative_grad_norm_stop(scale):
@@ -120,8 +116,7 @@ def relative_grad_norm_stop(scale):
     """
     host_scale = [float(x) for x in scale.reshape(-1).tolist()]
     return StopRule(lambda g, gnorm, gnorm0: gnorm <= scale * gnorm0,
-                    lambda gmax, gnorm, gnorm0: [a <= c * b for a, b, c in zip(gnorm, gnorm0, host_scale)],
-                    rule=("relative_grad_norm", host_scale[0]) if len(host_scale) == 1 else None)
+                    lambda gmax, gnorm, gnorm0: [a <= c * b for a, b, c in zip(gnorm, gnorm0, host_scale)])
 
 
 def _precision(dtype):
@@ -541,46 +536,6 @@ def _boundary(std, sts, dtd, dsq):
     return _finite_or(a, 0.0)
 
 
-def _tron_outer(f, fnew, gs, sR, ss, delta, it, reach, thr):
-    """One problem's TRON outer decisions (LIBLINEAR's), in float64 Python: the step norm and
-    ``(new radius, accept, stalled, fnew)`` from the objective ``f``, the trial objective, the sums
-    ``g^T S``, ``S^T R``, ``S^T S``, the radius, the iteration (a first step caps the radius at
-    ``||S||``) and whether CG reached the boundary. :func:`fusedml.cg.tron_accept` does the same
-    on the device."""
-    eta0, eta1, eta2 = 1e-4, 0.25, 0.75
-    sigma1, sigma2, sigma3 = 0.25, 0.5, 4.0
-    if not math.isfinite(fnew):
-        fnew = math.inf
-    sn = math.sqrt(max(ss, 0.0))
-    dl = delta
-    if it == 1:
-        dl = min(dl, sn)
-    prered = -0.5 * (gs - sR)
-    actred = f - fnew
-    denom = fnew - f - gs
-    if denom <= 0:
-        al = sigma3
-    else:
-        al = max(-0.5 * (gs / denom), sigma1) if math.isfinite(denom) else sigma1
-    if not math.isfinite(al):
-        al = sigma1
-    if actred < eta0 * prered:
-        dl = min(al * sn, sigma2 * dl)
-    elif actred < eta1 * prered:
-        dl = max(sigma1 * dl, min(al * sn, sigma2 * dl))
-    elif actred < eta2 * prered:
-        dl = max(sigma1 * dl, min(al * sn, sigma3 * dl))
-    elif reach:
-        dl = sigma3 * dl
-    else:
-        dl = max(dl, min(al * sn, sigma3 * dl))
-    accept = actred > eta0 * prered
-    absf = abs(f)
-    # LIBLINEAR's "no progress" exits; a tiny but accepted step still counts as progress
-    stalled = (prered <= 0) or (not accept and abs(actred) <= thr * absf and abs(prered) <= thr * absf)
-    return sn, (dl, accept, stalled, fnew)
-
-
 def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
 
@@ -714,6 +669,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     -------
     SolverResult
     """
+    eta0, eta1, eta2 = 1e-4, 0.25, 0.75
+    sigma1, sigma2, sigma3 = 0.25, 0.5, 4.0
     dot = obj.dot
     if max_cg is None:
         max_cg = max(W0.numel() if obj.coupled else W0.shape[0], 1)
@@ -745,9 +702,6 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     sum_ops = {}  # bound trial_sums launches by their vectors
     if history is not None:
         history.add(0, sum(f), max(gnorm), 0.0, cg_iter=0)
-    if _device_tron_applies(obj, st, g, hs, P, stop):
-        return _tron_device(obj, st, g, hs, f, gnorm, conv, stop, step, max_iter=max_iter, max_cg=max_cg,
-                            eps_cg=eps_cg, thr=thr, history=history)
     for it in range(1, max_iter + 1):
         if not any(active):
             break
@@ -780,11 +734,40 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
             conv_t = [x > 0.5 for x in v[5 * P:6 * P]]
         accept, snorm = [False] * P, [0.0] * P
         for j in range(P):
-            snorm[j], step_ = _tron_outer(f[j], v[j], v[P + j], v[2 * P + j], v[3 * P + j], delta[j], it, reach[j], thr)
+            fnew, gs, sR, ss = v[j], v[P + j], v[2 * P + j], v[3 * P + j]
+            if not math.isfinite(fnew):
+                fnew = math.inf
+            snorm[j] = sn = math.sqrt(max(ss, 0.0))
             if not active[j]:
                 continue
-            delta[j], accept[j], stalled[j], fnew = step_
+            dl = delta[j]
+            if it == 1:
+                dl = min(dl, sn)
+            prered = -0.5 * (gs - sR)
+            actred = f[j] - fnew
+            denom = fnew - f[j] - gs
+            if denom <= 0:
+                al = sigma3
+            else:
+                al = max(-0.5 * (gs / denom), sigma1) if math.isfinite(denom) else sigma1
+            if not math.isfinite(al):
+                al = sigma1
+            if actred < eta0 * prered:
+                dl = min(al * sn, sigma2 * dl)
+            elif actred < eta1 * prered:
+                dl = max(sigma1 * dl, min(al * sn, sigma2 * dl))
+            elif actred < eta2 * prered:
+                dl = max(sigma1 * dl, min(al * sn, sigma3 * dl))
+            elif reach[j]:
+                dl = sigma3 * dl
+            else:
+                dl = max(dl, min(al * sn, sigma3 * dl))
+            delta[j] = dl
+            accept[j] = actred > eta0 * prered
             n_iter[j] += 1
+            absf = abs(f[j])
+            # LIBLINEAR's "no progress" exits; a tiny but accepted step still counts as progress
+            stalled[j] = (prered <= 0) or (not accept[j] and abs(actred) <= thr * absf and abs(prered) <= thr * absf)
             if accept[j]:
                 f[j] = fnew
         if any(accept):
@@ -807,96 +790,6 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         obj.__dict__.pop(k, None)
     status = ["converged" if c else ("stalled" if s else "max_iter") for c, s in zip(conv, stalled)]
     return SolverResult(st["W"], n_iter, status, st)
-
-
-def _device_tron_applies(obj, st, g, hs, P, stop):
-    """Whether :func:`_tron_device` takes the fit: one problem, the kernels' CG steps and sums (CUDA,
-    or forced under the interpreter), a stop rule the accept kernel knows, ``FUSEDML_DEVICE_TRON``
-    not 0."""
-    if os.environ.get("FUSEDML_DEVICE_TRON", "1") == "0" or P != 1 or getattr(stop, "rule", None) is None:
-        return False
-    if not (cg_update_applies(g, 1) and trial_sums_applies((g, g, g, g), 1)):
-        return False
-    return all(v.is_contiguous() for v in hs.values() if isinstance(v, torch.Tensor))
-
-
-def _tron_device(obj, st, g, hs, f, gnorm, conv, stop, step, *, max_iter, max_cg, eps_cg, thr, history):
-    """:func:`tron` for one problem with its outer decisions on the device.
-
-    The current point lives in fixed buffers (W, g, the Hessian state); each iteration queues, with
-    no host read in between: the trial point and its objective-and-gradient pass, the accept-test
-    sums (:func:`fusedml.cg.trial_sums`), the accept test, radius and stop rule
-    (:func:`fusedml.cg.tron_accept`, the host's float64 arithmetic), the accepted point copied
-    into the current buffers (``torch.where`` on the device's flag), and the next CG solve's
-    control block and restart. The host then reads the state block once (pinned copy, event) and
-    queues the CG steps (device-decided, as :func:`_trcg`). The decisions and results are the host
-    loop's; what goes is the host's turn between the accept test and the next CG step.
-    """
-    from fusedml.cg import TRON, bind_tron_accept, bind_tron_begin, tron_accept
-
-    dev = g.device
-    cur_W = st["W"].clone(memory_format=torch.contiguous_format)
-    cur_g = g.clone(memory_format=torch.contiguous_format)
-    cur_h = {k: (v.clone(memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else v)
-             for k, v in hs.items()}
-    cur = {"W": cur_W}
-    bind = getattr(obj, "hessp_op", None)
-    eng = _CGEngine(lambda D: obj.hessp(cur_h, D), obj.dot, cur_g, 1, graph_safe(getattr(obj, "X", None))
-                    and dev.type == "cuda", obj, sparse=is_csr(obj.X),
-                    bind=None if bind is None else (lambda D: bind(cur_h, D)), decide="tr")
-    name, value = stop.rule
-    T = torch.tensor([f[0], gnorm[0], gnorm[0], gnorm[0], 0.0 if conv[0] else 1.0, 1.0 if conv[0] else 0.0, 0.0,
-                      0.0, 0.0, float(value), thr, float(eps_cg), 0.0, 0.0], dtype=torch.float64).to(dev)
-    acc_u8 = torch.zeros(1, dtype=torch.uint8, device=dev)
-    acc = acc_u8.view(torch.bool)
-    begin = bind_tron_begin(T, eng.ctl)
-    read_T = _Snapshots(T, 2)
-    sum_ops = {}
-    state = dict(zip(TRON, T.tolist()))
-
-    def queue_begin():
-        begin()
-        eng._restart(cur_g, negate=True)
-
-    queue_begin()
-    for it in range(1, max_iter + 1):
-        if state["active"] < 0.5:
-            break
-        gn, dl = state["gnorm"], state["delta"]
-        c = eps_cg * gn
-        run = math.sqrt(gn * gn) > c
-        n_cg = 0
-        if run:  # the control block the begin kernel wrote, as the host computes it (for the queueing guess)
-            eng.control0 = cg_control([gn * gn], [c * c], [True], [dl * dl])
-            seen, _ = _decided_steps(eng, max_cg, tr=True)
-            n_cg = int(round(seen[-1][control_slice("steps", 1)][0]))
-        stn, g_t, hs_t = step(cur, eng.S)
-        f_t = stn["f"].reshape(-1).to(torch.float64)
-        if stn.get("bound"):  # the sums and the accept test bound to the trial buffers
-            def make(g_t=g_t, f_t=f_t):
-                go = bind_trial_sums(cur_g, eng.S, eng.R, g_t, 1, f=f_t)
-                res = getattr(go, "result", None)  # the sums' persistent buffer
-                test = bind_tron_accept(T, go() if res is None else res, eng.ctl, acc_u8, name)
-                return lambda: (go(), test())
-            _bound_call(sum_ops, (id(g_t), f_t.data_ptr()), make)
-        else:
-            tron_accept(T, trial_sums(cur_g, eng.S, eng.R, g_t, 1, f=f_t.contiguous()), eng.ctl, acc_u8, name)
-        torch.where(acc, stn["W"], cur_W, out=cur_W)  # the accepted point becomes the current one
-        torch.where(acc, g_t, cur_g, out=cur_g)
-        for k, v in hs_t.items():
-            if isinstance(v, torch.Tensor):
-                torch.where(acc, v, cur_h[k], out=cur_h[k])
-        read = read_T.take()
-        if it < max_iter:
-            queue_begin()  # the next solve's start, before the host knows whether there is one
-        state = dict(zip(TRON, read()))
-        if history is not None:
-            history.add(it, state["f"], state["gnorm"], state["snorm"], cg_iter=n_cg)
-    for k in ("_lg_slots", "_points"):
-        obj.__dict__.pop(k, None)
-    status = ["converged" if state["conv"] > 0.5 else ("stalled" if state["stalled"] > 0.5 else "max_iter")]
-    f_dev = torch.tensor([state["f"]], dtype=torch.float64, device=dev)
-    return SolverResult(cur_W, [int(state["n_iter"])], status, {"W": cur_W, "eta": None, "f": f_dev})
 
 
 # --------------------------------------------------------------------------------------------

@@ -153,11 +153,7 @@ for p in $parts; do
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
-                  tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_cg.py ;;
-    dtron-ab) run dtron-ab 240 python3 benchmarks/host_overhead.py --ab-only --ab-var FUSEDML_DEVICE_TRON \
-                --ab-values 1 0 --ab-reps 7 --ab-algos logistic multinomial linearsvc poisson \
-                --ab-shapes 1000000x100 4000000x64 --out "$out/dtron_ab.json"
-              grep -E "^\| fit" "$log/dtron-ab.log" | head -40 ;;
+                  tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py ;;
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     solver-ops-prec) run solver-ops-prec 240 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                        --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;

@@ -13,8 +13,7 @@ the device work is a few microseconds, so that every call's wall time is its hos
   (``--ab-var``: ``FUSEDML_CUDA_GRAPHS``, the CG steps replayed from CUDA graphs or eager;
   ``FUSEDML_CG_LAG``, device-decided CG steps queued 0 / 1 / ... steps ahead of the host;
   ``FUSEDML_FUSED_CG``, the vector half of each CG step in one launch or ~15 torch launches;
-  ``FUSEDML_BIND``, the trial points, CG updates and accept-test sums as bound launches or not;
-  ``FUSEDML_DEVICE_TRON``, one problem's TRON outer decisions on the device or the host),
+  ``FUSEDML_BIND``, the trial points, CG updates and accept-test sums as bound launches or not),
   per backend (median of ``--ab-reps``).
 
     python benchmarks/host_overhead.py [--calls 300] [--out FILE]
@@ -91,7 +90,7 @@ def _sync(dev):
 
 AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG update",
            "FUSEDML_CAPTURE_AFTER": "CG steps captured after", "FUSEDML_CG_LAG": "CG steps queued ahead",
-           "FUSEDML_BIND": "bound launches", "FUSEDML_DEVICE_TRON": "TRON decisions on the device"}
+           "FUSEDML_BIND": "bound launches"}
 
 
 def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge"), values=("1", "0")):

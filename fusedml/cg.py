@@ -23,9 +23,8 @@ from ._dispatch import interpret_mode
 from ._launch import bind as bind_launch, launch
 from .mmchain.dense import _split
 
-__all__ = ["CONTROL", "TRON", "TRON_STOPS", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "bind_tron_begin",
-           "bind_tron_accept", "bind_trial_sums", "cg_control", "control_slice", "cg_update", "cg_update_applies", "trial_sums",
-           "trial_sums_applies", "tron_accept"]
+__all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "bind_trial_sums", "cg_control",
+           "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
@@ -464,11 +463,10 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
 
 
 def _returning(go, res):
-    """``() -> res`` after the bound launch ``go`` (``res`` also as the callable's ``result``)."""
+    """``() -> res`` after the bound launch ``go``."""
     def run():
         go()
         return res
-    run.result = res
     return run
 
 
@@ -631,182 +629,3 @@ def bind_trial_sums(g, S, R, g_t, P: int, f=None):
     """
     out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P, f)
     return _returning(bind_launch(kernel, grid, args, consts, num_warps=8), out)
-
-
-#: the state block of a device-decided TRON loop with one problem (:func:`tron_accept`): float64,
-#: field f at ``TRON.index(f)``
-TRON = ("f", "delta", "gnorm", "gnorm0", "active", "conv", "stalled", "it", "n_iter", "stop", "thr", "eps_cg",
-        "snorm", "n_cg")
-#: the stop rules :func:`tron_accept` evaluates: ``max |g| <= stop`` and ``||g|| <= stop * ||g0||``
-TRON_STOPS = ("max_abs_grad", "relative_grad_norm")
-
-
-@triton.jit
-def _pymax(a, b):
-    """Python's ``max(a, b)``: ``b`` only if ``b > a`` (so a NaN ``a`` stays, a NaN ``b`` does not win)."""
-    return tl.where(b > a, b, a)
-
-
-@triton.jit
-def _pymin(a, b):
-    return tl.where(b < a, b, a)
-
-
-@triton.jit
-def _isfinite(x):
-    return (x == x) & (tl.abs(x) < float("inf"))
-
-
-@triton.jit
-def _tron_begin_kernel(T, CTL):
-    # a CG solve's control block (cg_control) from the TRON state: rTr = ||g||^2, dsq = delta^2,
-    # tol2 = (eps_cg ||g||)^2, run = active and ||g|| > eps_cg ||g||; the step counters zeroed
-    gn = tl.load(T + 2)
-    dl = tl.load(T + 1)
-    c = tl.load(T + 11) * gn
-    rtr = gn * gn
-    run = (tl.load(T + 4) > 0.5) & (tl.sqrt(rtr) > c)
-    tl.store(CTL + 0, rtr)
-    tl.store(CTL + 1, dl * dl)
-    tl.store(CTL + 2, c * c)
-    tl.store(CTL + 3, tl.where(run, 1.0, 0.0))
-    for i in tl.static_range(4, 10):
-        tl.store(CTL + i, 0.0)
-
-
-@triton.jit
-def _tron_accept_kernel(T, SUMS, CTL, ACC, KIND: tl.constexpr):
-    # LIBLINEAR's TRON outer step for one problem, as algorithms._solvers.tron does it on the host
-    # (same float64 operations in the same order): the accept test, the radius, the stop rules.
-    # SUMS [f_t, g^T S, S^T R, S^T S, ||g_t||^2, max |g_t|] (trial_sums with f); CTL the CG's block.
-    eta0, eta1, eta2 = 1e-4, 0.25, 0.75
-    sigma1, sigma2, sigma3 = 0.25, 0.5, 4.0
-    f = tl.load(T + 0)
-    delta = tl.load(T + 1)
-    gnorm = tl.load(T + 2)
-    gnorm0 = tl.load(T + 3)
-    act = tl.load(T + 4) > 0.5
-    conv = tl.load(T + 5) > 0.5
-    stalled = tl.load(T + 6) > 0.5
-    it = tl.load(T + 7) + 1.0
-    n_iter = tl.load(T + 8)
-    stopv = tl.load(T + 9)
-    thr = tl.load(T + 10)
-    fnew = tl.load(SUMS + 0)
-    gs = tl.load(SUMS + 1)
-    sr = tl.load(SUMS + 2)
-    ss = tl.load(SUMS + 3)
-    gg = tl.load(SUMS + 4)
-    gmax = tl.load(SUMS + 5)
-    reach = tl.load(CTL + 4) > 0.5
-    fnew = tl.where(_isfinite(fnew), fnew, float("inf"))
-    sn = tl.sqrt(_pymax(ss, 0.0))
-    gn_t = tl.where(_isfinite(gg), tl.sqrt(_pymax(gg, 0.0)), gg)
-    if KIND == 0:
-        conv_t = gmax <= stopv
-    else:
-        conv_t = gn_t <= stopv * gnorm0
-    dl = tl.where(it == 1.0, _pymin(delta, sn), delta)
-    prered = -0.5 * (gs - sr)
-    actred = f - fnew
-    denom = fnew - f - gs
-    al = tl.where(denom <= 0.0, sigma3, tl.where(_isfinite(denom), _pymax(-0.5 * (gs / denom), sigma1), sigma1))
-    al = tl.where(_isfinite(al), al, sigma1)
-    d0 = _pymin(al * sn, sigma2 * dl)
-    d1 = _pymax(sigma1 * dl, _pymin(al * sn, sigma2 * dl))
-    d2 = _pymax(sigma1 * dl, _pymin(al * sn, sigma3 * dl))
-    d4 = _pymax(dl, _pymin(al * sn, sigma3 * dl))
-    dl = tl.where(actred < eta0 * prered, d0, tl.where(actred < eta1 * prered, d1, tl.where(
-        actred < eta2 * prered, d2, tl.where(reach, sigma3 * dl, d4))))
-    accept = actred > eta0 * prered
-    absf = tl.abs(f)
-    stl = (prered <= 0.0) | ((~accept) & (tl.abs(actred) <= thr * absf) & (tl.abs(prered) <= thr * absf))
-    acc = act & accept
-    delta = tl.where(act, dl, delta)
-    n_iter = n_iter + tl.where(act, 1.0, 0.0)
-    stalled = tl.where(act, stl, stalled)
-    f = tl.where(acc, fnew, f)
-    gnorm = tl.where(acc, gn_t, gnorm)
-    conv = tl.where(acc, conv_t, conv)
-    stalled = tl.where(act, stalled & (~conv), stalled)
-    act = tl.where(act, (~conv) & (~stalled), act)
-    tl.store(T + 0, f)
-    tl.store(T + 1, delta)
-    tl.store(T + 2, gnorm)
-    tl.store(T + 4, tl.where(act, 1.0, 0.0))
-    tl.store(T + 5, tl.where(conv, 1.0, 0.0))
-    tl.store(T + 6, tl.where(stalled, 1.0, 0.0))
-    tl.store(T + 7, it)
-    tl.store(T + 8, n_iter)
-    tl.store(T + 12, sn)
-    tl.store(T + 13, tl.load(CTL + 5))
-    tl.store(ACC, tl.where(acc, 1, 0).to(tl.uint8))
-
-
-def _check_tron_state(state, control):
-    if (state.numel() != len(TRON) or state.dtype != torch.float64 or not state.is_contiguous()
-            or control.numel() != len(CONTROL) or control.dtype != torch.float64 or control.device != state.device):
-        raise ValueError(f"state must be {len(TRON)} contiguous float64 values and control {len(CONTROL)} float64 "
-                         f"values (one problem), on one device")
-
-
-def bind_tron_begin(state, control):
-    """A device-decided TRON iteration's CG control block from its state, in one launch.
-
-    Parameters
-    ----------
-    state : torch.Tensor
-        [len(TRON)] float64 (:data:`TRON`), one problem.
-    control : torch.Tensor
-        [len(CONTROL)] float64 on the same device: written as :func:`cg_control` would make it
-        (``rTr = gnorm^2``, ``dsq = delta^2``, ``tol2 = (eps_cg gnorm)^2``, run while active).
-
-    Returns
-    -------
-    callable
-        ``() -> None``: one launch (:func:`fusedml._launch.bind`).
-    """
-    _check_tron_state(state, control)
-    return bind_launch(_tron_begin_kernel, (1,), (state, control), {}, num_warps=1)
-
-
-def tron_accept(state, sums, control, accept, rule):
-    """A trust-region Newton step's outer decisions on the device (one problem, one launch).
-
-    LIBLINEAR's TRON as ``algorithms._solvers.tron`` makes it on the host, in the same float64
-    operations: the actual and predicted reductions from the trial objective and the accept-test
-    sums, the new radius (a first step caps it at ``||S||``), accept or reject, the "no progress"
-    test, the stop rule at the trial gradient; ``state`` updated in place (``f``, ``delta``,
-    ``gnorm``, ``active``, ``conv``, ``stalled``, ``it``, ``n_iter``, ``snorm``, ``n_cg``).
-
-    Parameters
-    ----------
-    state : torch.Tensor
-        [len(TRON)] float64 (:data:`TRON`).
-    sums : torch.Tensor
-        [6] float64: the trial objective, then :func:`trial_sums`' five sums (``trial_sums(...,
-        f=)``).
-    control : torch.Tensor
-        The solve's CG control block (:data:`CONTROL`, one problem): its ``reach`` and ``steps``.
-    accept : torch.Tensor
-        [1] uint8: set to 1 where the trial point is taken (for device-side selects).
-    rule : str
-        One of :data:`TRON_STOPS`; its parameter is ``state``'s ``stop``.
-    """
-    launch(*_tron_accept_spec(state, sums, control, accept, rule), num_warps=1)
-
-
-def bind_tron_accept(state, sums, control, accept, rule):
-    """:func:`tron_accept` over fixed buffers, checked once (``() -> None``, one launch)."""
-    return bind_launch(*_tron_accept_spec(state, sums, control, accept, rule), num_warps=1)
-
-
-def _tron_accept_spec(state, sums, control, accept, rule):
-    """Checked ``(kernel, grid, args, consts)`` of :func:`tron_accept`."""
-    _check_tron_state(state, control)
-    if (sums.numel() != 6 or sums.dtype != torch.float64 or not sums.is_contiguous() or accept.numel() != 1
-            or accept.dtype != torch.uint8):
-        raise ValueError("sums must be 6 contiguous float64 values and accept one uint8")
-    if rule not in TRON_STOPS:
-        raise ValueError(f"rule must be one of {TRON_STOPS}, got {rule!r}")
-    return _tron_accept_kernel, (1,), (state, sums, control, accept), dict(KIND=TRON_STOPS.index(rule))
