@@ -197,7 +197,7 @@ for p in $parts; do
                --algo logistic --algo linearsvc --cprofile 30 --out "$out/profile_fit.json" ;;
     trace)  # session 22: Chrome traces of whole fits (plain and with Python stacks) for their GPU idle gaps
       run trace 240 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 4000000x64 --algo logistic \
-        --algo linearsvc --algo poisson --cprofile 40 --trace-dir "$out/traces" --out "$out/profile_fit.json"
+        --algo linearsvc --algo poisson --cprofile 40 --trace-dir "$out/traces" --trace-stacks --out "$out/profile_fit.json"
       tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
     ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
              # this code, interleaved base / new / base / new on one machine start (fused and ops)

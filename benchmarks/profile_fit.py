@@ -70,9 +70,11 @@ def operator_rows(X, backend, n_calls):
     return rows
 
 
-def profile_fit(make, X, y, n_top=8, trace=None):
+def profile_fit(make, X, y, n_top=8, trace=None, stacks=False):
     """Profile one warm fit: wall, summed kernel time, launches, syncs, top kernels; with ``trace``
-    (a path) also the fit's Chrome trace, for its GPU idle gaps (``benchmarks/trace_gaps.py``)."""
+    (a path) also the fit's Chrome trace, for its GPU idle gaps (``benchmarks/trace_gaps.py``), and
+    with ``stacks`` a second fit's trace with Python stacks (``-stack.json``; huge under the
+    Triton interpreter)."""
     from torch.profiler import ProfilerActivity, profile
 
     make().fit(X, y)  # warm: compiles, caches
@@ -88,6 +90,7 @@ def profile_fit(make, X, y, n_top=8, trace=None):
         wall = time.perf_counter() - t0
     if trace:
         prof.export_chrome_trace(trace)
+    if trace and stacks:
         est2 = make()  # again with Python stacks: slower, but names the host code behind each gap
         with profile(activities=acts, with_stack=True) as prof2:
             est2.fit(X, y)
@@ -161,6 +164,7 @@ def main(argv=None):
     ap.add_argument("--cprofile", type=int, default=0, metavar="K",
                     help="also print the K host functions with the most own and cumulative time in one fused fit")
     ap.add_argument("--trace-dir", default=None, help="write each profiled fit's Chrome trace here")
+    ap.add_argument("--trace-stacks", action="store_true", help="with --trace-dir: also a trace with Python stacks")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
@@ -186,7 +190,7 @@ def main(argv=None):
                 if args.trace_dir:
                     os.makedirs(args.trace_dir, exist_ok=True)
                     trace = os.path.join(args.trace_dir, f"trace-{a}-{shape}-{be}.json")
-                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y, trace=trace)
+                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y, trace=trace, stacks=args.trace_stacks)
                 if args.cprofile and be == "fused":
                     host_profile(lambda: cls(backend=be, **params), ds.X, ds.y, args.cprofile)
                 fit_rows.append(dict(r, shape=shape, algo=a, backend=be))

@@ -441,6 +441,39 @@ def test_profile_fit_smoke(tmp_path):
     assert all(r["wall_ms"] > 0 for r in rows)
 
 
+def test_profile_fit_trace_and_gaps(tmp_path, capsys):
+    """``profile_fit.py --trace-dir`` writes a fit's Chrome trace; ``trace_gaps.py`` measures a
+    synthetic trace exactly: GPU busy time, idle gaps with the host calls inside them, the host's
+    time blocked in syncs, and the library functions' inclusive and blocked time."""
+    import json
+
+    _bench_module("profile_fit").main(["--shape", "300x6", "--calls", "1", "--backends", "ops",
+                                       "--trace-dir", str(tmp_path), "--out", str(tmp_path / "p.json")])
+    assert (tmp_path / "trace-logistic-300x6-ops.json").exists()
+    ev = [
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0.0, "dur": 5.0},
+        {"cat": "kernel", "name": "k1", "ts": 10.0, "dur": 100.0},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 150.0, "dur": 5.0},
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 160.0, "dur": 40.0},
+        {"cat": "kernel", "name": "k2", "ts": 170.0, "dur": 30.0},
+        {"cat": "python_function", "name": "algorithms/_solvers.py(1): tron", "ts": 0.0, "dur": 200.0,
+         "args": {"Python id": 1, "Python parent id": None}},
+        {"cat": "python_function", "name": "torch/x.py(2): other", "ts": 1.0, "dur": 5.0,
+         "args": {"Python id": 2, "Python parent id": 1}},
+    ]
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    gaps = _bench_module("trace_gaps")
+    s = gaps.summary(ev, top=5)
+    assert s["wall_us"] == 200.0 and s["gpu_busy_us"] == 130.0 and s["gap_total_us"] == 70.0
+    assert s["sync_blocked_us"] == 40.0 and s["n_syncs"] == 1 and s["n_kernels"] == 2
+    calls = {"cudaLaunchKernel": 1, "cudaStreamSynchronize": 1}  # made while the GPU idled
+    assert s["gaps"][0] == {"us": 60.0, "at_us": 110.0, "host_calls": calls}
+    assert gaps.own_functions(ev) == [["algorithms/_solvers.py(1): tron", 200.0, 40.0, 1]]
+    gaps.main([str(path)])
+    assert "GPU busy 0.13 ms" in capsys.readouterr().out
+
+
 def test_host_overhead_smoke(tmp_path):
     """benchmarks/host_overhead.py under the interpreter: every probe and both fits give a time."""
     import json
