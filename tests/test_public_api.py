@@ -284,3 +284,39 @@ def test_bench_make_data_and_host_copy():
     assert len(np.unique(bench.host_copy(bench.make_data(dense, multi, seed=0, n_classes=3))[1])) == 3
     with pytest.raises(bench.BenchError, match="n_classes"):
         bench.make_data(dense, multi, n_classes=2)
+
+
+def test_bound_launch_only_forms():
+    """``BoundMMChain.launch_only`` and ``BoundLossGradient.launch_only`` accumulate onto what the
+    caller left in ``out`` (the bound call's own first step, ``beta * z``): with that start the
+    same result as the full call; with another start, that start plus the product; None off the
+    bound fused dense path."""
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(300, 9, generator=g)
+    y, z = torch.randn(10, generator=g), torch.randn(10, generator=g)
+    v = torch.rand(300, generator=g)
+    op = fusedml.bind_mmchain(X, y, v=v, z=z, beta=0.3, intercept=True, backend="fused")
+    full = op().clone()
+    bare = op.launch_only()
+    assert bare is not None and op.out.shape == (10, 1)
+    op.out.copy_((0.3 * z).reshape(10, 1))
+    torch.testing.assert_close(bare(), full)
+    op.out.zero_()
+    torch.testing.assert_close(bare(), full - 0.3 * z, rtol=1e-5, atol=1e-5)
+    ops = fusedml.bind_mmchain(X, y, v=v, intercept=True, backend="ops")
+    assert ops.launch_only() is None and ops.out is None
+
+    W = torch.zeros(10, 1)
+    t = (torch.rand(300, 1, generator=g) < 0.5).float()
+    lg = fusedml.bind_loss_gradient(X, W, t, loss="logistic", z=W, beta=0.2, intercept=True, backend="fused",
+                                    objective="sum")
+    W.copy_(torch.randn(10, 1, generator=g))
+    r = lg()
+    grad, obj = r.grad.clone(), r.objective.clone()
+    go = lg.launch_only()
+    assert go is not None and lg.out.shape == (10, 1)
+    lg.out.copy_(0.2 * W)
+    r2 = go()
+    torch.testing.assert_close(r2.grad, grad)
+    torch.testing.assert_close(r2.objective, obj)
+    assert fusedml.bind_loss_gradient(X, W, t, loss="logistic", intercept=True, backend="ops").launch_only() is None
