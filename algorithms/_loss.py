@@ -559,6 +559,7 @@ class LinearObjective:
         if self.fit_intercept:
             mask[-1] = 0.0
         self.mask = mask
+        self._pen_rows = self.n_rows - int(self.fit_intercept)  # rows of W the penalty covers
         self.n_matvec = 0  # matvec calls (one read of X each on every backend)
         self.n_mmchain = 0  # mmchain calls, of which
         self.n_xtv = 0  # ... with y=None (X^T v: one read of X on every backend); the others read X
@@ -719,8 +720,7 @@ class LinearObjective:
         if bare is not None:
             # a CG engine that forms the next direction D can write the product's start l2 * mask * D
             # in the same launch (fusedml.cg's prefill): then no mask and beta * z launches here
-            rows = self.n_rows - 1 if masked else self.n_rows
-            run.prefill = (op.out, self.l2, rows)
+            run.prefill = (op.out, self.l2, self._pen_rows)
 
             def run_bare():
                 self.n_mmchain += 1
@@ -873,18 +873,19 @@ class LinearObjective:
     def _trial_point(self, W0, S, W, Wm, op):
         """``(bound trial-point launch, op's launch_only)`` for ``W = W0 + S`` into a slot, or None
         where they do not apply (kept per source, slot and step buffer: a few per fit)."""
+        cache = self.__dict__.setdefault("_points", {})
+        key = (W0.data_ptr(), S.data_ptr(), W.data_ptr())
+        hit = cache.get(key)
+        if hit is not None:  # the buffers were checked when it was bound
+            return hit
         lo = getattr(op, "launch_only", None)
         go = None if lo is None else lo()
         if go is None or not (W0.is_contiguous() and S.is_contiguous() and S.shape == W.shape
                               and S.dtype == W.dtype and op.out.dtype == W.dtype):
             return None
-        cache = self.__dict__.setdefault("_points", {})
-        key = (W0.data_ptr(), S.data_ptr(), W.data_ptr())
-        if key not in cache:
-            if len(cache) >= 4:
-                cache.pop(next(iter(cache)))
-            rows = self.n_rows - 1 if self.fit_intercept else self.n_rows
-            cache[key] = (bind_trial_point(W0, S, W, None if Wm is W else Wm, op.out, self.l2, rows), go)
+        if len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[key] = (bind_trial_point(W0, S, W, None if Wm is W else Wm, op.out, self.l2, self._pen_rows), go)
         return cache[key]
 
     def _slots(self, spec):

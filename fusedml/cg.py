@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ._dispatch import interpret_mode
 from ._launch import bind as bind_launch, launch
-from .mmchain.dense import _split
+from .mmchain.dense import _f64, _split
 
 __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "bind_trial_sums", "cg_control",
            "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
@@ -29,12 +29,6 @@ __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
-
-
-@triton.jit
-def _f64(hi, lo):
-    """The float64 value of an fp32 hi/lo pair (:func:`fusedml.mmchain.dense._split`)."""
-    return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
 
 
 @triton.jit

@@ -1103,6 +1103,12 @@ def _split(x: float):
     return hi, float(np.float32(x - hi))
 
 
+@triton.jit
+def _f64(hi, lo):
+    """The float64 value of a :func:`_split` pair, in a kernel."""
+    return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
+
+
 _CONFIGS: dict = {}
 
 

@@ -32,7 +32,7 @@ from .._dispatch import resolve_backend
 from .._launch import bind as bind_launch
 from .._validation import CSRMatrix
 from ._checks import _operand, _scalar, check_bindable, prepare_mmchain
-from .dense import _split
+from .dense import _f64, _split
 
 __all__ = ["LOSSES", "BoundLossGradient", "LossGradient", "bind_loss_gradient", "loss_gradient", "loss_terms",
            "one_read"]
@@ -284,7 +284,7 @@ def _objective_kernel(
         acc += tl.load(LPART + rows[:, None] * M + jm[None, :], mask=(rows < G)[:, None] & cm[None, :], other=0.0)
     lsum = tl.sum(acc, axis=0)
     tl.store(LOSS + jm, lsum, mask=cm)
-    obj = (tl.cast(a_hi, tl.float64) + tl.cast(a_lo, tl.float64)) * lsum
+    obj = _f64(a_hi, a_lo) * lsum
     if HAS_Z:
         orr = tl.arange(0, BLOCK_R)
         zz = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float64)
@@ -293,7 +293,7 @@ def _objective_kernel(
             zv = tl.load(Z + rows[:, None] * stride_zn + jm[None, :] * stride_zk,
                          mask=(rows < DZ)[:, None] & cm[None, :], other=0.0).to(tl.float64)
             zz += zv * zv
-        obj += (tl.cast(hb_hi, tl.float64) + tl.cast(hb_lo, tl.float64)) * tl.sum(zz, axis=0)
+        obj += _f64(hb_hi, hb_lo) * tl.sum(zz, axis=0)
     if COUPLED:
         tot = tl.sum(tl.where(cm, obj, 0.0), axis=0)
         if HAS_OFF:
