@@ -241,6 +241,16 @@ def sweep_variants(base_single, base_two, prec, D, K, base_dot=None):
                             continue
                         out.append((f"single reg KI={ki} rows/thread={rpt} ahead={pf}",
                                     replace(base_single, reg=(t[0], t[2], t[1] // t[2]), BN=t[3], prefetch=pf)))
+            # register caps (-1: the compiler's count; the model's 0 decides at the first launch),
+            # fewer warps per program with the cap, blocks ahead with the cap
+            for mr, nw, pf in ((-1, 4, None), (168, 4, None), (160, 4, None), (128, 4, None), (168, 4, 2),
+                               (168, 2, None), (168, 2, 2), (168, 1, 2), (0, 2, 2), (0, 1, 2)):
+                t = reg_tile(D, K, ki=base_single.reg[1], num_warps=nw)
+                if t is None:
+                    continue
+                pf = base_single.prefetch if pf is None else pf
+                out.append((f"single reg maxnreg={mr} warps={nw} ahead={pf}",
+                            replace(base_single, BN=t[3], num_warps=nw, prefetch=pf, maxnreg=mr)))
             base_single = base_dot  # the tl.dot variants below start from the tl.dot plan
             out.append(("single tl.dot plan", base_dot))
         BD, BK = base_single.BD, base_single.BK
@@ -317,7 +327,7 @@ def sweep(args, dev):
                     continue
                 row = {"N": N, "D": D, "K": K, "cov": ct, "precision": prec, "variant": name, "path": p.path,
                        "BN": p.BN, "BK_tile": p.BK_tile, "num_warps": p.num_warps, "num_stages": p.num_stages,
-                       "form": p.form, "reg": list(p.reg), "DC": p.DC, "model": is_model and p.path == auto.path}
+                       "form": p.form, "reg": list(p.reg), "maxnreg": p.maxnreg, "DC": p.DC, "model": is_model and p.path == auto.path}
                 try:
                     _estep_plan(prep, False, prec, p, ops_)  # compile; errors (out of resources) land here
                     row["ms"] = _bench(lambda: _estep_plan(prep, False, prec, p, ops_), False, rep=15)

@@ -199,6 +199,31 @@ for p in $parts; do
       run trace 240 python3 benchmarks/profile_fit.py --shape 1000000x100 --shape 4000000x64 --algo logistic \
         --algo linearsvc --algo poisson --cprofile 40 --trace-dir "$out/traces" --trace-stacks --out "$out/profile_fit.json"
       tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
+    gmm-regcap)  # session 23: the register form's Horner product sum and hardware log2 / reciprocal against
+                 # .ab-base (an earlier commit's checkout), model picks interleaved base / new / base / new,
+                 # then its register caps and rows per thread
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run gmm-ab-$side-$r 90 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19,18 \
+            --variants '^$' --sweep-precisions fp32 --out "$out/gmm_ab_${side}_$r.json"
+          grep -E "^\| [0-9]" "$log/gmm-ab-$side-$r.log"
+        done
+      done
+      run gmm-regsweep 240 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19,18,20,17 \
+        --variants '^single reg' --sweep-precisions fp32 --budget 150 --out "$out/gmm_regsweep.json"
+      grep -E "^\| [0-9]" "$log/gmm-regsweep.log" ;;
+    gmm-regcap2)  # session 23: the register cap decided at the first launch (register_cap) against .ab-base,
+                  # model picks, one round each; the cap / warps / blocks-ahead sweep
+      for side in base new; do
+        root=.; [ $side = base ] && root=.ab-base
+        run gmm-ab2-$side 90 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19,18,20,21,17 \
+          --variants '^$' --sweep-precisions fp32 --out "$out/gmm_ab2_${side}.json"
+        grep -E "^\| [0-9]" "$log/gmm-ab2-$side.log"
+      done
+      run gmm-regsweep2 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19 \
+        --variants 'maxnreg' --sweep-precisions fp32 --budget 120 --out "$out/gmm_regsweep2.json"
+      grep -E "^\| [0-9]" "$log/gmm-regsweep2.log" ;;
     ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
              # this code, interleaved base / new / base / new on one machine start (fused and ops)
       for r in 1 2; do

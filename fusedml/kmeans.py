@@ -27,7 +27,7 @@ from ._dispatch import resolve_backend
 from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import _reg_layout, _reg_next, _reg_rows, resident_programs
+from .gmm.fused import _reg_layout, _reg_next, _reg_rows, register_cap, resident_programs
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
@@ -360,25 +360,31 @@ def lloyd_plan(N, D, K, device=None, **override):
 
 
 def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
-    """The fused kernel's launch: ``(kernel, P, consts)`` and the argument tuple builder."""
+    """The fused kernel's launch: ``(kernel, P, consts, launch options)`` and the argument tuple builder."""
     N, D = X.shape
     K = Cs.shape[0]
     P, bk, bd = plan["programs"], plan["BLOCK_K"], plan["BLOCK_D"]
     dev = X.device
     consts = dict(HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd,
                   BLOCK_K=bk)
+    opts = dict(num_warps=plan["num_warps"])
     if plan.get("REG"):
         kernel = _lloyd_reg_kernel
         consts.update(KI=plan["REG"][0], KO=plan["REG"][1], PREFETCH=plan["PREFETCH"])
         gkey = (N, D, K, X.dtype, dev, tuple(consts.items()), plan["num_warps"])
-        P = _GRIDS.get(gkey)
+        P, cap = _GRIDS.get(gkey, (None, 0))
         if P is None:  # a persistent grid of every program the compiled kernel keeps resident
             f32 = w if w is not None else Cs  # the launch's argument types (one compiled variant)
             args = (X, X.stride(0), X.stride(1), Cs, csq, shift, f32, labels, labels, Cs, N, D, K, plan["n_tiles"])
-            per_sm = resident_programs(kernel, args, dict(consts, num_warps=plan["num_warps"]), dev)
+            cap = register_cap(kernel, args, dict(consts, **opts), dev)  # one more program per SM where it fits
+            if cap:
+                opts["maxnreg"] = cap
+            per_sm = resident_programs(kernel, args, dict(consts, **opts), dev)
             P = plan["programs"] if per_sm is None else max(1, min(plan["n_tiles"], per_sm * _sm_count(dev)))
             if len(_GRIDS) < 4096:
-                _GRIDS[gkey] = P
+                _GRIDS[gkey] = (P, cap)
+        elif cap:
+            opts["maxnreg"] = cap
     else:
         kernel = _lloyd_kernel
         consts.update(USE_DOT=plan["USE_DOT"])
@@ -386,16 +392,16 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
     def args(part):
         return (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
                 labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"])
-    return kernel, P, consts, args
+    return kernel, P, consts, opts, args
 
 
 def _lloyd_launch(X, Cs, csq, shift, w, plan, labels_old=None):
     """The fused kernel and the one reduction over programs: ``(labels [N] int32, RED [ROW] f64)``."""
     labels = torch.empty(X.shape[0], dtype=torch.int32, device=X.device)
-    kernel, P, consts, args = _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels)
+    kernel, P, consts, opts, args = _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels)
     part = torch.empty((P, plan["BLOCK_K"] * plan["BLOCK_D"] + plan["BLOCK_K"] + 2), dtype=torch.float32,
                        device=X.device)
-    launch(kernel, (P,), args(part), consts, num_warps=plan["num_warps"])
+    launch(kernel, (P,), args(part), consts, **opts)
     return labels, part.sum(0, dtype=_F64)
 
 
@@ -510,11 +516,11 @@ class LloydIterations:
 
     def _bind(self, src, dst):
         plan = self.plan
-        kernel, P, consts, args = _lloyd_spec(self.X, src["CS"], src["CSQ"], self.sh32, self.w, plan, src["labels"],
+        kernel, P, consts, opts, args = _lloyd_spec(self.X, src["CS"], src["CSQ"], self.sh32, self.w, plan, src["labels"],
                                               dst["labels"])
         part = torch.empty((P, plan["BLOCK_K"] * plan["BLOCK_D"] + plan["BLOCK_K"] + 2), dtype=torch.float32,
                            device=self.X.device)
-        step = bind(kernel, (P,), args(part), consts, num_warps=plan["num_warps"])
+        step = bind(kernel, (P,), args(part), consts, **opts)
         fin = bind(_lloyd_finalize_kernel, (1,), (dst["red"], src["C"], self.sh64, dst["C"], dst["CS"], dst["CSQ"],
                                                   dst["out"], self.K, self.D),
                    dict(BLOCK_K=plan["BLOCK_K"], BLOCK_D=plan["BLOCK_D"]), num_warps=4)

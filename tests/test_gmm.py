@@ -304,6 +304,37 @@ def test_plan_small_d_and_occupancy_grid():
     assert resident_programs(_diag_single_kernel, (torch.zeros(1),), {}, cpu) is None
 
 
+def test_register_cap_rule(monkeypatch):
+    """register_cap: the cap that makes one more program resident per SM, kept only where registers
+    bind and the capped compile does not spill (compiled resources faked; 0 off the GPU)."""
+    from types import SimpleNamespace
+
+    from fusedml.gmm import fused
+
+    class Kernel:  # warmup -> a compiled kernel whose registers / spills depend on maxnreg
+        def __init__(self, name, table, shared=1024):
+            self.__name__, self.table, self.shared = name, table, shared
+
+        def warmup(self, *args, grid, **kw):
+            regs, spills = self.table[kw.get("maxnreg")]
+            return SimpleNamespace(n_regs=regs, n_spills=spills, metadata=SimpleNamespace(shared=self.shared))
+
+    info = {"name": "fake", "sm_count": 132, "regs_per_sm": 65536, "smem_per_sm": 233472}
+    monkeypatch.setattr(fused, "gpu_info", lambda dev: info)
+    monkeypatch.setattr(fused, "_CAPS", {})
+    cuda, args, kw = torch.device("cuda", 0), (torch.zeros(1),), {"num_warps": 4}
+    # 177 registers: 2 programs of 4 warps; 168 fits 3 without spilling
+    k = Kernel("fits", {None: (177, 0), 168: (168, 0)})
+    assert fused.register_cap(k, args, kw, cuda) == 168
+    # the cap would spill: keep the compiler's count
+    assert fused.register_cap(Kernel("spills", {None: (212, 0), 168: (168, 26)}), args, kw, cuda) == 0
+    # shared memory binds (100 KB per program: 2 per SM whatever the registers)
+    assert fused.register_cap(Kernel("smem", {None: (177, 0)}, shared=100 << 10), args, kw, cuda) == 0
+    # 100 registers: 4 programs; 5 need <= 102 -> 96
+    assert fused.register_cap(Kernel("small", {None: (100, 0), 96: (96, 0)}), args, kw, cuda) == 96
+    assert fused.register_cap(k, args, kw, torch.device("cpu")) == 0
+
+
 @pytest.mark.parametrize("D", [1, 3, 8])
 @pytest.mark.parametrize("ct", ["diag", "spherical"])
 def test_small_d_cat_plan_matches_reference(rng, D, ct):

@@ -32,9 +32,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
 from .._launch import launch
+from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
 from .model import Plan, auto_precision, gpu_info, plan_launch
 
@@ -362,13 +364,18 @@ def _diag_reg_kernel(
             lg = tl.sum(x * w1, axis=0) + x2 * w2 + cst  # [KI, BN, KO]
         else:
             x2 = x * x
-            # two sums of products over the in-thread feature axis: FFMA chains
-            lg = tl.sum(x * w1, axis=0) + tl.sum(x2 * w2, axis=0) + cst  # [KI, BN, KO]
+            # sum_d x (w1 + x w2): one in-thread product sum per component (Horner form)
+            lg = tl.sum(x * (x * w2 + w1), axis=0) + cst  # [KI, BN, KO]
         m = tl.max(tl.max(lg, axis=0), axis=1)  # [BN]
         e = tl.exp2(lg - m[None, :, None])
-        l = tl.sum(tl.sum(e, axis=0), axis=1)
-        lse = (m + tl.log2(l)) * 0.6931471805599453  # natural log
-        r = e * (1.0 / l)[None, :, None]
+        l = tl.sum(tl.sum(e, axis=0), axis=1)  # [BN] in [1, K]
+        if _FAST_MATH:  # the hardware log2 and reciprocal: l >= 1, no range handling
+            lse = (m + libdevice.fast_log2f(l)) * 0.6931471805599453  # natural log
+            rl = libdevice.fast_dividef(1.0, l)
+        else:
+            lse = (m + tl.log2(l)) * 0.6931471805599453
+            rl = 1.0 / l
+        r = e * rl[None, :, None]
         if HAS_SW:
             sw = tl.load(SW + rows, mask=nmask, other=0.0)
             r = r * sw[None, :, None]
@@ -944,24 +951,89 @@ def resident_programs(kernel, args, kwargs, device) -> int | None:
     """
     if device.type != "cuda" or not hasattr(kernel, "warmup"):
         return None
-    key = (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
-           tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+    key = _resource_key(kernel, args, kwargs, device)
     if key not in _RESIDENT:
-        try:
-            ck = kernel.warmup(*args, grid=(1,), **kwargs)
-            if hasattr(ck, "_init_handles"):
-                ck._init_handles()  # loads the binary: n_regs is only known from then on
-            regs, smem = int(ck.n_regs), int(ck.metadata.shared)
-        except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
-            _RESIDENT[key] = None
-            return None
-        info = gpu_info(device)
-        nw = int(kwargs.get("num_warps", 4))
-        warp_regs = -(-max(regs, 1) * 32 // 256) * 256
-        per_sm = min(32, 64 // nw, int(info["regs_per_sm"]) // (warp_regs * nw),
-                     int(info.get("smem_per_sm") or 233472) // (smem + 1024))
-        _RESIDENT[key] = max(1, per_sm)
+        res = _compiled_resources(kernel, args, kwargs)
+        _RESIDENT[key] = None if res is None else _programs_per_sm(res[0], res[1], kwargs, device)
     return _RESIDENT[key]
+
+
+def _resource_key(kernel, args, kwargs, device) -> tuple:
+    return (getattr(kernel, "__name__", id(kernel)), device.index, args[0].dtype,
+            tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
+
+
+def _compiled_resources(kernel, args, kwargs):
+    """``(registers, shared bytes, spilled words)`` of the compiled launch, or None (API difference)."""
+    try:
+        ck = kernel.warmup(*args, grid=(1,), **kwargs)
+        if hasattr(ck, "_init_handles"):
+            ck._init_handles()  # loads the binary: n_regs is only known from then on
+        return int(ck.n_regs), int(ck.metadata.shared), int(getattr(ck, "n_spills", 0) or 0)
+    except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
+        return None
+
+
+def _programs_per_sm(regs: int, smem: int, kwargs, device, by_regs_only: bool = False) -> int:
+    """Programs per SM of a compiled kernel: registers (per warp in units of 256), shared memory
+    (+1 KB per block), at most 64 warps and 32 blocks; ``by_regs_only``: the register bound alone."""
+    info = gpu_info(device)
+    nw = int(kwargs.get("num_warps", 4))
+    warp_regs = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = int(info["regs_per_sm"]) // (warp_regs * nw)
+    if by_regs_only:
+        return by_regs
+    return max(1, min(32, 64 // nw, by_regs, int(info.get("smem_per_sm") or 233472) // (smem + 1024)))
+
+
+_CAPS: dict = {}
+
+
+def register_cap(kernel, args, kwargs, device) -> int:
+    """Registers per thread (Triton's ``maxnreg``) that let one more program of ``kernel`` reside
+    per SM than its own compile does, where registers are what binds and the compile at that cap
+    does not spill; 0 otherwise (keep the compiler's count), and off the GPU.
+
+    The register-form kernels (the GMM single sweep, the Lloyd step) hold a row's features and
+    their components' weights and statistics in registers for the whole row stream, and each row's
+    softmax is a serial chain of shuffles and MUFU operations that only other warps can hide. With
+    Triton 3.6, ptxas took 177-180 registers at D = 16, K = 16 and D = 8, K = 8 (two programs of 4
+    warps per SM) and fits both in 168 without spilling: three programs, 4M x 16, K = 16 0.457 ->
+    0.378 ms on the H200 (session 23). Caps that spill (1M x 2, K = 128 at 168: 104 bytes) were
+    slower, hence the check.
+
+    Parameters
+    ----------
+    kernel : triton JITFunction
+    args : tuple
+        The launch's positional arguments.
+    kwargs : dict
+        The launch's keyword arguments (constexprs, ``num_warps``, ``num_stages``), without ``maxnreg``.
+    device : torch.device
+
+    Returns
+    -------
+    int
+        The cap, or 0.
+    """
+    if device.type != "cuda" or not hasattr(kernel, "warmup"):
+        return 0
+    key = _resource_key(kernel, args, kwargs, device)
+    if key not in _CAPS:
+        cap, res = 0, _compiled_resources(kernel, args, kwargs)
+        if res is not None:
+            regs, smem, _ = res
+            per_sm = _programs_per_sm(regs, smem, kwargs, device)
+            if per_sm == _programs_per_sm(regs, smem, kwargs, device, by_regs_only=True):  # registers bind
+                nw = int(kwargs.get("num_warps", 4))
+                want = (int(gpu_info(device)["regs_per_sm"]) // ((per_sm + 1) * nw * 32)) // 8 * 8
+                if 64 <= want < regs:
+                    capped = _compiled_resources(kernel, args, dict(kwargs, maxnreg=want))
+                    if (capped is not None and capped[2] == 0
+                            and _programs_per_sm(capped[0], capped[1], kwargs, device) > per_sm):
+                        cap = want
+        _CAPS[key] = cap
+    return _CAPS[key]
 
 
 def _grid(kernel, args, kwargs, device, n_blocks, model_programs, max_programs=None) -> int:
@@ -1009,6 +1081,8 @@ def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str):
     """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form."""
     kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.maxnreg > 0:
+        opts["maxnreg"] = plan.maxnreg
     if plan.form == "reg":
         bd, ki, ko = plan.reg
         return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph), opts
@@ -1046,15 +1120,19 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             P = max(1, min(n_blocks, plan.programs))
         else:
             gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, dev)
-            P = _GRIDS.get(gkey)
+            P, cap = _GRIDS.get(gkey, (None, 0))
             if P is None:
                 args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
                         dummy, dummy, dummy, dummy, N, D, K, n_blocks)
+                if plan.form == "reg" and plan.maxnreg == 0:  # one more program per SM where it fits
+                    cap = register_cap(kern, args, {**consts, **opts}, dev)
                 # partials: P x K x D x 2 fp32, kept under ~32 MB
-                P = _grid(kern, args, {**consts, **opts}, dev, n_blocks, plan.programs,
-                          max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
+                P = _grid(kern, args, {**consts, **opts, **({"maxnreg": cap} if cap else {})}, dev, n_blocks,
+                          plan.programs, max(1, (32 << 20) // (8 * plan.BK * plan.BD + 8)))
                 if len(_GRIDS) < 4096:
-                    _GRIDS[gkey] = P
+                    _GRIDS[gkey] = (P, cap)
+            if cap:
+                opts["maxnreg"] = cap
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
         pnk = torch.empty(P, K, dtype=f32, device=dev)
         pll = torch.empty(P, dtype=f32, device=dev)

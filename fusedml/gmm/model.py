@@ -165,6 +165,11 @@ class Plan:
         ``form="reg"``, spherical: the quadratic term and the second moment per row and component
         (``p_k |x|^2``, ``sum r |x|^2``) instead of per feature, which halves the thread's values
         (``reg_tile(..., values=2 * REG_VALUES)``).
+    maxnreg : int
+        ``form="reg"``: registers per thread the compiler is held to (Triton's ``maxnreg``). 0: decided
+        at the first launch from the compiled kernel (:func:`fusedml.gmm.fused.register_cap`: one
+        more program per SM where the capped compile does not spill); -1: the compiler's own count;
+        > 0: that cap (the benchmark's sweep).
     """
 
     path: str
@@ -190,6 +195,7 @@ class Plan:
     occupancy_grid: bool = False
     reg: tuple = ()
     sph: bool = False
+    maxnreg: int = 0
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
