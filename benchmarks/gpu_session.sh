@@ -224,6 +224,36 @@ for p in $parts; do
       run gmm-regsweep2 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19 \
         --variants 'maxnreg' --sweep-precisions fp32 --budget 120 --out "$out/gmm_regsweep2.json"
       grep -E "^\| [0-9]" "$log/gmm-regsweep2.log" ;;
+    gmm-regcap3)  # session 23: int32 row offsets and no feature-mask select in the register form: model picks
+                  # of .ab-base, .ab-mid (earlier checkouts) and this code; Nsight Compute's stall reasons on
+                  # 4M x 16, K = 16; the GMM and k-means checks against float64
+      for side in base mid new; do
+        root=.; [ $side = base ] && root=.ab-base; [ $side = mid ] && root=.ab-mid
+        run gmm-ab3-$side 90 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,2,19,18,20,21,17 \
+          --variants '^$' --sweep-precisions fp32 --out "$out/gmm_ab3_${side}.json"
+        grep -E "^\| [0-9]" "$log/gmm-ab3-$side.log"
+      done
+      ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+      ncu_sec="$ncu_sec --section ComputeWorkloadAnalysis --section InstructionStats"
+      run ncu-reg-16 120 ncu $ncu_sec --kernel-name "regex:_diag_reg" --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/ncu_gmm.py --shape 4194304,16,16
+      grep -E "Stall|stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Theoretical Occ|Achieved Occ|Duration|Executed Ipc" \
+        "$log/ncu-reg-16.log" | head -40
+      run check-gmm 200 python3 benchmarks/check_gpu.py --parts gmm kmeans --out "$out/check_gpu_gmm.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -4 ;;
+    gmm-final)  # session 23: the final code's CUDA tests (GMM, mixture, k-means), the E-step table (diag and
+                # spherical rows in one run), the k-means table and the GMM fit
+      run cuda-tests-gmm 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_kmeans.py
+      tail -1 "$log/cuda-tests-gmm.log"
+      run gmm-final 200 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7,20,21,10 \
+        --out "$out/gmm.json"
+      grep -E "^\| [0-9]" "$log/gmm-final.log" | cut -d"|" -f2-12
+      run kmeans 90 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json"
+      grep -E "^\| [0-9]" "$log/kmeans.log" | cut -d"|" -f2-9
+      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
+        --out "$out/end_to_end_gmm.json"
+      grep -E "^\| " "$log/e2e-gmm.log" | tail -4 ;;
     ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
              # this code, interleaved base / new / base / new on one machine start (fused and ops)
       for r in 1 2; do

@@ -27,7 +27,7 @@ from ._dispatch import resolve_backend
 from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import _reg_layout, _reg_next, _reg_rows, register_cap, resident_programs
+from .gmm.fused import _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap, resident_programs
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain.launch import H200_PROFILE, gpu_info
 
@@ -126,7 +126,8 @@ def _lloyd_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K, n_
 @triton.jit
 def _lloyd_reg_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K, n_tiles,
                       HAS_W: tl.constexpr, HAS_OLD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_K: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_K: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr, PREFETCH: tl.constexpr,
+                      OFF32: tl.constexpr):
     # _lloyd_kernel's step in the GMM single sweep's register form (fusedml.gmm.fused._diag_reg_kernel):
     # tiles [BD, KI, BN, KO], each thread holding one row's features and KI centres (k = ki * KO + ko)
     # and their sums for the whole row stream; the distance products are FFMA chains in-thread,
@@ -143,13 +144,13 @@ def _lloyd_reg_kernel(X, sx0, sx1, C, CSQ, SHIFT, W, LAB, LAB_OLD, PART, N, D, K
     cnt = tl.zeros((KI, BLOCK_N, KO), dtype=tl.float32)
     inr = tl.zeros((BLOCK_N,), dtype=tl.float32)
     chg = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    x_a = _reg_rows(X, sx0, sx1, pid, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 1)
-    x_b = _reg_rows(X, sx0, sx1, pid + nprog, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 2)
+    x_a = _reg_rows(X, sx0, sx1, pid, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 1, OFF32)
+    x_b = _reg_rows(X, sx0, sx1, pid + nprog, BLOCK_N, offs_n, offs_d, N, D, PREFETCH >= 2, OFF32)
     for t in range(pid, n_tiles, nprog):
         rows = t * BLOCK_N + offs_n
         rmask = rows < N
         m2 = dmask[:, None] & rmask[None, :]
-        xt, x_a, x_b = _reg_next(X, sx0, sx1, t, nprog, BLOCK_N, offs_n, offs_d, N, D, x_a, x_b, PREFETCH)
+        xt, x_a, x_b = _reg_next(X, sx0, sx1, t, nprog, BLOCK_N, offs_n, offs_d, N, D, x_a, x_b, PREFETCH, OFF32)
         xs = tl.where(m2, xt.to(tl.float32) - shift[:, None], 0.0)  # [BD, BN]
         xsq = tl.sum(xs * xs, axis=0)  # [BN]
         x = xs[:, None, :, None]  # [BD, 1, BN, 1]
@@ -370,7 +371,9 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
     opts = dict(num_warps=plan["num_warps"])
     if plan.get("REG"):
         kernel = _lloyd_reg_kernel
-        consts.update(KI=plan["REG"][0], KO=plan["REG"][1], PREFETCH=plan["PREFETCH"])
+        # blocks up to 2 * P past the last are formed (P <= n_tiles), masked
+        consts.update(KI=plan["REG"][0], KO=plan["REG"][1], PREFETCH=plan["PREFETCH"],
+                      OFF32=offsets_fit_int32(X, 3 * plan["n_tiles"] * plan["BLOCK_N"], bd))
         gkey = (N, D, K, X.dtype, dev, tuple(consts.items()), plan["num_warps"])
         P, cap = _GRIDS.get(gkey, (None, 0))
         if P is None:  # a persistent grid of every program the compiled kernel keeps resident

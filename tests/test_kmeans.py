@@ -258,7 +258,7 @@ def _aot():
         consts = dict(HAS_W=True, HAS_OLD=True, BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"])
         if p["REG"]:
             fn = km._lloyd_reg_kernel
-            consts.update(KI=p["REG"][0], KO=p["REG"][1], PREFETCH=p["PREFETCH"])
+            consts.update(KI=p["REG"][0], KO=p["REG"][1], PREFETCH=p["PREFETCH"], OFF32=True)
         else:
             fn = km._lloyd_kernel
             consts.update(USE_DOT=p["USE_DOT"])

@@ -282,12 +282,16 @@ def _reg_layout(BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.con
 
 
 @triton.jit
-def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N, D, ON: tl.constexpr):
+def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N, D, ON: tl.constexpr,
+              OFF32: tl.constexpr):
     """Row block ``blk`` of X as a [BD, BN] tile in X's dtype (0 outside [N, D]); zeros when not ON
-    (an unused prefetch slot)."""
+    (an unused prefetch slot). OFF32: element offsets in int32 (every offset reached, the blocks
+    ahead included, is below 2^31: :func:`offsets_fit_int32`), int64 otherwise."""
     if ON:
         rows = blk * BN + offs_n
         m = (offs_d[:, None] < D) & (rows[None, :] < N)
+        if OFF32:
+            return tl.load(X + rows[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
         return tl.load(X + rows.to(tl.int64)[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
     else:
         return tl.zeros((offs_d.shape[0], BN), dtype=X.dtype.element_ty)
@@ -295,19 +299,19 @@ def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N,
 
 @triton.jit
 def _reg_next(X, stride_xn, stride_xd, blk, nprog, BN: tl.constexpr, offs_n, offs_d, N, D, x_a, x_b,
-              PREFETCH: tl.constexpr):
+              PREFETCH: tl.constexpr, OFF32: tl.constexpr):
     """``(tile of row block blk, x_a, x_b)`` for a persistent loop over blocks ``blk, blk + nprog,
     ...`` holding PREFETCH (0-2) blocks ahead in ``x_a`` / ``x_b`` (start them with :func:`_reg_rows`
     at ``pid`` and ``pid + nprog``): the next block ahead is loaded into the slot this one frees."""
     if PREFETCH == 0:
-        xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True)
+        xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True, OFF32)
     elif PREFETCH == 1:
         xt = x_a
-        x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True)
+        x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True, OFF32)
     else:
         xt = x_a
         x_a = x_b
-        x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True)
+        x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True, OFF32)
     return xt, x_a, x_b
 
 
@@ -322,6 +326,7 @@ def _diag_reg_kernel(
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2, SPH: tl.constexpr = False,
+    OFF32: tl.constexpr = False,
 ):
     """Single sweep with register FMAs, for small K x D (``form="reg"``): tiles are
     [BD, KI, BN, KO]. Triton's default layout gives threads to the trailing axes first, so the
@@ -350,14 +355,15 @@ def _diag_reg_kernel(
     acc_s1 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
     acc_nk = tl.zeros((KI, BN, KO), dtype=tl.float32)
     acc_ll = tl.zeros((BN, KO), dtype=tl.float32)  # row sums in the ko == 0 column: no layout change
-    x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1)
-    x_b = _reg_rows(X, stride_xn, stride_xd, pid + nprog, BN, offs_n, offs_d, N, D, PREFETCH >= 2)
+    x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1, OFF32)
+    x_b = _reg_rows(X, stride_xn, stride_xd, pid + nprog, BN, offs_n, offs_d, N, D, PREFETCH >= 2, OFF32)
     for blk in range(pid, n_blocks, nprog):
         rows = blk * BN + offs_n
         nmask = rows < N
-        m2 = dmask[:, None] & nmask[None, :]
-        xt, x_a, x_b = _reg_next(X, stride_xn, stride_xd, blk, nprog, BN, offs_n, offs_d, N, D, x_a, x_b, PREFETCH)
-        xt = tl.where(m2, (xt.to(g.dtype) - g[:, None]).to(tl.float32), 0.0)  # [BD, BN]
+        xt, x_a, x_b = _reg_next(X, stride_xn, stride_xd, blk, nprog, BN, offs_n, offs_d, N, D, x_a, x_b, PREFETCH,
+                                 OFF32)
+        # rows past N hold -g: finite, and their responsibilities and normaliser are masked below
+        xt = (xt.to(g.dtype) - g[:, None]).to(tl.float32)  # [BD, BN]
         x = xt[:, None, :, None]  # [BD, 1, BN, 1]
         if SPH:
             x2 = tl.sum(xt * xt, axis=0)[None, :, None]  # [1, BN, 1] |x|^2
@@ -987,12 +993,15 @@ def _programs_per_sm(regs: int, smem: int, kwargs, device, by_regs_only: bool = 
 
 
 _CAPS: dict = {}
+#: local memory a capped compile may use (words): 8 bytes at D = 8, K = 8 (Triton 3.6, outside the
+#: row loop); the slow caps spilled 80-120 bytes into it
+_CAP_SPILL_WORDS = 4
 
 
 def register_cap(kernel, args, kwargs, device) -> int:
     """Registers per thread (Triton's ``maxnreg``) that let one more program of ``kernel`` reside
     per SM than its own compile does, where registers are what binds and the compile at that cap
-    does not spill; 0 otherwise (keep the compiler's count), and off the GPU.
+    spills at most a few words; 0 otherwise (keep the compiler's count), and off the GPU.
 
     The register-form kernels (the GMM single sweep, the Lloyd step) hold a row's features and
     their components' weights and statistics in registers for the whole row stream, and each row's
@@ -1000,7 +1009,7 @@ def register_cap(kernel, args, kwargs, device) -> int:
     Triton 3.6, ptxas took 177-180 registers at D = 16, K = 16 and D = 8, K = 8 (two programs of 4
     warps per SM) and fits both in 168 without spilling: three programs, 4M x 16, K = 16 0.457 ->
     0.378 ms on the H200 (session 23). Caps that spill (1M x 2, K = 128 at 168: 104 bytes) were
-    slower, hence the check.
+    slower, hence the check (at most ``_CAP_SPILL_WORDS``).
 
     Parameters
     ----------
@@ -1029,7 +1038,7 @@ def register_cap(kernel, args, kwargs, device) -> int:
                 want = (int(gpu_info(device)["regs_per_sm"]) // ((per_sm + 1) * nw * 32)) // 8 * 8
                 if 64 <= want < regs:
                     capped = _compiled_resources(kernel, args, dict(kwargs, maxnreg=want))
-                    if (capped is not None and capped[2] == 0
+                    if (capped is not None and capped[2] <= _CAP_SPILL_WORDS
                             and _programs_per_sm(capped[0], capped[1], kwargs, device) > per_sm):
                         cap = want
         _CAPS[key] = cap
@@ -1077,15 +1086,24 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     return logp, (labels if want_label else None), pll
 
 
-def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str):
-    """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form."""
+def offsets_fit_int32(X: torch.Tensor, rows: int, cols: int) -> bool:
+    """Whether every element offset ``r * stride(0) + c * stride(1)`` of X with ``r < rows`` and
+    ``c < cols`` (the padded tile, blocks loaded ahead included) fits int32, so a kernel may
+    compute them without 64-bit arithmetic (masked lanes' offsets included)."""
+    return rows * abs(X.stride(0)) + cols * abs(X.stride(1)) < 2 ** 31
+
+
+def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, off32: bool = False):
+    """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form;
+    ``off32``: the register form's row offsets in int32 (:func:`offsets_fit_int32`)."""
     kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.maxnreg > 0:
         opts["maxnreg"] = plan.maxnreg
     if plan.form == "reg":
         bd, ki, ko = plan.reg
-        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph), opts
+        return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph,
+                                      OFF32=off32), opts
     return (_diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch),
             opts)
 
@@ -1114,8 +1132,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     full_like = ct in ("full", "tied")
     if plan.path == "single":
         n_blocks = triton.cdiv(N, plan.BN)
-        if not full_like:
-            kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec)
+        if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
+            off32 = offsets_fit_int32(X, 3 * n_blocks * plan.BN, plan.BD)
+            kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec, off32)
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
         else:
