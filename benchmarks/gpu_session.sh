@@ -254,6 +254,18 @@ for p in $parts; do
       run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 3 --sklearn-budget 5 \
         --out "$out/end_to_end_gmm.json"
       grep -E "^\| " "$log/e2e-gmm.log" | tail -4 ;;
+    gmm-fit-ab)  # session 23: the GMM fit of .ab-base (session start) against this code, interleaved, fused and
+                 # ops, 5 fits each; the fit's phases (host probe) on this code
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run gmm-fit-$side-$r 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 \
+            --backends fused ops --no-plots --out "$out/end_to_end_gmm_ab_${side}_$r.json"
+          grep -E "^\| synthetic" "$log/gmm-fit-$side-$r.log" | cut -d"|" -f2-6
+        done
+      done
+      run gmm-fit-probe 90 python3 benchmarks/gmm_host_probe.py --shapes 1048576x16x16 --out "$out/gmm_host_probe.json"
+      grep -A3 "phases" "$log/gmm-fit-probe.log" | head -8 ;;
     ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
              # this code, interleaved base / new / base / new on one machine start (fused and ops)
       for r in 1 2; do

@@ -63,6 +63,12 @@ choices for the target shapes):
     holds many of them): 32 rows x 2 warps up to 512, 32 x 4 up to 1024, 16 x 4 up to 4096
     (16M x 32, K = 32 6.7 -> 4.9 ms; 4M x 16, K = 64 1.69 -> 1.27; 1M x 64, K = 64 1.31 -> 1.12).
 
+* **Session 23** (H200, ``results/gmm*-H200-2026-12-04-s23-*``): the register form is latency-bound
+  (2.35 of 4 instructions issued per cycle at 8 warps per SM: shuffles, MUFU and FMA chains), so
+  its launch holds one more program per SM where the compiled kernel allows it
+  (``Plan.maxnreg = 0``: :func:`fusedml.gmm.fused.register_cap` picks Triton's ``maxnreg`` at the
+  first launch): 4M x 16, K = 16 0.457 -> 0.378 ms, 16M x 8, K = 8 spherical 0.408 -> 0.304.
+
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
 count comes from :func:`gpu_info`. :func:`auto_precision` is the documented rule behind
@@ -168,7 +174,8 @@ class Plan:
     maxnreg : int
         ``form="reg"``: registers per thread the compiler is held to (Triton's ``maxnreg``). 0: decided
         at the first launch from the compiled kernel (:func:`fusedml.gmm.fused.register_cap`: one
-        more program per SM where the capped compile does not spill); -1: the compiler's own count;
+        more program per SM where the capped compile spills at most a few words); -1: the
+        compiler's own count;
         > 0: that cap (the benchmark's sweep).
     """
 
