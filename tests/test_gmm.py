@@ -440,6 +440,31 @@ def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
         assert rel(lp, ref["log_prob"]) < 1e-5
 
 
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_register_form_int64_offsets(rng, monkeypatch, ct):
+    """The register form's row offsets: int32 where every offset formed fits (the GPU's common
+    case, what the interpreter runs too) and int64 otherwise; both against the float64 reference,
+    on a strided X (the rule counts both strides)."""
+    from fusedml.gmm import fused
+    from fusedml.gmm._prep import validate
+
+    fits32 = fused.offsets_fit_int32
+    t = torch.empty(3, 8)
+    assert fits32(t, (2 ** 31 - 8) // 8, 7) and not fits32(t, 2 ** 28, 8)  # rows * 8 + cols < 2^31
+    assert not fits32(t.t(), 2 ** 31, 1) and fits32(t.t(), 2 ** 31 - 9, 1)  # column-major: the row stride is 1
+    Xn, w, means, pc = problem(rng, 203, 16, 16, ct)
+    ref = reference(Xn, w, means, pc, ct)
+    wide = torch.zeros(203, 40, dtype=torch.float64)
+    wide[:, 3:19] = torch.tensor(Xn)
+    for fits in (True, False):
+        monkeypatch.setattr(fused, "offsets_fit_int32", lambda *a, fits=fits: fits)
+        for Xt in (torch.tensor(Xn), wide[:, 3:19]):
+            prep = validate(Xt, w, means, pc, ct)
+            _, ll, nk, s1, s2 = fused.estep_fused(prep, False, precision="fp32")
+            assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
+            assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5
+
+
 @pytest.mark.parametrize("P,PL,K,D,ct", [(1, 1, 1, 1, "diag"), (37, 37, 5, 3, "diag"), (20, 3, 3, 200, "diag"),
                                          (17, 40, 4, 6, "spherical")])
 def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):

@@ -50,6 +50,17 @@ def test_fused_matches_float64(rng, N, D, K, weighted, offset, form):
     assert abs(float(r.inertia) / max(float(inertia), 1e-300) - 1) < 1e-4 or float(inertia) < 1e-9
 
 
+def test_register_form_int64_offsets(rng, monkeypatch):
+    """The Lloyd step's register form with int64 row offsets (X past 2^31 offsets) equals the
+    reference too (the int32 form is what the other tests run)."""
+    monkeypatch.setattr(km, "offsets_fit_int32", lambda *a: False)
+    X = torch.from_numpy(rng.standard_normal((301, 16)) * 2 + 3.0).float()
+    C = X[torch.from_numpy(rng.choice(301, size=16, replace=False))].clone() + 0.01
+    r = fusedml.lloyd_step(X, C, shift=X.double().mean(0), backend="fused")
+    lab, sums, counts, _ = _reference(X, C, None)
+    assert torch.equal(r.labels, lab) and _relerr(r.sums, sums) < 1e-5 and _relerr(r.counts, counts) < 1e-5
+
+
 def test_register_form_plan():
     p = km.lloyd_plan(1 << 20, 16, 16)
     assert p["REG"] == (2, 8) and p["BLOCK_N"] == 16 and not p["USE_DOT"]  # the GMM diag tile (measured)
