@@ -266,6 +266,19 @@ for p in $parts; do
       done
       run gmm-fit-probe 90 python3 benchmarks/gmm_host_probe.py --shapes 1048576x16x16 --out "$out/gmm_host_probe.json"
       grep -A3 "phases" "$log/gmm-fit-probe.log" | head -8 ;;
+    gmm-host-ab)  # session 23: the E-step's host arithmetic without triton.cdiv's JIT calls: the 1M-row data
+                  # passes of .ab-base and this code interleaved; this code's host probe
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run gmm-host-$side-$r 60 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 0,18,19 \
+            --variants '^$' --sweep-precisions fp32 --out "$out/gmm_host_ab_${side}_$r.json"
+          grep -E "^\| [0-9]" "$log/gmm-host-$side-$r.log"
+        done
+      done
+      run gmm-host-probe 90 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 --fit '' \
+        --out "$out/gmm_host_probe.json"
+      grep -E "host_us|kernel_ms|call_ms" "$log/gmm-host-probe.log" | head -12 ;;
     ab-e2e)  # session 22: the dense fits of the code in .ab-base (a checkout of an earlier commit) against
              # this code, interleaved base / new / base / new on one machine start (fused and ops)
       for r in 1 2; do

@@ -38,7 +38,7 @@ from triton.runtime.errors import OutOfResources
 from .._launch import launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
-from .model import Plan, auto_precision, gpu_info, plan_launch
+from .model import Plan, _pow2, auto_precision, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1070,7 +1070,7 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     dev = X.device
     logp = torch.empty(N, dtype=torch.float32, device=dev)
     labels = torch.empty(N if want_label else 1, dtype=torch.int64, device=dev)
-    n_blocks = triton.cdiv(N, plan.lse_BN)
+    n_blocks = -(-N // plan.lse_BN)
     P = max(1, min(n_blocks, plan.lse_programs))
     pll = torch.empty(P, dtype=torch.float32, device=dev)
     if prep.covariance_type in ("diag", "spherical"):
@@ -1131,7 +1131,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     sw, has_sw = _sw(prep, dummy)
     full_like = ct in ("full", "tied")
     if plan.path == "single":
-        n_blocks = triton.cdiv(N, plan.BN)
+        n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
             off32 = offsets_fit_int32(X, 3 * n_blocks * plan.BN, plan.BD)
             kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec, off32)
@@ -1173,7 +1173,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)
         lp_out = logp if return_log_prob else None
         chunk_rows = plan.chunk_rows
-        n_chunks = triton.cdiv(N, chunk_rows)
+        n_chunks = -(-N // chunk_rows)
         pnk = torch.empty(n_chunks, K, dtype=f32, device=dev)
         ps1 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
         if full_like:
@@ -1186,7 +1186,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                 ps2 = ps2.sum(1)
         else:
             ps2 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
-            n_kt = triton.cdiv(K, plan.BK_tile)
+            n_kt = -(-K // plan.BK_tile)
             _diag_stats_kernel[(n_chunks * n_kt,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, N, D, K, n_kt, chunk_rows, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile,
@@ -1206,8 +1206,8 @@ def _diag_finish(prep: Prepared, ops, pnk, ps1, ps2, pll):
     (:func:`_diag_finish_kernel`), plus the sum over features for spherical."""
     K, D = prep.K, prep.D
     out = torch.empty(1 + K + 2 * K * D, dtype=torch.float64, device=pnk.device)
-    BD = min(triton.next_power_of_2(D), 128)
-    launch(_diag_finish_kernel, (K, triton.cdiv(D, BD)), (pnk, ps1, ps2, pll, ops["CP"], out, pnk.shape[0],
+    BD = min(_pow2(D, 1), 128)
+    launch(_diag_finish_kernel, (K, -(-D // BD)), (pnk, ps1, ps2, pll, ops["CP"], out, pnk.shape[0],
                                                           pll.shape[0], K, D), dict(BP=16, BD=BD), num_warps=4)
     s1 = out[1 + K:1 + K + K * D].view(K, D)
     s2 = out[1 + K + K * D:].view(K, D)
