@@ -327,7 +327,8 @@ def sweep(args, dev):
                     continue
                 row = {"N": N, "D": D, "K": K, "cov": ct, "precision": prec, "variant": name, "path": p.path,
                        "BN": p.BN, "BK_tile": p.BK_tile, "num_warps": p.num_warps, "num_stages": p.num_stages,
-                       "form": p.form, "reg": list(p.reg), "maxnreg": p.maxnreg, "DC": p.DC, "model": is_model and p.path == auto.path}
+                       "form": p.form, "reg": list(p.reg), "maxnreg": p.maxnreg, "DC": p.DC,
+                       "model": is_model and p.path == auto.path}
                 try:
                     _estep_plan(prep, False, prec, p, ops_)  # compile; errors (out of resources) land here
                     row["ms"] = _bench(lambda: _estep_plan(prep, False, prec, p, ops_), False, rep=15)

@@ -519,8 +519,8 @@ class LloydIterations:
 
     def _bind(self, src, dst):
         plan = self.plan
-        kernel, P, consts, opts, args = _lloyd_spec(self.X, src["CS"], src["CSQ"], self.sh32, self.w, plan, src["labels"],
-                                              dst["labels"])
+        kernel, P, consts, opts, args = _lloyd_spec(self.X, src["CS"], src["CSQ"], self.sh32, self.w, plan,
+                                                    src["labels"], dst["labels"])
         part = torch.empty((P, plan["BLOCK_K"] * plan["BLOCK_D"] + plan["BLOCK_K"] + 2), dtype=torch.float32,
                            device=self.X.device)
         step = bind(kernel, (P,), args(part), consts, **opts)

@@ -306,7 +306,7 @@ def test_plan_small_d_and_occupancy_grid():
 
 def test_register_cap_rule(monkeypatch):
     """register_cap: the cap that makes one more program resident per SM, kept only where registers
-    bind and the capped compile does not spill (compiled resources faked; 0 off the GPU)."""
+    bind and the capped compile spills at most a few words (compiled resources faked; 0 off the GPU)."""
     from types import SimpleNamespace
 
     from fusedml.gmm import fused
