@@ -302,6 +302,55 @@ def check_gmm(dev):
             _gmm_case(dev, *case)
         except Exception as e:  # noqa: BLE001 -- one failing case never ends the check
             record(f"gmm {' '.join(map(str, case))} ({type(e).__name__}: {str(e)[:60]})", float("inf"), 1e-4)
+    for case in (("diag", 1_048_576, 2, 2), ("spherical", 300_007, 3, 4), ("diag", 1000, 2, 3)):
+        try:
+            _gmm_one_launch_case(dev, *case)
+        except Exception as e:  # noqa: BLE001
+            record(f"gmm one-launch {' '.join(map(str, case))} ({type(e).__name__}: {str(e)[:60]})", float("inf"), 0)
+
+
+def _gmm_one_launch_case(dev, cov, n, d, k, calls=64):
+    """The register form's one-launch E-step (the last program sums every program's partials):
+    one launch per call, ``calls`` calls queued back to back on each of two streams at once (a
+    count per stream), every result bit-identical to the first (the finish sums in a fixed order)
+    and the first within 1e-4 of float64."""
+    from fusedml.gmm import fused
+
+    X = torch.randn(n, d, device=dev) * 3 + 100.0
+    means = X[torch.randint(0, n, (k,), device=dev)] + 0.1 * torch.randn(k, d, device=dev)
+    w = torch.full((k,), 1.0 / k, device=dev)
+    pc = 1.0 / (torch.rand(k, d, device=dev) * 2 + 1.0) if cov == "diag" else 1.0 / (torch.rand(k, device=dev) + 1.0)
+    names = []
+    real = fused.launch
+
+    def counting(kern, *a, **kw):
+        names.append(kern.fn.__name__)
+        return real(kern, *a, **kw)
+
+    fused.launch = counting
+    try:
+        first = fusedml.gmm_estep(X, w, means, pc, cov, backend="fused")
+        one = names == ["_diag_reg_kernel"]
+        streams = [torch.cuda.Stream(dev) for _ in range(2)]
+        torch.cuda.synchronize(dev)
+        outs = [[] for _ in streams]
+        for _ in range(calls):
+            for s, o in zip(streams, outs):
+                with torch.cuda.stream(s):
+                    o.append(fusedml.gmm_estep(X, w, means, pc, cov, backend="fused", check_finite=False))
+        torch.cuda.synchronize(dev)
+    finally:
+        fused.launch = real
+    ref = fusedml.gmm_estep(X.double(), w.double(), means.double(), pc.double(), cov, backend="ops")
+    name = f"gmm one-launch {cov} {n}x{d} K={k}"
+    record(name + " one launch per call", 0.0 if one else float("inf"), 0)
+    record(name + " N_k", rel(first.nk, ref.nk), 1e-4)
+    record(name + " S2", rel(first.s2, ref.s2), 1e-4)
+    record(name + " loglik", rel(first.log_likelihood.reshape(1), ref.log_likelihood.reshape(1)), 1e-4)
+    diff = max(float((a - b).abs().max()) for o in outs for st in o
+               for a, b in ((st.nk, first.nk), (st.s1, first.s1), (st.s2, first.s2),
+                            (st.log_likelihood, first.log_likelihood)))
+    record(name + f" {2 * calls} queued calls on 2 streams == first", diff, 0)
 
 
 def _gmm_case(dev, cov, n, d, k, path, prec):

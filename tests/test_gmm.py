@@ -465,6 +465,42 @@ def test_register_form_int64_offsets(rng, monkeypatch, ct):
             assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5
 
 
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_register_form_one_launch(rng, monkeypatch, ct):
+    """The register form's one-launch E-step (the program that stores the last partials sums them)
+    against the two-launch one and the float64 reference, with more programs than one finish block
+    holds, twice in a row: one launch each, and the count back at zero after each."""
+    from dataclasses import replace
+
+    from fusedml.gmm import fused
+    from fusedml.gmm._prep import validate
+
+    cpu = torch.device("cpu")
+    assert fused._one_launch(2048, 2, 2, cpu) == (128, 4) and fused._one_launch(2049, 2, 2, cpu) is None
+    assert fused._one_launch(64, 16, 8, cpu) == (4, 128) and fused._one_launch(65, 16, 8, cpu) is None
+    N, D, K = 3001, 3, 4
+    Xn, w, means, pc = problem(rng, N, D, K, ct)
+    ref = reference(Xn, w, means, pc, ct, sw=None)
+    plan = replace(plan_launch(N, K, D, ct, torch.float32, cpu), BN=16, programs=150)
+    assert plan.form == "reg" and fused._one_launch(150, K, D, cpu)[0] < 150  # 5 finish blocks
+    names = []
+    real = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda kern, *a, **k: (names.append(kern.fn.__name__), real(kern, *a, **k)))
+    prep = validate(torch.tensor(Xn), w, means, pc, ct)
+    out = {}
+    for limit, want in ((fused._ONE_LAUNCH_VALUES, ["_diag_reg_kernel"]),
+                        (0, ["_diag_reg_kernel", "_diag_finish_kernel"])):
+        monkeypatch.setattr(fused, "_ONE_LAUNCH_VALUES", limit)
+        for _ in range(2):
+            names.clear()
+            lp, ll, nk, s1, s2 = out[limit] = fused.estep_fused(prep, True, precision="fp32", plan=plan)
+            assert names == want and int(fused._counter(cpu)) == 0
+            assert rel(ll, ref["log_likelihood"]) < 1e-5 and rel(nk, ref["nk"]) < 1e-5
+            assert s1_err(s1, ref) < 1e-5 and rel(s2, ref["s2"]) < 1e-5 and rel(lp, ref["log_prob"]) < 1e-5
+    for a, b in zip(out[0][1:], out[fused._ONE_LAUNCH_VALUES][1:]):  # the same partials, summed in another order
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-12, atol=1e-9)
+
+
 @pytest.mark.parametrize("P,PL,K,D,ct", [(1, 1, 1, 1, "diag"), (37, 37, 5, 3, "diag"), (20, 3, 3, 200, "diag"),
                                          (17, 40, 4, 6, "spherical")])
 def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):
@@ -931,12 +967,28 @@ def _aot_check_plans():
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
-    sig = {a: ("constexpr" if a in ("BP", "BD") else ("i32" if a in ("P", "PL", "K", "D") else
-                                                      ("*fp64" if a in ("CP", "OUT") else "*fp32"))) for a in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, {"BP": 16, "BD": 128}), target=target, options=dict(num_warps=4))
+    sig = {a: ("constexpr" if a in ("BP", "BKD") else ("i32" if a in ("P", "PL", "K", "D") else
+                                                       ("*fp64" if a in ("CP", "OUT") else "*fp32"))) for a in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, {"BP": 16, "BKD": 128}), target=target, options=dict(num_warps=4))
     regs, stack = resource_usage(k)
     print(f"AOT finish: regs={regs} stack={stack}", flush=True)
     assert stack == 0
+    # the register form's one-launch E-step: the count's release / acquire atomic, the finish's
+    # L2 loads (1M x 2, K = 2 diag and 1M x 3, K = 4 spherical)
+    for N, D, K, ct in ((1 << 20, 2, 2, "diag"), (1 << 20, 3, 4, "spherical")):
+        plan = plan_launch(N, K, D, ct, torch.float32, torch.device("cpu"), precision="fp32")
+        assert plan.form == "reg", plan
+        fn, consts, _ = fused._diag_single_launch(plan, False, False, fused._PREC["fp32"], True,
+                                                   fused._one_launch(512, K, D, torch.device("cpu")))
+        sig = {a: ("constexpr" if a in consts else "i32" if a in ints else "*fp64" if a in ("CP", "OUT") else
+                   "*i32" if a == "CNT" else "*fp32") for a in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, consts), target=target,
+                           options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+        regs, stack = resource_usage(k)
+        ptx = k.asm["ptx"]
+        print(f"AOT one-launch {N}x{D} K={K} {ct}: regs={regs} stack={stack}", flush=True)
+        assert re.search(r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", ptx) and "ld.global.cg" in ptx, ct
+        assert stack == 0
     # the device EM loop's M-step + operands (float64 log / sqrt through libdevice)
     fn = fused._mstep_operands_kernel
     f32 = {"G", "W1", "W2", "CONST"}

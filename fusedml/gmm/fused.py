@@ -323,10 +323,11 @@ def _diag_reg_kernel(
     W1, W2, CONST,  # [D, K], [D, K], [K] fp32, log2 units
     LOGP,  # [N] fp32 out (WRITE_LOGP)
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
+    CP, OUT, CNT,  # FINISH: [K, D] float64 centres minus the shift, float64 [1 + K + 2 K D] out, int32 [1] zero
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2, SPH: tl.constexpr = False,
-    OFF32: tl.constexpr = False,
+    OFF32: tl.constexpr = False, FINISH: tl.constexpr = False, FBP: tl.constexpr = 1, FBKD: tl.constexpr = 1,
 ):
     """Single sweep with register FMAs, for small K x D (``form="reg"``): tiles are
     [BD, KI, BN, KO]. Triton's default layout gives threads to the trailing axes first, so the
@@ -337,7 +338,10 @@ def _diag_reg_kernel(
     loaded ahead (a block is 1-2 KB, so one load in flight per program cannot cover DRAM latency).
     SPH (spherical): the quadratic term ``p_k |x|^2`` and the second moment ``sum r |x|^2`` per row
     and component (W2's row 0 holds ``-p_k / 2`` in log2 units; the moment goes to PS2's feature 0,
-    zeros elsewhere, so the finishing kernel's per-feature centring sums to the spherical one)."""
+    zeros elsewhere, so the finishing kernel's per-feature centring sums to the spherical one).
+    FINISH (one launch per E-step, for small ``P x K x D``): the program that stores the last
+    partials (counted in CNT, which it resets to zero) also sums them (:func:`_finish_flat`, one
+    ``[FBP, FBKD]`` block, ``FBKD >= K x D``) into OUT."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n, offs_d, offs_o, ks, dmask, kmask = _reg_layout(BN, BD, KI, KO, D, K)
@@ -407,6 +411,13 @@ def _diag_reg_kernel(
     else:
         tl.store(PS2 + soff, tl.sum(acc_s2, axis=2), mask=wmask)
     tl.store(PLL + pid, tl.sum(tl.sum(acc_ll, axis=1), axis=0))
+    if FINISH:
+        # every thread's partials are stored before the count; the release / acquire pair of the
+        # count makes all programs' partials visible to the program that counts last
+        tl.debug_barrier()
+        if tl.atomic_add(CNT, 1, sem="acq_rel", scope="gpu") == nprog - 1:
+            _finish_flat(PNK, PS1, PS2, PLL, CP, OUT, nprog, nprog, K, D, 0, FBP, FBKD)
+            tl.atomic_xchg(CNT, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -496,46 +507,53 @@ def _diag_stats_kernel(
 
 
 @triton.jit
+def _finish_flat(PNK, PS1, PS2, PLL, CP, OUT, P, PL, K, D, j, BP: tl.constexpr, BKD: tl.constexpr):
+    """Sum the partial statistics of flat entries ``k * D + d`` in ``[j BKD, (j + 1) BKD)`` over
+    their P rows in float64 (a fixed order) and move the moments from the shift to the centres
+    (``s1 = S1 - nk c'``, ``s2 = S2 - 2 c' S1 + nk c'^2``); block 0 also sums the PL
+    log-likelihood partials. Partials are read from L2 (``.cg``): in the one-launch sweep they were
+    written by other programs of the same launch."""
+    offs_p = tl.arange(0, BP)
+    offs = j * BKD + tl.arange(0, BKD)
+    KD = K * D
+    fmask = offs < KD
+    kof = offs // D
+    acc_n = tl.zeros((BP, BKD), dtype=tl.float64)
+    acc_1 = tl.zeros((BP, BKD), dtype=tl.float64)
+    acc_2 = tl.zeros((BP, BKD), dtype=tl.float64)
+    for p0 in range(0, P, BP):
+        ps = p0 + offs_p
+        m = (ps < P)[:, None] & fmask[None, :]
+        acc_n += tl.load(PNK + ps[:, None] * K + kof[None, :], mask=m, other=0.0, cache_modifier=".cg").to(tl.float64)
+        off = ps.to(tl.int64)[:, None] * KD + offs[None, :]
+        acc_1 += tl.load(PS1 + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float64)
+        acc_2 += tl.load(PS2 + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float64)
+    nk = tl.sum(acc_n, axis=0)  # [BKD] N_k of each entry's component
+    S1 = tl.sum(acc_1, axis=0)
+    S2 = tl.sum(acc_2, axis=0)
+    cp = tl.load(CP + offs, mask=fmask, other=0.0)
+    tl.store(OUT + 1 + K + offs, S1 - nk * cp, mask=fmask)
+    tl.store(OUT + 1 + K + KD + offs, S2 - 2.0 * cp * S1 + nk * cp * cp, mask=fmask)
+    tl.store(OUT + 1 + kof, nk, mask=fmask & (offs == kof * D))
+    if j == 0:
+        acc_l = tl.zeros((BP,), dtype=tl.float64)
+        for p0 in range(0, PL, BP):
+            ps = p0 + offs_p
+            acc_l += tl.load(PLL + ps, mask=ps < PL, other=0.0, cache_modifier=".cg").to(tl.float64)
+        tl.store(OUT, tl.sum(acc_l, axis=0))
+
+
+@triton.jit
 def _diag_finish_kernel(
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials (programs or row chunks)
     CP,  # [K, D] float64 centres minus the shift
     OUT,  # float64 [1 + K + 2 K D]: ll, nk, s1 [K, D], s2 [K, D]
     P, PL, K, D,  # rows of the statistics' partials, of PLL (two-pass: pass 1's programs)
-    BP: tl.constexpr, BD: tl.constexpr,
+    BP: tl.constexpr, BKD: tl.constexpr,
 ):
-    """Sum the partial statistics in float64 and move the moments from the shift to the centres
-    (``s1 = S1 - nk c'``, ``s2 = S2 - 2 c' S1 + nk c'^2``): one launch where torch took ~16. Program
-    (k, feature block)."""
-    k = tl.program_id(0)
-    db = tl.program_id(1)
-    offs_p = tl.arange(0, BP)
-    offs_d = db * BD + tl.arange(0, BD)
-    dmask = offs_d < D
-    acc_n = tl.zeros((BP,), dtype=tl.float64)
-    acc_1 = tl.zeros((BP, BD), dtype=tl.float64)
-    acc_2 = tl.zeros((BP, BD), dtype=tl.float64)
-    for p0 in range(0, P, BP):
-        ps = p0 + offs_p
-        pmask = ps < P
-        acc_n += tl.load(PNK + ps * K + k, mask=pmask, other=0.0).to(tl.float64)
-        m = pmask[:, None] & dmask[None, :]
-        off = (ps.to(tl.int64)[:, None] * K + k) * D + offs_d[None, :]
-        acc_1 += tl.load(PS1 + off, mask=m, other=0.0).to(tl.float64)
-        acc_2 += tl.load(PS2 + off, mask=m, other=0.0).to(tl.float64)
-    nk = tl.sum(acc_n, axis=0)
-    S1 = tl.sum(acc_1, axis=0)
-    S2 = tl.sum(acc_2, axis=0)
-    cp = tl.load(CP + k * D + offs_d, mask=dmask, other=0.0)
-    tl.store(OUT + 1 + K + k * D + offs_d, S1 - nk * cp, mask=dmask)
-    tl.store(OUT + 1 + K + K * D + k * D + offs_d, S2 - 2.0 * cp * S1 + nk * cp * cp, mask=dmask)
-    if db == 0:
-        tl.store(OUT + 1 + k, nk)
-        if k == 0:
-            acc_l = tl.zeros((BP,), dtype=tl.float64)
-            for p0 in range(0, PL, BP):
-                ps = p0 + offs_p
-                acc_l += tl.load(PLL + ps, mask=ps < PL, other=0.0).to(tl.float64)
-            tl.store(OUT, tl.sum(acc_l, axis=0))
+    """The partials' float64 finish (:func:`_finish_flat`) as its own launch: one launch where
+    torch took ~16. Program j: flat statistics entries ``[j BKD, (j + 1) BKD)``."""
+    _finish_flat(PNK, PS1, PS2, PLL, CP, OUT, P, PL, K, D, tl.program_id(0), BP, BKD)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1093,17 +1111,50 @@ def offsets_fit_int32(X: torch.Tensor, rows: int, cols: int) -> bool:
     return rows * abs(X.stride(0)) + cols * abs(X.stride(1)) < 2 ** 31
 
 
-def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, off32: bool = False):
+#: one launch per register-form E-step (the last program finishes) where the finish reads at most
+#: this many padded partial values (``P x pow2(K x D)``): 16 blocks of 512 in one program. Such
+#: E-steps (small K x D at up to a few million rows) are host-bound, and the second launch cost
+#: more host time than its GPU work.
+_ONE_LAUNCH_VALUES = 8192
+
+
+def _one_launch(P: int, K: int, D: int, dev) -> tuple | None:
+    """``(FBP, FBKD)`` finish blocks of the register-form sweep's one-launch E-step, or None (two
+    launches: large ``P x K x D``, or a CUDA graph being captured, whose replays need no host
+    time and must not share the count with eager launches)."""
+    fbkd = _pow2(K * D, 1)
+    if P * fbkd > _ONE_LAUNCH_VALUES or (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    return max(1, 512 // fbkd), fbkd
+
+
+_COUNTERS: dict = {}
+
+
+def _counter(dev) -> torch.Tensor:
+    """The one-launch E-step's int32 count (zero between launches: the program that counts last
+    resets it), one per device and stream, since launches on one stream run in order."""
+    key = (dev, torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None)
+    t = _COUNTERS.get(key)
+    if t is None:
+        t = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return t
+
+
+def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, off32: bool = False,
+                        finish: tuple | None = None):
     """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form;
-    ``off32``: the register form's row offsets in int32 (:func:`offsets_fit_int32`)."""
+    ``off32``: the register form's row offsets in int32 (:func:`offsets_fit_int32`); ``finish``:
+    the register form's one-launch finish blocks (:func:`_one_launch`)."""
     kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.maxnreg > 0:
         opts["maxnreg"] = plan.maxnreg
     if plan.form == "reg":
         bd, ki, ko = plan.reg
+        fbp, fbkd = finish or (1, 1)
         return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph,
-                                      OFF32=off32), opts
+                                      OFF32=off32, FINISH=finish is not None, FBP=fbp, FBKD=fbkd), opts
     return (_diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch),
             opts)
 
@@ -1141,8 +1192,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, dev)
             P, cap = _GRIDS.get(gkey, (None, 0))
             if P is None:
-                args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], dummy,
-                        dummy, dummy, dummy, dummy, N, D, K, n_blocks)
+                args = ((X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"])
+                        + (dummy,) * (8 if plan.form == "reg" else 5) + (N, D, K, n_blocks))
                 if plan.form == "reg" and plan.maxnreg == 0:  # one more program per SM where it fits
                     cap = register_cap(kern, args, {**consts, **opts}, dev)
                 # partials: P x K x D x 2 fp32, kept under ~32 MB
@@ -1153,9 +1204,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             if cap:
                 opts["maxnreg"] = cap
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
-        pnk = torch.empty(P, K, dtype=f32, device=dev)
-        pll = torch.empty(P, dtype=f32, device=dev)
         if full_like:
+            pnk = torch.empty(P, K, dtype=f32, device=dev)
+            pll = torch.empty(P, dtype=f32, device=dev)
             ps1 = torch.zeros(P, K, D, dtype=f32, device=dev)
             ps2 = torch.zeros((P, D, D) if ct == "tied" else (P, K, D, D), dtype=f32, device=dev)
             _full_single_kernel[(P,)](
@@ -1164,10 +1215,19 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                 HAS_SW=has_sw, WRITE_LOGP=return_log_prob, TIED=(ct == "tied"), PREC=prec,
                 num_warps=plan.num_warps, num_stages=plan.num_stages)
         else:
-            ps1 = torch.empty(P, K, D, dtype=f32, device=dev)
-            ps2 = torch.empty(P, K, D, dtype=f32, device=dev)
-            launch(kern, (P,), (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
-                                pnk, ps1, ps2, pll, N, D, K, n_blocks), consts, **opts)
+            # the partials [P, K], [P, K, D], [P, K, D], [P] in one allocation
+            pnk, ps1, ps2, pll = torch.empty(P * (K * (2 * D + 1) + 1), dtype=f32, device=dev).split(
+                [P * K, P * K * D, P * K * D, P])
+            args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, pnk, ps1, ps2,
+                    pll)
+            finish = _one_launch(P, K, D, dev) if plan.form == "reg" else None
+            if finish is not None:  # the last program sums the partials: one launch
+                out = torch.empty(1 + K + 2 * K * D, dtype=f64, device=dev)
+                consts = dict(consts, FINISH=True, FBP=finish[0], FBKD=finish[1])
+                launch(kern, (P,), args + (ops["CP"], out, _counter(dev), N, D, K, n_blocks), consts, **opts)
+                return (logp if return_log_prob else None,) + _finish_views(prep, out)
+            launch(kern, (P,), args + ((dummy,) * 3 if plan.form == "reg" else ()) + (N, D, K, n_blocks), consts,
+                   **opts)
         lp_out = logp if return_log_prob else None
     else:
         logp, _, pll = _lse_pass(prep, ops, plan, sw, has_sw, False, prec)
@@ -1206,14 +1266,19 @@ def _diag_finish(prep: Prepared, ops, pnk, ps1, ps2, pll):
     (:func:`_diag_finish_kernel`), plus the sum over features for spherical."""
     K, D = prep.K, prep.D
     out = torch.empty(1 + K + 2 * K * D, dtype=torch.float64, device=pnk.device)
-    BD = min(_pow2(D, 1), 128)
-    launch(_diag_finish_kernel, (K, -(-D // BD)), (pnk, ps1, ps2, pll, ops["CP"], out, pnk.shape[0],
-                                                          pll.shape[0], K, D), dict(BP=16, BD=BD), num_warps=4)
-    s1 = out[1 + K:1 + K + K * D].view(K, D)
-    s2 = out[1 + K + K * D:].view(K, D)
-    if prep.covariance_type == "spherical":
-        s2 = s2.sum(1)
-    return out[0], out[1:1 + K], s1, s2
+    BKD = min(_pow2(K * D, 1), 128)
+    launch(_diag_finish_kernel, (-(-(K * D) // BKD),), (pnk, ps1, ps2, pll, ops["CP"], out, pnk.numel() // K,
+                                                        pll.numel(), K, D), dict(BP=16, BKD=BKD), num_warps=4)
+    return _finish_views(prep, out)
+
+
+def _finish_views(prep: Prepared, out: torch.Tensor):
+    """``(ll, nk, s1, s2)`` views of the finish's float64 ``[1 + K + 2 K D]`` output (spherical
+    s2 summed over features)."""
+    K, D = prep.K, prep.D
+    ll, nk, s1, s2 = out.split([1, K, K * D, K * D])
+    s2 = s2.view(K, D)
+    return ll.view(()), nk, s1.view(K, D), s2.sum(1) if prep.covariance_type == "spherical" else s2
 
 
 def _fallbacks(plan: Plan, N: int, K: int, D: int, ct: str, dev, precision: str):
