@@ -62,11 +62,36 @@ def probe_estep(spec, dev, calls, top):
            "kernel_ms": _common.bench_ms(kernel), "call_ms": _common.bench_ms(call_host),
            "call_ms_gpu_params": _common.bench_ms(call_dev)}
     row["profile"] = profile_table(call_host, dev, top, calls)
+    row["profile_kernel"] = profile_table(kernel, dev, top, calls)
     print(f"\n== {spec} {ct}: host us/call {row['host_us_host_params']:.0f} (GPU parameters "
           f"{row['host_us_gpu_params']:.0f}, data pass alone {row['host_us_kernel_only']:.0f}); kernel "
           f"{row['kernel_ms']:.3f} ms, call {row['call_ms']:.3f} ms ({row['call_ms_gpu_params']:.3f})")
     print(row["profile"])
+    print("data pass alone:\n" + row["profile_kernel"])
     return row
+
+
+def probe_primitives(dev, calls):
+    """Host us per call of the pieces a data pass is made of (this host's speed: the probe's
+    rows move with it between machines)."""
+    from fusedml import _launch
+    from fusedml.gmm import fused
+
+    t = torch.empty(1024, device=dev)
+    td = torch.empty(1024, dtype=torch.float64, device=dev)
+    prims = {
+        "torch.empty(1024)": lambda: torch.empty(1024, device=dev),
+        "split into 4 views": lambda: t.split([256, 256, 256, 256]),
+        "view": lambda: t.view(32, 32),
+        "current_stream().cuda_stream": lambda: torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0,
+        "is_current_stream_capturing": lambda: torch.cuda.is_current_stream_capturing() if dev.type == "cuda" else 0,
+        "triton driver stream": _launch._stream if dev.type == "cuda" else (lambda: 0),
+        "launch key of 20 args": lambda: tuple(map(_launch._key, (t,) * 12 + (1024,) * 8)),
+        "finish launch (7 args)": lambda: _launch.launch(fused._diag_finish_kernel, (1,), (t, t, t, t, td, td, 4, 4, 2, 2), dict(BP=64, BKD=16), num_warps=4),
+    }
+    out = {name: per_call_us(fn, calls, dev) for name, fn in prims.items()}
+    print("\n== host primitives (us/call): " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()))
+    return out
 
 
 def probe_fit(spec, dev, top):
@@ -159,6 +184,7 @@ def main(argv=None):
     shapes = args.shapes or (SHAPES if dev.type == "cuda" else ["256x3x2", "256x4x3s"])
     calls = args.calls if dev.type == "cuda" else 2
     rows = [probe_estep(s, dev, calls, args.top) for s in shapes]
+    prims = probe_primitives(dev, calls)
     fit = args.fit if args.fit is not None else ("1000000x16x16" if dev.type == "cuda" else "400x3x2")
     if fit:
         rows.append(probe_fit(fit, dev, args.top))
@@ -169,7 +195,8 @@ def main(argv=None):
                   f"{r['kernel_ms']:.3f} | {r['call_ms']:.3f}")
         else:
             print(f"fit {r['shape']} | {r['fit_ms']:.1f} ms | {r['n_iter']} iterations")
-    print(_common.write_json("gmm_host_probe", rows, {"args": vars(args)}, args.out))
+    print(_common.write_json("gmm_host_probe", rows, {"args": vars(args), "host_primitives_us": prims},
+                                 args.out))
     return rows
 
 

@@ -256,7 +256,7 @@ for p in $parts; do
       grep -E "^\| " "$log/e2e-gmm.log" | tail -4 ;;
     gmm-one-launch)  # session 24: the register form's one-launch E-step (last program finishes): its GPU check,
                      # the host-bound 1M-row passes of .ab-base (session start) and this code interleaved, the
-                     # 1M x 2, K = 2 row with ops and two-pass, the host probe; the CUDA tests with every traceback
+                     # host probe (the data pass's profile, this host's primitives)
       run check-gmm 200 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
       grep -E "^FAIL|one-launch|passed" "$log/check-gmm.log" | tail -16
       for r in 1 2; do
@@ -267,15 +267,13 @@ for p in $parts; do
           grep -E "^\| [0-9]" "$log/gmm-ol-$side-$r.log" | cut -d"|" -f2-8
         done
       done
-      run gmm-ol 60 python3 benchmarks/bench_gmm.py --configs 0 --out "$out/gmm_ol.json"
-      grep -E "^\| [0-9]" "$log/gmm-ol.log" | cut -d"|" -f2-12
-      run gmm-host-probe 60 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 \
+      run gmm-host-probe 60 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 --fit '' \
         --out "$out/gmm_host_probe.json"
-      grep "^== " "$log/gmm-host-probe.log"
+      grep "^== " "$log/gmm-host-probe.log" ;;
+    cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py
-      tail -3 "$log/cuda-tests.log"
-      cp "$log/cuda-tests.log" "$out/cuda_tests.log" ;;
+      tail -3 "$log/cuda-tests.log" ;;
     gmm-fit-ab)  # session 23: the GMM fit of .ab-base (session start) against this code, interleaved, fused and
                  # ops, 5 fits each; the fit's phases (host probe) on this code
       for r in 1 2; do

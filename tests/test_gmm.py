@@ -502,12 +502,12 @@ def test_register_form_one_launch(rng, monkeypatch, ct):
 
 
 @pytest.mark.parametrize("P,PL,K,D,ct", [(1, 1, 1, 1, "diag"), (37, 37, 5, 3, "diag"), (20, 3, 3, 200, "diag"),
-                                         (17, 40, 4, 6, "spherical")])
+                                         (17, 40, 4, 6, "spherical"), (150, 150, 3, 5, "diag")])
 def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):
-    """The one-launch finish (float64 sums of the partials, moments moved to the centres) equals
-    the torch composition it replaced, for partial counts that are no multiple of its block,
-    feature counts past one feature block, and (two-pass) as many log-likelihood partials as pass 1
-    had programs, not as the statistics have row chunks."""
+    """The finish kernel (float64 sums of the partials, moments moved to the centres) equals the
+    torch composition it replaced, for partial counts that are no multiple of its block (and past
+    two blocks), entry counts past one block, and (two-pass) as many log-likelihood partials as
+    pass 1 had programs, not as the statistics have row chunks."""
     from fusedml.gmm._prep import finish_shifted, validate
     from fusedml.gmm.fused import _diag_finish, _operands
 
@@ -969,7 +969,7 @@ def _aot_check_plans():
     fn = fused._diag_finish_kernel
     sig = {a: ("constexpr" if a in ("BP", "BKD") else ("i32" if a in ("P", "PL", "K", "D") else
                                                        ("*fp64" if a in ("CP", "OUT") else "*fp32"))) for a in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, {"BP": 16, "BKD": 128}), target=target, options=dict(num_warps=4))
+    k = triton.compile(ASTSource(fn, sig, {"BP": 64, "BKD": 16}), target=target, options=dict(num_warps=4))
     regs, stack = resource_usage(k)
     print(f"AOT finish: regs={regs} stack={stack}", flush=True)
     assert stack == 0
