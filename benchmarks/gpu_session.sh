@@ -270,6 +270,24 @@ for p in $parts; do
       run gmm-host-probe 60 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 --fit '' \
         --out "$out/gmm_host_probe.json"
       grep "^== " "$log/gmm-host-probe.log" ;;
+    gmm-s24-final)  # session 24: the final code's GMM check, E-step table (the README's), A/B rounds, host probe
+      run check-gmm 200 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -4
+      run gmm-final 240 python3 benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7,20,21,10 \
+        --out "$out/gmm.json"
+      grep -E "^\| [0-9]" "$log/gmm-final.log" | cut -d"|" -f2-12
+      for r in 1 2 3; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run gmm-ol-$side-$r 45 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 0 \
+            --variants '^$' --sweep-precisions fp32 --out "/tmp/gmm_ol_ab_${side}_$r.json"
+          grep -E "^\| [0-9]" "$log/gmm-ol-$side-$r.log" | cut -d"|" -f2-8
+        done
+      done
+      tar -C /tmp -cf "$out/gmm_ol_ab.tar" $(cd /tmp && ls gmm_ol_ab_*.json)
+      run gmm-host-probe 60 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 --fit '' \
+        --out "$out/gmm_host_probe.json"
+      grep "^== " "$log/gmm-host-probe.log" ;;
     cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py

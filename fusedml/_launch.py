@@ -63,14 +63,16 @@ def launch(kernel, grid, args, consts, **options):
 def _launch(kernel, grid, args, consts, options):
     """:func:`launch`, returning ``(compiled kernel, cache entry or None)``; the entry
     ``(ck, 3-D grid, constexpr values)`` lets :func:`bind` repeat the launch."""
-    if _state["ok"] is False or interpret_mode():
+    if _state["ok"] is False:
         return _plain(kernel, grid, args, consts, options), None
     try:
         key = (id(kernel), grid, tuple(map(_key, args)), tuple(consts.items()), tuple(options.items()))
         hit = _CACHE.get(key)
     except TypeError:  # an unhashable argument: Triton's path
         return _plain(kernel, grid, args, consts, options), None
-    if hit is None:
+    if hit is None:  # (the interpreter never stores one: the check costs a host us per launch otherwise)
+        if interpret_mode():
+            return _plain(kernel, grid, args, consts, options), None
         ck = _plain(kernel, grid, args, consts, options)
         if _state["ok"] is None:
             _state["ok"] = all(hasattr(ck, a) for a in ("run", "function", "packed_metadata", "launch_metadata"))

@@ -1129,12 +1129,15 @@ def _one_launch(P: int, K: int, D: int, dev) -> tuple | None:
 
 
 _COUNTERS: dict = {}
+#: the current stream's handle, as Triton's launcher takes it (``torch.cuda.current_stream`` builds
+#: a Stream object: ~7 us of host time per call on the H200 host)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda i: torch.cuda.current_stream(i).cuda_stream)
 
 
 def _counter(dev) -> torch.Tensor:
     """The one-launch E-step's int32 count (zero between launches: the program that counts last
     resets it), one per device and stream, since launches on one stream run in order."""
-    key = (dev, torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None)
+    key = (dev, _raw_stream(dev.index) if dev.type == "cuda" else None)
     t = _COUNTERS.get(key)
     if t is None:
         t = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -1216,7 +1219,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                 num_warps=plan.num_warps, num_stages=plan.num_stages)
         else:
             # the partials [P, K], [P, K, D], [P, K, D], [P] in one allocation
-            pnk, ps1, ps2, pll = torch.empty(P * (K * (2 * D + 1) + 1), dtype=f32, device=dev).split(
+            pnk, ps1, ps2, pll = torch.empty(P * (K * (2 * D + 1) + 1), dtype=f32, device=dev).split_with_sizes(
                 [P * K, P * K * D, P * K * D, P])
             args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, pnk, ps1, ps2,
                     pll)
@@ -1278,7 +1281,7 @@ def _finish_views(prep: Prepared, out: torch.Tensor):
     """``(ll, nk, s1, s2)`` views of the finish's float64 ``[1 + K + 2 K D]`` output (spherical
     s2 summed over features)."""
     K, D = prep.K, prep.D
-    ll, nk, s1, s2 = out.split([1, K, K * D, K * D])
+    ll, nk, s1, s2 = out.split_with_sizes([1, K, K * D, K * D])  # (Tensor.split: a Python wrapper)
     s2 = s2.view(K, D)
     return ll.view(()), nk, s1.view(K, D), s2.sum(1) if prep.covariance_type == "spherical" else s2
 
