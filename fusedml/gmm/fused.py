@@ -10,7 +10,9 @@ N x K never reaches memory. Partials per program, summed in float64 on the devic
 
 For small K x D (fp32) the single sweep's products are register FMAs instead (``form="reg"``,
 :func:`_diag_reg_kernel`): each thread keeps one row's features and a few components' weights and
-statistics in registers for the whole row stream, so no operand goes through shared memory.
+statistics in registers for the whole row stream, so no operand goes through shared memory. Where
+its partials are few (:func:`_one_launch`) the E-step is one launch: the program that counts last
+(a release / acquire atomic on a per-stream count) sums every program's partials.
 
 Two-pass (Flash-GMM design, ``path="two_pass"``) when K x D (K x D^2) does not fit on chip:
 pass 1 the row's log-normaliser by an online log-sum-exp over component tiles (the same kernel
