@@ -288,6 +288,25 @@ for p in $parts; do
       run gmm-host-probe 60 python3 benchmarks/gmm_host_probe.py --shapes 1048576x2x2 1048576x16x16 --fit '' \
         --out "$out/gmm_host_probe.json"
       grep "^== " "$log/gmm-host-probe.log" ;;
+    x-evict-ab)  # session 24: X's loads evict-first (default) against the default L2 policy (FUSEDML_X_EVICTION=""),
+                 # interleaved: the dense mmchain cases twice, the solvers' passes once; the check on the new default
+      run check-mm 150 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_mm.json"
+      grep -E "^FAIL|passed" "$log/check-mm.log" | tail -4
+      dense=dense-8Mx32,dense-2Mx128,dense-500kx512,dense-125kx2048,dense-16kx16384,dense-4kx65536,dense-2Mx128-bf16,dense-2Mx128-m4
+      for r in 1 2; do
+        for side in base new; do
+          ev=evict_first; [ $side = base ] && ev=
+          run mm-ev-$side-$r 60 env FUSEDML_X_EVICTION=$ev python3 benchmarks/bench_mmchain.py --cases $dense --no-sweep \
+            --out "$out/mmchain_ev_${side}_$r.json"
+          grep -E "^\| dense" "$log/mm-ev-$side-$r.log" | cut -d"|" -f2-8
+        done
+      done
+      for side in base new; do
+        ev=evict_first; [ $side = base ] && ev=
+        run solver-ev-$side 90 env FUSEDML_X_EVICTION=$ev python3 benchmarks/bench_solver_ops.py \
+          --out "$out/solver_ops_ev_$side.json"
+        grep -E "^\| [0-9]" "$log/solver-ev-$side.log" | cut -d"|" -f2-7
+      done ;;
     cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py

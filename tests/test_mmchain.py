@@ -876,7 +876,7 @@ def _aot_dense_variants():
             over = dict(over, CHUNK=over.get("CHUNK", over["BLOCK_D"]))  # one chunk: the 2-D tile
         k = build(fn, xdt, acc, over if fn is dense_mod._mmchain_coop_kernel else dict(base, **over), warps, *aligned)
         regs, stack = resource_usage(k)
-        vec = re.search(r"ld\.global(\.\w+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
+        vec = re.search(r"ld\.global(\.[\w:]+)*\.v[24]\.b(32|64)", k.asm["ptx"]) is not None
         mma = re.search(r"\b(mma|wgmma)\S*\.tf32", k.asm["ptx"]) is not None
         print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec} tf32_mma={mma}")
         assert mma == ("tf32x3" in name), f"{name}: tensor-core tf32 MMAs {'missing' if not mma else 'unexpected'}"
@@ -885,6 +885,12 @@ def _aot_dense_variants():
         assert stack <= (1024 if "(spills)" in name else 0), f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
+        # these kernels read each element of X once: its loads go out with an L2 evict-first policy
+        # (the tl.dot form's cp.async copies carry it from Triton 3.7 on; 3.6 drops the hint there)
+        ptx = k.asm["ptx"]
+        if dense_mod._X_EVICTION == "evict_first" and ("dot" not in name or "L2::cache_hint" in ptx):
+            assert "createpolicy.fractional.L2::evict_first" in ptx and re.search(
+                r"(ld\.global|cp\.async)[\w.:]*L2::cache_hint", ptx), f"{name}: X's loads not evict-first"
         if "chunk" in name:  # the chunk axis of the 3-D tile lies within a thread (dense._CHUNK_OUTER
             # follows Triton's axis order; a new Triton that orders them otherwise fails here)
             ax = 0 if dense_mod._CHUNK_OUTER else 1

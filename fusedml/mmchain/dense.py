@@ -36,6 +36,7 @@ fp32 hi/lo pair so that fp64 runs keep full precision.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -58,6 +59,15 @@ _FAST_MATH = tl.constexpr(not interpret_mode())
 #: (3.6: blocked order [2, 0, 1]; 3.7-3.9: [2, 1, 0]); the chunk axis must come last in that order,
 #: so that a thread holds its row's piece of every chunk (checked: sm_90 compiles with each version)
 _CHUNK_OUTER = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7))
+#: L2 eviction priority of X's loads in the kernels that read each element of X once: evict-first,
+#: so that streaming X replaces its own lines and not what other kernels left in L2 (y, w, a
+#: previous kernel's output, dirty lines whose write-back would share DRAM with X's read).
+#: ``FUSEDML_X_EVICTION=""`` gives the default policy (A/B benchmarks). The chunked kernel, whose
+#: second pass re-reads X's chunks from L2, keeps the default.
+_X_EVICTION = os.environ.get("FUSEDML_X_EVICTION", "evict_first")
+if _X_EVICTION not in ("", "evict_first", "evict_last"):
+    raise ValueError(f"FUSEDML_X_EVICTION must be '', 'evict_first' or 'evict_last', not {_X_EVICTION!r}")
+_X_EVICT = tl.constexpr(_X_EVICTION)
 
 #: the unrolled kernel runs the softmax form and the loss pass with m columns, not padded to m_pad
 #: (False: the padded form, for A/B probes)
@@ -69,13 +79,14 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 @triton.jit
 def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
-            VEC: tl.constexpr):
+            VEC: tl.constexpr, EVICT: tl.constexpr = _X_EVICT):
     # rows [BN] int64, cols [BD] -> tile [BN, BD] in the accumulation dtype (zeros outside X)
-    return _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC).to(ACC)
+    return _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC, EVICT).to(ACC)
 
 
 @triton.jit
-def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr):
+def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr,
+                EVICT: tl.constexpr = _X_EVICT):
     # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers)
     if VEC > 1:
         # row starts and D are multiples of VEC elements (checked on the host): written so, the
@@ -87,7 +98,7 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
         mask = rows[:, None] < N
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < D)
-    return tl.load(ptrs, mask=mask, other=0.0)
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -109,7 +120,7 @@ def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_
         mask = r3 < N
     else:
         mask = (r3 < N) & (c3 < D)
-    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=_X_EVICT).to(ACC)
 
 
 @triton.jit
@@ -831,6 +842,13 @@ def _coop_t(w0, w1, gg, G, ACC: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
+def _coop_row(X, row, stride_xn, col_off, lmask, cols, N, ACC: tl.constexpr):
+    # this program's columns of row ``row`` of X (zeros past N), read once: evict-first
+    return tl.load(X + row * stride_xn + col_off, mask=lmask & ((cols * 0 + row) < N), other=0.0,
+                   eviction_policy=_X_EVICT).to(ACC)
+
+
+@triton.jit
 def _mmchain_coop_kernel(
     X,  # [N, D] any strides, fp32/fp64/bf16/fp16
     Y,  # [Dx, 1] accumulation dtype (unused when XTY)
@@ -879,19 +897,17 @@ def _mmchain_coop_kernel(
     row = r0.to(tl.int64)
     PUB: tl.constexpr = (not XTY) and PHASE != 2  # this launch publishes partials
     WAIT: tl.constexpr = (not XTY) and PHASE != 1  # this launch combines them
-    x_nxt = tl.load(X + row * stride_xn + col_off, mask=lmask & ((cols * 0 + row) < N), other=0.0).to(ACC)
+    x_nxt = _coop_row(X, row, stride_xn, col_off, lmask, cols, N, ACC)
     if PUB:
         if row < N:
             _coop_publish(x_nxt, y_g, TP, row, g, G, WORDS)
     if AHEAD >= 2:  # row i + 2R loads while row i + R is published
-        x_n2 = tl.load(X + (row + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + R) < N),
-                       other=0.0).to(ACC)
+        x_n2 = _coop_row(X, row + R, stride_xn, col_off, lmask, cols, N, ACC)
     if AHEAD == 3:  # rows published two iterations ahead; each row's poll issued an iteration ahead
         if PUB:
             if row + R < N:
                 _coop_publish(x_n2, y_g, TP, row + R, g, G, WORDS)
-        x_n3 = tl.load(X + (row + 2 * R) * stride_xn + col_off, mask=lmask & ((cols * 0 + row + 2 * R) < N),
-                       other=0.0).to(ACC)
+        x_n3 = _coop_row(X, row + 2 * R, stride_xn, col_off, lmask, cols, N, ACC)
         if WAIT:
             w0, w1, ok = _coop_poll(TP, row, gg, G, N, WORDS)
     spin_left = MAX_SPIN  # polls for the whole run: a broken grid ends in about a second, not per row
@@ -901,17 +917,15 @@ def _mmchain_coop_kernel(
         if AHEAD == 3:
             x_nxt = x_n2
             x_n2 = x_n3
-            x_n3 = tl.load(X + (nxt + 2 * R) * stride_xn + col_off,
-                           mask=lmask & ((cols * 0 + nxt + 2 * R) < N), other=0.0).to(ACC)
+            x_n3 = _coop_row(X, nxt + 2 * R, stride_xn, col_off, lmask, cols, N, ACC)
             if PUB:
                 if nxt + R < N:  # row i + 2R, loaded an iteration ago
                     _coop_publish(x_n2, y_g, TP, nxt + R, g, G, WORDS)
         elif AHEAD == 2:
             x_nxt = x_n2
-            x_n2 = tl.load(X + (nxt + R) * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt + R) < N),
-                           other=0.0).to(ACC)
+            x_n2 = _coop_row(X, nxt + R, stride_xn, col_off, lmask, cols, N, ACC)
         else:
-            x_nxt = tl.load(X + nxt * stride_xn + col_off, mask=lmask & ((cols * 0 + nxt) < N), other=0.0).to(ACC)
+            x_nxt = _coop_row(X, nxt, stride_xn, col_off, lmask, cols, N, ACC)
         if WAIT:
             if AHEAD != 3:
                 w0, w1, ok = _coop_poll(TP, row, gg, G, N, WORDS)  # in flight while row i + R is published
@@ -991,7 +1005,7 @@ def _mmchain_chunked_kernel(
         if not XTY:
             for c in range(0, n_chunks):  # pass 1: t = X_b y
                 cols = c * BLOCK_D + arange_d
-                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, "")  # re-read below
                 yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)
                 t += _xy(x, yt, MODE)
             if INTERCEPT:
@@ -1000,7 +1014,7 @@ def _mmchain_chunked_kernel(
         p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         for k in range(0, n_chunks):  # pass 2: last chunk first (freshest in L2)
             cols = (n_chunks - 1 - k) * BLOCK_D + arange_d
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, "")
             contrib = _xtp(tl.zeros([M_PAD, BLOCK_D], dtype=ACC), x, p, MODE)
             offs = cols[None, :].to(tl.int64) * M + jm[:, None]
             omask = (cols[None, :] < D) & (jm[:, None] < M)
