@@ -59,11 +59,12 @@ _FAST_MATH = tl.constexpr(not interpret_mode())
 #: (3.6: blocked order [2, 0, 1]; 3.7-3.9: [2, 1, 0]); the chunk axis must come last in that order,
 #: so that a thread holds its row's piece of every chunk (checked: sm_90 compiles with each version)
 _CHUNK_OUTER = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7))
-#: L2 eviction priority of X's loads in the kernels that read each element of X once: evict-first,
-#: so that streaming X replaces its own lines and not what other kernels left in L2 (y, w, a
-#: previous kernel's output, dirty lines whose write-back would share DRAM with X's read).
-#: ``FUSEDML_X_EVICTION=""`` gives the default policy (A/B benchmarks). The chunked kernel, whose
-#: second pass re-reads X's chunks from L2, keeps the default.
+#: L1 / L2 eviction priority of the cooperative kernel's X loads (each element read once):
+#: evict-first, so that the streamed rows replace their own lines and not the row handshake's
+#: tagged words, y or w. H200, session 24 (`mmchain_ev_*-s24-d`, two interleaved rounds): 4k x 65536
+#: 0.315 -> 0.306 ms; the same policy on the other kernels' loads changed nothing at m = 1 and cost
+#: the unrolled m = 4 kernel 8 % (an L2 policy register and a wider load instruction per load), so
+#: they keep the default. ``FUSEDML_X_EVICTION=""`` gives the default policy (A/B benchmarks).
 _X_EVICTION = os.environ.get("FUSEDML_X_EVICTION", "evict_first")
 if _X_EVICTION not in ("", "evict_first", "evict_last"):
     raise ValueError(f"FUSEDML_X_EVICTION must be '', 'evict_first' or 'evict_last', not {_X_EVICTION!r}")
@@ -79,14 +80,13 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 @triton.jit
 def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
-            VEC: tl.constexpr, EVICT: tl.constexpr = _X_EVICT):
+            VEC: tl.constexpr):
     # rows [BN] int64, cols [BD] -> tile [BN, BD] in the accumulation dtype (zeros outside X)
-    return _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC, EVICT).to(ACC)
+    return _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D, VEC).to(ACC)
 
 
 @triton.jit
-def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr,
-                EVICT: tl.constexpr = _X_EVICT):
+def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr):
     # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers)
     if VEC > 1:
         # row starts and D are multiples of VEC elements (checked on the host): written so, the
@@ -98,7 +98,7 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
         mask = rows[:, None] < N
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < D)
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_
         mask = r3 < N
     else:
         mask = (r3 < N) & (c3 < D)
-    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=_X_EVICT).to(ACC)
+    return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -1005,7 +1005,7 @@ def _mmchain_chunked_kernel(
         if not XTY:
             for c in range(0, n_chunks):  # pass 1: t = X_b y
                 cols = c * BLOCK_D + arange_d
-                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, "")  # re-read below
+                x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
                 yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)
                 t += _xy(x, yt, MODE)
             if INTERCEPT:
@@ -1014,7 +1014,7 @@ def _mmchain_chunked_kernel(
         p = _make_p(t, vv, rows, jm, N, M, alpha, XTY, HAS_V, SOFTMAX)
         for k in range(0, n_chunks):  # pass 2: last chunk first (freshest in L2)
             cols = (n_chunks - 1 - k) * BLOCK_D + arange_d
-            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC, "")
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
             contrib = _xtp(tl.zeros([M_PAD, BLOCK_D], dtype=ACC), x, p, MODE)
             offs = cols[None, :].to(tl.int64) * M + jm[:, None]
             omask = (cols[None, :] < D) & (jm[:, None] < M)
