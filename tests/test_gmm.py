@@ -821,6 +821,43 @@ def test_cuda_parameters_on_host_or_device_agree(rng, ct):
     assert rel(back.nk, ref.nk) < 1e-4 and rel(back.s2, ref.s2) < 1e-4
 
 
+@cuda_only
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_cuda_one_launch_estep_on_two_streams(rng, monkeypatch, ct):
+    """The compiled one-launch E-step (the last program's release / acquire count): one launch per
+    call, calls queued on two streams at once bit-identical to each other, against float64 and
+    against the two-launch E-step (the same partials summed in another order)."""
+    from fusedml.gmm import fused
+
+    X, w, means, pc = problem(rng, 300_000, 2, 2, ct)
+    Xc = torch.tensor(X, dtype=torch.float32, device="cuda")
+    names = []
+    real = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda kern, *a, **k: (names.append(kern.fn.__name__), real(kern, *a, **k)))
+    first = gmm_estep(Xc, w, means, pc, ct, check_finite=False)
+    assert names == ["_diag_reg_kernel"]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    outs = []
+    for _ in range(16):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(gmm_estep(Xc, w, means, pc, ct, check_finite=False))
+    torch.cuda.synchronize()
+    for st in outs:
+        for name in ("log_likelihood", "nk", "s1", "s2"):
+            assert torch.equal(getattr(st, name), getattr(first, name)), name
+    monkeypatch.setattr(fused, "_ONE_LAUNCH_VALUES", 0)
+    names.clear()
+    two = gmm_estep(Xc, w, means, pc, ct, check_finite=False)
+    assert names == ["_diag_reg_kernel", "_diag_finish_kernel"]
+    ref = reference(X, w, means, pc, ct)
+    for st in (first, two):
+        check(st.to("cpu"), ref, ct)
+    for name in ("log_likelihood", "nk", "s1", "s2"):
+        assert torch.allclose(getattr(first, name), getattr(two, name), rtol=1e-9, atol=1e-6), name
+
+
 def test_top_level_exports():
     assert fusedml.gmm_estep is gmm_estep and fusedml.GMMStats is GMMStats
     assert fusedml.gmm_mstep is gmm_mstep and fusedml.gmm_score is gmm_score
