@@ -87,7 +87,8 @@ def probe_primitives(dev, calls):
         "is_current_stream_capturing": lambda: torch.cuda.is_current_stream_capturing() if dev.type == "cuda" else 0,
         "triton driver stream": _launch._stream if dev.type == "cuda" else (lambda: 0),
         "launch key of 20 args": lambda: tuple(map(_launch._key, (t,) * 12 + (1024,) * 8)),
-        "finish launch (7 args)": lambda: _launch.launch(fused._diag_finish_kernel, (1,), (t, t, t, t, td, td, 4, 4, 2, 2), dict(BP=64, BKD=16), num_warps=4),
+        "finish kernel launch (10 args)": lambda: _launch.launch(
+            fused._diag_finish_kernel, (1,), (t, t, t, t, td, td, 4, 4, 2, 2), dict(BP=64, BKD=16), num_warps=4),
     }
     out = {name: per_call_us(fn, calls, dev) for name, fn in prims.items()}
     print("\n== host primitives (us/call): " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()))

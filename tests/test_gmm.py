@@ -1004,8 +1004,8 @@ def _aot_check_plans():
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
-    sig = {a: ("constexpr" if a in ("BP", "BKD") else ("i32" if a in ("P", "PL", "K", "D") else
-                                                       ("*fp64" if a in ("CP", "OUT") else "*fp32"))) for a in fn.arg_names}
+    sig = {a: ("constexpr" if a in ("BP", "BKD") else "i32" if a in ("P", "PL", "K", "D") else
+               "*fp64" if a in ("CP", "OUT") else "*fp32") for a in fn.arg_names}
     k = triton.compile(ASTSource(fn, sig, {"BP": 64, "BKD": 16}), target=target, options=dict(num_warps=4))
     regs, stack = resource_usage(k)
     print(f"AOT finish: regs={regs} stack={stack}", flush=True)
