@@ -81,6 +81,17 @@ for p in $parts; do
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,4
       run ncu-mm-bf16 60 ncu $ncu_sec --kernel-name regex:_mmchain_onchip --launch-skip 1 --launch-count 1 \
         python3 benchmarks/ncu_mmchain.py --shape 2000000,128,1 --dtype bfloat16 ;;
+    ncu-mm-d128)  # session 24: why rows of 128 values run below the other m = 1 shapes (fp32 2M x 128 at 90 %,
+                  # bf16 at 84-86 %, against 95-97 % at D = 32, 512, 2048): the same sections for the three
+      ncu_sec="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+      ncu_sec="$ncu_sec --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+      ncu_sec="$ncu_sec --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      for c in 2000000,128,1:bfloat16 2000000,128,1:float32 125000,2048,1:float32; do
+        run ncu-d128-${c%%:*}-${c##*:} 70 ncu $ncu_sec --kernel-name regex:_mmchain_onchip --launch-skip 1 \
+          --launch-count 1 python3 benchmarks/ncu_mmchain.py --shape ${c%%:*} --dtype ${c##*:}
+        grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Theoretical Occ|Block Size|Grid Size" \
+          "$log/ncu-d128-${c%%:*}-${c##*:}.log" | head -12
+      done ;;
     kmeans) run kmeans 40 python3 benchmarks/bench_kmeans.py --out "$out/kmeans.json" ;;
     kmeans-sweep) run kmeans-sweep 45 python3 benchmarks/bench_kmeans.py --sweep --out "$out/kmeans-sweep.json" ;;
     gmm-em)  # session 21: the device EM loop (graphs, one iteration ahead) on 50-iteration fits (with kmeans-reg)
