@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
-from .._launch import launch
+from .._launch import _stream, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
 from .model import Plan, _pow2, auto_precision, gpu_info, plan_launch
@@ -1131,15 +1131,14 @@ def _one_launch(P: int, K: int, D: int, dev) -> tuple | None:
 
 
 _COUNTERS: dict = {}
-#: the current stream's handle, as Triton's launcher takes it (``torch.cuda.current_stream`` builds
-#: a Stream object: ~7 us of host time per call on the H200 host)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda i: torch.cuda.current_stream(i).cuda_stream)
 
 
 def _counter(dev) -> torch.Tensor:
     """The one-launch E-step's int32 count (zero between launches: the program that counts last
-    resets it), one per device and stream, since launches on one stream run in order."""
-    key = (dev, _raw_stream(dev.index) if dev.type == "cuda" else None)
+    resets it), one per device and stream, since launches on one stream run in order. The stream is
+    the one the launch takes (:func:`fusedml._launch._stream`, ~1 us; ``torch.cuda.current_stream``
+    builds a Stream object, 7-9 us on the H200 hosts)."""
+    key = (dev, _stream() if dev.type == "cuda" else None)
     t = _COUNTERS.get(key)
     if t is None:
         t = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=dev)
