@@ -571,8 +571,10 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
     sample_weight : torch.Tensor or numpy.ndarray, shape [N], optional
         Non-negative row weights ``s_n`` (ones if None).
     shift : torch.Tensor or numpy.ndarray, shape [D], optional
-        Vector subtracted from X and the centres before the expanded distances (pass the data
-        mean; default: the mean of the centres). Any value gives the same answer up to rounding.
+        Vector subtracted from X and the centres before the expanded distances and the sums
+        (fp32 on the fused path: they round relative to ``|x - shift|``). Default: the mean of
+        up to 1024 rows spread over X, a central point of the data (the centres' mean can lie
+        far from it: one outlying or empty centre moves it, and the sums then lose digits).
     backend : {"auto", "fused", "ops", "cpu"}
         ``"fused"``: the Triton kernel (float64 X, or ``K`` and ``D`` too large for the kernel's
         register budget (:func:`lloyd_plan`), run the operator-level path instead);
@@ -609,7 +611,10 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
         w = to_tensor(sample_weight, "sample_weight", ndim=1, device=X.device)
         if w.shape[0] != N:
             raise ValueError(f"sample_weight must have shape [N={N}], got {tuple(w.shape)}")
-    sh = C.to(_F64).mean(0) if shift is None else to_tensor(shift, "shift", ndim=1, device=X.device)
+    if shift is None:  # rows spread over X: one small strided read, no pass over X
+        sh = X[::max(1, -(-N // 1024))].to(_F64).mean(0)
+    else:
+        sh = to_tensor(shift, "shift", ndim=1, device=X.device)
     if sh.shape[0] != D:
         raise ValueError(f"shift must have shape [D={D}], got {tuple(sh.shape)}")
     if check_finite:

@@ -51,3 +51,28 @@ def resource_usage(kernel):
 def sass(kernel):
     """The compiled kernel's SASS text (cuobjdump)."""
     return _cuobjdump(kernel, "--dump-sass")
+
+
+def local_memory_in_loops(sass_text):
+    """Local-memory instructions (``LDL`` / ``STL``: register spills) inside the kernel's loops.
+
+    A loop is the address range from a conditional backward branch's target to the branch (its
+    latch); unconditional backward branches are the returns of out-of-line code (divergent paths)
+    and do not open a range. A spill around a loop (saved before, restored after) costs a few
+    instructions per program; one inside a loop costs them per iteration.
+
+    Returns
+    -------
+    int
+        The number of ``LDL`` / ``STL`` instructions inside some loop.
+    """
+    import re
+
+    insts = [(int(a, 16), body) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass_text)]
+    loops = []
+    for addr, body in insts:
+        m = re.match(r"@!?U?P\w+\s+BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", body.strip())
+        if m and int(m.group(1), 16) <= addr:
+            loops.append((int(m.group(1), 16), addr))
+    return sum(1 for addr, body in insts if re.search(r"\b(LDL|STL)\b", body)
+               and any(lo <= addr <= hi for lo, hi in loops))

@@ -32,6 +32,18 @@ FORMS = [{"USE_DOT": True}, {"USE_DOT": False, "BLOCK_N": 16}, {"REG_KI": 1, "PR
          {"REG_VALUES": 64, "PREFETCH": 1}]
 
 
+def test_default_shift_is_central_in_the_data(rng):
+    """The default shift comes from X, not the centres: a far, empty centre (k-means++ can pick an
+    outlier) once moved it ~5e3 away and cost the fp32 sums ~1 % (found by tests/fuzz.py)."""
+    X = torch.from_numpy(rng.standard_normal((273, 16))).float()
+    C = torch.cat([X[:1] + 0.1, torch.full((1, 16), 1e4)])
+    lab, sums, counts, inertia = _reference(X, C, None)
+    r = fusedml.lloyd_step(X, C, backend="fused")
+    assert torch.equal(r.labels, lab) and torch.equal(r.counts, counts)
+    assert float((r.sums - sums).abs().max()) < 1e-4 * float(X.abs().sum(0).max())
+    assert _relerr(r.inertia, inertia) < 1e-5
+
+
 @pytest.mark.parametrize("N,D,K,weighted,offset,form",
                          [s + (None,) for s in SHAPES] + [s + (f,) for s in SHAPES[:4] for f in FORMS])
 def test_fused_matches_float64(rng, N, D, K, weighted, offset, form):

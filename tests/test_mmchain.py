@@ -782,7 +782,7 @@ def _aot_dense_variants():
 
     import triton
     import triton.language as tl
-    from _sm90 import resource_usage
+    from _sm90 import local_memory_in_loops, resource_usage, sass
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -881,8 +881,15 @@ def _aot_dense_variants():
         print(f"AOT {name}: regs={regs} stack={stack} vector_loads={vec} tf32_mma={mma}")
         assert mma == ("tf32x3" in name), f"{name}: tensor-core tf32 MMAs {'missing' if not mma else 'unexpected'}"
         # the loss pass's launch (launch.padded_dot) spills ~0.7 KB on sm_90 and was still the
-        # fastest point of the H200 sweep (solver_ops-H200-2026-12-03-s7-a): bounded, not zero
-        assert stack <= (1024 if "(spills)" in name else 0), f"{name}: register spills (stack {stack} B)"
+        # fastest point of the H200 sweep (solver_ops-H200-2026-12-03-s7-a): bounded, not zero.
+        # The cooperative kernel sits at ~250 registers: Triton 3.6-3.8 save a few words around
+        # its row loop (3.6: 32 B for fp32; 3.8: 24 B for bf16), never inside a loop
+        if "(spills)" in name:
+            assert stack <= 1024, f"{name}: register spills (stack {stack} B)"
+        elif fn is dense_mod._mmchain_coop_kernel:
+            assert stack <= 64 and local_memory_in_loops(sass(k)) == 0, f"{name}: spills in its loops ({stack} B)"
+        else:
+            assert stack == 0, f"{name}: register spills (stack {stack} B)"
         # the padded tl.dot's operand layout loads X 4 bytes at a time (a known cost of that mode)
         assert vec or "dot" in name, f"{name}: X is not loaded with vector loads"
         if "chunk" in name:  # the chunk axis of the 3-D tile lies within a thread (dense._CHUNK_OUTER

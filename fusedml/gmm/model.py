@@ -365,12 +365,15 @@ def _lse_fits(BN, BD, BK, nw, precision):
     """Pass 1 (calibrated on sm_90 compiles): at most 8 outputs of the [BN, BK] logits tile per
     thread, 4 from D = 64 on (fp32: the FMA operands of x and x^2 stay in registers), at most 32
     values of the two weight tiles per thread;
-    tensor-core precisions 8 warps (their operand fragments are replicated per warp)."""
+    tensor-core precisions 8 warps (their operand fragments are replicated per warp).
+    fp32 also holds at most 32 values of the x tile per thread: Triton 3.6 compiles 4M x 256,
+    K = 16's 64-row tile on 8 warps (64 values) to 255 registers and spills 10 loads / stores
+    inside its loop (3.9: 185 registers, none); 32-row tiles take 176."""
     o = BN * BK // (32 * nw)
     if o > 8 or 2 * BD * BK > 32 * 32 * nw:  # and at most 32 weight values per thread
         return False
     if precision == "fp32":
-        return o <= (4 if BD >= 64 else 8)
+        return o <= (4 if BD >= 64 else 8) and BN * BD <= 32 * 32 * nw
     return nw == 8
 
 

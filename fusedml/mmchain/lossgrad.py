@@ -1,6 +1,6 @@
 """Loss, gradient and Hessian weights of a linear model in one read of X.
 
-    eta  = [X, 1] W,  hess = l''(target, eta)                    [N, m]
+    eta  = [X, 1] W,  hess = l''(target, eta) (gamma, Tweedie: E[l''])  [N, m]
     loss = sum_i c_i l(target_i, eta_i)                          [m] (float64)
     grad = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z     [D(+1), m]
 
@@ -63,7 +63,7 @@ class LossGradient(NamedTuple):
         The linear predictor ``[X, 1] W`` (None with ``return_eta=False``).
     hess : torch.Tensor [N, m]
         ``l''(target, eta)``, unweighted (multinomial: the class probabilities, the softmax
-        Hessian's P).
+        Hessian's P; gamma and Tweedie: the expected weight ``E_y[l'']``, see :func:`loss_terms`).
     objective : torch.Tensor or None
         With ``objective="sum"`` ([1]) or ``"columns"`` ([m]; 0-d for a 1-D W), float64:
         ``alpha * loss + beta / 2 * ||z||^2 + offset`` summed over all columns or per column.
@@ -113,7 +113,11 @@ def logistic_value(eta: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def loss_terms(loss: str, eta: torch.Tensor, target: torch.Tensor, power=None):
-    """The pointwise loss, its derivative and second derivative (torch; the kernels' twin).
+    """The pointwise loss, its derivative and its Hessian weight (torch; the kernels' twin).
+
+    The Hessian weight is ``l''`` except for gamma and Tweedie, whose log link is not canonical:
+    there it is the expected (Fisher) weight ``E_y[l'']`` (gamma: 1; Tweedie: ``exp((2 - p) eta)``),
+    positive for every target, as the GLM solvers' Newton steps need.
 
     Parameters
     ----------
@@ -160,7 +164,8 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
                   config=None, objective=None, offset=None) -> LossGradient:
     """Loss, gradient and Hessian weights of a linear model, reading X once (fused).
 
-    ``eta = [X, 1] W``; ``loss = sum_i c_i l(target_i, eta_i)``; ``hess = l''(target, eta)``;
+    ``eta = [X, 1] W``; ``loss = sum_i c_i l(target_i, eta_i)``; ``hess = l''(target, eta)`` (gamma and
+    Tweedie: the expected weight, see :func:`loss_terms`);
     ``grad = alpha * [X, 1]^T (c ⊙ l'(target, eta)) + beta * z`` (``c``: ``sample_weight``).
 
     Parameters
