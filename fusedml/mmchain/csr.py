@@ -164,7 +164,13 @@ def _stream(ptr, mask, L1_BYPASS: tl.constexpr, KEEP: tl.constexpr = False):
 def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
     """Unreduced ``vals * y[cols, :]``: ``[BLOCK_R, L]`` (MP = 1) or ``[BLOCK_R, L, MP]``."""
     if MP == 1:
-        return vals * tl.load(y_ptr + cols, mask=nz_mask, other=0.0, eviction_policy="evict_last")
+        # gathered as a 1-D vector: Triton 3.6 gave the 2-D gather (no contiguity on either axis)
+        # a column-first layout, so the loop converted the streamed tiles to it every step
+        # (shared memory, 4-6 bar.sync per step on sm_90); the reshapes keep the stream's layout
+        n: tl.constexpr = cols.shape[0] * cols.shape[1]
+        yg = tl.load(y_ptr + tl.reshape(cols, [n]), mask=tl.reshape(nz_mask, [n]), other=0.0,
+                     eviction_policy="evict_last")
+        return vals * tl.reshape(yg, [cols.shape[0], cols.shape[1]])
     else:
         yg = tl.load(y_ptr + cols[:, :, None] * M + j[None, None, :],
                      mask=nz_mask[:, :, None] & jmask[None, None, :], other=0.0, eviction_policy="evict_last")
@@ -174,8 +180,10 @@ def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.c
 @triton.jit
 def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
     """``out[cols, :] += vals * p`` for a ``[BLOCK_R, L]`` tile and ``p`` ``[BLOCK_R, MP]`` (RED)."""
-    if MP == 1:
-        tl.atomic_add(out_ptr + cols, vals * p, mask=nz_mask, sem="relaxed")
+    if MP == 1:  # as a 1-D vector, as in _gather_prod (Triton 3.6's layout otherwise: bar.sync per step)
+        n: tl.constexpr = cols.shape[0] * cols.shape[1]
+        tl.atomic_add(out_ptr + tl.reshape(cols, [n]), tl.reshape(vals * p, [n]), mask=tl.reshape(nz_mask, [n]),
+                      sem="relaxed")
     else:
         tl.atomic_add(out_ptr + cols[:, :, None] * M + j[None, None, :], vals[:, :, None] * p[:, None, :],
                       mask=nz_mask[:, :, None] & jmask[None, None, :], sem="relaxed")
