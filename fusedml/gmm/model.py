@@ -361,19 +361,20 @@ def lse_chunk(BD: int, precision: str) -> int:
     return BD if precision == "fp32" or BD <= 32 else 16
 
 
-def _lse_fits(BN, BD, BK, nw, precision):
+def _lse_fits(BN, BD, BK, nw, precision, pass1=False):
     """Pass 1 (calibrated on sm_90 compiles): at most 8 outputs of the [BN, BK] logits tile per
     thread, 4 from D = 64 on (fp32: the FMA operands of x and x^2 stay in registers), at most 32
     values of the two weight tiles per thread;
     tensor-core precisions 8 warps (their operand fragments are replicated per warp).
-    fp32 also holds at most 32 values of the x tile per thread: Triton 3.6 compiles 4M x 256,
-    K = 16's 64-row tile on 8 warps (64 values) to 255 registers and spills 10 loads / stores
-    inside its loop (3.9: 185 registers, none); 32-row tiles take 176."""
+    fp32 pass 1 (``pass1``) also holds at most 16 values of the x tile per thread: at 4M x 256,
+    K = 16 on 8 warps ptxas spilled inside the loop with 64-row tiles (Triton 3.6: 255 registers,
+    10 local loads / stores) and with 32-row tiles (3.9: capped at 128 registers, 9), not with
+    16-row tiles (167-232 registers on 3.6-3.9)."""
     o = BN * BK // (32 * nw)
     if o > 8 or 2 * BD * BK > 32 * 32 * nw:  # and at most 32 weight values per thread
         return False
     if precision == "fp32":
-        return o <= (4 if BD >= 64 else 8) and BN * BD <= 32 * 32 * nw
+        return o <= (4 if BD >= 64 else 8) and (not pass1 or BN * BD <= 16 * 32 * nw)
     return nw == 8
 
 
@@ -382,7 +383,7 @@ def _diag_fits(kind, BN, BD, BK, nw, st, precision, smem_limit):
     rg = regs_estimate(kind, BN, BD, BK, nw, precision)
     ok = sm <= smem_limit and rg <= (_MAX_REGS if precision == "fp32" else 255)
     if kind == "lse":
-        ok = sm <= smem_limit and _lse_fits(BN, BD, BK, nw, precision)
+        ok = sm <= smem_limit and _lse_fits(BN, BD, BK, nw, precision, pass1=True)
     elif kind == "stats" and precision == "fp32":  # pass 2 recomputes the logits like pass 1
         ok = ok and _lse_fits(BN, BD, BK, nw, precision)
     return ok, sm, rg
@@ -467,7 +468,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
                         lse = lse or (pick[0], pick[1], pick[2])
                         continue
                     DC = lse_chunk(BD, precision)
-                    if lse is None and _lse_fits(BN_, DC, bkt, nw_, precision) and \
+                    if lse is None and _lse_fits(BN_, DC, bkt, nw_, precision, True) and \
                             smem_estimate("lse", BN_, DC, bkt, nw_, st, precision) <= smem_limit:
                         lse = (bkt, BN_, nw_)
                     ok2, sm2, r2 = _diag_fits("stats", BN_, BD, bkt, nw_, st, precision, smem_limit)
@@ -505,7 +506,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
                 for nw_ in (4, 8):
                     bkt_ = min(bkt, BK)
                     DC = lse_chunk(BD, precision)
-                    if lse is None and (full_like or (_lse_fits(BN_, DC, bkt_, nw_, precision) and smem_estimate(
+                    if lse is None and (full_like or (_lse_fits(BN_, DC, bkt_, nw_, precision, True) and smem_estimate(
                             "lse", BN_, DC, bkt_, nw_, st, precision) <= smem_limit)):
                         lse = (bkt_, BN_, nw_) if not full_like else (BK_tile, BN, nw)
         if lse is None:
