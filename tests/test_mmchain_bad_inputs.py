@@ -146,6 +146,23 @@ def test_bad_options(data):
                                                                                  "block_n": 16, "block_d": 16})
 
 
+def test_unknown_config_keys_are_rejected(data):
+    """A misspelt launch override (or a CSR key for dense X) raises instead of being ignored."""
+    import scipy.sparse as sp
+
+    X, y, v = data
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'blockn' for dense X"):
+        fusedml.mmchain(X, y, v, backend="fused", config={"blockn": 64})
+    with pytest.raises(ValueError, match=r"'memory' for dense X"):
+        fusedml.matvec(X, y, config={"memory": "low"})
+    with pytest.raises(ValueError, match=r"unknown key"):
+        fusedml.loss_gradient(X, y, (v > 0.5).float(), loss="logistic", config={"num_warp": 4})
+    with pytest.raises(ValueError, match=r"'block_n' for CSR X"):
+        fusedml.mmchain(sp.random(20, 6, density=0.5, format="csr", random_state=0), y, v, config={"block_n": 16})
+    # the known keys still pass (dense launch, CSR strategy, the ops baseline's transpose)
+    fusedml.mmchain(X, y, v, backend="cpu", config={"block_n": 16, "ops_transpose": "cached"})
+
+
 def test_backend_unavailable(data, monkeypatch):
     X, y, v = data
     monkeypatch.setenv("TRITON_INTERPRET", "0")

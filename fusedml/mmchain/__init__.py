@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import resolve_backend
-from ._checks import Problem, check_bindable, prepare_matvec, prepare_mmchain
+from ._checks import Problem, check_bindable, check_config, prepare_matvec, prepare_mmchain
 from .reference import matvec_reference, mmchain_reference
 
 __all__ = ["mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "bind_loss_gradient",
@@ -85,8 +85,9 @@ def mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, v_op=
         Raise ``ValueError`` naming the argument if X, y, v or z hold NaN or infinity.
     config : dict, optional
         Expert overrides: dense fused launch parameters (keys of
-        :class:`fusedml.mmchain.launch.DenseConfig`), ``{"ops_transpose": "cached" |
-        "on_the_fly"}`` for the CSR ops baseline.
+        :class:`fusedml.mmchain.launch.DenseConfig`; for CSR X those of
+        :class:`fusedml.mmchain.csr.CSRConfig` and ``"memory"``), ``{"ops_transpose": "cached" |
+        "on_the_fly"}`` for the CSR ops baseline. Other keys raise ``ValueError``.
 
     Returns
     -------
@@ -106,6 +107,7 @@ def mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, v_op=
         return X._fusedml_mmchain(y, v, z, alpha, beta, intercept=intercept, v_op=v_op, backend=backend,
                                   deterministic=deterministic, check_finite=check_finite, config=config)
     P = prepare_mmchain(X, y, v, z, alpha, beta, intercept=intercept, v_op=v_op, check_finite=check_finite)
+    check_config(config, P.is_csr)
     be = resolve_backend(backend, P.device)
     w = _run_mmchain(P, be, key=X, deterministic=bool(deterministic), config=config)
     return P.finish(w)
@@ -225,6 +227,7 @@ def bind_mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, 
         raise TypeError(f"bind_mmchain needs a dense tensor or CSR matrix X, got {type(X).__name__} "
                         "(call mmchain for streamed matrices)")
     P = prepare_mmchain(X, y, v, z, alpha, beta, intercept=intercept, v_op=v_op, check_finite=False)
+    check_config(config, P.is_csr)
     check_bindable("bind_mmchain", P, ((y, "y"), (v, "v"), (z, "z")))
     be = resolve_backend(backend, P.device)
     return BoundMMChain(X, P, be, bool(deterministic), config)
@@ -252,6 +255,7 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
     if hasattr(X, "_fusedml_matvec") and not isinstance(X, torch.Tensor):
         return X._fusedml_matvec(y, intercept=intercept, backend=backend)
     P = prepare_matvec(X, y, intercept=intercept)
+    check_config(config, P.is_csr)
     be = resolve_backend(backend, P.device)
     if be == "ops":
         from .ops import matvec_ops

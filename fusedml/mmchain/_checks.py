@@ -115,6 +115,32 @@ def _scalar(a, name: str) -> float:
     return f
 
 
+def check_config(config, is_csr: bool) -> None:
+    """Reject launch overrides a kernel would silently ignore (a misspelt key, a CSR key for dense X).
+
+    ``config`` is None, a dict of :class:`~fusedml.mmchain.launch.DenseConfig` fields (dense X) or
+    of :class:`~fusedml.mmchain.csr.CSRConfig` fields plus ``"memory"`` (CSR X; or a ``CSRConfig``),
+    with ``"ops_transpose"`` for the ops backend either way.
+    """
+    if config is None or not isinstance(config, dict):
+        return  # a CSRConfig object, or a type the dispatch rejects with its own message
+    import dataclasses
+
+    if is_csr:
+        from .csr import CSRConfig as cls
+
+        extra = {"memory", "ops_transpose"}
+    else:
+        from .launch import DenseConfig as cls
+
+        extra = {"ops_transpose"}
+    known = {f.name for f in dataclasses.fields(cls)} | extra
+    unknown = sorted(set(config) - known, key=str)
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {', '.join(map(repr, unknown))} for "
+                         f"{'CSR' if is_csr else 'dense'} X; known: {', '.join(sorted(known))}")
+
+
 def check_bindable(who: str, P: Problem, operands) -> None:
     """A bound product reads its operands' storage at every call: each ``(tensor, name)`` of
     ``operands`` (None skipped) must already be a torch tensor of the accumulation dtype on X's

@@ -31,7 +31,7 @@ import triton.language as tl
 from .._dispatch import resolve_backend
 from .._launch import bind as bind_launch
 from .._validation import CSRMatrix
-from ._checks import _operand, _scalar, check_bindable, prepare_mmchain
+from ._checks import _operand, _scalar, check_bindable, check_config, prepare_mmchain
 from .dense import _f64, _split
 
 __all__ = ["LOSSES", "BoundLossGradient", "LossGradient", "bind_loss_gradient", "loss_gradient", "loss_terms",
@@ -225,6 +225,7 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
     True
     """
     P, code, p, c = _prepare(X, W, target, loss, power, sample_weight, alpha, z, beta, intercept, check_finite)
+    check_config(config, P.is_csr)
     offset = _check_objective(P, objective, offset)
     be = resolve_backend(backend, P.device)
     out = None
@@ -458,6 +459,7 @@ def bind_loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, al
         raise TypeError(f"bind_loss_gradient needs a dense tensor or CSR matrix X, got {type(X).__name__} "
                         "(call loss_gradient for streamed matrices)")
     P, code, p, c = _prepare(X, W, target, loss, power, sample_weight, alpha, z, beta, intercept, False)
+    check_config(config, P.is_csr)
     check_bindable("bind_loss_gradient", P, ((W, "W"), (z, "z")))
     offset = _check_objective(P, objective, offset)
     be = resolve_backend(backend, P.device)
