@@ -164,7 +164,9 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         are faster (bf16 on the H200: 2.0x at 4M x 16, K = 16; 3.1x at 1M x 64, K = 64; 3.8x at
         K = 1024), with relative errors up to ~1e-2 (tf32, whose operands are truncated) / ~2e-3
         (bf16) in the statistics and ~2e-3 / ~6e-4 in the log-likelihood: an explicit
-        speed/accuracy trade. Accumulation is always fp32 (partials combined in float64).
+        speed/accuracy trade. Accumulation is always fp32 (partials combined in float64), for
+        float64 X too (shifted in float64 first): ``backend="cpu"`` or ``"ops"`` compute float64
+        data in float64.
     check_finite : bool
         Check X for NaN/inf (one extra read of X).
 
