@@ -10,6 +10,10 @@ sometimes a forced launch (strategy, tile, grid). It runs the operator and check
 * that no input was modified;
 * for ``deterministic=True``, the same bits on a second call.
 
+``fit`` cases train a random estimator (logistic, multinomial, LinearSVC, Poisson / gamma /
+Tweedie, Ridge on dense, torch or CSR data, with sample and class weights, string labels; a
+Gaussian mixture of each covariance type) and compare it with scikit-learn's on the same objective.
+
 A failing case prints its seed and configuration; ``--case OP:SEED`` replays it.
 
     TRITON_INTERPRET=1 python tests/fuzz.py --n 200 --seed 0          # CPU, interpreted kernels
@@ -28,7 +32,7 @@ import traceback
 import numpy as np
 import torch
 
-OPS = ("mmchain", "loss_gradient", "gmm_estep", "gmm_score", "lloyd_step")
+OPS = ("mmchain", "loss_gradient", "gmm_estep", "gmm_score", "lloyd_step", "fit")
 _EPS = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
 
@@ -563,6 +567,144 @@ def run_gmm(c, device="cpu"):
 
 
 # ---------------------------------------------------------------------------------------------
+# whole fits against scikit-learn on the same objective
+
+
+def draw_fit(seed):
+    """The configuration of estimator case ``seed``: a small random problem and options."""
+    rng = np.random.default_rng([7, seed])
+    est = str(rng.choice(["logistic", "logistic", "multinomial", "svc", "poisson", "gamma", "tweedie", "ridge",
+                          "gmm"]))
+    c = dict(seed=seed, est=est, N=int(rng.integers(30, 250)), D=int(rng.integers(1, 9)),
+             container=str(rng.choice(["numpy", "numpy", "torch", "csr"])) if est != "gmm" else "numpy",
+             dtype=str(rng.choice(["float32", "float64"])), weights=bool(rng.random() < 0.4),
+             intercept=bool(rng.random() < 0.75), C=float(rng.choice([0.1, 1.0, 10.0])),
+             alpha=float(rng.choice([1e-3, 0.1, 1.0])), strings=bool(rng.random() < 0.3),
+             class_weight=str(rng.choice(["none", "none", "balanced"])), solver=str(rng.choice(["newton-cg", "lbfgs"])),
+             backend=str(rng.choice(["fused", "fused", "cpu", "ops"])),
+             cov=str(rng.choice(["full", "tied", "diag", "spherical"])), K=int(rng.integers(1, 4)))
+    if est == "svc":
+        c["intercept"] = False  # scikit-learn / LIBLINEAR penalise the intercept: same problem only without it
+    return c
+
+
+def _fit_data(c, rng):
+    N, D = c["N"], c["D"]
+    X = rng.normal(size=(N, D))
+    w = rng.normal(size=D) / np.sqrt(D)
+    eta = X @ w + (0.3 if c["intercept"] else 0.0)
+    est = c["est"]
+    if est in ("logistic", "svc"):
+        y = (rng.random(N) < 1 / (1 + np.exp(-2 * eta))).astype(int)
+        y[:2] = [0, 1]  # both classes present
+    elif est == "multinomial":
+        y = np.argmax(eta[:, None] * np.array([-1.0, 0.0, 1.0]) + rng.gumbel(size=(N, 3)), 1)
+        y[:3] = [0, 1, 2]
+    elif est == "poisson":
+        y = rng.poisson(np.exp(0.5 * eta)).astype(float)
+    elif est in ("gamma", "tweedie"):
+        y = rng.gamma(2.0, np.exp(0.5 * eta) / 2.0)
+    else:
+        y = eta + 0.3 * rng.normal(size=N)
+    if c["strings"] and est in ("logistic", "svc", "multinomial"):
+        y = np.array(["cat", "dog", "emu"])[y]
+    sw = rng.uniform(0.2, 3.0, size=N) if c["weights"] else None
+    return X, y, sw
+
+
+def run_fit(c, device="cpu"):
+    """Fit case ``c`` with fusedml and scikit-learn; the models must agree (same objective)."""
+    import warnings
+
+    import algorithms as al
+    import scipy.sparse as sp
+    import sklearn.linear_model as sl
+    import sklearn.mixture as sm
+    import sklearn.svm as ss
+
+    rng = np.random.default_rng([8, c["seed"]])
+    X, y, sw = _fit_data(c, rng)
+    what = _describe(c)
+    est, be, icpt = c["est"], c["backend"], c["intercept"]
+    dt = np.float32 if c["dtype"] == "float32" else np.float64
+    Xin = X.astype(dt)
+    if c["container"] == "torch":
+        Xin = _to(torch.from_numpy(Xin), device)
+    elif c["container"] == "csr":
+        Xin = sp.csr_matrix(np.where(np.abs(Xin) < 0.5, 0.0, Xin).astype(dt))
+        X = Xin.toarray().astype(np.float64)
+    cw = None if c["class_weight"] == "none" else "balanced"
+    if est == "gmm":
+        K = c["K"]
+        ours = al.GaussianMixture(K, covariance_type=c["cov"], tol=1e-8, max_iter=300, random_state=0,
+                                  reg_covar=1e-6, backend=be)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours.fit(Xin)
+            ref = sm.GaussianMixture(K, covariance_type=c["cov"], tol=1e-10, max_iter=1000, reg_covar=1e-6,
+                                     weights_init=ours.weights_, means_init=ours.means_,
+                                     precisions_init=_np(ours.precisions_)).fit(X)
+        # scikit-learn's EM started from our converged parameters must not climb much higher
+        ll_ref = float(ref.score(X))
+        ll_at_ours = _gmm_score_np(X, ours)
+        slack = (1e-3 if dt == np.float32 else 1e-5) * (1 + abs(ll_ref))
+        if ours.converged_ and ll_at_ours < ll_ref - slack:  # (EM can crawl past max_iter: overlapping components)
+            raise FuzzFailure(f"fit gmm: log-likelihood {ll_at_ours} below scikit-learn's {ll_ref} from our "
+                              f"solution ({what})")
+        if abs(float(ours.score(Xin)) - ll_at_ours) > 1e-4 * (1 + abs(ll_at_ours)):
+            raise FuzzFailure(f"fit gmm: score() {float(ours.score(Xin))} != float64 {ll_at_ours} ({what})")
+        return "ok"
+    tol = 1e-8 if dt == np.float64 else 1e-6
+    if est in ("logistic", "multinomial"):
+        ours = al.LogisticRegression(C=c["C"], fit_intercept=icpt, tol=tol, max_iter=500, solver=c["solver"],
+                                     class_weight=cw, backend=be)
+        ref = sl.LogisticRegression(C=c["C"], fit_intercept=icpt, tol=1e-12, max_iter=10000, class_weight=cw)
+    elif est == "svc":
+        ours = al.LinearSVC(C=c["C"], fit_intercept=False, tol=tol, max_iter=500, class_weight=cw, backend=be)
+        ref = ss.LinearSVC(C=c["C"], fit_intercept=False, tol=1e-12, max_iter=100000, class_weight=cw, dual=False)
+    elif est == "ridge":
+        ours = al.Ridge(alpha=c["alpha"] * len(y), fit_intercept=icpt, tol=1e-10, backend=be)
+        ref = sl.Ridge(alpha=c["alpha"] * len(y), fit_intercept=icpt, tol=1e-12, solver="cholesky")
+    else:
+        kw = dict(alpha=c["alpha"], fit_intercept=icpt, tol=tol, max_iter=500, backend=be)
+        kref = dict(alpha=c["alpha"], fit_intercept=icpt, tol=1e-12, max_iter=10000)
+        ours, ref = {"poisson": (al.PoissonRegressor(**kw), sl.PoissonRegressor(**kref)),
+                     "gamma": (al.GammaRegressor(**kw), sl.GammaRegressor(**kref)),
+                     "tweedie": (al.TweedieRegressor(power=1.5, **kw), sl.TweedieRegressor(power=1.5, link="log",
+                                                                                           **kref))}[est]
+    snap = _snapshot([Xin, y, sw])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours.fit(Xin, y, sample_weight=sw)
+        ref.fit(X, y, sample_weight=sw)
+    _check_unchanged(snap)
+    cf, cr = _np(ours.coef_).ravel(), np.asarray(ref.coef_, dtype=np.float64).ravel()
+    scale = max(1.0, np.abs(cr).max())
+    rtol = 2e-3 if dt == np.float32 else 1e-4
+    if np.abs(cf - cr).max() > rtol * scale:
+        raise FuzzFailure(f"fit {est}: coef {cf[:4]} vs scikit-learn {cr[:4]} (max diff "
+                          f"{np.abs(cf - cr).max():.2e}) ({what})")
+    if icpt:
+        bi, br = _np(ours.intercept_).ravel(), np.atleast_1d(np.asarray(ref.intercept_, dtype=np.float64))
+        if np.abs(bi - br).max() > rtol * max(1.0, np.abs(br).max()):
+            raise FuzzFailure(f"fit {est}: intercept {bi} vs scikit-learn {br} ({what})")
+    if est in ("logistic", "multinomial", "svc"):
+        agree = np.mean(np.asarray(ours.predict(Xin)).astype(str) == np.asarray(ref.predict(X)).astype(str))
+        if agree < 0.98:
+            raise FuzzFailure(f"fit {est}: predictions agree on {agree:.1%} only ({what})")
+    return "ok"
+
+
+def _gmm_score_np(X, gm):
+    """float64 mean log-likelihood of X under a fitted fusedml GaussianMixture."""
+    w, mu, pc = _np(gm.weights_), _np(gm.means_), _np(gm.precisions_cholesky_)
+    lg, _ = _ref_log_gauss(X, mu, pc, gm.covariance_type)
+    lw = lg + np.log(w)
+    mx = lw.max(1, keepdims=True)
+    return float(np.mean(mx[:, 0] + np.log(np.exp(lw - mx).sum(1))))
+
+
+# ---------------------------------------------------------------------------------------------
 # driver
 
 
@@ -571,9 +713,10 @@ def _describe(c):
 
 
 DRAW = {"mmchain": draw_mmchain, "loss_gradient": draw_loss_gradient, "gmm_estep": draw_gmm,
-        "gmm_score": lambda s: draw_gmm(s, "gmm_score"), "lloyd_step": lambda s: draw_gmm(s, "lloyd_step")}
+        "gmm_score": lambda s: draw_gmm(s, "gmm_score"), "lloyd_step": lambda s: draw_gmm(s, "lloyd_step"),
+        "fit": draw_fit}
 RUN = {"mmchain": run_mmchain, "loss_gradient": run_loss_gradient, "gmm_estep": run_gmm, "gmm_score": run_gmm,
-       "lloyd_step": run_gmm}
+       "lloyd_step": run_gmm, "fit": run_fit}
 
 
 def run_case(op, seed, device="cpu"):

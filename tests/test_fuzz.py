@@ -2,14 +2,15 @@
 
 Each seed draws a random configuration (shapes with edge sizes, dtypes, layouts, CSR containers,
 optional operands, backends, forced launches) and checks the result against a float64 reference
-within a worst-case rounding bound, that inputs are not modified, and deterministic repeats.
+within a worst-case rounding bound, that inputs are not modified, and deterministic repeats;
+``fit`` cases train a random estimator and compare it with scikit-learn's on the same objective.
 Longer campaigns: ``TRITON_INTERPRET=1 python tests/fuzz.py --n 500 --seed N``.
 """
 import pytest
 
-from fuzz import OPS, FuzzFailure, draw_gmm, draw_loss_gradient, draw_mmchain, run_case
+from fuzz import OPS, FuzzFailure, draw_fit, draw_gmm, draw_loss_gradient, draw_mmchain, run_case
 
-SEEDS = range(40)
+SEEDS = range(40)  # per operator; "fit" (whole estimators against scikit-learn) takes ~1 s per case
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -55,3 +56,6 @@ def test_fuzz_draws_cover_the_options():
     gm = [draw_gmm(s) for s in range(200)]
     assert {c["cov"] for c in gm} == {"full", "tied", "diag", "spherical"}
     assert {c["path"] for c in gm} == {"auto", "single", "two_pass"}
+    fits = [draw_fit(s) for s in range(200)]
+    assert {c["est"] for c in fits} == {"logistic", "multinomial", "svc", "poisson", "gamma", "tweedie", "ridge", "gmm"}
+    assert {c["container"] for c in fits} == {"numpy", "torch", "csr"}
