@@ -318,6 +318,24 @@ for p in $parts; do
           --out "$out/solver_ops_ev_$side.json"
         grep -E "^\| [0-9]" "$log/solver-ev-$side.log" | cut -d"|" -f2-7
       done ;;
+    fuzz)  # session 25: tests/fuzz.py on the compiled kernels (fresh seeds; the failing cases' seeds in the log)
+      run fuzz 280 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-120}" --seed "${FUZZ_SEED:-$RANDOM}"
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
+    s25-ab)  # session 25 (no GPU that session): the CSR passes' 1-D gather / scatter (Triton 3.6 had a layout
+             # change with 4-6 bar.sync per loop step) and GMM pass 1's 16-row tiles at 4M x 256, K = 16 (3.6
+             # spilled in the loop), .ab-base (a checkout of session 24's final code) against this code, interleaved
+      run check-s25 200 python3 benchmarks/check_gpu.py --parts mmchain gmm --out "$out/check_gpu_s25.json"
+      tail -2 "$log/check-s25.log"
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run csr-$side-$r 150 python3 $root/benchmarks/bench_mmchain.py --cases csr-4Mx100k,csr-1Mx1M,csr-powerlaw \
+            --no-sweep --out "$out/mmchain_csr_${side}_$r.json"
+          grep -E "^\| csr" "$log/csr-$side-$r.log" | cut -c1-150
+          run gmm256-$side-$r 150 python3 $root/benchmarks/bench_gmm.py --configs 7 --out "$out/gmm256_${side}_$r.json"
+          grep -E "^\| 4,194,304 x 256" "$log/gmm256-$side-$r.log" | cut -c1-200
+        done
+      done ;;
     cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py

@@ -128,6 +128,14 @@ def _check_unchanged(snap):
 
 
 def _to(x, device):
+    """``x`` on ``device``; off the CPU, numpy arrays and scipy CSR become device tensors (the fused
+    kernels read device memory)."""
+    if str(device) != "cpu" and isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    if str(device) != "cpu" and hasattr(x, "indptr"):
+        from fusedml import CSRMatrix
+
+        return CSRMatrix(*(torch.from_numpy(a).to(device) for a in (x.indptr, x.indices, x.data)), x.shape)
     if isinstance(x, torch.Tensor):
         if x.layout == torch.sparse_csr:
             return torch.sparse_csr_tensor(x.crow_indices().to(device), x.col_indices().to(device),
@@ -629,10 +637,11 @@ def run_fit(c, device="cpu"):
     dt = np.float32 if c["dtype"] == "float32" else np.float64
     Xin = X.astype(dt)
     if c["container"] == "torch":
-        Xin = _to(torch.from_numpy(Xin), device)
+        Xin = torch.from_numpy(Xin)
     elif c["container"] == "csr":
         Xin = sp.csr_matrix(np.where(np.abs(Xin) < 0.5, 0.0, Xin).astype(dt))
         X = Xin.toarray().astype(np.float64)
+    Xin = _to(Xin, device)
     cw = None if c["class_weight"] == "none" else "balanced"
     if est == "gmm":
         K = c["K"]
@@ -642,7 +651,7 @@ def run_fit(c, device="cpu"):
             warnings.simplefilter("ignore")
             ours.fit(Xin)
             ref = sm.GaussianMixture(K, covariance_type=c["cov"], tol=1e-10, max_iter=1000, reg_covar=1e-6,
-                                     weights_init=ours.weights_, means_init=ours.means_,
+                                     weights_init=_np(ours.weights_) / _np(ours.weights_).sum(), means_init=_np(ours.means_),
                                      precisions_init=_np(ours.precisions_)).fit(X)
         # scikit-learn's EM started from our converged parameters must not climb much higher
         ll_ref = float(ref.score(X))
@@ -689,7 +698,9 @@ def run_fit(c, device="cpu"):
         if np.abs(bi - br).max() > rtol * max(1.0, np.abs(br).max()):
             raise FuzzFailure(f"fit {est}: intercept {bi} vs scikit-learn {br} ({what})")
     if est in ("logistic", "multinomial", "svc"):
-        agree = np.mean(np.asarray(ours.predict(Xin)).astype(str) == np.asarray(ref.predict(X)).astype(str))
+        pred = ours.predict(Xin)
+        pred = pred.cpu().numpy() if isinstance(pred, torch.Tensor) else np.asarray(pred)
+        agree = np.mean(pred.astype(str) == np.asarray(ref.predict(X)).astype(str))
         if agree < 0.98:
             raise FuzzFailure(f"fit {est}: predictions agree on {agree:.1%} only ({what})")
     return "ok"
@@ -722,6 +733,8 @@ RUN = {"mmchain": run_mmchain, "loss_gradient": run_loss_gradient, "gmm_estep": 
 def run_case(op, seed, device="cpu"):
     """Draw and run case ``seed`` of ``op``; returns ``(config, tag)`` or raises :class:`FuzzFailure`."""
     c = DRAW[op](seed)
+    if str(device) != "cpu" and c.get("backend") == "cpu":
+        c["backend"] = "ops"  # device data: the host path does not apply
     return c, RUN[op](c, device)
 
 
