@@ -223,7 +223,8 @@ def _draw_dense_config(rng, c):
         return {"strategy": "chunked", "block_d": int(rng.choice([16, 32, 64, max(16, pow2 // 2)])),
                 "block_n": int(rng.choice([16, 32, 64])), "num_programs": int(rng.integers(1, 6))}
     if choice == 2 and m == 1 and c["v_op"] == "mul" and c["D"] > 32:
-        return {"strategy": "coop", "block_d": int(rng.choice([16, 32, max(16, pow2 // 4)])),
+        # at most 8 column blocks per row: the interpreter runs the handshake's programs one by one
+        return {"strategy": "coop", "block_d": int(rng.choice([max(16, pow2 // g) for g in (2, 4, 8)])),
                 "num_programs": int(rng.integers(1, 4)), "prefetch": int(rng.integers(0, 3)),
                 "two_pass": bool(rng.random() < 0.3)}
     return {"block_n": int(rng.choice([16, 32, 64])), "num_programs": int(rng.integers(1, 9))}
