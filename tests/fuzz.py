@@ -10,7 +10,10 @@ sometimes a forced launch (strategy, tile, grid). It runs the operator and check
 * that no input was modified;
 * for ``deterministic=True``, the same bits on a second call.
 
-``fit`` cases train a random estimator (logistic, multinomial, LinearSVC, Poisson / gamma /
+``bind`` cases check the bound forms after their operands change in place; ``stream`` cases run
+``mmchain``, ``matvec`` and ``gmm_estep`` over a Dask array with random row chunks (dense or CSR)
+through :class:`fusedml.streaming.StreamedMatrix` with random memory plans (resident, streamed,
+re-read). ``fit`` cases train a random estimator (logistic, multinomial, LinearSVC, Poisson / gamma /
 Tweedie, Ridge on dense, torch or CSR data, with sample and class weights, string labels; a
 Gaussian mixture of each covariance type) and compare it with scikit-learn's on the same objective.
 
@@ -32,7 +35,7 @@ import traceback
 import numpy as np
 import torch
 
-OPS = ("mmchain", "loss_gradient", "gmm_estep", "gmm_score", "lloyd_step", "fit")
+OPS = ("mmchain", "loss_gradient", "gmm_estep", "gmm_score", "lloyd_step", "stream", "fit")
 _EPS = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
 
@@ -210,6 +213,7 @@ def draw_mmchain(seed):
     else:
         c["layout"] = str(rng.choice(["contiguous", "contiguous", "colmajor", "rowstride", "colstride", "numpy"]))
         c["config"] = _draw_dense_config(rng, c) if c["backend"] == "fused" and rng.random() < 0.35 else None
+    c["bind"] = bool(rng.random() < 0.25)  # bind_mmchain: two calls, operands changed in place between them
     return c
 
 
@@ -228,6 +232,27 @@ def _draw_dense_config(rng, c):
                 "num_programs": int(rng.integers(1, 4)), "prefetch": int(rng.integers(0, 3)),
                 "two_pass": bool(rng.random() < 0.3)}
     return {"block_n": int(rng.choice([16, 32, 64])), "num_programs": int(rng.integers(1, 9))}
+
+
+def _mmchain_reference(c, Xa, y, v, z, acc, mcols):
+    """float64 ``alpha [X,1]^T (v op ([X,1] y)) + beta z`` from the stored values, and its bound."""
+    N, Dx = Xa.shape
+    yv = None if y is None else _np(y).reshape(Dx, mcols)
+    vv = np.ones((N, mcols)) if v is None else _np(v).reshape(N, -1) * np.ones((1, mcols))
+    zz = np.zeros((Dx, mcols)) if z is None else _np(z).reshape(Dx, mcols)
+    if yv is None:
+        p, pabs = vv, np.abs(vv)
+    else:
+        t, tabs = Xa @ yv, np.abs(Xa) @ np.abs(yv)
+        if c["v_op"] == "softmax":
+            s = (vv * t).sum(1, keepdims=True)
+            p = vv * (t - s)
+            pabs = np.abs(vv) * (tabs + (np.abs(vv) * tabs).sum(1, keepdims=True))
+        else:
+            p, pabs = vv * t, np.abs(vv) * tabs
+    ref = c["alpha"] * (Xa.T @ p) + c["beta"] * zz
+    scale = abs(c["alpha"]) * (np.abs(Xa).T @ pabs) + abs(c["beta"]) * np.abs(zz)
+    return ref, (_gamma(N + 2 * Dx + 16, acc) + 8 * _half_ops(c)) * scale + 1e-30
 
 
 def run_mmchain(c, device="cpu"):
@@ -255,36 +280,29 @@ def run_mmchain(c, device="cpu"):
     snap = _snapshot([X, y, v, z])
     kw = dict(alpha=c["alpha"], beta=c["beta"], intercept=c["intercept"], v_op=c["v_op"], backend=c["backend"],
               deterministic=c["deterministic"], config=c.get("config"))
+    run = (lambda: fusedml.mmchain(X, y, v, z, **kw)) if not c["bind"] else None
     try:
-        w = fusedml.mmchain(X, y, v, z, **kw)
+        if c["bind"]:
+            op = fusedml.bind_mmchain(X, y, v, z, **kw)
+            run = op
+        w = run().clone()
     except ValueError as e:
-        if c.get("config") and "config" in str(e) or "strategy=" in str(e) or "mode=" in str(e):
+        if c.get("config") and ("config" in str(e) or "strategy=" in str(e) or "mode=" in str(e)):
             return "config-rejected"
         raise
     _check_unchanged(snap)
-    # float64 reference from the stored values
     Xa = np.hstack([Xr, np.ones((N, 1))]) if c["intercept"] else Xr
-    yv = None if y is None else _np(y).reshape(Dx, mcols)
-    vv = np.ones((N, mcols)) if v is None else _np(v).reshape(N, -1) * np.ones((1, mcols))
-    zz = np.zeros((Dx, mcols)) if z is None else _np(z).reshape(Dx, mcols)
-    if yv is None:
-        p, pabs = vv, np.abs(vv)
-    else:
-        t, tabs = Xa @ yv, np.abs(Xa) @ np.abs(yv)
-        if c["v_op"] == "softmax":
-            s = (vv * t).sum(1, keepdims=True)
-            p = vv * (t - s)
-            pabs = np.abs(vv) * (tabs + (np.abs(vv) * tabs).sum(1, keepdims=True))
-        else:
-            p, pabs = vv * t, np.abs(vv) * tabs
-    ref = c["alpha"] * (Xa.T @ p) + c["beta"] * zz
-    scale = abs(c["alpha"]) * (np.abs(Xa).T @ pabs) + abs(c["beta"]) * np.abs(zz)
-    bound = (_gamma(N + 2 * Dx + 16, acc) + 8 * _half_ops(c)) * scale + 1e-30
+    ref, bound = _mmchain_reference(c, Xa, y, v, z, acc, mcols)
     _close("mmchain", _np(w).reshape(Dx, mcols), ref, bound, _describe(c))
     if c["deterministic"] and c["backend"] == "fused":
-        w2 = fusedml.mmchain(X, y, v, z, **kw)
-        if not torch.equal(w, w2):
+        if not torch.equal(w, run()):
             raise FuzzFailure(f"mmchain deterministic=True differs between two calls ({_describe(c)})")
+    if c["bind"]:  # the bound product reads its operands' current contents
+        for a in (y, v, z):
+            if a is not None:
+                a.copy_(torch.from_numpy(rng.uniform(-1, 1, size=tuple(a.shape))).to(a.dtype))
+        ref, bound = _mmchain_reference(c, Xa, y, v, z, acc, mcols)
+        _close("bind_mmchain (operands changed)", _np(op()).reshape(Dx, mcols), ref, bound, _describe(c))
     return "ok"
 
 
@@ -333,7 +351,57 @@ def draw_loss_gradient(seed):
         c["container"], c["index"] = str(rng.choice(["scipy", "torch", "fusedml"])), str(rng.choice(["int32", "int64"]))
     else:
         c["layout"] = str(rng.choice(["contiguous", "contiguous", "colmajor", "rowstride"]))
+    c["bind"] = bool(rng.random() < 0.25)  # bind_loss_gradient: two calls, W and z changed between them
     return c
+
+
+def _clone_result(r):
+    """A bound pass's result copied out of its persistent buffers."""
+    return type(r)(*(None if a is None else a.clone() for a in r))
+
+
+def _check_loss_result(c, r, Xa, W, y, sw, z, beta, acc, objective, who):
+    """``r`` (a :class:`fusedml.LossGradient`) against float64 at ``W``, within rounding bounds."""
+    loss = c["loss"]
+    N, Dx = Xa.shape
+    mc = c["m"] or 1
+    Wv, yv = _np(W).reshape(Dx, mc), _np(y).reshape(N, mc)
+    cw = np.ones(N) if sw is None else _np(sw)
+    t, tabs = Xa @ Wv, np.abs(Xa) @ np.abs(Wv)
+    val, g = _ref_loss(loss, t, yv, c["power"])
+    # the pass's eta is off by up to e_t per entry: bound the loss and gradient by the reference's
+    # own change over [t - e_t, t + e_t] plus the rounding of the values themselves
+    uh = _half_ops(c)
+    e_t = (_gamma(Dx, acc) + 4 * uh) * tabs + 4 * _EPS[acc] * np.abs(t)
+    dv = np.zeros_like(val)
+    dg = np.zeros_like(g)
+    for sgn in (-1.0, 1.0):
+        for shift in (e_t, np.where(np.arange(mc)[None, :] % 2 == 0, e_t, -e_t)):
+            v2, g2 = _ref_loss(loss, t + sgn * shift, yv, c["power"])
+            dv, dg = np.maximum(dv, np.abs(v2 - val)), np.maximum(dg, np.abs(g2 - g))
+    if loss == "multinomial":  # every column's eta moves the softmax
+        dg = dg + np.abs(g + yv) * e_t.sum(1, keepdims=True)
+        dv = dv + e_t.sum(1, keepdims=True)
+    tol = 64 * _EPS[acc] if acc == torch.float32 else 1e-13
+    dv = dv + tol * (np.abs(val) + np.abs(yv * t) + 1.0)
+    dg = dg + tol * (np.abs(g) + np.abs(yv) + 1.0)
+    lref = (cw[:, None] * val).sum(0)
+    lbound = (cw[:, None] * dv).sum(0) + _gamma(N, acc) * (cw[:, None] * np.abs(val)).sum(0)
+    _close(who + ".loss", _np(r.loss).reshape(mc), lref, lbound, _describe(c))
+    zz = np.zeros((Dx, mc)) if z is None else _np(z).reshape(Dx, mc)
+    gref = c["alpha"] * Xa.T @ (cw[:, None] * g) + beta * zz
+    gbound = c["alpha"] * (np.abs(Xa).T @ (cw[:, None] * (dg + (_gamma(N, acc) + 4 * uh) * np.abs(g)))) + \
+        _gamma(2, acc) * np.abs(beta * zz) + 1e-30
+    _close(who + ".grad", _np(r.grad).reshape(Dx, mc), gref, gbound, _describe(c))
+    if r.eta is not None:
+        _close(who + ".eta", _np(r.eta).reshape(N, mc), t, e_t + 1e-30, _describe(c))
+    if objective is not None:
+        pen = 0.5 * beta * (zz * zz).sum(0)
+        oref = c["alpha"] * lref + pen
+        ob = c["alpha"] * lbound + _gamma(Dx, acc) * np.abs(pen) + 1e-12
+        if objective == "sum":
+            oref, ob = oref.sum(keepdims=True), ob.sum(keepdims=True)
+        _close(who + ".objective", _np(r.objective).reshape(-1), oref, ob, _describe(c))
 
 
 def run_loss_gradient(c, device="cpu"):
@@ -373,51 +441,23 @@ def run_loss_gradient(c, device="cpu"):
     kw = dict(loss=loss, power=c["power"], sample_weight=sw, alpha=c["alpha"], z=z, beta=c["beta"] if z is not None
               else 0.0, intercept=c["intercept"], backend=c["backend"], deterministic=c["deterministic"],
               objective=objective)
-    r = fusedml.loss_gradient(X, W, y, **kw)
+    if c["bind"]:
+        op = fusedml.bind_loss_gradient(X, W, y, **kw)
+        r = _clone_result(op())
+    else:
+        r = fusedml.loss_gradient(X, W, y, **kw)
     _check_unchanged(snap)
     Xa = np.hstack([Xr, np.ones((N, 1))]) if c["intercept"] else Xr
-    Wv, yv = _np(W).reshape(Dx, mc), _np(y).reshape(N, mc)
-    cw = np.ones(N) if sw is None else _np(sw)
-    t, tabs = Xa @ Wv, np.abs(Xa) @ np.abs(Wv)
-    val, g = _ref_loss(loss, t, yv, c["power"])
-    # the pass's eta is off by up to e_t per entry: bound the loss and gradient by the reference's
-    # own change over [t - e_t, t + e_t] plus the rounding of the values themselves
-    uh = _half_ops(c)
-    e_t = (_gamma(Dx, acc) + 4 * uh) * tabs + 4 * _EPS[acc] * np.abs(t)
-    dv = np.zeros_like(val)
-    dg = np.zeros_like(g)
-    for sgn in (-1.0, 1.0):
-        for shift in (e_t, np.where(np.arange(mc)[None, :] % 2 == 0, e_t, -e_t)):
-            v2, g2 = _ref_loss(loss, t + sgn * shift, yv, c["power"])
-            dv, dg = np.maximum(dv, np.abs(v2 - val)), np.maximum(dg, np.abs(g2 - g))
-    if loss == "multinomial":  # every column's eta moves the softmax
-        dg = dg + np.abs(g + yv) * e_t.sum(1, keepdims=True)
-        dv = dv + e_t.sum(1, keepdims=True)
-    tol = 64 * _EPS[acc] if acc == torch.float32 else 1e-13
-    dv = dv + tol * (np.abs(val) + np.abs(yv * t) + 1.0)
-    dg = dg + tol * (np.abs(g) + np.abs(yv) + 1.0)
-    lref = (cw[:, None] * val).sum(0)
-    lbound = (cw[:, None] * dv).sum(0) + _gamma(N, acc) * (cw[:, None] * np.abs(val)).sum(0)
-    _close("loss_gradient.loss", _np(r.loss).reshape(mc), lref, lbound, _describe(c))
-    zz = np.zeros((Dx, mc)) if z is None else _np(z).reshape(Dx, mc)
-    beta = kw["beta"]
-    gref = c["alpha"] * Xa.T @ (cw[:, None] * g) + beta * zz
-    gbound = c["alpha"] * (np.abs(Xa).T @ (cw[:, None] * (dg + (_gamma(N, acc) + 4 * uh) * np.abs(g)))) + \
-        _gamma(2, acc) * np.abs(beta * zz) + 1e-30
-    _close("loss_gradient.grad", _np(r.grad).reshape(Dx, mc), gref, gbound, _describe(c))
-    if r.eta is not None:
-        _close("loss_gradient.eta", _np(r.eta).reshape(N, mc), t, e_t + 1e-30, _describe(c))
-    if objective is not None:
-        pen = 0.5 * beta * (zz * zz).sum(0)
-        oref = c["alpha"] * lref + pen
-        ob = c["alpha"] * lbound + _gamma(Dx, acc) * np.abs(pen) + 1e-12
-        if objective == "sum":
-            oref, ob = oref.sum(keepdims=True), ob.sum(keepdims=True)
-        _close("loss_gradient.objective", _np(r.objective).reshape(-1), oref, ob, _describe(c))
+    _check_loss_result(c, r, Xa, W, y, sw, z, kw["beta"], acc, objective, "loss_gradient")
     if c["deterministic"] and c["backend"] == "fused":
-        r2 = fusedml.loss_gradient(X, W, y, **kw)
+        r2 = op() if c["bind"] else fusedml.loss_gradient(X, W, y, **kw)
         if not (torch.equal(r.grad, r2.grad) and torch.equal(r.loss, r2.loss)):
             raise FuzzFailure(f"loss_gradient deterministic=True differs between two calls ({_describe(c)})")
+    if c["bind"]:  # the bound pass reads W's and z's current contents
+        for a in (W, z):
+            if a is not None:
+                a.copy_(torch.from_numpy(rng.normal(size=tuple(a.shape)) * 0.5).to(a.dtype))
+        _check_loss_result(c, op(), Xa, W, y, sw, z, kw["beta"], acc, objective, "bind_loss_gradient (W changed)")
     return "ok"
 
 
@@ -576,6 +616,100 @@ def run_gmm(c, device="cpu"):
 
 
 # ---------------------------------------------------------------------------------------------
+# streamed (Dask) matrices: mmchain, matvec and the GMM E-step over row chunks
+
+
+def draw_stream(seed):
+    """The configuration of streaming case ``seed``: chunking, memory plan, operator."""
+    rng = np.random.default_rng([9, seed])
+    N = int(rng.integers(1, 400))
+    cuts = np.sort(rng.choice(np.arange(1, N), size=min(N - 1, int(rng.integers(0, 6))), replace=False)) if N > 1 else []
+    return dict(seed=seed, N=N, D=int(rng.integers(1, 40)), chunks=[int(x) for x in np.diff([0, *cuts, N])],
+                sparse=bool(rng.random() < 0.35), dtype=str(rng.choice(["float32", "float64"])),
+                op=str(rng.choice(["mmchain", "mmchain", "matvec", "gmm_estep"])),
+                m=None if rng.random() < 0.7 else int(rng.integers(1, 5)), intercept=bool(rng.random() < 0.3),
+                y_none=bool(rng.random() < 0.15), z=bool(rng.random() < 0.3),
+                max_gpu_bytes=[None, 2000, 8000, 30000][int(rng.integers(0, 4))],
+                host_cache=bool(rng.random() < 0.5), block_bytes=int(rng.choice([300, 1000, 1 << 20])),
+                backend=str(rng.choice(["fused", "fused", "cpu", "ops"])), cov=str(rng.choice(["diag", "spherical",
+                                                                                           "full", "tied"])),
+                K=int(rng.integers(1, 6)))
+
+
+def run_stream(c, device="cpu"):
+    """Run streaming case ``c`` against float64 from the whole matrix."""
+    import dask.array as da
+
+    import fusedml
+    from fusedml.streaming import StreamedMatrix
+
+    rng = np.random.default_rng([10, c["seed"]])
+    N, D = c["N"], c["D"]
+    dt = np.float32 if c["dtype"] == "float32" else np.float64
+    acc = torch.float32 if dt == np.float32 else torch.float64
+    A = rng.normal(size=(N, D)).astype(dt)
+    if c["sparse"]:
+        import scipy.sparse as sp
+
+        A[np.abs(A) < 0.8] = 0.0
+        A[0] = 0.0  # an empty row
+        blocks = np.split(A, np.cumsum(c["chunks"])[:-1])
+        Xd = da.concatenate([da.from_array(sp.csr_matrix(b), chunks=b.shape, asarray=False) for b in blocks], axis=0)
+    else:
+        Xd = da.from_array(A, chunks=(tuple(c["chunks"]), D))
+    Xr = A.astype(np.float64)
+    try:
+        S = StreamedMatrix(Xd, device=device, max_gpu_bytes=c["max_gpu_bytes"], host_cache=c["host_cache"],
+                           block_bytes=c["block_bytes"])
+    except ValueError as e:  # a budget below the two streaming slots: the smallest budget that streams
+        import re
+
+        m = re.search(r"cannot hold (\d+) streaming buffers of (\d+) bytes", str(e))
+        if m is None:
+            raise
+        S = StreamedMatrix(Xd, device=device, max_gpu_bytes=int(1.5 * int(m.group(1)) * int(m.group(2))),
+                           host_cache=c["host_cache"], block_bytes=c["block_bytes"])
+    be = c["backend"] if not (str(device) != "cpu" and c["backend"] == "cpu") else "ops"
+    what = _describe(c)
+    tag = "ok-streamed" if S.resident_chunks < S.n_chunks else "ok-resident"
+    Dx = D + c["intercept"]
+    mcols = c["m"] or 1
+    mshape = () if c["m"] is None else (c["m"],)
+    if c["op"] == "gmm_estep" and not c["sparse"]:  # (CSR chunks: a TypeError, tested in test_streaming)
+        K, cov = c["K"], c["cov"]
+        w, means, pc = _gmm_params(rng, dict(K=K, D=D, cov=cov, empty=False), Xr)
+        args = [torch.from_numpy(a) for a in (w, means, pc)]
+        st = fusedml.gmm_estep(S, *args, cov, backend=be, center=torch.from_numpy(means))
+        ref = fusedml.gmm_estep(torch.from_numpy(Xr), *args, cov, backend="cpu", center=torch.from_numpy(means))
+        tol = 2e-4 if (dt == np.float32 or be == "fused") else 1e-9
+        for name in ("log_likelihood", "nk", "s1", "s2"):
+            a, b = _np(getattr(st, name)), _np(getattr(ref, name))
+            scale = np.abs(b).max() + 1.0
+            if np.abs(a - b).max() > tol * scale * max(1.0, np.sqrt(N)):
+                raise FuzzFailure(f"stream gmm_estep.{name}: max diff {np.abs(a - b).max():.3e} ({what})")
+        return tag
+    y = None if c["y_none"] and c["op"] == "mmchain" else torch.from_numpy(rng.normal(size=(Dx, *mshape))).to(acc)
+    v = torch.from_numpy(rng.uniform(-1, 2, size=N)).to(acc)
+    if c["op"] in ("matvec", "gmm_estep"):
+        t = fusedml.matvec(S, y, intercept=c["intercept"], backend=be)
+        Xa = np.hstack([Xr, np.ones((N, 1))]) if c["intercept"] else Xr
+        ref = Xa @ _np(y).reshape(Dx, mcols)
+        bound = _gamma(Dx, acc) * (np.abs(Xa) @ np.abs(_np(y).reshape(Dx, mcols))) + 1e-30
+        _close("stream matvec", _np(t).reshape(N, mcols), ref, bound, what)
+        return tag
+    if y is None:
+        mcols = 1
+    z = torch.from_numpy(rng.normal(size=(Dx, *(mshape if y is not None else ())))).to(acc) if c["z"] else None
+    w = fusedml.mmchain(S, y, v, z, alpha=0.5, beta=-1.5 if z is not None else 0.0, intercept=c["intercept"],
+                        backend=be)
+    Xa = np.hstack([Xr, np.ones((N, 1))]) if c["intercept"] else Xr
+    cc = dict(c, alpha=0.5, beta=-1.5 if z is not None else 0.0, v_op="mul", backend=be, dtype=c["dtype"])
+    ref, bound = _mmchain_reference(cc, Xa, y, v, z, acc, mcols)
+    _close("stream mmchain", _np(w).reshape(Dx, mcols), ref, bound, what)
+    return tag
+
+
+# ---------------------------------------------------------------------------------------------
 # whole fits against scikit-learn on the same objective
 
 
@@ -726,9 +860,9 @@ def _describe(c):
 
 DRAW = {"mmchain": draw_mmchain, "loss_gradient": draw_loss_gradient, "gmm_estep": draw_gmm,
         "gmm_score": lambda s: draw_gmm(s, "gmm_score"), "lloyd_step": lambda s: draw_gmm(s, "lloyd_step"),
-        "fit": draw_fit}
+        "stream": draw_stream, "fit": draw_fit}
 RUN = {"mmchain": run_mmchain, "loss_gradient": run_loss_gradient, "gmm_estep": run_gmm, "gmm_score": run_gmm,
-       "lloyd_step": run_gmm, "fit": run_fit}
+       "lloyd_step": run_gmm, "stream": run_stream, "fit": run_fit}
 
 
 def run_case(op, seed, device="cpu"):

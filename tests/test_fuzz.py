@@ -8,7 +8,7 @@ Longer campaigns: ``TRITON_INTERPRET=1 python tests/fuzz.py --n 500 --seed N``.
 """
 import pytest
 
-from fuzz import OPS, FuzzFailure, draw_fit, draw_gmm, draw_loss_gradient, draw_mmchain, run_case
+from fuzz import OPS, FuzzFailure, draw_fit, draw_gmm, draw_loss_gradient, draw_mmchain, draw_stream, run_case
 
 # seeds per operator: ~0.1-0.4 s per operator case under the interpreter, ~1 s per fit
 SEEDS = {op: range(40 if op == "fit" else 80) for op in OPS}
@@ -57,6 +57,9 @@ def test_fuzz_draws_cover_the_options():
     gm = [draw_gmm(s) for s in range(200)]
     assert {c["cov"] for c in gm} == {"full", "tied", "diag", "spherical"}
     assert {c["path"] for c in gm} == {"auto", "single", "two_pass"}
+    assert any(c["bind"] for c in mm) and any(c["bind"] for c in lg)
+    st = [draw_stream(s) for s in range(200)]
+    assert {c["op"] for c in st} == {"mmchain", "matvec", "gmm_estep"} and any(len(c["chunks"]) > 3 for c in st)
     fits = [draw_fit(s) for s in range(200)]
     assert {c["est"] for c in fits} == {"logistic", "multinomial", "svc", "poisson", "gamma", "tweedie", "ridge", "gmm"}
     assert {c["container"] for c in fits} == {"numpy", "torch", "csr"}
