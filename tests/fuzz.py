@@ -797,6 +797,10 @@ def run_fit(c, device="cpu"):
                               f"solution ({what})")
         if abs(float(ours.score(Xin)) - ll_at_ours) > 1e-4 * (1 + abs(ll_at_ours)):
             raise FuzzFailure(f"fit gmm: score() {float(ours.score(Xin))} != float64 {ll_at_ours} ({what})")
+        proba, lab = _np(ours.predict_proba(Xin)), _np(ours.predict(Xin)).astype(np.int64)
+        p_lab = proba[np.arange(len(lab)), lab]
+        if np.abs(proba.sum(1) - 1).max() > 1e-5 or np.any(p_lab < proba.max(1) - 1e-5):
+            raise FuzzFailure(f"fit gmm: predict_proba rows do not sum to 1 or predict is not their arg-max ({what})")
         return "ok"
     tol = 1e-8 if dt == np.float64 else 1e-6
     if est in ("logistic", "multinomial"):
@@ -838,6 +842,18 @@ def run_fit(c, device="cpu"):
         agree = np.mean(pred.astype(str) == np.asarray(ref.predict(X)).astype(str))
         if agree < 0.98:
             raise FuzzFailure(f"fit {est}: predictions agree on {agree:.1%} only ({what})")
+        # the estimator's own outputs agree with each other: predict is the arg-max of
+        # decision_function (and of predict_proba, whose rows sum to one)
+        classes = np.asarray(_np(ours.classes_) if isinstance(ours.classes_, torch.Tensor) else ours.classes_)
+        dec = _np(ours.decision_function(Xin))
+        top = (dec > 0).astype(int) if dec.ndim == 1 else dec.argmax(1)
+        if not np.array_equal(classes[top].astype(str), pred.astype(str)):
+            raise FuzzFailure(f"fit {est}: predict is not the arg-max of decision_function ({what})")
+        if est != "svc":
+            proba = _np(ours.predict_proba(Xin))
+            if np.abs(proba.sum(1) - 1).max() > 1e-5 or not np.array_equal(classes[proba.argmax(1)].astype(str),
+                                                                             pred.astype(str)):
+                raise FuzzFailure(f"fit {est}: predict_proba rows do not sum to 1 or disagree with predict ({what})")
     return "ok"
 
 
