@@ -293,3 +293,17 @@ def test_readme_has_the_two_commands_once():
     test_cmd = next(c for c in cmds if "pytest" in c).split("&&", 1)[1].strip()
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         assert test_cmd in f.read()
+
+
+def test_readme_usage_example_runs():
+    """The README's "Use" block runs as written (CPU, interpreted kernels), so the documented API
+    cannot drift from the code."""
+    import re
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    fence = "`" * 3
+    block = re.search("## Use\n\n" + fence + "python\n(.*?)" + fence, text, re.S).group(1)
+    scope = {}
+    exec(compile(block, "README.md (Use)", "exec"), scope)  # noqa: S102 -- the project's own documentation
+    assert scope["w"].shape == (64,) and scope["st"].nk.shape == (4,) and scope["clf"].coef_.shape[-1] == 30
