@@ -132,19 +132,16 @@ def _check_unchanged(snap):
 
 def _to(x, device):
     """``x`` on ``device``; off the CPU, numpy arrays and scipy CSR become device tensors (the fused
-    kernels read device memory)."""
-    if str(device) != "cpu" and isinstance(x, np.ndarray):
+    kernels read device memory). On the CPU every container stays as drawn."""
+    if str(device) == "cpu":
+        return x
+    if isinstance(x, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
-    if str(device) != "cpu" and hasattr(x, "indptr"):
-        from fusedml import CSRMatrix
+    if hasattr(x, "indptr"):  # scipy CSR: the library's own conversion
+        from fusedml import as_csr
 
-        return CSRMatrix(*(torch.from_numpy(a).to(device) for a in (x.indptr, x.indices, x.data)), x.shape)
-    if isinstance(x, torch.Tensor):
-        if x.layout == torch.sparse_csr:
-            return torch.sparse_csr_tensor(x.crow_indices().to(device), x.col_indices().to(device),
-                                           x.values().to(device), size=x.shape)
-        return x.to(device)
-    if hasattr(x, "crow"):
+        return as_csr(x).to(device)
+    if isinstance(x, torch.Tensor) or hasattr(x, "crow"):  # dense / sparse CSR tensors, CSRMatrix
         return x.to(device)
     return x
 
