@@ -154,6 +154,10 @@ def test_dense_launch_memo_and_padded_dot_rules(rng):
     wide = launch.dense_config(300, 256, 3, torch.float32, launch.gpu_info(X.device))
     assert (launch.padded_dot(wide).block_n, launch.padded_dot(wide).dot_precision) == (32, "ieee")  # wide rows
     assert (launch.padded_dot(a).block_n, launch.padded_dot(a).dot_precision) == (64, "tf32x3")
+    # narrow X (iris: D = 4): tl.dot's reduction axis is at least 16 on sm_90, so the features pad to 16
+    for d in (1, 3, 4, 8):
+        mv = launch.matvec_config(150, d, 3, torch.float32, launch.gpu_info(X.device))
+        assert (mv.mode, mv.block_d, mv.block_n) == ("dot", 16, 64), (d, mv)
 
 
 def test_small_config_rules(rng):

@@ -144,6 +144,9 @@ def test_bad_options(data):
     with pytest.raises(ValueError, match=r"mode='dot' is not available for float64"):
         fusedml.mmchain(X.double(), torch.ones(6, 2), backend="fused", config={"mode": "dot", "m_pad": 16,
                                                                                  "block_n": 16, "block_d": 16})
+    with pytest.raises(ValueError, match=r"mode='dot' needs block_n >= 16 and block_d >= 16"):
+        fusedml.mmchain(X, torch.ones(X.shape[1], 2), backend="fused",
+                        config={"mode": "dot", "m_pad": 16, "block_n": 16, "block_d": 8})
 
 
 def test_unknown_config_keys_are_rejected(data):

@@ -1177,6 +1177,9 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
     if cfg.dot_precision not in ("tf32x3", "ieee"):
         raise ValueError(f"dot_precision must be 'tf32x3' or 'ieee', got {cfg.dot_precision!r}")
+    if cfg.mode == "dot" and (cfg.block_d < 16 or cfg.block_n < 16):
+        raise ValueError(f"mode='dot' needs block_n >= 16 and block_d >= 16 (tl.dot's smallest tile on sm_90), "
+                         f"got block_n={cfg.block_n}, block_d={cfg.block_d}")
     if cfg.strategy == "onchip" and cfg.block_d < P.D:
         raise ValueError(f"strategy='onchip' needs block_d >= D = {P.D}, got {cfg.block_d}")
     if cfg.strategy == "coop" and (P.m != 1 or P.v_op != "mul"):

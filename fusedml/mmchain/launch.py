@@ -592,8 +592,9 @@ def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
     """
     narrow = cfg.block_d <= 128
     bn = rows or (64 if narrow else 32)
-    return replace(cfg, mode="dot", m_pad=16, block_n=bn, num_warps=4, prefetch=False,
-                   dot_precision="tf32x3" if narrow else "ieee")
+    # tl.dot's reduction axis (the features in X Y) is at least 16 wide on sm_90 (Triton 3.6)
+    return replace(cfg, mode="dot", m_pad=16, block_n=bn, block_d=max(16, cfg.block_d), num_warps=4,
+                   prefetch=False, dot_precision="tf32x3" if narrow else "ieee")
 
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
