@@ -76,3 +76,187 @@ def local_memory_in_loops(sass_text):
             loops.append((int(m.group(1), 16), addr))
     return sum(1 for addr, body in insts if re.search(r"\b(LDL|STL)\b", body)
                and any(lo <= addr <= hi for lo, hi in loops))
+
+
+def compile_sm90(fn, types, consts, values=None, **options):
+    """Compile ``fn`` for sm_90 (the H200) specialised as the JIT specialises a real launch.
+
+    The JIT marks every 16-byte-aligned pointer and every integer that is a multiple of 16 with
+    ``tt.divisibility = 16``, and makes an integer equal to 1 a constant (Triton 3.6-3.9). Without
+    these, loads that vectorise on the GPU (unit feature stride, 16-aligned rows) compile as scalar
+    loads with other layouts, registers and spills. Pointers are taken as aligned (torch
+    allocations are); integers are specialised from ``values`` (name -> the launch's value), and
+    stay generic where no value is given.
+
+    Parameters
+    ----------
+    fn : triton.runtime.JITFunction
+        The kernel.
+    types : dict
+        Argument name -> Triton type string (``"*fp32"``, ``"i32"``, ...) for every non-constexpr.
+    consts : dict
+        The launch's constexpr arguments.
+    values : dict, optional
+        Integer argument name -> the value a launch passes.
+    **options
+        Compile options (``num_warps``, ``num_stages``).
+
+    Returns
+    -------
+    triton.compiler.CompiledKernel
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    values = values or {}
+    sig, attrs, consts = {}, {}, dict(consts)
+    for i, a in enumerate(fn.arg_names):
+        if a in consts:
+            sig[a] = "constexpr"
+            continue
+        sig[a] = types[a]
+        v = values.get(a)
+        if sig[a].startswith("*") or (v is not None and v % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif v == 1:
+            sig[a], consts[a] = "constexpr", 1
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every launch a call makes, compiled for sm_90: record launches under the interpreter, then
+# compile each distinct one (as the JIT would specialise it) in a process without the interpreter.
+
+_TORCH_TY = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",
+             "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def launch_descriptor(fn, args, kwargs):
+    """The sm_90 compile a JIT launch of ``fn(*args, **kwargs)`` would make: a picklable dict.
+
+    Tensors become typed pointers (``tt.divisibility = 16`` when 16-byte aligned), integers are
+    specialised as the JIT does (a multiple of 16 gets the divisibility hint, 1 becomes a
+    constant), constexpr parameters keep their values, and launch options are kept apart.
+    """
+    import inspect
+
+    from triton.runtime.jit import _normalize_ty
+
+    params = list(inspect.signature(fn).parameters.values())
+    ann = {p.name: _normalize_ty(p.annotation) if p.annotation is not inspect.Parameter.empty else None
+           for p in params}
+    bound = dict(zip([p.name for p in params], args))
+    options = {k: kwargs[k] for k in _OPTIONS if k in kwargs}
+    bound.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
+    types, consts, attrs = {}, {}, []
+    for p in params:
+        v = bound[p.name] if p.name in bound else p.default
+        if ann[p.name] == "constexpr" or v is None:
+            consts[p.name] = v
+        elif hasattr(v, "data_ptr"):
+            types[p.name] = "*" + _TORCH_TY[str(v.dtype).replace("torch.", "")]
+            if v.data_ptr() % 16 == 0:
+                attrs.append(p.name)
+        elif isinstance(v, bool):
+            types[p.name] = "i1"
+        elif isinstance(v, int):
+            if v == 1:
+                consts[p.name] = 1
+                continue
+            types[p.name] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+            if v % 16 == 0:
+                attrs.append(p.name)
+        elif isinstance(v, float):
+            types[p.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: argument {p.name} of type {type(v).__name__}")
+    return dict(module=fn.__module__, name=fn.__name__, types=types, consts=consts, attrs=sorted(attrs),
+                options=options)
+
+
+class record_launches:
+    """Context manager that records every interpreted Triton launch as a :func:`launch_descriptor`.
+
+    ``with record_launches() as rec: ...`` runs the body as usual (the kernels still execute) and
+    leaves the distinct descriptors in ``rec.launches``, each with ``origin``: the value of
+    ``rec.origin`` (set it to name the call being run) when the launch was first seen.
+    """
+
+    origin = None
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self.launches, self._keys, self._orig = [], set(), InterpretedFunction.run
+        rec, orig = self, self._orig
+
+        def run(kernel, *args, grid, warmup, **kwargs):
+            d = launch_descriptor(kernel.fn, args, kwargs)
+            key = repr(d)
+            if key not in rec._keys:
+                rec._keys.add(key)
+                rec.launches.append(dict(d, origin=rec.origin))
+            return orig(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = run
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        InterpretedFunction.run = self._orig
+        return False
+
+
+def compile_descriptor(d):
+    """Compile one :func:`launch_descriptor` for sm_90 (the interpreter must be off).
+
+    Returns
+    -------
+    dict
+        ``kernel``, ``regs``, ``stack`` (bytes), ``loop_spills`` (local-memory instructions inside
+        loops), ``shared`` (bytes); or ``kernel`` and ``error`` when the compile fails.
+    """
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(d["module"]), d["name"])
+    sig = {a: ("constexpr" if a in d["consts"] else d["types"][a]) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in d["attrs"]}
+    tag = f"{d['name']} {d['options']} " + " ".join(f"{k}={v}" for k, v in d["consts"].items() if v is not None)
+    tag += f" ({d['origin']})" if d.get("origin") else ""
+    try:
+        k = triton.compile(ASTSource(fn, sig, d["consts"], attrs), target=GPUTarget("cuda", 90, 32),
+                           options=d["options"])
+    except Exception as e:  # a launch the H200's Triton cannot compile
+        return dict(kernel=tag, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+    regs, stack = resource_usage(k)
+    return dict(kernel=tag, regs=regs, stack=stack, loop_spills=local_memory_in_loops(sass(k)),
+                shared=k.metadata.shared)
+
+
+def compile_descriptors(launches, timeout=3000):
+    """Compile recorded launches in a subprocess without the interpreter; one result per launch."""
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "in.pkl"), os.path.join(tmp, "out.pkl")
+        with open(src, "wb") as f:
+            pickle.dump(launches, f)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_DEFAULT_FP_FUSION"] = "1"
+        code = ("import pickle, sys; sys.path[:0] = sys.argv[3:]; import _sm90; "
+                "r = [_sm90.compile_descriptor(d) for d in pickle.load(open(sys.argv[1], 'rb'))]; "
+                "pickle.dump(r, open(sys.argv[2], 'wb'))")
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run([sys.executable, "-c", code, src, dst, here, os.path.dirname(here)], env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, r.stderr[-3000:]
+        with open(dst, "rb") as f:
+            return pickle.load(f)

@@ -946,22 +946,17 @@ AOT_SHAPES = [  # (N, D, K, precision)
 def _aot_check_plans():
     import sys
 
-    import triton
-    from _sm90 import resource_usage
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90 import compile_sm90, local_memory_in_loops, resource_usage, sass
 
     from fusedml.gmm import fused
     from fusedml.gmm.model import MAX_SHARED_PER_BLOCK, auto_precision, smem_estimate
 
-    target = GPUTarget("cuda", 90, 32)
     ints = {"stride_xn", "stride_xd", "N", "D", "K", "n_blocks", "n_kt", "chunk_rows"}
 
-    def build(fn, consts, num_warps, num_stages):
-        sig = {a: ("constexpr" if a in consts else ("i32" if a in ints else ("*i64" if a == "LABEL" else "*fp32")))
-               for a in fn.arg_names}
-        return triton.compile(ASTSource(fn, sig, consts), target=target,
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    def build(fn, consts, num_warps, num_stages, values=None):
+        # specialised as the JIT specialises the launch (unit feature stride, multiples of 16)
+        types = {a: ("i32" if a in ints else ("*i64" if a == "LABEL" else "*fp32")) for a in fn.arg_names}
+        return compile_sm90(fn, types, consts, values, num_warps=num_warps, num_stages=num_stages)
 
     cuda = torch.device("cuda")
     for N, D, K, prec, *ct in AOT_SHAPES:
@@ -981,7 +976,10 @@ def _aot_check_plans():
         kernels.append(("lse", fused._diag_lse_kernel, dict(BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=False,
                                                             WRITE_LABEL=False, DC=plan.DC, PREC=P)))
         for name, fn, consts in kernels:
-            k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages)
+            bn = consts["BN"]
+            values = dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K, n_blocks=-(-N // bn), n_kt=-(-K // consts.get("BK", K)),
+                          chunk_rows=plan.chunk_rows)
+            k = build(fn, consts, plan.lse_warps if name == "lse" else plan.num_warps, plan.num_stages, values)
             regs, stack = resource_usage(k)
             shared = k.metadata.shared
             tag = (f"{N}x{D} K={K} {ct} {prec} {plan.path}:{name} {plan.form if name == 'single' else ''} BN={consts['BN']} "
@@ -995,7 +993,10 @@ def _aot_check_plans():
             # measured exception: bf16 pass 1 with x on chip spills a little and still beats the
             # spill-free chunked form (24.2 -> 17.6 ms at 1M x 128, K = 1024 on the H200)
             spill_ok = name == "lse" and prec == "bf16" and plan.DC == plan.BD
-            assert stack == 0 or (spill_ok and stack <= 2048), f"{tag}: register spills (stack {stack} B)"
+            # ptxas parks one value in local memory at 80 of 255 registers (4M x 16, K = 64, pass 1,
+            # 8 warps): one STL / LDL pair per row block of BN x K logits, not register pressure
+            tiny = stack <= 16 and local_memory_in_loops(sass(k)) <= 2
+            assert stack == 0 or tiny or (spill_ok and stack <= 2048), f"{tag}: register spills (stack {stack} B)"
             if "KO" in consts:  # register form: the loop's 4-D statistics keep features and KI components in-thread
                 ir = k.asm["ttgir"]
                 defs = dict(re.findall(r"^(#blocked\d*) = (#ttg\.blocked<.*>)$", ir, re.M))
@@ -1004,9 +1005,9 @@ def _aot_check_plans():
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
-    sig = {a: ("constexpr" if a in ("BP", "BKD") else "i32" if a in ("P", "PL", "K", "D") else
-               "*fp64" if a in ("CP", "OUT") else "*fp32") for a in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, {"BP": 64, "BKD": 16}), target=target, options=dict(num_warps=4))
+    types = {a: ("i32" if a in ("P", "PL", "K", "D", "j") else "*fp64" if a in ("CP", "OUT") else "*fp32")
+             for a in fn.arg_names}
+    k = compile_sm90(fn, types, {"BP": 64, "BKD": 16}, dict(K=16, D=16), num_warps=4)
     regs, stack = resource_usage(k)
     print(f"AOT finish: regs={regs} stack={stack}", flush=True)
     assert stack == 0
@@ -1017,10 +1018,10 @@ def _aot_check_plans():
         assert plan.form == "reg", plan
         fn, consts, _ = fused._diag_single_launch(plan, False, False, fused._PREC["fp32"], True,
                                                    fused._one_launch(512, K, D, torch.device("cpu")))
-        sig = {a: ("constexpr" if a in consts else "i32" if a in ints else "*fp64" if a in ("CP", "OUT") else
-                   "*i32" if a == "CNT" else "*fp32") for a in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, consts), target=target,
-                           options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+        types = {a: ("i32" if a in ints else "*fp64" if a in ("CP", "OUT") else "*i32" if a == "CNT" else "*fp32")
+                 for a in fn.arg_names}
+        k = compile_sm90(fn, types, consts, dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K), num_warps=plan.num_warps,
+                         num_stages=plan.num_stages)
         regs, stack = resource_usage(k)
         ptx = k.asm["ptx"]
         print(f"AOT one-launch {N}x{D} K={K} {ct}: regs={regs} stack={stack}", flush=True)
@@ -1031,9 +1032,8 @@ def _aot_check_plans():
     f32 = {"G", "W1", "W2", "CONST"}
     for sph in (False, True):
         consts = dict(SPH=sph, X64=False, BLOCK_K=16, BLOCK_D=16)
-        sig = {a: ("constexpr" if a in consts else "i32" if a in ("K", "D") else "*fp32" if a in f32 else "*fp64")
-               for a in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=4))
+        types = {a: ("i32" if a in ("K", "D") else "*fp32" if a in f32 else "*fp64") for a in fn.arg_names}
+        k = compile_sm90(fn, types, consts, dict(K=16, D=16), num_warps=4)
         regs, stack = resource_usage(k)
         print(f"AOT mstep_operands sph={sph}: regs={regs} stack={stack}", flush=True)
         assert stack == 0

@@ -265,13 +265,8 @@ def test_lloyd_iterations_rejects_unplanned():
 
 
 def _aot():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90 import compile_sm90, resource_usage
 
-    from _sm90 import resource_usage
-
-    target = GPUTarget("cuda", 90, 32)
     types = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp32", CSQ="*fp32", SHIFT="*fp32", W="*fp32",
                  LAB="*i32", LAB_OLD="*i32", PART="*fp32", N="i32", D="i32", K="i32", n_tiles="i32")
     cases = [(D, K, None) for D, K in [(16, 16), (64, 64), (2, 128), (128, 8), (8, 8), (32, 256)]]
@@ -285,8 +280,9 @@ def _aot():
         else:
             fn = km._lloyd_kernel
             consts.update(USE_DOT=p["USE_DOT"])
-        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=p["num_warps"]))
+        # specialised as the JIT specialises the launch on contiguous X (unit feature stride)
+        values = dict(sx0=D, sx1=1, N=1 << 20, D=D, K=K, n_tiles=-(-(1 << 20) // p["BLOCK_N"]))
+        k = compile_sm90(fn, types, consts, values, num_warps=p["num_warps"])
         assert k.metadata.shared <= 232448, (D, K, k.metadata.shared)
         regs, stack = resource_usage(k)
         assert stack == 0 or not p["REG"], (D, K, "register form spills", stack)
@@ -295,15 +291,13 @@ def _aot():
     ctypes = dict(X="*fp32", sx0="i64", sx1="i64", C="*fp64", CLOSEST="*fp64", SW="*fp64", DIST="*fp64",
                   PPOT="*fp64", N="i32", D="i32", L="i32", n_tiles="i32")
     consts = dict(HAS_CLOSEST=True, HAS_SW=True, BLOCK_N=64, BLOCK_D=16, BLOCK_L=4)  # 1M x 16, K = 16
-    sig = {a: ("constexpr" if a in consts else ctypes[a]) for a in cd.arg_names}
-    triton.compile(ASTSource(cd, sig, consts), target=target, options=dict(num_warps=4))
+    compile_sm90(cd, ctypes, consts, dict(sx0=16, sx1=1, N=1 << 20, D=16, L=4, n_tiles=(1 << 20) // 64), num_warps=4)
     print("AOT candidate distances")
     fin = km._lloyd_finalize_kernel
     ftypes = dict(RED="*fp64", C="*fp64", SHIFT="*fp64", NEW="*fp64", CS="*fp32", CSQ="*fp32", OUT="*fp64",
                   K="i32", D="i32")
     consts = dict(BLOCK_K=256, BLOCK_D=32)  # the largest accumulator of the plan (K = 256, D = 32)
-    sig = {a: ("constexpr" if a in consts else ftypes[a]) for a in fin.arg_names}
-    triton.compile(ASTSource(fin, sig, consts), target=target, options=dict(num_warps=4))
+    compile_sm90(fin, ftypes, consts, dict(K=256, D=32), num_warps=4)
     print("AOT finalize")
 
 
