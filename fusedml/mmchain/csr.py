@@ -134,14 +134,28 @@ POISON_OUTPUTS = os.environ.get("FUSEDML_POISON", "0") not in ("", "0")
 # Kernels
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
-    """``[BLOCK_R, MP]`` row sums of ``vals * y[cols, :]`` for a ``[BLOCK_R, L]`` tile."""
+def _row_mask(nz_mask, jmask, S: tl.constexpr, MP: tl.constexpr):
+    """``[BLOCK_R, L, MP]`` mask of gathered / scattered rows of stride ``S``: rows padded to MP
+    (``S == MP``, zeros in the padding) need no column mask, so each row is one vector access."""
+    j = tl.arange(0, MP)
+    if S == MP:
+        return nz_mask[:, :, None] & (j < S)[None, None, :]
+    else:
+        return nz_mask[:, :, None] & jmask[None, None, :]
+
+
+@triton.jit
+def _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, S: tl.constexpr, MP: tl.constexpr):
+    """``[BLOCK_R, MP]`` row sums of ``vals * y[cols, :]`` for a ``[BLOCK_R, L]`` tile (y's rows ``S`` apart)."""
     if MP == 1:  # m = 1: stay 2-D (no 3-D layouts or conversions)
         yg = tl.load(y_ptr + cols, mask=nz_mask, other=0.0, eviction_policy="evict_last")
         return tl.sum(vals * yg, axis=1)[:, None]
+    elif S == MP and MP <= 4:  # whole rows, flattened as in _gather_prod
+        return tl.sum(tl.reshape(_gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, S, MP),
+                                 [cols.shape[0], cols.shape[1], MP]), axis=1)
     else:
-        yg = tl.load(y_ptr + cols[:, :, None] * M + j[None, None, :],
-                     mask=nz_mask[:, :, None] & jmask[None, None, :], other=0.0, eviction_policy="evict_last")
+        yg = tl.load(y_ptr + cols[:, :, None] * S + j[None, None, :], mask=_row_mask(nz_mask, jmask, S, MP),
+                     other=0.0, eviction_policy="evict_last")
         return tl.sum(vals[:, :, None] * yg, axis=1)
 
 
@@ -161,8 +175,8 @@ def _stream(ptr, mask, L1_BYPASS: tl.constexpr, KEEP: tl.constexpr = False):
 
 
 @triton.jit
-def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
-    """Unreduced ``vals * y[cols, :]``: ``[BLOCK_R, L]`` (MP = 1) or ``[BLOCK_R, L, MP]``."""
+def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, S: tl.constexpr, MP: tl.constexpr):
+    """Unreduced ``vals * y[cols, :]``: ``[BLOCK_R, L]`` (MP = 1) or ``[BLOCK_R, L, MP]`` (rows ``S`` apart)."""
     if MP == 1:
         # gathered as a 1-D vector: Triton 3.6 gave the 2-D gather (no contiguity on either axis)
         # a column-first layout, so the loop converted the streamed tiles to it every step
@@ -171,22 +185,33 @@ def _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M: tl.constexpr, MP: tl.c
         yg = tl.load(y_ptr + tl.reshape(cols, [n]), mask=tl.reshape(nz_mask, [n]), other=0.0,
                      eviction_policy="evict_last")
         return vals * tl.reshape(yg, [cols.shape[0], cols.shape[1]])
+    elif S == MP and MP <= 4:  # whole rows, flattened: [BLOCK_R * L, MP]
+        n: tl.constexpr = cols.shape[0] * cols.shape[1]
+        yg = tl.load(y_ptr + tl.reshape(cols, [n])[:, None] * S + tl.arange(0, MP)[None, :],
+                     mask=tl.reshape(nz_mask, [n])[:, None], other=0.0, eviction_policy="evict_last")
+        return tl.reshape(vals, [n])[:, None] * yg
     else:
-        yg = tl.load(y_ptr + cols[:, :, None] * M + j[None, None, :],
-                     mask=nz_mask[:, :, None] & jmask[None, None, :], other=0.0, eviction_policy="evict_last")
+        yg = tl.load(y_ptr + cols[:, :, None] * S + j[None, None, :], mask=_row_mask(nz_mask, jmask, S, MP),
+                     other=0.0, eviction_policy="evict_last")
         return vals[:, :, None] * yg
 
 
 @triton.jit
-def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M: tl.constexpr, MP: tl.constexpr):
-    """``out[cols, :] += vals * p`` for a ``[BLOCK_R, L]`` tile and ``p`` ``[BLOCK_R, MP]`` (RED)."""
+def _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, S: tl.constexpr, MP: tl.constexpr):
+    """``out[cols, :] += vals * p`` for a ``[BLOCK_R, L]`` tile and ``p`` ``[BLOCK_R, MP]`` (RED; out's
+    rows ``S`` apart; with ``S == MP`` p's padding columns are zeros)."""
     if MP == 1:  # as a 1-D vector, as in _gather_prod (Triton 3.6's layout otherwise: bar.sync per step)
         n: tl.constexpr = cols.shape[0] * cols.shape[1]
         tl.atomic_add(out_ptr + tl.reshape(cols, [n]), tl.reshape(vals * p, [n]), mask=tl.reshape(nz_mask, [n]),
                       sem="relaxed")
+    elif S == MP and MP <= 4:  # whole rows, flattened: [BLOCK_R * L, MP]
+        n: tl.constexpr = cols.shape[0] * cols.shape[1]
+        vp = tl.reshape(vals[:, :, None] * p[:, None, :], [n, MP])
+        tl.atomic_add(out_ptr + tl.reshape(cols, [n])[:, None] * S + tl.arange(0, MP)[None, :], vp,
+                      mask=tl.reshape(nz_mask, [n])[:, None], sem="relaxed")
     else:
-        tl.atomic_add(out_ptr + cols[:, :, None] * M + j[None, None, :], vals[:, :, None] * p[:, None, :],
-                      mask=nz_mask[:, :, None] & jmask[None, None, :], sem="relaxed")
+        tl.atomic_add(out_ptr + cols[:, :, None] * S + j[None, None, :], vals[:, :, None] * p[:, None, :],
+                      mask=_row_mask(nz_mask, jmask, S, MP), sem="relaxed")
 
 
 @triton.jit
@@ -195,18 +220,20 @@ def _csr_rows_kernel(
     col_ptr,  # [nnz] column indices (row indices of A for the CSC copy)
     val_ptr,  # [nnz] values (storage dtype)
     rows_ptr,  # [n_slots] row ids of the schedule (ROW_PERM), else unused
-    y_ptr,  # [C(+1), M] accumulation dtype (HAS_Y); p [N, M] for the gather pass over the CSC
+    y_ptr,  # [C(+1), YS] accumulation dtype (HAS_Y); p [N, YS] for the gather pass over the CSC
     v_ptr,  # [R, M] or [R, 1] broadcast over the m columns (HAS_V)
     z_ptr,  # [R, M] (MODE 0, HAS_Z): out = coef[0] * t + coef[1] * z
-    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M] (scatter); MODE 2: p [R, M]
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), PS] (scatter); MODE 2: p [R, PS]
     ipart_ptr,  # [n_programs_total, MP] per-program intercept partial sums (MODE 1/2, INTERCEPT)
     slot_lo,  # first schedule slot of this launch
     slot_hi,  # one past the last slot
     prog_base,  # this launch's first row in ipart
     n_cols,  # C: row index of the intercept entry of y / w
     coef_ptr,  # [2] (alpha, beta) in the accumulation dtype (a float argument would be fp32)
-    M: tl.constexpr,  # m (row stride of y, t, w, p, z)
+    M: tl.constexpr,  # m (row stride of t and z)
     MP: tl.constexpr,  # next power of two >= M
+    YS: tl.constexpr,  # row stride of y: M, or MP for rows padded with zeros (one vector load per gather)
+    PS: tl.constexpr,  # row stride of w (MODE 1) and p (MODE 2): M, or MP (padding columns get zeros)
     VM: tl.constexpr,  # row stride of v: M, or 1 for a [R, 1] v broadcast over the columns
     BLOCK_R: tl.constexpr,
     L: tl.constexpr,
@@ -248,7 +275,7 @@ def _csr_rows_kernel(
             cols = cols.to(tl.int64)
         vals = _stream(val_ptr + off, nz_mask, L1_BYPASS).to(acc_t)
         if HAS_Y:
-            t = _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
+            t = _gather_dot(y_ptr, cols, vals, nz_mask, j, jmask, YS, MP)
     else:
         max_len = tl.max(length, axis=0)
         if HAS_Y:
@@ -256,6 +283,8 @@ def _csr_rows_kernel(
             # cross-warp reduction with two barriers in every step).
             if MP == 1:
                 acc = tl.zeros([BLOCK_R, L], dtype=acc_t)
+            elif YS == MP and MP <= 4:  # whole rows: flattened [BLOCK_R * L, MP] (no 3-D layout in the loop)
+                acc = tl.zeros([BLOCK_R * L, MP], dtype=acc_t)
             else:
                 acc = tl.zeros([BLOCK_R, L, MP], dtype=acc_t)
             for k in range(0, max_len, L):
@@ -265,14 +294,16 @@ def _csr_rows_kernel(
                 if WIDE:
                     cols = cols.to(tl.int64)
                 vals = _stream(val_ptr + off, nz_mask, L1_BYPASS).to(acc_t)
-                acc += _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, M, MP)
+                acc += _gather_prod(y_ptr, cols, vals, nz_mask, j, jmask, YS, MP)
             if MP == 1:
                 t = tl.sum(acc, axis=1)[:, None]
+            elif YS == MP and MP <= 4:
+                t = tl.sum(tl.reshape(acc, [BLOCK_R, L, MP]), axis=1)
             else:
                 t = tl.sum(acc, axis=1)
     if HAS_Y:
         if INTERCEPT:
-            y_last = tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
+            y_last = tl.load(y_ptr + n_cols * YS + j, mask=jmask, other=0.0)
             t += y_last[None, :]
 
     if MODE == 0:
@@ -299,9 +330,9 @@ def _csr_rows_kernel(
             # Pre-aggregated over the block: one [MP] partial per program, no atomics.
             tl.store(ipart_ptr + (prog_base + pid) * MP + j, tl.sum(p, axis=0))
         if MODE == 2:
-            tl.store(out_ptr + rows[:, None] * M + j[None, :], p, mask=rj_mask)
+            tl.store(out_ptr + rows[:, None] * PS + j[None, :], p, mask=rj_mask if PS == M else rmask[:, None])
         elif SINGLE:
-            _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
+            _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, PS, MP)
         else:
             for k in range(0, max_len, L):
                 nz_mask = (k + lane)[None, :] < length[:, None]
@@ -310,7 +341,7 @@ def _csr_rows_kernel(
                 if WIDE:
                     cols = cols.to(tl.int64)
                 vals = tl.load(val_ptr + off, mask=nz_mask, other=0).to(acc_t)
-                _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, M, MP)
+                _scatter(out_ptr, cols, vals, p, nz_mask, j, jmask, PS, MP)
 
 
 @triton.jit
@@ -321,11 +352,13 @@ def _csr_long_partial_kernel(
     long_rows_ptr,  # [n_long] row ids of the long rows
     chunk_row_ptr,  # [n_chunks] int32: index into long_rows of each chunk
     chunk_first_ptr,  # [n_long + 1] int32: first chunk of each long row
-    y_ptr,  # [C(+1), M]
+    y_ptr,  # [C(+1), YS]
     part_ptr,  # [n_chunks, MP] partial t of each chunk (written, no atomics)
     CHUNK,  # nonzeros per chunk
     M: tl.constexpr,
     MP: tl.constexpr,
+    YS: tl.constexpr,  # row stride of y (M or MP)
+    PS: tl.constexpr,  # (the finish kernel's; unused here)
     PIECE: tl.constexpr,  # nonzeros per loop step
     WIDE: tl.constexpr,
     ACC64: tl.constexpr,
@@ -352,7 +385,7 @@ def _csr_long_partial_kernel(
         if WIDE:
             cols = cols.to(tl.int64)
         vals = _stream(val_ptr + off, nz_mask, L1_BYPASS, REREAD).to(acc_t)
-        yg = tl.load(y_ptr + cols[:, None] * M + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0,
+        yg = tl.load(y_ptr + cols[:, None] * YS + j[None, :], mask=nz_mask[:, None] & jmask[None, :], other=0.0,
                      eviction_policy="evict_last")
         acc += vals[:, None] * yg
     tl.store(part_ptr + c * MP + j, tl.sum(acc, axis=0))
@@ -367,10 +400,10 @@ def _csr_long_finish_kernel(
     chunk_row_ptr,  # [n_chunks] int32
     chunk_first_ptr,  # [n_long + 1] int32
     part_ptr,  # [n_chunks, MP] partial t (HAS_Y)
-    y_ptr,  # [C(+1), M] (HAS_Y)
+    y_ptr,  # [C(+1), YS] (HAS_Y)
     v_ptr,  # [R, VM] (HAS_V)
     z_ptr,  # [R, M] (MODE 0, HAS_Z)
-    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), M]; MODE 2: p [R, M]
+    out_ptr,  # MODE 0: t [R, M]; MODE 1: w [C(+1), PS]; MODE 2: p [R, PS]
     ipart_ptr,  # [n_programs_total, MP]
     prog_base,
     n_cols,
@@ -378,6 +411,8 @@ def _csr_long_finish_kernel(
     CHUNK,
     M: tl.constexpr,
     MP: tl.constexpr,
+    YS: tl.constexpr,  # row stride of y (M or MP)
+    PS: tl.constexpr,  # row stride of w / p (MODE 1 / 2): M, or MP (padding columns get zeros)
     VM: tl.constexpr,
     PIECE: tl.constexpr,
     HAS_Y: tl.constexpr,
@@ -403,7 +438,7 @@ def _csr_long_finish_kernel(
         for q in range(first, last):  # fixed order: the same bits on every run
             t += tl.load(part_ptr + q * MP + j)
         if INTERCEPT:
-            t += tl.load(y_ptr + n_cols * M + j, mask=jmask, other=0.0)
+            t += tl.load(y_ptr + n_cols * YS + j, mask=jmask, other=0.0)
     if MODE == 0:
         t = t * tl.load(coef_ptr)
         if HAS_Z:
@@ -425,7 +460,7 @@ def _csr_long_finish_kernel(
         if INTERCEPT:
             tl.store(ipart_ptr + (prog_base + c) * MP + j, tl.where(is_first, p, 0.0))
         if MODE == 2:
-            tl.store(out_ptr + row * M + j, p, mask=jmask & is_first)
+            tl.store(out_ptr + row * PS + j, p, mask=(j < PS) & is_first)
         else:
             start = tl.load(crow_ptr + row).to(tl.int64)
             end = tl.load(crow_ptr + row + 1).to(tl.int64)
@@ -439,7 +474,7 @@ def _csr_long_finish_kernel(
                 if WIDE:
                     cols = cols.to(tl.int64)
                 vals = tl.load(val_ptr + off, mask=nz_mask, other=0, eviction_policy="evict_first").to(acc_t)
-                tl.atomic_add(out_ptr + cols[:, None] * M + j[None, :], vals[:, None] * p[None, :],
+                tl.atomic_add(out_ptr + cols[:, None] * PS + j[None, :], vals[:, None] * p[None, :],
                               mask=nz_mask[:, None] & jmask[None, :], sem="relaxed")
 
 
@@ -882,15 +917,18 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     b_csc = _csc_index_bytes(n, nnz)
     bw = prof["bandwidth"]
     a_rate = ATOMIC_RATE_H200 * prof["sm_count"] / RATE_SMS / (2 if dtype == torch.float64 else 1)
-    sec = _sectors_per_gather(m, b_acc)
+    # y, w and p rows are padded to mp columns (_pad_cols): aligned power-of-two records
+    mp = _pow2_ceil(m)
+    sec = _sectors_per_gather(mp, b_acc)
     a_bytes = nnz * (b_val + stats.index_bytes) + (n + 1) * stats.index_bytes
-    w_bytes = (d + 1) * m * b_acc
+    w_bytes = (d + 1) * mp * b_acc
     v_bytes = n * m * b_acc
-    p_bytes = n * m * b_acc
+    p_bytes = n * mp * b_acc
     launch_a = _n_launches(stats, _launch_params(stats, m, dtype, prof))
     launch_c = _n_launches(col_stats, _launch_params(col_stats, m, dtype, prof)) if col_stats is not None else 1
-    # scatter: one pass; y gathers (L2 ops) + one RED per nonzero and column (Triton emits scalar
-    # REDs); REDs whose w row misses L2 move a DRAM burst in and out.
+    # scatter: one pass; y gathers (L2 ops) + one RED per nonzero and column (padded rows compile to
+    # 16-byte vector REDs, F32x4 on sm_90; their rate is not measured yet, so each word still counts
+    # as one RED); REDs whose w row misses L2 move a DRAM burst in and out.
     g_s, extra_y = _gather_terms(nnz if has_y else 0, w_bytes, sec, prof)
     red_s, extra_w = _gather_terms(nnz * m, w_bytes, 1.0, prof)
     scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
@@ -1505,24 +1543,39 @@ def _coef(alpha: float, beta: float, dtype: torch.dtype, device) -> torch.Tensor
     return c
 
 
+def _pad_cols(t: torch.Tensor | None, mp: int) -> torch.Tensor | None:
+    """``t`` ``[R, m]`` as ``[R, mp]`` with zero columns: rows of a power-of-two width are whole
+    aligned vectors, so the kernels gather (and scatter) each row in one access (m = 3: 12-byte rows
+    took one thread per column and a layout change through shared memory per loop step on sm_90)."""
+    if t is None or t.shape[1] == mp:
+        return t
+    out = torch.zeros((t.shape[0], mp), dtype=t.dtype, device=t.device)
+    out[:, :t.shape[1]] = t
+    return out
+
+
 def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, intercept, softmax,
-         alpha, beta=0.0) -> torch.Tensor | None:
+         alpha, beta=0.0, m=None) -> torch.Tensor | None:
     """Launch the row and long-row kernels over ``A``; returns the intercept sum [MP] or None.
 
     mode 0: ``out = alpha * (A y) + beta * z``; 1: ``out += A^T p`` (scatter); 2: ``out = p``.
+    ``m``: the number of columns when ``y`` (and, in modes 1 / 2, ``out``) have rows padded to the
+    next power of two (:func:`_pad_cols`).
     """
     n, d = A.shape
     ref = y if y is not None else v
-    m = ref.shape[1]
+    m = m or ref.shape[1]
     if v is not None and v.shape[1] not in (1, m):
         raise ValueError(f"v must have 1 or m={m} columns, got shape {tuple(v.shape)}")
     mp = _pow2_ceil(m)
+    ys = y.shape[1] if y is not None else m
+    ps = out.shape[1] if mode in (1, 2) else m
     acc64 = ref.dtype == torch.float64
     prof = _gpu_profile(None, A.device)
     sch = _schedule(A, st, cfg, prof["sm_count"])
     dev = A.device
     has_y, has_v, has_z = y is not None, v is not None, z is not None
-    wide = A.col.dtype == torch.int32 and (d + 1) * m >= 2**31
+    wide = A.col.dtype == torch.int32 and (d + 1) * max(ys, ps) >= 2**31
     dummy = A.crow
     y_arg = y if has_y else ref
     v_arg = v if has_v else ref
@@ -1538,14 +1591,14 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
         grid = (triton.cdiv(hi - lo, br),)
         _csr_rows_kernel[grid](
             A.crow, A.col, A.val, rows_arg, y_arg, v_arg, z_arg, out, ipart, lo, hi, prog_base, d, coef,
-            M=m, MP=mp, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
+            M=m, MP=mp, YS=ys, PS=ps, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
             INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
             WIDE=wide, ACC64=acc64, L1_BYPASS=cfg.l1_bypass, num_warps=_warps(cfg.num_warps, br * L * mp),
         )
         prog_base += grid[0]
     if sch.n_chunks:
         part = ref
-        common = dict(M=m, MP=mp, PIECE=cfg.piece, WIDE=wide, ACC64=acc64)
+        common = dict(M=m, MP=mp, YS=ys, PS=ps, PIECE=cfg.piece, WIDE=wide, ACC64=acc64)
         if has_y:
             part = _alloc((sch.n_chunks, mp), ref.dtype, dev)
             _csr_long_partial_kernel[(sch.n_chunks,)](
@@ -1635,8 +1688,10 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
     sm_ = _streams_for(A, st, cfg, y.shape[1], build=False) if cfg.strategy == "gather" else None
     if sm_ is not None and sm_.xy is not None:  # a solver's matvec: the mmchain's cached stream
         return _stream_matvec(sm_.xy, y, d, intercept)
-    out = _alloc((n, y.shape[1]), acc, A.device)
-    _run(A, st, cfg, y, None, None, out, mode=0, intercept=bool(intercept), softmax=False, alpha=1.0)
+    m = y.shape[1]
+    out = _alloc((n, m), acc, A.device)
+    _run(A, st, cfg, _pad_cols(y, _pow2_ceil(m)), None, None, out, mode=0, intercept=bool(intercept), softmax=False,
+         alpha=1.0, m=m)
     return out
 
 
@@ -1700,9 +1755,12 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         # auto: a one-off call never pays the copy's sort; nor is it built when memory is short.
         gather = st.calls > 0 and _copy_fits(A)
     st.calls += 1
-    if not gather:  # scatter: one read of A, float atomics into w
-        w = beta * z if z is not None else torch.zeros((dx, m), dtype=acc, device=A.device)
-        isum = _run(A, st, cfg, y, v, None, w, mode=1, intercept=intercept, softmax=softmax, alpha=alpha)
+    mp = _pow2_ceil(m)
+    if not gather:  # scatter: one read of A, float atomics into w (rows padded to mp columns)
+        w = _pad_cols(beta * z, mp) if z is not None else torch.zeros((dx, mp), dtype=acc, device=A.device)
+        isum = _run(A, st, cfg, _pad_cols(y, mp), v, None, w, mode=1, intercept=intercept, softmax=softmax,
+                    alpha=alpha, m=m)
+        w = w if mp == m else w[:, :m].contiguous()
         if intercept:
             w[d] += isum[:m]
         return w
@@ -1721,9 +1779,10 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         p = p * alpha if alpha != 1.0 else p
         isum = p.sum(0) if intercept else None
         src, scale = p, 1.0
-    elif y is not None:
-        p = _alloc((n, m), acc, A.device)
-        isum = _run(A, st, cfg, y, v, None, p, mode=2, intercept=intercept, softmax=softmax, alpha=alpha)
+    elif y is not None:  # p with rows padded to mp columns (zeros), gathered whole by the second pass
+        p = _alloc((n, mp), acc, A.device)
+        isum = _run(A, st, cfg, _pad_cols(y, mp), v, None, p, mode=2, intercept=intercept, softmax=softmax,
+                    alpha=alpha, m=m)
         src, scale = p, 1.0
     else:  # p = alpha v: alpha applied in the second pass
         isum = alpha * v.sum(0) if intercept else None
@@ -1737,7 +1796,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         csc = _csc(A, st)
         gcfg = _gather_pass_config(csc, cfg, m, A.val.dtype, _gpu_profile(None, A.device), g_over)
         _run(csc.AT, csc.st, gcfg, src, None, None if z is None else z[:d], w[:d], mode=0, intercept=False,
-             softmax=False, alpha=scale, beta=beta)
+             softmax=False, alpha=scale, beta=beta, m=m)
     if intercept:
         w[d] = isum[:m] if z is None else isum[:m] + beta * z[d]
     return w
