@@ -895,13 +895,23 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--case", help="replay one case, OP:SEED")
     ap.add_argument("--stop", action="store_true", help="stop at the first failure")
+    ap.add_argument("--aot", action="store_true",
+                    help="also compile every distinct kernel launch of the cases for sm_90 (CPU only): a launch "
+                         "that fails to compile is a failure; spills inside a loop are listed (AOT SPILL)")
     a = ap.parse_args(argv)
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     todo = [(a.case.split(":")[0], int(a.case.split(":")[1]))] if a.case else \
         [(op, s) for s in range(a.seed, a.seed + a.n) for op in a.ops]
     fails, tags, t0 = [], {}, time.time()
+    if a.aot:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _sm90 import record_launches
+
+        rec = record_launches().__enter__()
     for op, s in todo:
+        if a.aot:
+            rec.origin = f"{op}:{s}"
         try:
             _, tag = run_case(op, s, a.device)
             tags[tag] = tags.get(tag, 0) + 1
@@ -914,6 +924,19 @@ def main(argv=None):
                 break
     print(f"{len(todo) - len(fails)} of {len(todo)} cases passed in {time.time() - t0:.0f} s {tags}; "
           f"failed: {' '.join(f'{o}:{s}' for o, s in fails) or 'none'}")
+    if a.aot:
+        rec.__exit__(None, None, None)
+        from _sm90 import compile_descriptors
+
+        results = compile_descriptors(rec.launches)
+        bad = [r for r in results if "error" in r]
+        spills = [r for r in results if "error" not in r and r["loop_spills"]]
+        print(f"sm_90 compiles: {len(results)} distinct launches, {len(bad)} failed, {len(spills)} spill in a loop")
+        for r in spills:
+            print(f"AOT SPILL {r}")
+        for r in bad:
+            print(f"AOT FAIL {r}", flush=True)
+        return 1 if fails or bad else 0
     return 1 if fails else 0
 
 
