@@ -44,6 +44,18 @@ FULL = {
     "csr-1Mx1M": ("csr", 1_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 100}),
     "csr-powerlaw": ("csr", 2_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 5, "heavy": 20, "heavy_nnz": 100_000}),
 }
+#: Named cases outside "all": CSR with m > 1 (the multinomial passes; rows of y / w / p padded to 4
+#: columns since session 26), run by name (``--cases``).
+EXTRA = {
+    "csr-4Mx100k-m3": ("csr", 4_000_000, 100_000, 3, torch.float32, {"nnz_row": 32}),
+    "csr-4Mx100k-m4": ("csr", 4_000_000, 100_000, 4, torch.float32, {"nnz_row": 32}),
+    "csr-1Mx1M-m3": ("csr", 1_000_000, 1_000_000, 3, torch.float32, {"nnz_row": 100}),
+}
+QUICK_EXTRA = {
+    "csr-4Mx100k-m3": ("csr", 1000, 1000, 3, torch.float32, {"nnz_row": 8}),
+    "csr-4Mx100k-m4": ("csr", 1000, 1000, 4, torch.float32, {"nnz_row": 8}),
+    "csr-1Mx1M-m3": ("csr", 500, 5000, 3, torch.float32, {"nnz_row": 20}),
+}
 QUICK = {
     "dense-8Mx32": ("dense", 512, 32, 1, torch.float32, {}),
     "dense-2Mx128": ("dense", 256, 128, 1, torch.float32, {}),
@@ -388,7 +400,8 @@ def csr_strategy_sweep(names, specs, dev, quick=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run under TRITON_INTERPRET=1)")
-    ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): " + ",".join(FULL))
+    ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): " + ",".join(FULL)
+                    + "; by name only: " + ",".join(EXTRA))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/mmchain-<gpu>-<date>.json)")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the config sweep")
     ap.add_argument("--max-csr-sweep", type=int, default=14, help="sweep points per CSR case (each compiles)")
@@ -404,6 +417,7 @@ def main(argv=None):
     if args.dense_sweep and args.cases == "all":
         args.cases = WEAK_DENSE
     names = list(specs) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    specs = {**specs, **(QUICK_EXTRA if args.quick else EXTRA)}
     unknown = [n for n in names if n not in specs]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; choose from {list(specs)}")

@@ -152,9 +152,15 @@ def check_mmchain(dev):
         if Xd is None:
             continue
         record(name, rel(fusedml.mmchain(A, y, v, backend="fused"), ref_mmchain(Xd, y, v, None, 1, 0)), TOL[torch.float32])
-        Y = torch.randn(d, 4, device=dev)
-        V = torch.rand(n, 4, device=dev)
-        record(name + " m=4", rel(fusedml.mmchain(A, Y, V, backend="fused"), ref_mmchain(Xd, Y, V, None, 1, 0)), TOL[torch.float32])
+        for m in (3, 4, 5):  # rows of y / w / p padded to a power of two (session 26); m = 3 in both strategies
+            Y = torch.randn(d, m, device=dev)
+            V = torch.rand(n, m, device=dev)
+            for st in ("scatter", "gather") if m == 3 else ("auto",):
+                record(name + f" m={m}{'' if st == 'auto' else ' ' + st}",
+                       rel(fusedml.mmchain(A, Y, V, backend="fused", config={"strategy": st}),
+                           ref_mmchain(Xd, Y, V, None, 1, 0)), TOL[torch.float32])
+            record(name + f" matvec m={m}", rel(fusedml.matvec(A, Y, backend="fused"), Xd @ Y.double()),
+                   TOL[torch.float32])
         yi = torch.randn(d + 1, device=dev)
         record(name + " intercept", rel(fusedml.mmchain(A, yi, v, intercept=True, backend="fused"), ref_mmchain(Xd, yi, v, None, 1, 0, intercept=True)), TOL[torch.float32])
         record(name + " matvec", rel(fusedml.matvec(A, y, backend="fused"), Xd @ y.double()), TOL[torch.float32])

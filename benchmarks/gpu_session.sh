@@ -336,6 +336,20 @@ for p in $parts; do
           grep -E "^\| 4,194,304 x 256" "$log/gmm256-$side-$r.log" | cut -c1-200
         done
       done ;;
+    s26-ab)  # session 26 (no GPU that session): CSR m > 1 with the rows of y / w / p padded to a power of two
+             # (16-byte vector gathers, F32x4 REDs, no per-step layout change), .ab-base (git archive ee556fd, session
+             # 25's final code; its bench script replaced by this one for the m > 1 cases) against this code, interleaved
+      run check-s26 240 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s26.json"
+      grep -E "^FAIL|passed" "$log/check-s26.log" | tail -6
+      cp benchmarks/bench_mmchain.py .ab-base/benchmarks/bench_mmchain.py
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run csrm-$side-$r 200 python3 $root/benchmarks/bench_mmchain.py --no-sweep \
+            --cases csr-4Mx100k-m3,csr-4Mx100k-m4,csr-1Mx1M-m3,csr-4Mx100k --out "$out/mmchain_csrm_${side}_$r.json"
+          grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
+        done
+      done ;;
     cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py
