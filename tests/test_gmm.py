@@ -169,6 +169,32 @@ def test_estep_cluster_geometry(rng, ct, clusters):
         check(gmm_estep(X, w, means, pc, ct, backend="fused", path=path), ref, ct, tol=tol)
 
 
+@pytest.mark.parametrize("clusters", ["separated", "overlapping"])
+def test_tied_single_sweep_own_centre_statistics(rng, clusters):
+    """The tied single sweep (one transform per row, statistics about each row's own centre plus
+    float64 centre-difference terms) against float64: K = 64 (its largest tile), D = 17, centres that
+    are not the means, sample weights with zeros, N not a multiple of the row block; it is the
+    kernel that runs, and pass 1 / scoring whiten the rows once too."""
+    from _sm90 import record_launches
+
+    X, w, means, pc = problem(rng, 333, 17, 64, "tied", spread=12.0 if clusters == "separated" else 0.4)
+    sw = rng.uniform(0, 2, size=333)
+    sw[::7] = 0.0
+    center = means + 0.3 * rng.normal(size=means.shape)
+    ref = reference(X, w, means, pc, "tied", sw=sw, center=center)
+    with record_launches() as rec:
+        st = gmm_estep(X, w, means, pc, "tied", sample_weight=sw, center=center, backend="fused", path="single",
+                       return_log_prob=True)
+        lp, label = gmm_score(X, w, means, pc, "tied", backend="fused")
+    assert {d["name"] for d in rec.launches} >= {"_tied_single_kernel", "_full_lse_kernel"}
+    assert all(d["consts"]["TIED"] for d in rec.launches if d["name"] == "_full_lse_kernel")
+    check(st, ref, "tied")
+    assert rel(st.log_prob, ref["log_prob"]) < TOL
+    ref0 = reference(X, w, means, pc, "tied")
+    assert rel(lp, ref0["log_prob"]) < TOL
+    assert (label.numpy() == ref0["resp"].argmax(1).numpy()).mean() > 0.99
+
+
 @pytest.mark.parametrize("ct", COV)
 def test_estep_far_from_origin(rng, ct):
     """x ~ 1e4 + N(0, 1): second moments about the means must not cancel in fp32 (sklearn #30382)."""
@@ -183,6 +209,22 @@ def test_estep_far_from_origin(rng, ct):
         ref_st = GMMStats(ct, ref["log_likelihood"], None, ref["nk"], torch.tensor(means), ref["s1"], ref["s2"])
         _, _, cov_ref, _ = gmm_mstep(ref_st, reg_covar=0.0)
         assert rel(cov, cov_ref) <= 1e-4, (backend, path)
+
+
+def test_mstep_rejects_a_covariance_of_rounding_noise():
+    """Collapsed data (a fit on ``np.ones((6, 2))``) leaves a covariance of rank-one rounding noise
+    (~6e-31, equal entries) whose last Cholesky pivot LAPACK may return as ~1e-23 instead of failing:
+    still ill-defined (these are that fit's statistics)."""
+    f64 = torch.float64
+    for ct in ("full", "tied"):
+        s2 = torch.full((2, 2), 1.4791141972893943e-29, dtype=f64)
+        st = GMMStats(ct, torch.tensor(0.0), None, torch.tensor([2.9999999999999942], dtype=f64),
+                      torch.full((1, 2), 0.9999999999999978, dtype=f64), torch.full((1, 2), 6.661338147750926e-15,
+                                                                                     dtype=f64),
+                      s2[None] if ct == "full" else s2)
+        with pytest.raises(ValueError, match="ill-defined"):
+            gmm_mstep(st, reg_covar=0.0)
+        gmm_mstep(st, reg_covar=1e-6)  # regularised: fine
 
 
 def test_empty_component_no_nan(rng):
@@ -943,6 +985,10 @@ AOT_SHAPES = [  # (N, D, K, precision)
 ]
 
 
+# the tied rule's tiles (model.TIED_VALUES): the two benchmark shapes and the rule's corners
+TIED_AOT_SHAPES = [(4 << 20, 16, 16), (1 << 20, 64, 32), (1 << 20, 16, 64), (1 << 20, 32, 8), (1 << 20, 64, 64)]
+
+
 def _aot_check_plans():
     import sys
 
@@ -1003,6 +1049,25 @@ def _aot_check_plans():
                 loop = next(ln for ln in ir.splitlines() if "scf.for" in ln)
                 lay = {defs[b] for b in re.findall(r"tensor<\d+x\d+x\d+x\d+xf32, (#blocked\d*)>", loop)}
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
+    # the tied single sweep and its pass 1 / scoring (rows whitened once) at the tied rule's tiles
+    tied_ints = ints | {"n_blocks"}
+    for N, D, K in TIED_AOT_SHAPES:
+        plan = plan_launch(N, K, D, "tied", torch.float32, torch.device("cpu"), precision="fp32")
+        assert plan.path == "single", (N, D, K)
+        values = dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K, n_blocks=-(-N // plan.BN))
+        common = dict(BN=plan.BN, BD=plan.BD, HAS_SW=False, PREC="ieee")
+        for name, fn, consts in (("single", fused._tied_single_kernel, dict(common, BK=plan.BK, WRITE_LOGP=False)),
+                                 ("lse", fused._full_lse_kernel, dict(common, WRITE_LABEL=True, TIED=True))):
+            types = {a: ("i32" if a in tied_ints else "*i64" if a == "LABEL" else "*fp32") for a in fn.arg_names}
+            types["stride_pk"] = "i32"
+            k = compile_sm90(fn, types, consts, values, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            regs, stack = resource_usage(k)
+            tag = f"tied {N}x{D} K={K} {name} BN={plan.BN} W={plan.num_warps}"
+            print(f"AOT {tag}: shared={k.metadata.shared} (model {plan.smem_est}) regs={regs} stack={stack}", flush=True)
+            # Triton 3.9 caps 16 x 64 at 128 registers: 8 B, one STL / LDL pair per block (3.6: 255, none)
+            tiny = stack <= 16 and local_memory_in_loops(sass(k)) <= 2
+            assert stack == 0 or tiny, f"{tag}: register spills (stack {stack} B)"
+            assert k.metadata.shared <= plan.smem_est, f"{tag}: the model under-estimates shared memory"
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
     types = {a: ("i32" if a in ("P", "PL", "K", "D", "j") else "*fp64" if a in ("CP", "OUT") else "*fp32")

@@ -304,7 +304,12 @@ def mstep_tensors(covariance_type, nk, center, s1, s2, reg_covar):
             cov = (s2 - corr.sum(0)) / nk.sum() + reg_covar * eye
         cov = 0.5 * (cov + cov.transpose(-1, -2))
         L, info = torch.linalg.cholesky_ex(cov)
-        bad = (info != 0).any()
+        # singular to working precision as well as indefinite: collapsed data leaves a covariance of
+        # rounding noise (~1e-31 from moments about a centre), which LAPACK may factor with a last
+        # pivot of ~eps times the diagonal instead of failing as on exact zeros (scikit-learn's case)
+        piv = torch.diagonal(L, dim1=-2, dim2=-1)
+        scale = torch.diagonal(cov, dim1=-2, dim2=-1).amax(-1, keepdim=True)
+        bad = (info != 0).any() | (piv * piv <= D * torch.finfo(f64).eps * scale).any()
         eye_b = eye.expand_as(L) if ct == "full" else eye
         prec_chol = torch.linalg.solve_triangular(L, eye_b, upper=False).transpose(-1, -2)
     weights = nk / nk.sum()
