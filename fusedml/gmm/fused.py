@@ -637,6 +637,85 @@ def _full_single_kernel(
 
 
 @triton.jit
+def _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr):
+    """[BN, BK] log2-unit logits of every component (-inf for k >= K) from the whitened rows
+    z = (x - shift) P: tied components share P, so the rows are transformed once and component k
+    costs one subtraction ``z - (mu_k - shift) P`` (MUP) and a norm, not a [BN, BD] x [BD, BD] product."""
+    dmask = offs_d < D
+    lg = tl.full((BN, BK), float("-inf"), tl.float32)
+    for k in range(K):
+        mk = tl.load(MUP + k * D + offs_d, mask=dmask, other=0.0)
+        d = z - mk[None, :]  # padded columns stay 0: z and mk are 0 there
+        lgk = tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)  # 0.5 * log2(e)
+        lg = tl.where(offs_k[None, :] == k, lgk[:, None], lg)
+    return lg
+
+
+@triton.jit
+def _tied_single_kernel(
+    X, stride_xn, stride_xd,  # [N, D]
+    G, SW,  # [D], [N]
+    MUP,  # [K, D] fp32 whitened shifted means (mu_k - shift) P
+    P,  # [D, D] fp32 shared precision Cholesky
+    CONST,  # [K] fp32 log2 units
+    C,  # [K, D] fp32 shifted centres
+    LOGP,  # [N] fp32 out (WRITE_LOGP)
+    PNK, PS1, PS2, PR, PLL,  # [P, K], [P, K, D], [P, D, D], [P, K, K], [P]
+    N, D, K, n_blocks,
+    BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr,
+):
+    """Tied single sweep: per row block one [BN, BD] x [BD, BD] transform, the K logits by
+    subtraction (:func:`_tied_logits`), and statistics about each row's own centre c_a (a: its
+    largest responsibility): u = x - c_a, g = sum_k r_k (c_a - c_k), so that
+    ``sum_k r_k (x - c_k)(x - c_k)^T = w u u^T + u g^T + g u^T + sum_k r_k (c_a - c_k)(c_a - c_k)^T``
+    (w = sum_k r_k). The kernel accumulates ``r^T u`` [BK, BD], ``(w u + 2 g)^T u`` [BD, BD] (its
+    symmetric part is the first three terms) and ``R = onehot(a)^T r`` [BK, BK]; the host adds the
+    centre-difference terms from R in float64. Every product stays about the rows' own centres (no
+    fp32 cancellation), at 2 BD^2 + ~8 BK BD flops per row against the full kernel's 4 K BD^2."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    offs_k = tl.arange(0, BK)
+    dmask = offs_d < D
+    kmask = offs_k < K
+    dd_mask = dmask[:, None] & dmask[None, :]
+    acc_nk = tl.zeros((BK,), dtype=tl.float32)
+    acc_ll = tl.zeros((BN,), dtype=tl.float32)
+    acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
+    acc_s2 = tl.zeros((BD, BD), dtype=tl.float32)
+    acc_r = tl.zeros((BK, BK), dtype=tl.float32)
+    for blk in range(pid, n_blocks, nprog):
+        rows = blk * BN + offs_n.to(tl.int64)
+        nmask = rows < N
+        x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        # P and C are re-read per block (L1 / L2): held across the loop they cost registers
+        pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dd_mask, other=0.0)  # [BD, BD]
+        z = _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+        lg = _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN, BK)
+        r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)  # 0 on rows >= N
+        acc_nk += tl.sum(r, axis=0)
+        a = tl.argmax(lg, axis=1)  # [BN] each row's own component
+        own = offs_k[None, :] == a[:, None]  # [BN, BK]
+        ca = tl.load(C + a[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)  # [BN, BD]
+        u = tl.where(nmask[:, None] & dmask[None, :], x - ca, 0.0)
+        ro = tl.where(own, 0.0, r)  # the other components' responsibilities: g without cancellation
+        cmat = tl.load(C + offs_k[:, None] * D + offs_d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        g = tl.sum(ro, axis=1)[:, None] * ca - _mm(ro, cmat, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+        w = tl.sum(r, axis=1)
+        acc_s1 = _mm(tl.trans(r), u, acc_s1, PREC)
+        acc_s2 = _mm(tl.trans(w[:, None] * u + 2.0 * g), u, acc_s2, PREC)
+        acc_r = tl.dot(tl.trans(own.to(tl.float32)), r, acc_r, input_precision="ieee")  # fp32 sums of r
+    p64 = pid.to(tl.int64)
+    tl.store(PNK + pid * K + offs_k, acc_nk, mask=kmask)
+    tl.store(PS1 + (p64 * K + offs_k[:, None]) * D + offs_d[None, :], acc_s1, mask=kmask[:, None] & dmask[None, :])
+    tl.store(PS2 + p64 * D * D + offs_d[:, None] * D + offs_d[None, :], acc_s2, mask=dd_mask)
+    tl.store(PR + (p64 * K + offs_k[:, None]) * K + offs_k[None, :], acc_r, mask=kmask[:, None] & kmask[None, :])
+    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+
+
+@triton.jit
 def _full_lse_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
@@ -644,22 +723,32 @@ def _full_lse_kernel(
     LOGP, LABEL, PLL,  # [N] fp32, [N] int64, [P]
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr,
-    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr,
+    HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr, TIED: tl.constexpr = False,
 ):
+    """Pass 1 / scoring of full and tied components; TIED: MU holds the whitened means
+    (mu_k - shift) P, the rows are transformed once per block (as in :func:`_tied_logits`)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
     for blk in range(pid, n_blocks, nprog):
         rows = blk * BN + offs_n.to(tl.int64)
         nmask = rows < N
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
+        if TIED:  # P re-read per block (L1 / L2): held across the loop it spills at D = 128
+            pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dmask[:, None] & dmask[None, :], other=0.0)
+            z = _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
         m = tl.full((BN,), float("-inf"), tl.float32)
         l = tl.zeros((BN,), dtype=tl.float32)
         arg = tl.zeros((BN,), dtype=tl.int32)
         for k in range(K):
-            lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
+            if TIED:
+                d = z - tl.load(MU + k * D + offs_d, mask=dmask, other=0.0)[None, :]
+                lgk = tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)
+            else:
+                lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
             if WRITE_LABEL:
                 arg = tl.where(lgk > m, k, arg)
             m_new = tl.maximum(m, lgk)
@@ -732,6 +821,8 @@ def _operands(prep: Prepared):
     else:
         arrays["MU"] = mup.astype(f32)
         arrays["P"] = h["prec_chol"].astype(f32)
+        if prep.covariance_type == "tied":  # the whitened means of the tied kernels: (mu_k - shift) P
+            arrays["MUP"] = (mup @ h["prec_chol"]).astype(f32)
         arrays["CONST"] = (LOG2E * h["const"]).astype(f32)
         arrays["C"] = cp.astype(f32)
     ops = upload(arrays, prep.device)
@@ -1099,10 +1190,11 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
             N, D, K, n_blocks, BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=has_sw, WRITE_LABEL=want_label,
             DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages)
     else:
+        tied = prep.covariance_type == "tied"
         _full_lse_kernel[(P,)](
-            X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
-            logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-            WRITE_LABEL=want_label, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP" if tied else "MU"], ops["P"], ops["stride_pk"],
+            ops["CONST"], logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
+            WRITE_LABEL=want_label, PREC=prec, TIED=tied, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return logp, (labels if want_label else None), pll
 
 
@@ -1208,6 +1300,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             if cap:
                 opts["maxnreg"] = cap
         logp = torch.empty(N, dtype=f32, device=dev) if return_log_prob else dummy
+        if ct == "tied" and plan.BK <= TIED_MAX_BK:
+            return (logp if return_log_prob else None,) + _tied_single(prep, ops, plan, P, n_blocks, sw, has_sw,
+                                                                       logp, return_log_prob, prec)
         if full_like:
             pnk = torch.empty(P, K, dtype=f32, device=dev)
             pll = torch.empty(P, dtype=f32, device=dev)
@@ -1263,6 +1358,33 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     s2 = ps2.to(f64).sum(0)
     s2 = 0.5 * (s2 + s2.transpose(-1, -2))
     return lp_out, ll, nk, s1, s2
+
+
+#: the tied single sweep's components on chip: its [BK, BK] responsibility sums (R) live in registers
+TIED_MAX_BK = 64
+
+
+def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has_sw: bool, logp, write_logp: bool,
+                 prec: str):
+    """``(ll, nk, s1, s2)`` float64 of the tied single sweep (:func:`_tied_single_kernel`): its fp32
+    partials summed, plus the centre-difference terms from ``R[a, k] = sum_{n: a(n) = a} r_nk`` in
+    float64 (``s1_k += sum_a R_ak (c_a - c_k)``, ``s2 += sum_ak R_ak (c_a - c_k)(c_a - c_k)^T``, with
+    the kernel's fp32 centres, so the sums are the full kernel's about the same centres)."""
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    dev, f32, f64 = X.device, torch.float32, torch.float64
+    pnk, ps1, ps2, pr, pll = torch.empty(P * (K + K * D + D * D + K * K + 1), dtype=f32, device=dev).split_with_sizes(
+        [P * K, P * K * D, P * D * D, P * K * K, P])
+    _tied_single_kernel[(P,)](
+        X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP"], ops["P"], ops["CONST"], ops["C"], logp, pnk, ps1, ps2,
+        pr, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp,
+        PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    R = pr.view(P, K, K).to(f64).sum(0)  # [a, k]
+    c = ops["C"].to(f64)
+    delta = c[:, None, :] - c[None, :, :]  # [a, k, D]: c_a - c_k
+    s1 = ps1.view(P, K, D).to(f64).sum(0) + torch.einsum("ak,akd->kd", R, delta)
+    s2 = ps2.view(P, D, D).to(f64).sum(0)
+    s2 = 0.5 * (s2 + s2.T) + torch.einsum("ak,akd,ake->de", R, delta, delta)
+    return pll.to(f64).sum(), pnk.view(P, K).to(f64).sum(0), s1, s2
 
 
 def _diag_finish(prep: Prepared, ops, pnk, ps1, ps2, pll):

@@ -20,8 +20,11 @@ choices for the target shapes):
   (tensor-core products, whose split operands and fragments cost more) must stay <= 240 (fp32) /
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
-* full/tied single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
-  (the per-component column insert/extract costs ``O(BN K^2)``).
+* full single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
+  (the per-component column insert/extract costs ``O(BN K^2)``). Tied (its own kernel since
+  session 26: one transform per row, statistics about each row's own centre):
+  ``E = BD^2 + BK BD + BK^2 + 4 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
+  (fp32), ``K <= 64``.
 * **Single sweep** when a (BN, W) candidate fits both budgets, tried in the order BN = 128, 64, 32,
   16, W = 4 then 8 for each (fp32 diag tiles of ``BD x BK <= 4096`` try a measured small program
   first, see session 19 below). Larger row blocks amortise the per-block work that does not scale with
@@ -355,6 +358,19 @@ def _single_elems(ct: str, BN: int, BD: int, BK: int) -> int:
     return BN * BK + 2 * BD * BD + 4 * BN * BD
 
 
+#: fp32 values per thread the tied single sweep may hold (:func:`_tied_elems`): at or under it the
+#: sm_90 compiles (Triton 3.6) of D x K = 16 x 16, 32 x 8, 64 x 32, 16 x 64 did not spill at any
+#: (BN, W) in {16, 32, 64, 128} x {4, 8}; above it all but one (16 x 64, BN = 32, W = 4: 122) did
+TIED_VALUES = 100
+
+
+def _tied_elems(BN: int, BD: int, BK: int) -> int:
+    """Live fp32 values of a tied single-sweep program: the [BD, BD] second-moment, [BK, BD] first-
+    moment and [BK, BK] responsibility-sum accumulators, and per row ~4 (BD + BK) (x and its
+    transform, u and g; logits, responsibilities and masks) in the products' operand layouts."""
+    return BD * BD + BK * BD + BK * BK + 4 * BN * (BD + BK)
+
+
 def lse_chunk(BD: int, precision: str) -> int:
     """Feature chunk DC of pass 1: BD for fp32 and BD <= 32, else 16 (tensor-core operands of the
     whole feature axis would stay live in registers across the component loop and spill)."""
@@ -433,7 +449,15 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
     small = ([] if full_like or tc or BD * BK > 4096 else
              [(32, 2)] if BD * BK <= 512 else [(32, 4)] if BD * BK <= 1024 else [(16, 4)])
     for BN, nw in small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]:
-        if full_like:
+        if covariance_type == "tied":  # the tied sweep (own-centre statistics): sm_90 compiles, session 26
+            if BN > 64 and not tc:
+                continue
+            E = _tied_elems(BN, BD, BK)
+            ok = E <= 32 * nw * TIED_VALUES and K <= 64
+            regs = min(255, E // (32 * nw) + 48)
+            sm = 4 * (st * BN * BD + 2 * BN * BK + 2 * BD * BD + 2 * BK * BD + BK * BK) * (1 if not tc else 2)
+            ok = ok and sm <= smem_limit
+        elif full_like:
             if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
                 continue
             E = _single_elems(covariance_type, BN, BD, BK)
