@@ -44,17 +44,19 @@ FULL = {
     "csr-1Mx1M": ("csr", 1_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 100}),
     "csr-powerlaw": ("csr", 2_000_000, 1_000_000, 1, torch.float32, {"nnz_row": 5, "heavy": 20, "heavy_nnz": 100_000}),
 }
-#: Named cases outside "all": CSR with m > 1 (the multinomial passes; rows of y / w / p padded to 4
-#: columns since session 26), run by name (``--cases``).
+#: Named cases outside "all": CSR with m > 1 (the multinomial passes; rows of y / w / p padded to a
+#: power of two since session 26), run by name (``--cases``).
 EXTRA = {
     "csr-4Mx100k-m3": ("csr", 4_000_000, 100_000, 3, torch.float32, {"nnz_row": 32}),
     "csr-4Mx100k-m4": ("csr", 4_000_000, 100_000, 4, torch.float32, {"nnz_row": 32}),
     "csr-1Mx1M-m3": ("csr", 1_000_000, 1_000_000, 3, torch.float32, {"nnz_row": 100}),
+    "csr-4Mx100k-m5": ("csr", 4_000_000, 100_000, 5, torch.float32, {"nnz_row": 32}),
 }
 QUICK_EXTRA = {
     "csr-4Mx100k-m3": ("csr", 1000, 1000, 3, torch.float32, {"nnz_row": 8}),
     "csr-4Mx100k-m4": ("csr", 1000, 1000, 4, torch.float32, {"nnz_row": 8}),
     "csr-1Mx1M-m3": ("csr", 500, 5000, 3, torch.float32, {"nnz_row": 20}),
+    "csr-4Mx100k-m5": ("csr", 1000, 1000, 5, torch.float32, {"nnz_row": 8}),
 }
 QUICK = {
     "dense-8Mx32": ("dense", 512, 32, 1, torch.float32, {}),

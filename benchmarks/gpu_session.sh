@@ -346,7 +346,7 @@ for p in $parts; do
         for side in base new; do
           root=.; [ $side = base ] && root=.ab-base
           run csrm-$side-$r 200 python3 $root/benchmarks/bench_mmchain.py --no-sweep \
-            --cases csr-4Mx100k-m3,csr-4Mx100k-m4,csr-1Mx1M-m3,csr-4Mx100k --out "$out/mmchain_csrm_${side}_$r.json"
+            --cases csr-4Mx100k-m3,csr-4Mx100k-m4,csr-4Mx100k-m5,csr-1Mx1M-m3,csr-4Mx100k --out "$out/mmchain_csrm_${side}_$r.json"
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;

@@ -181,10 +181,15 @@ class record_launches:
 
     ``with record_launches() as rec: ...`` runs the body as usual (the kernels still execute) and
     leaves the distinct descriptors in ``rec.launches``, each with ``origin``: the value of
-    ``rec.origin`` (set it to name the call being run) when the launch was first seen.
+    ``rec.origin`` (set it to name the call being run) when the launch was first seen. With
+    ``execute=False`` the kernels are recorded and not run (outputs keep whatever they held): a
+    call's launches at full benchmark shapes cost its host code only.
     """
 
     origin = None
+
+    def __init__(self, execute=True):
+        self.execute = execute
 
     def __enter__(self):
         from triton.runtime.interpreter import InterpretedFunction
@@ -198,7 +203,8 @@ class record_launches:
             if key not in rec._keys:
                 rec._keys.add(key)
                 rec.launches.append(dict(d, origin=rec.origin))
-            return orig(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+            if rec.execute:
+                return orig(kernel, *args, grid=grid, warmup=warmup, **kwargs)
 
         InterpretedFunction.run = run
         return self
@@ -210,6 +216,9 @@ class record_launches:
         return False
 
 
+SM90_MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
 def compile_descriptor(d):
     """Compile one :func:`launch_descriptor` for sm_90 (the interpreter must be off).
 
@@ -217,7 +226,8 @@ def compile_descriptor(d):
     -------
     dict
         ``kernel``, ``regs``, ``stack`` (bytes), ``loop_spills`` (local-memory instructions inside
-        loops), ``shared`` (bytes); or ``kernel`` and ``error`` when the compile fails.
+        loops), ``shared`` (bytes); or ``kernel`` and ``error`` when the compile fails (``error``
+        also when the kernel needs more shared memory than an sm_90 block may use).
     """
     import importlib
 
@@ -236,8 +246,11 @@ def compile_descriptor(d):
     except Exception as e:  # a launch the H200's Triton cannot compile
         return dict(kernel=tag, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
     regs, stack = resource_usage(k)
-    return dict(kernel=tag, regs=regs, stack=stack, loop_spills=local_memory_in_loops(sass(k)),
-                shared=k.metadata.shared)
+    out = dict(kernel=tag, regs=regs, stack=stack, loop_spills=local_memory_in_loops(sass(k)),
+               shared=k.metadata.shared)
+    if k.metadata.shared > SM90_MAX_SHARED:  # compiles, but the launch fails (out of resources)
+        out["error"] = f"shared memory {k.metadata.shared} B > {SM90_MAX_SHARED} B per block"
+    return out
 
 
 def compile_descriptors(launches, timeout=3000):

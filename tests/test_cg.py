@@ -500,13 +500,13 @@ def test_stop_rules_host_form_matches_device_form():
 
 def _aot():
     """sm_90 compiles of the solvers' small kernels in every variant they launch (fp32 and fp64)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90 import compile_sm90
 
     from fusedml import cg
 
-    target = GPUTarget("cuda", 90, 32)
+    def build(fn, types, consts, warps):  # every other argument an i32 (lengths)
+        return compile_sm90(fn, {a: types.get(a, "i32") for a in fn.arg_names}, consts, num_warps=warps)
+
     fn = cg._cg_update_kernel
     for ty in ("fp32", "fp64"):
         for keep, mask, decide, tr, nd, pf in ((True, False, False, False, False, False),
@@ -518,32 +518,28 @@ def _aot():
             types.update(CTL="*fp64", pf_hi="fp32", pf_lo="fp32", pf_rows="i32")
             consts = dict(KEEP=keep, HAS_MASK=mask, DECIDE=decide, TR=tr, NEXT_DIR=nd, PREFILL=pf, BLOCK_R=512,
                           BLOCK_C=4)
-            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
-            triton.compile(ASTSource(fn, sig, consts), target=target, options=dict(num_warps=8))
+            build(fn, types, consts, 8)
             print("AOT cg_update", ty, keep, mask, decide, tr, nd, pf)
         rs = cg._cg_restart_kernel
         for pf in (False, True):
             types = {a: f"*{ty}" for a in ("S", "R", "Dv", "G", "BETA", "W")}
             types.update(pf_hi="fp32", pf_lo="fp32")
             consts = dict(SIGN=-1.0, PREFILL=pf, BLOCK=1024)
-            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in rs.arg_names}
-            triton.compile(ASTSource(rs, sig, consts), target=target, options=dict(num_warps=4))
+            build(rs, types, consts, 4)
             print("AOT cg_restart", ty, pf)
         ts = cg._trial_sums_kernel
         for has_f in (False, True):
             types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
             types.update(OUT="*fp64", F="*fp64")
             consts = dict(HAS_F=has_f, BLOCK_R=1024, BLOCK_C=1)
-            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ts.arg_names}
-            triton.compile(ASTSource(ts, sig, consts), target=target, options=dict(num_warps=8))
+            build(ts, types, consts, 8)
             print("AOT trial_sums", ty, has_f)
         tp = cg._trial_point_kernel
         for has_wm in (False, True):
             types = {a: f"*{ty}" for a in ("W0", "S", "W", "WM", "G")}
             types.update(pf_hi="fp32", pf_lo="fp32")
             consts = dict(HAS_WM=has_wm, BLOCK=1024)
-            sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in tp.arg_names}
-            triton.compile(ASTSource(tp, sig, consts), target=target, options=dict(num_warps=4))
+            build(tp, types, consts, 4)
             print("AOT trial_point", ty, has_wm)
     # the bound loss-gradient pass's objective launch (fusedml/mmchain/lossgrad.py)
     from fusedml.mmchain import lossgrad
@@ -553,8 +549,7 @@ def _aot():
         types = dict(LPART="*fp64", Z=f"*{ty}", OFF="*fp64", LOSS="*fp64", OBJ="*fp64", a_hi="fp32", a_lo="fp32",
                      hb_hi="fp32", hb_lo="fp32")
         consts = dict(COUPLED=coupled, HAS_Z=True, HAS_OFF=True, BLOCK_G=256, BLOCK_M=4, BLOCK_R=256)
-        sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in ob.arg_names}
-        triton.compile(ASTSource(ob, sig, consts), target=target, options=dict(num_warps=4))
+        build(ob, types, consts, 4)
         print("AOT objective", ty, coupled)
 
 

@@ -147,3 +147,30 @@ def test_the_check_catches_a_launch_sm90_rejects(monkeypatch):
     torch.testing.assert_close(w, X @ y)  # the interpreter runs it
     results = compile_descriptors(rec.launches)
     assert any("error" in r for r in results), results
+
+
+def test_recording_without_executing_sees_the_same_launches():
+    """``record_launches(execute=False)`` records what an executed call launches, and runs nothing."""
+    rng = np.random.default_rng(3)
+    X, y, v = _dense(rng, 50, 7), _dense(rng, 7, 3), _dense(rng, 50, 3).abs()
+    with record_launches() as ran:
+        fusedml.mmchain(X, y, v, backend="fused")
+    with record_launches(execute=False) as skipped:
+        w = fusedml.mmchain(X, y, v, backend="fused")
+    assert ran.launches and [dict(d, origin=None) for d in ran.launches] == [dict(d, origin=None)
+                                                                            for d in skipped.launches]
+    assert not torch.allclose(w, X.T @ (v * (X @ y)))  # nothing was computed
+
+
+def test_aot_plans_script_compiles_a_benchmark_case(capsys):
+    """``benchmarks/aot_plans.py``: a benchmark case's launches at its full shape, recorded without
+    running and compiled for sm_90 (k-means, 1M x 2, K = 128: the register-form Lloyd step)."""
+    import sys
+
+    _need_tools()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import aot_plans
+
+    assert aot_plans.main(["--parts", "kmeans", "--match", "^1048576x2 K=128$"]) == 0
+    out = capsys.readouterr().out
+    assert "_lloyd_reg_kernel" in out and "0 do not compile or fit" in out, out[-2000:]
