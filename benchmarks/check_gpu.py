@@ -302,7 +302,11 @@ def check_gmm(dev):
               ("diag", 250_000, 1, 1, "auto", "auto"), ("diag", 250_000, 31, 5, "auto", "auto"),
               # session 20: spherical register tiles (per-row quadratic term and moment, KI doubled)
               ("spherical", 500_001, 32, 8, "auto", "auto"), ("spherical", 400_003, 8, 8, "auto", "auto"),
-              ("spherical", 300_007, 16, 16, "auto", "auto"), ("spherical", 200_000, 2, 128, "auto", "auto")]
+              ("spherical", 300_007, 16, 16, "auto", "auto"), ("spherical", 200_000, 2, 128, "auto", "auto"),
+              # session 26: the tied single sweep (own-centre statistics) at the rule's tiles
+              ("tied", 200_003, 64, 32, "auto", "auto"), ("tied", 300_001, 16, 64, "auto", "auto"),
+              ("tied", 400_000, 32, 8, "auto", "auto"), ("tied", 100_000, 64, 64, "auto", "auto"),
+              ("tied", 100_000, 128, 16, "auto", "auto")]
     for case in cases:
         try:
             _gmm_case(dev, *case)

@@ -350,6 +350,20 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s26-tied)  # session 26 (no GPU that session): the tied single sweep's own kernel (rows whitened once, statistics
+               # about each row's own centre; 4M x 16, K = 16 and 1M x 64, K = 32 were 7.1 and 25.7 ms in session 6),
+               # .ab-base (git archive ee556fd) against this code, interleaved; the check; its row-block sweep
+      run check-s26-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm_s26.json"
+      grep -E "^FAIL|passed" "$log/check-s26-gmm.log" | tail -6
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run tied-$side-$r 150 python3 $root/benchmarks/bench_gmm.py --configs 11,12 --out "$out/gmm_tied_${side}_$r.json"
+          grep -E "tied" "$log/tied-$side-$r.log" | grep "^|" | cut -c1-200
+        done
+      done
+      run tied-sweep 150 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 11,12 --sweep-precisions fp32 \
+        --variants '^single BN=' --budget 100 --out "$out/gmm_tied_sweep.json" ;;
     cuda-tests-rf)  # session 24: the CUDA tests of every module with them, every failure's traceback kept
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_streaming.py \
         tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py tests/test_kmeans.py

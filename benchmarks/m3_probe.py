@@ -141,7 +141,7 @@ def main(argv=None):
                               ("8w bn*2, maxnreg 128", {"num_warps": 8, "block_n": "dbl", "max_registers": 128}),
                               ("16w bn*2", "dbl16"), ("8w bn/2 (4/thread)", {"block_n": "half"}),
                               ("dot tf32x3", {"mode": "dot", "m_pad": 16, "block_n": 64, "num_warps": 4,
-                                              "prefetch": False})):
+                                              "prefetch": False, **({"block_d": 16} if D < 16 else {})})):
             cases.append(("loss new", cfg_name, "loss", new, True, None, cfg))
         for name, cfg_name, form, mod, exact, P, cfg in cases:
             new._EXACT_UNROLL = exact

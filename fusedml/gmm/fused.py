@@ -3,9 +3,10 @@
 Single sweep (Turbo-GMM design, ``path="single"``): a persistent program owns a stream of row
 blocks and the whole component axis. For each block it computes every component's weighted
 log-density (diag/spherical: the expanded quadratic ``x^2 @ (-p/2)^T + x @ (mu p)^T + const`` as two
-``tl.dot``; full/tied: ``||(x - mu_k) P_k||^2`` per component), the row's max-subtracted log-sum-exp,
-the responsibilities and the statistics' partial sums (``r^T x``, ``r^T x^2`` through ``tl.dot``,
-per-component ``(r_k e)^T e`` for full/tied), all in one traversal of K: nothing is recomputed and
+``tl.dot``; full: ``||(x - mu_k) P_k||^2`` per component; tied: the rows whitened once,
+:func:`_tied_single_kernel`), the row's max-subtracted log-sum-exp, the responsibilities and the
+statistics' partial sums (``r^T x``, ``r^T x^2`` through ``tl.dot``, per-component ``(r_k e)^T e``
+for full, about each row's own centre for tied), all in one traversal of K: nothing is recomputed and
 N x K never reaches memory. Partials per program, summed in float64 on the device afterwards.
 
 For small K x D (fp32) the single sweep's products are register FMAs instead (``form="reg"``,
@@ -672,7 +673,7 @@ def _tied_single_kernel(
     (w = sum_k r_k). The kernel accumulates ``r^T u`` [BK, BD], ``(w u + 2 g)^T u`` [BD, BD] (its
     symmetric part is the first three terms) and ``R = onehot(a)^T r`` [BK, BK]; the host adds the
     centre-difference terms from R in float64. Every product stays about the rows' own centres (no
-    fp32 cancellation), at 2 BD^2 + ~8 BK BD flops per row against the full kernel's 4 K BD^2."""
+    fp32 cancellation), at ~4 BD^2 + 7 BK BD + 2 BK^2 flops per row against the full kernel's 4 K BD^2."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n = tl.arange(0, BN)
