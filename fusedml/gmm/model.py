@@ -23,7 +23,7 @@ choices for the target shapes):
 * full single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
   (the per-component column insert/extract costs ``O(BN K^2)``). Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
-  ``E = BD^2 + BK BD + BK^2 + 4 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
+  ``E = BD^2 + BK BD + BK^2 + 6 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
   (fp32), ``K <= 64``.
 * **Single sweep** when a (BN, W) candidate fits both budgets, tried in the order BN = 128, 64, 32,
   16, W = 4 then 8 for each (fp32 diag tiles of ``BD x BK <= 4096`` try a measured small program
@@ -358,17 +358,18 @@ def _single_elems(ct: str, BN: int, BD: int, BK: int) -> int:
     return BN * BK + 2 * BD * BD + 4 * BN * BD
 
 
-#: fp32 values per thread the tied single sweep may hold (:func:`_tied_elems`): at or under it the
-#: sm_90 compiles (Triton 3.6) of D x K = 16 x 16, 32 x 8, 64 x 32, 16 x 64 did not spill at any
-#: (BN, W) in {16, 32, 64, 128} x {4, 8}; above it all but one (16 x 64, BN = 32, W = 4: 122) did
+#: fp32 values per thread the tied single sweep may hold (:func:`_tied_elems`), from sm_90 compiles
+#: (Triton 3.6) of 10 shapes (D x K from 16 x 16 to 64 x 64) x 6-9 tiles (BN 16-128, 4 / 8 warps):
+#: no tile at or under it spilled inside a loop but 64 x 16 at BN = 32, 8 warps (32 B, 2 local
+#: accesses per block); above it most spilled (the rule gives up a few clean tiles)
 TIED_VALUES = 100
 
 
 def _tied_elems(BN: int, BD: int, BK: int) -> int:
     """Live fp32 values of a tied single-sweep program: the [BD, BD] second-moment, [BK, BD] first-
-    moment and [BK, BK] responsibility-sum accumulators, and per row ~4 (BD + BK) (x and its
-    transform, u and g; logits, responsibilities and masks) in the products' operand layouts."""
-    return BD * BD + BK * BD + BK * BK + 4 * BN * (BD + BK)
+    moment and [BK, BK] responsibility-sum accumulators, and per row ~6 (BD + BK) (x and its
+    transform, u and g; logits, responsibilities and masks, in the products' operand layouts)."""
+    return BD * BD + BK * BD + BK * BK + 6 * BN * (BD + BK)
 
 
 def lse_chunk(BD: int, precision: str) -> int:
