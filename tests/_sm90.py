@@ -10,16 +10,26 @@ import sys
 import pytest
 
 
-def run_aot(test_file, expected, *, at_least=False, tools=("ptxas", "cuobjdump"), timeout=900):
-    """Compile ``test_file``'s kernels for sm_90 in a subprocess; assert ``expected`` AOT lines."""
+def require_tools(tools=("ptxas", "cuobjdump")):
+    """Skip the calling test unless triton's NVIDIA backend ships ``tools`` (sm_90 compiles need them)."""
     import triton
 
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not all(os.path.exists(os.path.join(bindir, t)) for t in tools):
         pytest.skip(f"triton's NVIDIA backend tools ({', '.join(tools)}) are not installed")
+
+
+def _compile_env():
+    """The environment of a compiling subprocess: no interpreter, FP fusion on (the JIT's default)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    r = subprocess.run([sys.executable, test_file, "--aot"], env=env, capture_output=True, text=True,
+    return env
+
+
+def run_aot(test_file, expected, *, at_least=False, tools=("ptxas", "cuobjdump"), timeout=900):
+    """Compile ``test_file``'s kernels for sm_90 in a subprocess; assert ``expected`` AOT lines."""
+    require_tools(tools)
+    r = subprocess.run([sys.executable, test_file, "--aot"], env=_compile_env(), capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     n = r.stdout.count("AOT ")
@@ -78,7 +88,7 @@ def local_memory_in_loops(sass_text):
                and any(lo <= addr <= hi for lo, hi in loops))
 
 
-def compile_sm90(fn, types, consts, values=None, **options):
+def compile_sm90(fn, types, consts, values=None, divisible=None, **options):
     """Compile ``fn`` for sm_90 (the H200) specialised as the JIT specialises a real launch.
 
     The JIT marks every 16-byte-aligned pointer and every integer that is a multiple of 16 with
@@ -98,6 +108,9 @@ def compile_sm90(fn, types, consts, values=None, **options):
         The launch's constexpr arguments.
     values : dict, optional
         Integer argument name -> the value a launch passes.
+    divisible : iterable of str, optional
+        The arguments to mark divisible by 16, in place of the rule above (a recorded launch's
+        own; its integers equal to 1 are already in ``consts``).
     **options
         Compile options (``num_warps``, ``num_stages``).
 
@@ -117,7 +130,10 @@ def compile_sm90(fn, types, consts, values=None, **options):
             continue
         sig[a] = types[a]
         v = values.get(a)
-        if sig[a].startswith("*") or (v is not None and v % 16 == 0):
+        if divisible is not None:
+            if a in divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif sig[a].startswith("*") or (v is not None and v % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif v == 1:
             sig[a], consts[a] = "constexpr", 1
@@ -231,18 +247,11 @@ def compile_descriptor(d):
     """
     import importlib
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn = getattr(importlib.import_module(d["module"]), d["name"])
-    sig = {a: ("constexpr" if a in d["consts"] else d["types"][a]) for a in fn.arg_names}
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in d["attrs"]}
     tag = f"{d['name']} {d['options']} " + " ".join(f"{k}={v}" for k, v in d["consts"].items() if v is not None)
     tag += f" ({d['origin']})" if d.get("origin") else ""
     try:
-        k = triton.compile(ASTSource(fn, sig, d["consts"], attrs), target=GPUTarget("cuda", 90, 32),
-                           options=d["options"])
+        k = compile_sm90(fn, d["types"], d["consts"], divisible=d["attrs"], **d["options"])
     except Exception as e:  # a launch the H200's Triton cannot compile
         return dict(kernel=tag, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
     regs, stack = resource_usage(k)
@@ -262,13 +271,11 @@ def compile_descriptors(launches, timeout=3000):
         src, dst = os.path.join(tmp, "in.pkl"), os.path.join(tmp, "out.pkl")
         with open(src, "wb") as f:
             pickle.dump(launches, f)
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_DEFAULT_FP_FUSION"] = "1"
         code = ("import pickle, sys; sys.path[:0] = sys.argv[3:]; import _sm90; "
                 "r = [_sm90.compile_descriptor(d) for d in pickle.load(open(sys.argv[1], 'rb'))]; "
                 "pickle.dump(r, open(sys.argv[2], 'wb'))")
         here = os.path.dirname(os.path.abspath(__file__))
-        r = subprocess.run([sys.executable, "-c", code, src, dst, here, os.path.dirname(here)], env=env,
+        r = subprocess.run([sys.executable, "-c", code, src, dst, here, os.path.dirname(here)], env=_compile_env(),
                            capture_output=True, text=True, timeout=timeout)
         assert r.returncode == 0, r.stderr[-3000:]
         with open(dst, "rb") as f:

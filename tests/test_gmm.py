@@ -1051,7 +1051,6 @@ def _aot_check_plans():
                 lay = {defs[b] for b in re.findall(r"tensor<\d+x\d+x\d+x\d+xf32, (#blocked\d*)>", loop)}
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
     # the tied single sweep and its pass 1 / scoring (rows whitened once) at the tied rule's tiles
-    tied_ints = ints | {"n_blocks"}
     for N, D, K in TIED_AOT_SHAPES:
         plan = plan_launch(N, K, D, "tied", torch.float32, torch.device("cpu"), precision="fp32")
         assert plan.path == "single", (N, D, K)
@@ -1059,7 +1058,7 @@ def _aot_check_plans():
         common = dict(BN=plan.BN, BD=plan.BD, HAS_SW=False, PREC="ieee")
         for name, fn, consts in (("single", fused._tied_single_kernel, dict(common, BK=plan.BK, WRITE_LOGP=True)),
                                  ("lse", fused._full_lse_kernel, dict(common, WRITE_LABEL=True, TIED=True))):
-            types = {a: ("i32" if a in tied_ints else "*i64" if a == "LABEL" else "*fp32") for a in fn.arg_names}
+            types = {a: ("i32" if a in ints else "*i64" if a == "LABEL" else "*fp32") for a in fn.arg_names}
             types["stride_pk"] = "i32"
             k = compile_sm90(fn, types, consts, values, num_warps=plan.num_warps, num_stages=plan.num_stages)
             regs, stack = resource_usage(k)

@@ -14,12 +14,11 @@ import os
 import numpy as np
 import pytest
 import torch
-import triton
 
 import fusedml
 from fusedml import CSRMatrix
 
-from _sm90 import compile_descriptors, record_launches
+from _sm90 import compile_descriptors, record_launches, require_tools
 
 
 def _dense(rng, n, d, dtype=torch.float32):
@@ -108,15 +107,9 @@ FAMILIES = {"mmchain": _mmchain_calls, "loss_gradient": _loss_calls, "csr": _csr
             "kmeans": _kmeans_calls}
 
 
-def _need_tools():
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not all(os.path.exists(os.path.join(bindir, t)) for t in ("ptxas", "cuobjdump")):
-        pytest.skip("triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_launch_compiles_for_sm90(family):
-    _need_tools()
+    require_tools()
     rng = np.random.default_rng(7)
     with record_launches() as rec:
         for name, call in FAMILIES[family](rng):
@@ -137,7 +130,7 @@ def test_the_check_catches_a_launch_sm90_rejects(monkeypatch):
 
     from fusedml.mmchain import launch
 
-    _need_tools()
+    require_tools()
     real = launch.padded_dot
     monkeypatch.setattr(launch, "padded_dot", lambda cfg, rows=None: replace(real(cfg, rows), block_d=cfg.block_d))
     rng = np.random.default_rng(0)
@@ -167,7 +160,7 @@ def test_aot_plans_script_compiles_a_benchmark_case(capsys):
     running and compiled for sm_90 (k-means, 1M x 2, K = 128: the register-form Lloyd step)."""
     import sys
 
-    _need_tools()
+    require_tools()
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import aot_plans
 

@@ -638,17 +638,30 @@ def _full_single_kernel(
 
 
 @triton.jit
+def _whiten(x, P, offs_d, D, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """[BN, BD] rows z = x P with the shared precision Cholesky P [D, D] (tied). P is re-read per
+    call (L1 / L2): held across a row loop it costs registers (it spilled at D = 128)."""
+    dmask = offs_d < D
+    pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dmask[:, None] & dmask[None, :], other=0.0)
+    return _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+
+
+@triton.jit
+def _tied_logit(z, MUP, CONST, k, offs_d, D):
+    """[BN] log2-unit weighted log-density of tied component k from the whitened rows z: one
+    subtraction ``z - (mu_k - shift) P`` (MUP) and a norm, no [BN, BD] x [BD, BD] product."""
+    mk = tl.load(MUP + k * D + offs_d, mask=offs_d < D, other=0.0)
+    d = z - mk[None, :]  # padded columns stay 0: z and mk are 0 there
+    return tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)  # 0.5 * log2(e)
+
+
+@triton.jit
 def _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr):
     """[BN, BK] log2-unit logits of every component (-inf for k >= K) from the whitened rows
-    z = (x - shift) P: tied components share P, so the rows are transformed once and component k
-    costs one subtraction ``z - (mu_k - shift) P`` (MUP) and a norm, not a [BN, BD] x [BD, BD] product."""
-    dmask = offs_d < D
+    z = (x - shift) P (:func:`_tied_logit` per component)."""
     lg = tl.full((BN, BK), float("-inf"), tl.float32)
     for k in range(K):
-        mk = tl.load(MUP + k * D + offs_d, mask=dmask, other=0.0)
-        d = z - mk[None, :]  # padded columns stay 0: z and mk are 0 there
-        lgk = tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)  # 0.5 * log2(e)
-        lg = tl.where(offs_k[None, :] == k, lgk[:, None], lg)
+        lg = tl.where(offs_k[None, :] == k, _tied_logit(z, MUP, CONST, k, offs_d, D)[:, None], lg)
     return lg
 
 
@@ -691,9 +704,7 @@ def _tied_single_kernel(
         rows = blk * BN + offs_n.to(tl.int64)
         nmask = rows < N
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
-        # P and C are re-read per block (L1 / L2): held across the loop they cost registers
-        pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dd_mask, other=0.0)  # [BD, BD]
-        z = _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+        z = _whiten(x, P, offs_d, D, BN, BD, PREC)
         lg = _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN, BK)
         r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)  # 0 on rows >= N
         acc_nk += tl.sum(r, axis=0)
@@ -702,6 +713,7 @@ def _tied_single_kernel(
         ca = tl.load(C + a[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)  # [BN, BD]
         u = tl.where(nmask[:, None] & dmask[None, :], x - ca, 0.0)
         ro = tl.where(own, 0.0, r)  # the other components' responsibilities: g without cancellation
+        # C re-read per block (L1 / L2), as P in _whiten
         cmat = tl.load(C + offs_k[:, None] * D + offs_d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
         g = tl.sum(ro, axis=1)[:, None] * ca - _mm(ro, cmat, tl.zeros((BN, BD), dtype=tl.float32), PREC)
         w = tl.sum(r, axis=1)
@@ -727,27 +739,24 @@ def _full_lse_kernel(
     HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr, TIED: tl.constexpr = False,
 ):
     """Pass 1 / scoring of full and tied components; TIED: MU holds the whitened means
-    (mu_k - shift) P, the rows are transformed once per block (as in :func:`_tied_logits`)."""
+    (mu_k - shift) P, the rows are transformed once per block (:func:`_whiten`, :func:`_tied_logit`)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
     for blk in range(pid, n_blocks, nprog):
         rows = blk * BN + offs_n.to(tl.int64)
         nmask = rows < N
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
-        if TIED:  # P re-read per block (L1 / L2): held across the loop it spills at D = 128
-            pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dmask[:, None] & dmask[None, :], other=0.0)
-            z = _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
+        if TIED:
+            z = _whiten(x, P, offs_d, D, BN, BD, PREC)
         m = tl.full((BN,), float("-inf"), tl.float32)
         l = tl.zeros((BN,), dtype=tl.float32)
         arg = tl.zeros((BN,), dtype=tl.int32)
         for k in range(K):
             if TIED:
-                d = z - tl.load(MU + k * D + offs_d, mask=dmask, other=0.0)[None, :]
-                lgk = tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)
+                lgk = _tied_logit(z, MU, CONST, k, offs_d, D)
             else:
                 lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
             if WRITE_LABEL:
