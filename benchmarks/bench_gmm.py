@@ -79,6 +79,8 @@ CONFIGS = [
     # session 20: spherical register tiles (quadratic term and moment per row: KI doubles)
     (4 << 20, 16, 16, "spherical"),
     (16 << 20, 8, 8, "spherical"),
+    # session 27: full covariance at BD = 64 (the single sweep spills at every tile: two-pass)
+    (1 << 20, 64, 16, "full"),
 ]
 DEFAULT = [1, 4, 5, 9, 2, 6, 7]  # the four targets, then 16M x 8, 4M x 64 K=128, 4M x 256 K=16 (crashed in s2)
 QUICK = [(300, 3, 3, "diag"), (300, 5, 20, "diag"), (257, 4, 5, "spherical"), (300, 3, 3, "tied"),
@@ -256,7 +258,7 @@ def sweep_variants(base_single, base_two, prec, D, K, base_dot=None):
         BD, BK = base_single.BD, base_single.BK
         cand = [("blk", 64, 4, 2), ("cat", 128, 4, 2), ("blk", 64, 8, 2), ("cat", 64, 4, 2), ("blk", 64, 4, 3),
                 ("blk", 128, 8, 2), ("blk", 32, 4, 2), ("blk", 64, 4, 1), ("blk", 32, 2, 2), ("blk", 16, 4, 2),
-                ("blk", 16, 2, 2), ("blk", 64, 2, 2), ("blk", 128, 2, 2)]
+                ("blk", 16, 2, 2), ("blk", 64, 2, 2), ("blk", 128, 2, 2), ("blk", 32, 8, 2)]
         occ = replace(base_single, occupancy_grid=True)  # grid from the compiled kernel's resources
         out.append(("single occ", occ))
         out.append(("single occ prefetch", replace(occ, prefetch=True)))

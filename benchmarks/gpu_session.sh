@@ -350,6 +350,19 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s27-full)  # session 27: the full-covariance tiles refitted to sm_90 compiles (8 warps; 32 rows with padded
+               # features; BD = 64 two-pass in 32-row tiles), .ab-base (git archive ee556fd) against this code,
+               # interleaved, then every single / two-pass tile of those shapes
+      cp benchmarks/bench_gmm.py .ab-base/benchmarks/bench_gmm.py  # only a configuration added since
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run full-$side-$r 150 python3 $root/benchmarks/bench_gmm.py --configs 13,14,15,22 --out "$out/gmm_full_${side}_$r.json"
+          grep -E "full" "$log/full-$side-$r.log" | grep "^|" | cut -c1-200
+        done
+      done
+      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 13,14,15,22 --sweep-precisions fp32 \
+        --variants '^single BN=|^two_pass BN=' --budget 150 --out "$out/gmm_full_sweep.json" ;;
     s26-tied)  # session 26 (no GPU that session): the tied single sweep's own kernel (rows whitened once, statistics
                # about each row's own centre; 4M x 16, K = 16 and 1M x 64, K = 32 were 7.1 and 25.7 ms in session 6),
                # .ab-base (git archive ee556fd) against this code, interleaved; the check; its row-block sweep

@@ -372,6 +372,26 @@ def _tied_elems(BN: int, BD: int, BK: int) -> int:
     return BD * BD + BK * BD + BK * BK + 6 * BN * (BD + BK)
 
 
+def _full_tile_fits(BN: int, nw: int, D: int, BD: int) -> bool:
+    """fp32 full single sweep, from sm_90 compiles (Triton 3.6 and 3.9) of 16 shapes (D x K from
+    8 x 8 to 64 x 64) at BN 32 / 64 and 4 / 8 warps: every BD = 64 tile spilled (0.4-7.9 KB, inside
+    the row loop), so BD <= 32; at 4 warps 64-row tiles spilled at D = 16 on 3.6 (1M x 16, K = 16:
+    48-56 B, 14-16 local accesses per step) and at D = 32 on 3.9 (472-624 B), so 8 warps; with
+    padded features (16 < D < BD: masked, unvectorised [BD, BD] loads) 64-row tiles spilled on both
+    (336-448 B) and 32-row tiles held (232-239 registers)."""
+    return BD <= 32 and nw == 8 and (BN == 32 or D <= 16 or D == BD)
+
+
+def _full_two_pass_tile(BD: int) -> tuple[int, int]:
+    """``(BN, num_warps)`` of the full / tied two-pass kernels (pass 1 and the per-component
+    statistics), from sm_90 compiles (Triton 3.6): BD <= 32 64 rows on 4 warps (<= 184 registers,
+    no spill); BD = 64 32 rows on 8 warps (64 rows spilled 0.3-3.7 KB in the loop); wider, 16 rows
+    on 8 warps (BD = 128: 16-64 B; 32 rows spilled 6-7 KB)."""
+    if BD <= 32:
+        return 64, 4
+    return (32, 8) if BD == 64 else (16, 8)
+
+
 def lse_chunk(BD: int, precision: str) -> int:
     """Feature chunk DC of pass 1: BD for fp32 and BD <= 32, else 16 (tensor-core operands of the
     whole feature axis would stay live in registers across the component loop and spill)."""
@@ -462,7 +482,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
                 continue
             E = _single_elems(covariance_type, BN, BD, BK)
-            ok = E <= 32 * nw * _DATA_REGS and K <= 64
+            ok = (_full_tile_fits(BN, nw, D, BD) if not tc else E <= 32 * nw * _DATA_REGS) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
@@ -489,7 +509,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             for BN_ in (64, 32, 16):
                 for nw_ in (4, 8):
                     if full_like:
-                        pick = pick or (bkt, BN_ if BD <= 64 else 32, 4 if BD <= 32 else 8, 0, 0)
+                        pick = pick or (bkt, *_full_two_pass_tile(BD), 0, 0)
                         lse = lse or (pick[0], pick[1], pick[2])
                         continue
                     DC = lse_chunk(BD, precision)
