@@ -989,6 +989,11 @@ AOT_SHAPES = [  # (N, D, K, precision)
 TIED_AOT_SHAPES = [(4 << 20, 16, 16), (1 << 20, 64, 32), (1 << 20, 16, 64), (1 << 20, 32, 8), (1 << 20, 64, 64),
                    (1 << 20, 24, 20), (1 << 20, 48, 48), (1 << 20, 64, 16)]
 
+# the full rule's tiles (model._full_tile_fits, model._full_two_pass_tile): the benchmark shapes,
+# padded features (16 < D < 32), and BD = 64 (two-pass)
+FULL_AOT_SHAPES = [(4 << 20, 8, 8), (1 << 20, 16, 16), (1 << 20, 32, 64), (1 << 20, 16, 64), (1 << 20, 24, 20),
+                   (1 << 20, 28, 8), (1 << 20, 64, 16), (1 << 20, 48, 8)]
+
 
 def _aot_check_plans():
     import sys
@@ -1069,6 +1074,32 @@ def _aot_check_plans():
             tiny = stack <= 32 and local_memory_in_loops(sass(k)) <= 2
             assert stack == 0 or tiny, f"{tag}: register spills (stack {stack} B)"
             assert k.metadata.shared <= plan.smem_est, f"{tag}: the model under-estimates shared memory"
+    # full covariance: the single sweep and its scoring pass, or the two passes, at the plan's tiles
+    for N, D, K in FULL_AOT_SHAPES:
+        plan = plan_launch(N, K, D, "full", torch.float32, torch.device("cpu"), precision="fp32")
+        common = dict(BD=plan.BD, HAS_SW=False, PREC="ieee")
+        lse = ("lse", fused._full_lse_kernel, dict(common, BN=plan.lse_BN, WRITE_LABEL=True, TIED=False),
+               plan.lse_warps)
+        if plan.path == "single":
+            kernels = [("single", fused._full_single_kernel,
+                        dict(common, BN=plan.BN, BK=plan.BK, WRITE_LOGP=True, TIED=False), plan.num_warps), lse]
+        else:
+            kernels = [lse, ("stats", fused._full_stats_kernel, dict(common, BN=plan.BN), plan.num_warps)]
+        for name, fn, consts, nw in kernels:
+            values = dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K, n_blocks=-(-N // consts["BN"]), stride_pk=D * D,
+                          chunk_rows=plan.chunk_rows)
+            types = {a: ("i32" if a in ints | {"stride_pk"} else "*i64" if a == "LABEL" else "*fp32")
+                     for a in fn.arg_names}
+            k = compile_sm90(fn, types, consts, {a: v for a, v in values.items() if a in fn.arg_names},
+                             num_warps=nw, num_stages=plan.num_stages)
+            regs, stack = resource_usage(k)
+            tag = f"full {N}x{D} K={K} {plan.path}:{name} BN={consts['BN']} W={nw}"
+            print(f"AOT {tag}: shared={k.metadata.shared} regs={regs} stack={stack}", flush=True)
+            # a pair of local accesses per row block at most (two-pass stats at D = 64: 16 B on 3.6, 32 B
+            # on 3.9, none inside the loop)
+            tiny = stack <= 32 and local_memory_in_loops(sass(k)) <= 2
+            assert stack == 0 or tiny, f"{tag}: register spills (stack {stack} B)"
+            assert k.metadata.shared <= MAX_SHARED_PER_BLOCK, tag
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
     types = {a: ("i32" if a in ("P", "PL", "K", "D", "j") else "*fp64" if a in ("CP", "OUT") else "*fp32")
