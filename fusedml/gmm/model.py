@@ -20,8 +20,12 @@ choices for the target shapes):
   (tensor-core products, whose split operands and fragments cost more) must stay <= 240 (fp32) /
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
-* full single sweep: ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` and ``K <= 64``
-  (the per-component column insert/extract costs ``O(BN K^2)``). Tied (its own kernel since
+* full single sweep (fp32): ``K <= 64`` (the per-component column insert/extract costs
+  ``O(BN K^2)``), ``BD <= 32``, 8 warps, 64 rows (32 with padded features, 16 < D < BD):
+  :func:`_full_tile_fits`, refitted in session 27 to sm_90 compiles after the session-1 rule
+  (``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160``) picked tiles that spilled inside the
+  row loop (1M x 16, K = 16: 4 warps, 56 B; 1M x 64: 4.6 KB); tensor-core precisions keep that rule.
+  Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
   ``E = BD^2 + BK BD + BK^2 + 6 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
   (fp32), ``K <= 64``.
