@@ -112,7 +112,7 @@ def compile_variant(over, warps):
         if a in consts:
             sig[a] = "constexpr"
             continue
-        sig[a] = ("i32" if a in ints else "fp32" if a.startswith("alpha") or a == "power" else
+        sig[a] = ("i32" if a in ints else "fp32" if a.startswith(("alpha", "power")) else
                   "*fp64" if a == "LPART" else "*fp32")
         if sig[a].startswith("*") or a in ("stride_xn", "D"):
             attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X

@@ -800,7 +800,7 @@ def _aot_dense_variants():
                 sig[a] = "constexpr"
                 continue
             sig[a] = f"*{xdt}" if a == "X" else ("i32" if a in ints else (
-                "fp32" if a.startswith("alpha") or a == "power" else ("*i32" if a == "ERR" else ("*i64" if a == "TP" else (
+                "fp32" if a.startswith(("alpha", "power")) else ("*i32" if a == "ERR" else ("*i64" if a == "TP" else (
                     "*fp64" if a == "LPART" else f"*{acc}")))))
             if sig[a].startswith("*") or (aligned and a in ("stride_xn", "stride_yd", "stride_vn", "D")):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises for aligned X

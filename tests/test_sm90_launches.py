@@ -25,11 +25,11 @@ def _dense(rng, n, d, dtype=torch.float32):
     return torch.from_numpy(rng.standard_normal((n, d))).to(dtype)
 
 
-def _csr(rng, n, d, per_row=3):
+def _csr(rng, n, d, per_row=3, dtype=torch.float32):
     cols = np.sort(np.stack([rng.choice(d, size=min(per_row, d), replace=False) for _ in range(n)]), axis=1)
     crow = torch.arange(0, n * cols.shape[1] + 1, cols.shape[1], dtype=torch.int32)
     return CSRMatrix(crow, torch.from_numpy(cols.ravel()).to(torch.int32),
-                     torch.from_numpy(rng.standard_normal(cols.size)).float(), (n, d))
+                     torch.from_numpy(rng.standard_normal(cols.size)).to(dtype), (n, d))
 
 
 def _mmchain_calls(rng):
@@ -167,3 +167,50 @@ def test_aot_plans_script_compiles_a_benchmark_case(capsys):
     assert aot_plans.main(["--parts", "kmeans", "--match", "^1048576x2 K=128$"]) == 0
     out = capsys.readouterr().out
     assert "_lloyd_reg_kernel" in out and "0 do not compile or fit" in out, out[-2000:]
+
+
+def _float64_calls(rng):
+    X, A64 = _dense(rng, 40, 5, torch.float64), _csr(rng, 40, 5, dtype=torch.float64)
+    y, v, z = _dense(rng, 5, 1, torch.float64)[:, 0], _dense(rng, 40, 1, torch.float64)[:, 0].abs(), \
+        _dense(rng, 5, 1, torch.float64)[:, 0]
+    for name, M in (("dense", X), ("csr", A64)):
+        yield f"mmchain {name} float64", lambda M=M: fusedml.mmchain(M, y, v, z, alpha=1 / 3, beta=0.1, backend="fused")
+        yield f"matvec {name} float64", lambda M=M: fusedml.matvec(M, y, backend="fused")
+    counts = torch.from_numpy(rng.poisson(1.0, 40)).double()
+    for loss, power in (("tweedie", 1.2), ("poisson", None), ("logistic", None)):
+        target = counts if loss != "logistic" else (counts > 0).double()
+        yield f"loss {loss} float64", lambda loss=loss, power=power, target=target: fusedml.loss_gradient(
+            X, 0.1 * y, target, loss=loss, power=power, alpha=1 / 3, z=z, beta=0.7, backend="fused")
+    counts4 = torch.from_numpy(rng.poisson(1.0, (40, 4))).double()
+    yield "loss tweedie m=4 float64", lambda: fusedml.loss_gradient(
+        X, 0.1 * _dense(rng, 5, 4, torch.float64), counts4, loss="tweedie", power=1.2, alpha=1 / 3, backend="fused")
+    for ct in ("full", "diag"):
+        p = _gmm_params(rng, 3, 5, ct)
+        yield f"gmm_estep {ct} float64", lambda p=p, ct=ct: fusedml.gmm_estep(X, *p, ct, backend="fused")
+
+
+def test_float64_launches_pass_only_fp32_exact_floats():
+    """The GPU's Triton passes a Python float argument as fp32; the interpreter keeps float64. A
+    float64 kernel given 1.2 computes with 1.2000000477 on the GPU only (the Tweedie power did:
+    loss off by 2e-7 relative, found by the GPU fuzz run): such scalars go as fp32 hi / lo pairs
+    (``dense._split``). Every float argument of a float64 call's launches must be fp32-exact."""
+    import inspect
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen, orig = [], InterpretedFunction.run
+
+    def run(kernel, *args, grid, warmup, **kwargs):
+        names = list(inspect.signature(kernel.fn).parameters)
+        seen.extend((kernel.fn.__name__, n, a) for n, a in zip(names, args)
+                    if isinstance(a, float) and float(np.float32(a)) != a)
+        return orig(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+    rng = np.random.default_rng(3)
+    InterpretedFunction.run = run
+    try:
+        for _, call in _float64_calls(rng):
+            call()
+    finally:
+        InterpretedFunction.run = orig
+    assert not seen, f"float arguments the GPU would round to fp32: {seen}"

@@ -21,11 +21,10 @@ choices for the target shapes):
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
 * full single sweep (fp32): ``K <= 64`` (the per-component column insert/extract costs
-  ``O(BN K^2)``), ``BD <= 32``, 8 warps, 64 rows (32 with padded features, 16 < D < BD):
-  :func:`_full_tile_fits`, refitted in session 27 to sm_90 compiles after the session-1 rule
-  (``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160``) picked tiles that spilled inside the
-  row loop (1M x 16, K = 16: 4 warps, 56 B; 1M x 64: 4.6 KB); tensor-core precisions keep that rule.
-  Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
+  ``O(BN K^2)``), ``BD <= 32``, 32 rows on 8 warps with padded features (16 < D < BD), else
+  ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` (:func:`_full_tile_fits`, session 27: sm_90
+  compiles and H200 timings); tensor-core precisions keep the estimate alone. Full / tied
+  two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
   ``E = BD^2 + BK BD + BK^2 + 6 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
   (fp32), ``K <= 64``.
@@ -376,14 +375,20 @@ def _tied_elems(BN: int, BD: int, BK: int) -> int:
     return BD * BD + BK * BD + BK * BK + 6 * BN * (BD + BK)
 
 
-def _full_tile_fits(BN: int, nw: int, D: int, BD: int) -> bool:
-    """fp32 full single sweep, from sm_90 compiles (Triton 3.6 and 3.9) of 16 shapes (D x K from
-    8 x 8 to 64 x 64) at BN 32 / 64 and 4 / 8 warps: every BD = 64 tile spilled (0.4-7.9 KB, inside
-    the row loop), so BD <= 32; at 4 warps 64-row tiles spilled at D = 16 on 3.6 (1M x 16, K = 16:
-    48-56 B, 14-16 local accesses per step) and at D = 32 on 3.9 (472-624 B), so 8 warps; with
-    padded features (16 < D < BD: masked, unvectorised [BD, BD] loads) 64-row tiles spilled on both
-    (336-448 B) and 32-row tiles held (232-239 registers)."""
-    return BD <= 32 and nw == 8 and (BN == 32 or D <= 16 or D == BD)
+def _full_tile_fits(BN: int, nw: int, D: int, BD: int, BK: int) -> bool:
+    """fp32 full single sweep. BD <= 32: at BD = 64 every tile spilled inside the row loop (sm_90
+    compiles, Triton 3.6 and 3.9: 0.4-7.9 KB) and the H200 took 486 ms for 1M x 64, K = 16 (BN 64,
+    8 warps) against 16.2 ms two-pass. With padded features (16 < D < BD: masked, unvectorised
+    [BD, BD] loads) every tile but 32 rows on 8 warps spilled (1M x 24, K = 20, 64 rows on 4 warps:
+    2.6 KB), so that tile. Otherwise the session-1 estimate ``E = BN BK + 2 BD^2 + 4 BN BD`` under
+    ``32 W x 160``: its 64-row, 4-warp picks ran fastest of the tiles timed on this kernel (4M x 8,
+    K = 8: 3.97 ms; 1M x 16, K = 16: 2.36; 1M x 32, K = 64: 13.6) although two of them spill a little
+    on one Triton version (1M x 16 on 3.6: 56 B; 1M x 32, K = 64 on 3.9: 624 B)."""
+    if BD > 32:
+        return False
+    if 16 < D < BD:
+        return BN == 32 and nw == 8
+    return _single_elems("full", BN, BD, BK) <= 32 * nw * _DATA_REGS
 
 
 def _full_two_pass_tile(BD: int) -> tuple[int, int]:
@@ -486,7 +491,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
                 continue
             E = _single_elems(covariance_type, BN, BD, BK)
-            ok = (_full_tile_fits(BN, nw, D, BD) if not tc else E <= 32 * nw * _DATA_REGS) and K <= 64
+            ok = (_full_tile_fits(BN, nw, D, BD, BK) if not tc else E <= 32 * nw * _DATA_REGS) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit

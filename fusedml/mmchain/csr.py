@@ -917,8 +917,8 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     b_csc = _csc_index_bytes(n, nnz)
     bw = prof["bandwidth"]
     a_rate = ATOMIC_RATE_H200 * prof["sm_count"] / RATE_SMS / (2 if dtype == torch.float64 else 1)
-    # y, w and p rows are padded to mp columns (_pad_cols): aligned power-of-two records
-    mp = _pow2_ceil(m)
+    # y, w and p rows of mp columns (_row_width)
+    mp = _row_width(m)
     sec = _sectors_per_gather(mp, b_acc)
     a_bytes = nnz * (b_val + stats.index_bytes) + (n + 1) * stats.index_bytes
     w_bytes = (d + 1) * mp * b_acc
@@ -926,9 +926,9 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     p_bytes = n * mp * b_acc
     launch_a = _n_launches(stats, _launch_params(stats, m, dtype, prof))
     launch_c = _n_launches(col_stats, _launch_params(col_stats, m, dtype, prof)) if col_stats is not None else 1
-    # scatter: one pass; y gathers (L2 ops) + one RED per nonzero and column (padded rows compile to
-    # 16-byte vector REDs, F32x4 on sm_90; their rate is not measured yet, so each word still counts
-    # as one RED); REDs whose w row misses L2 move a DRAM burst in and out.
+    # scatter: one pass; y gathers (L2 ops) + one RED per nonzero and column (power-of-two rows
+    # compile to vector REDs, F32x4 on sm_90; their rate is not measured, so each word counts as one
+    # RED); REDs whose w row misses L2 move a DRAM burst in and out.
     g_s, extra_y = _gather_terms(nnz if has_y else 0, w_bytes, sec, prof)
     red_s, extra_w = _gather_terms(nnz * m, w_bytes, 1.0, prof)
     scatter = max((a_bytes + v_bytes + 2 * w_bytes + extra_y + 2 * extra_w) / bw,
@@ -1543,6 +1543,18 @@ def _coef(alpha: float, beta: float, dtype: torch.dtype, device) -> torch.Tensor
     return c
 
 
+#: pad the rows of y, w and p to a power of two (m = 3 -> 4, 5 -> 8): 16-byte vector gathers and
+#: F32x4 REDs, but more bytes per row; on the H200 (session 27, against the unpadded rows) m = 3
+#: 2.46 -> 2.58 ms at 4M x 100k and 1.70 -> 2.15 at 1M x 1M, m = 5 3.40 -> 4.04: off. Power-of-two m
+#: (2, 4) need no padding and take the flattened whole-row path either way (m = 4: 2.81 -> 2.64 ms).
+PAD_ROWS = False
+
+
+def _row_width(m: int) -> int:
+    """Columns of the y / w / p rows the kernels see (:data:`PAD_ROWS`)."""
+    return _pow2_ceil(m) if PAD_ROWS else m
+
+
 def _pad_cols(t: torch.Tensor | None, mp: int) -> torch.Tensor | None:
     """``t`` ``[R, m]`` as ``[R, mp]`` with zero columns: rows of a power-of-two width are whole
     aligned vectors, so the kernels gather (and scatter) each row in one access (m = 3: 12-byte rows
@@ -1690,7 +1702,7 @@ def csr_matvec_fused(A: CSRMatrix, y: torch.Tensor, *, intercept: bool = False, 
         return _stream_matvec(sm_.xy, y, d, intercept)
     m = y.shape[1]
     out = _alloc((n, m), acc, A.device)
-    _run(A, st, cfg, _pad_cols(y, _pow2_ceil(m)), None, None, out, mode=0, intercept=bool(intercept), softmax=False,
+    _run(A, st, cfg, _pad_cols(y, _row_width(m)), None, None, out, mode=0, intercept=bool(intercept), softmax=False,
          alpha=1.0, m=m)
     return out
 
@@ -1755,8 +1767,8 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         # auto: a one-off call never pays the copy's sort; nor is it built when memory is short.
         gather = st.calls > 0 and _copy_fits(A)
     st.calls += 1
-    mp = _pow2_ceil(m)
-    if not gather:  # scatter: one read of A, float atomics into w (rows padded to mp columns)
+    mp = _row_width(m)
+    if not gather:  # scatter: one read of A, float atomics into w (rows of mp columns)
         w = _pad_cols(beta * z, mp) if z is not None else torch.zeros((dx, mp), dtype=acc, device=A.device)
         isum = _run(A, st, cfg, _pad_cols(y, mp), v, None, w, mode=1, intercept=intercept, softmax=softmax,
                     alpha=alpha, m=m)
@@ -1779,7 +1791,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         p = p * alpha if alpha != 1.0 else p
         isum = p.sum(0) if intercept else None
         src, scale = p, 1.0
-    elif y is not None:  # p with rows padded to mp columns (zeros), gathered whole by the second pass
+    elif y is not None:  # p with rows of mp columns (zeros beyond m), gathered by the second pass
         p = _alloc((n, mp), acc, A.device)
         isum = _run(A, st, cfg, _pad_cols(y, mp), v, None, p, mode=2, intercept=intercept, softmax=softmax,
                     alpha=alpha, m=m)

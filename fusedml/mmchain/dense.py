@@ -320,7 +320,7 @@ def _mmchain_onchip_kernel(
                         # per-program loss sums [P, M] float64, Hessian weights [N, M]
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
-    alpha_hi, alpha_lo, power,
+    alpha_hi, alpha_lo, power_hi, power_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
@@ -331,6 +331,7 @@ def _mmchain_onchip_kernel(
     cols = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
     jm = tl.arange(0, M_PAD)
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    power = tl.cast(power_hi, ACC) + tl.cast(power_lo, ACC)  # Tweedie power: an fp32 pair (~48 bits for float64)
     if not XTY:
         yt = _load_yt(Y, cols, jm, D, M, stride_yd, stride_ym, ACC)  # [M_PAD, BD], kept on chip
         if INTERCEPT:
@@ -548,7 +549,7 @@ def _mmchain_small_kernel(
     C, ETA, LPART, HW,  # LOSS > 0, as in _mmchain_onchip_kernel
     N, D, M, n_tiles,
     stride_xn, stride_xd, stride_yd, stride_ym, stride_vn, stride_vm,
-    alpha_hi, alpha_lo, power,
+    alpha_hi, alpha_lo, power_hi, power_lo,
     XTY: tl.constexpr, HAS_V: tl.constexpr, SOFTMAX: tl.constexpr, INTERCEPT: tl.constexpr,
     DETERMINISTIC: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M_PAD: tl.constexpr, PREFETCH: tl.constexpr,
@@ -569,6 +570,7 @@ def _mmchain_small_kernel(
     if NCH > 1:  # [NCH, CHUNK]; the tile's chunk axis is held within a thread (_CHUNK_OUTER)
         cols = tl.arange(0, NCH)[:, None] * CHUNK + cols[None, :]
     alpha = tl.cast(alpha_hi, ACC) + tl.cast(alpha_lo, ACC)
+    power = tl.cast(power_hi, ACC) + tl.cast(power_lo, ACC)  # Tweedie power: an fp32 pair (~48 bits for float64)
     y0, yi0 = _small_y(Y, cols, 0, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
     y1, yi1 = _small_y(Y, cols, 1, D, M, stride_yd, stride_ym, XTY, INTERCEPT, ACC)
     acc0 = _small_zeros(BLOCK_N, NCH, CHUNK, ACC)
@@ -1393,7 +1395,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         opts = {} if cfg.max_registers is None or kernel is _mmchain_chunked_kernel else {
             "maxnreg": int(cfg.max_registers)}
         if kernel is _mmchain_small_kernel:  # persistent: one wave
-            cap = _resident_programs(kernel, (X, y, v, w, w) + mid + scalars + (0.0,), dict(consts, **extra),
+            cap = _resident_programs(kernel, (X, y, v, w, w) + mid + scalars + (0.0, 0.0), dict(consts, **extra),
                                      cfg.num_warps, dev, cfg.num_stages, **opts)
             if cap and cap < grid:
                 grid = cap
@@ -1407,7 +1409,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             part = _empty((grid, L), acc, dev)
         lead = (X, y, v, w, part)
         if kernel is not _mmchain_chunked_kernel:
-            lead, mid = lead + mid, (float(power),)
+            lead, mid = lead + mid, _split(float(power))
         else:
             mid = ()
         if bind:
