@@ -41,7 +41,7 @@ from triton.runtime.errors import OutOfResources
 from .._launch import _stream, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
-from .model import Plan, _pow2, auto_precision, gpu_info, plan_launch
+from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -564,12 +564,12 @@ def _diag_finish_kernel(
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    """[BN] log2-unit weighted log-density of component k: const_k - ||(x - mu_k) P_k||^2 log2(e) / 2."""
-    dmask = offs_d < D
-    mu = tl.load(MU + k * D + offs_d, mask=dmask, other=0.0)  # [BD]
+    """[BN] log2-unit weighted log-density of component k: const_k - ||(x - mu_k) P_k||^2 log2(e) / 2.
+    MU [K, BD] and P [K, BD, BD] are zero-padded to BD on the host: unmasked, vectorised loads
+    (masked [BD, BD] loads at 16 < D < BD spilled: sm_90, 1M x 24, K = 20, 64 rows, 336 B)."""
+    mu = tl.load(MU + k * BD + offs_d)  # [BD]
     d = x - mu[None, :]  # padded columns stay 0: x and mu are 0 there
-    pk = tl.load(P + k * stride_pk + offs_d[:, None] * D + offs_d[None, :],
-                 mask=dmask[:, None] & dmask[None, :], other=0.0)  # [BD, BD]
+    pk = tl.load(P + k * stride_pk + offs_d[:, None] * BD + offs_d[None, :])  # [BD, BD]
     y = _mm(d, pk, tl.zeros((BN, BD), dtype=tl.float32), PREC)
     q = tl.sum(y * y, axis=1)
     return tl.load(CONST + k) - 0.7213475204444817 * q  # 0.5 * log2(e)
@@ -587,12 +587,12 @@ def _full_centred(x, ck, rk, nmask, dmask):
 def _full_single_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
-    MU,  # [K, D] fp32 shifted means
-    P, stride_pk,  # [K, D, D] fp32 precision Cholesky (tied: stride_pk = 0)
+    MU,  # [K, BD] fp32 shifted means (zero-padded to BD, as P and C)
+    P, stride_pk,  # [K, BD, BD] fp32 precision Cholesky (tied: stride_pk = 0)
     CONST,  # [K] fp32 log2 units
-    C,  # [K, D] fp32 shifted centres
+    C,  # [K, BD] fp32 shifted centres
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D, D] (tied: [P, D, D]), [P]
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, BD], [P, K, BD, BD] (tied: [P, BD, BD]), [P]
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, TIED: tl.constexpr, PREC: tl.constexpr,
@@ -603,8 +603,7 @@ def _full_single_kernel(
     offs_d = tl.arange(0, BD)
     offs_k = tl.arange(0, BK)
     dmask = offs_d < D
-    dd_mask = dmask[:, None] & dmask[None, :]
-    dd_offs = offs_d[:, None] * D + offs_d[None, :]
+    dd_offs = offs_d[:, None] * BD + offs_d[None, :]
     acc_nk = tl.zeros((BK,), dtype=tl.float32)
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
     acc_t = tl.zeros((BD, BD), dtype=tl.float32)  # tied: sum over k in registers
@@ -621,47 +620,52 @@ def _full_single_kernel(
         acc_nk += tl.sum(r, axis=0)
         for k in range(K):
             rk = tl.sum(tl.where(offs_k[None, :] == k, r, 0.0), axis=1)  # [BN]
-            ck = tl.load(C + k * D + offs_d, mask=dmask, other=0.0)
+            ck = tl.load(C + k * BD + offs_d)
             ev, re = _full_centred(x, ck, rk, nmask, dmask)
-            s1p = PS1 + (p64 * K + k) * D + offs_d
-            tl.store(s1p, tl.load(s1p, mask=dmask, other=0.0) + tl.sum(re, axis=0), mask=dmask)
+            s1p = PS1 + (p64 * K + k) * BD + offs_d
+            tl.store(s1p, tl.load(s1p) + tl.sum(re, axis=0))
             s2k = _mm(tl.trans(re), ev, tl.zeros((BD, BD), dtype=tl.float32), PREC)
             if TIED:
                 acc_t += s2k
             else:
-                s2p = PS2 + (p64 * K + k) * D * D + dd_offs
-                tl.store(s2p, tl.load(s2p, mask=dd_mask, other=0.0) + s2k, mask=dd_mask)
+                s2p = PS2 + (p64 * K + k) * BD * BD + dd_offs
+                tl.store(s2p, tl.load(s2p) + s2k)
     tl.store(PNK + pid * K + offs_k, acc_nk, mask=offs_k < K)
     if TIED:
-        tl.store(PS2 + p64 * D * D + dd_offs, acc_t, mask=dd_mask)
+        tl.store(PS2 + p64 * BD * BD + dd_offs, acc_t)
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
 
 @triton.jit
-def _whiten(x, P, offs_d, D, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    """[BN, BD] rows z = x P with the shared precision Cholesky P [D, D] (tied). P is re-read per
-    call (L1 / L2): held across a row loop it costs registers (it spilled at D = 128)."""
-    dmask = offs_d < D
-    pt = tl.load(P + offs_d[:, None] * D + offs_d[None, :], mask=dmask[:, None] & dmask[None, :], other=0.0)
+def _whiten(x, P, offs_d, D, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+    """[BN, BD] rows z = x P with the shared precision Cholesky P [BD, BD] (tied; zero-padded). P is
+    re-read per call (L1 / L2): held across a row loop it costs registers (it spilled at D = 128).
+    MASKED: load only the [D, D] corner. Chosen per kernel from sm_90 compiles at D = 64: pass 1
+    spilled in its loop unmasked (Triton 3.9, 24 B), the single sweep masked (3.6, 32 B)."""
+    if MASKED:
+        dmask = offs_d < D
+        pt = tl.load(P + offs_d[:, None] * BD + offs_d[None, :], mask=dmask[:, None] & dmask[None, :], other=0.0)
+    else:
+        pt = tl.load(P + offs_d[:, None] * BD + offs_d[None, :])
     return _mm(x, pt, tl.zeros((BN, BD), dtype=tl.float32), PREC)
 
 
 @triton.jit
-def _tied_logit(z, MUP, CONST, k, offs_d, D):
+def _tied_logit(z, MUP, CONST, k, offs_d, BD: tl.constexpr):
     """[BN] log2-unit weighted log-density of tied component k from the whitened rows z: one
     subtraction ``z - (mu_k - shift) P`` (MUP) and a norm, no [BN, BD] x [BD, BD] product."""
-    mk = tl.load(MUP + k * D + offs_d, mask=offs_d < D, other=0.0)
+    mk = tl.load(MUP + k * BD + offs_d)  # [K, BD] zero-padded
     d = z - mk[None, :]  # padded columns stay 0: z and mk are 0 there
     return tl.load(CONST + k) - 0.7213475204444817 * tl.sum(d * d, axis=1)  # 0.5 * log2(e)
 
 
 @triton.jit
-def _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN: tl.constexpr, BK: tl.constexpr):
+def _tied_logits(z, MUP, CONST, offs_k, offs_d, K, BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
     """[BN, BK] log2-unit logits of every component (-inf for k >= K) from the whitened rows
     z = (x - shift) P (:func:`_tied_logit` per component)."""
     lg = tl.full((BN, BK), float("-inf"), tl.float32)
     for k in range(K):
-        lg = tl.where(offs_k[None, :] == k, _tied_logit(z, MUP, CONST, k, offs_d, D)[:, None], lg)
+        lg = tl.where(offs_k[None, :] == k, _tied_logit(z, MUP, CONST, k, offs_d, BD)[:, None], lg)
     return lg
 
 
@@ -669,12 +673,12 @@ def _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN: tl.constexpr, BK: tl.c
 def _tied_single_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
-    MUP,  # [K, D] fp32 whitened shifted means (mu_k - shift) P
-    P,  # [D, D] fp32 shared precision Cholesky
+    MUP,  # [K, BD] fp32 whitened shifted means (mu_k - shift) P (zero-padded to BD, as P and C)
+    P,  # [BD, BD] fp32 shared precision Cholesky
     CONST,  # [K] fp32 log2 units
-    C,  # [K, D] fp32 shifted centres
+    C,  # [K, BD] fp32 shifted centres
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PR, PLL,  # [P, K], [P, K, D], [P, D, D], [P, K, K], [P]
+    PNK, PS1, PS2, PR, PLL,  # [P, K], [P, K, BD], [P, BD, BD], [P, K, K], [P]
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr,
@@ -694,7 +698,6 @@ def _tied_single_kernel(
     offs_k = tl.arange(0, BK)
     dmask = offs_d < D
     kmask = offs_k < K
-    dd_mask = dmask[:, None] & dmask[None, :]
     acc_nk = tl.zeros((BK,), dtype=tl.float32)
     acc_ll = tl.zeros((BN,), dtype=tl.float32)
     acc_s1 = tl.zeros((BK, BD), dtype=tl.float32)
@@ -704,17 +707,17 @@ def _tied_single_kernel(
         rows = blk * BN + offs_n.to(tl.int64)
         nmask = rows < N
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
-        z = _whiten(x, P, offs_d, D, BN, BD, PREC)
-        lg = _tied_logits(z, MUP, CONST, offs_k, offs_d, D, K, BN, BK)
+        z = _whiten(x, P, offs_d, D, BN, BD, PREC, False)
+        lg = _tied_logits(z, MUP, CONST, offs_k, offs_d, K, BN, BD, BK)
         r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)  # 0 on rows >= N
         acc_nk += tl.sum(r, axis=0)
         a = tl.argmax(lg, axis=1)  # [BN] each row's own component
         own = offs_k[None, :] == a[:, None]  # [BN, BK]
-        ca = tl.load(C + a[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)  # [BN, BD]
+        ca = tl.load(C + a[:, None] * BD + offs_d[None, :])  # [BN, BD]
         u = tl.where(nmask[:, None] & dmask[None, :], x - ca, 0.0)
         ro = tl.where(own, 0.0, r)  # the other components' responsibilities: g without cancellation
         # C re-read per block (L1 / L2), as P in _whiten
-        cmat = tl.load(C + offs_k[:, None] * D + offs_d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        cmat = tl.load(C + offs_k[:, None] * BD + offs_d[None, :], mask=kmask[:, None], other=0.0)
         g = tl.sum(ro, axis=1)[:, None] * ca - _mm(ro, cmat, tl.zeros((BN, BD), dtype=tl.float32), PREC)
         w = tl.sum(r, axis=1)
         acc_s1 = _mm(tl.trans(r), u, acc_s1, PREC)
@@ -722,8 +725,8 @@ def _tied_single_kernel(
         acc_r = tl.dot(tl.trans(own.to(tl.float32)), r, acc_r, input_precision="ieee")  # fp32 sums of r
     p64 = pid.to(tl.int64)
     tl.store(PNK + pid * K + offs_k, acc_nk, mask=kmask)
-    tl.store(PS1 + (p64 * K + offs_k[:, None]) * D + offs_d[None, :], acc_s1, mask=kmask[:, None] & dmask[None, :])
-    tl.store(PS2 + p64 * D * D + offs_d[:, None] * D + offs_d[None, :], acc_s2, mask=dd_mask)
+    tl.store(PS1 + (p64 * K + offs_k[:, None]) * BD + offs_d[None, :], acc_s1, mask=kmask[:, None])
+    tl.store(PS2 + p64 * BD * BD + offs_d[:, None] * BD + offs_d[None, :], acc_s2)
     tl.store(PR + (p64 * K + offs_k[:, None]) * K + offs_k[None, :], acc_r, mask=kmask[:, None] & kmask[None, :])
     tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
 
@@ -732,7 +735,7 @@ def _tied_single_kernel(
 def _full_lse_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
-    MU, P, stride_pk, CONST,  # [K, D], [K, D, D], [K]
+    MU, P, stride_pk, CONST,  # [K, BD], [K, BD, BD], [K] (zero-padded to BD)
     LOGP, LABEL, PLL,  # [N] fp32, [N] int64, [P]
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr,
@@ -750,13 +753,13 @@ def _full_lse_kernel(
         nmask = rows < N
         x = _load_rows(X, stride_xn, stride_xd, G, rows, offs_d, N, D)
         if TIED:
-            z = _whiten(x, P, offs_d, D, BN, BD, PREC)
+            z = _whiten(x, P, offs_d, D, BN, BD, PREC, True)
         m = tl.full((BN,), float("-inf"), tl.float32)
         l = tl.zeros((BN,), dtype=tl.float32)
         arg = tl.zeros((BN,), dtype=tl.int32)
         for k in range(K):
             if TIED:
-                lgk = _tied_logit(z, MU, CONST, k, offs_d, D)
+                lgk = _tied_logit(z, MU, CONST, k, offs_d, BD)
             else:
                 lgk = _full_logit(x, MU, P, CONST, k, stride_pk, offs_d, D, BN, BD, PREC)
             if WRITE_LABEL:
@@ -772,9 +775,9 @@ def _full_lse_kernel(
 def _full_stats_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
-    MU, P, stride_pk, CONST, C,  # [K, D], [K, D, D], [K], [K, D]
+    MU, P, stride_pk, CONST, C,  # [K, BD], [K, BD, BD], [K], [K, BD] (zero-padded to BD)
     LOGP,  # [N] fp32 from pass 1
-    PNK, PS1, PS2,  # [Ch, K], [Ch, K, D], [Ch, K, D, D] partials per row chunk
+    PNK, PS1, PS2,  # [Ch, K], [Ch, K, BD], [Ch, K, BD, BD] partials per row chunk
     N, D, K, chunk_rows,
     BN: tl.constexpr, BD: tl.constexpr,
     HAS_SW: tl.constexpr, PREC: tl.constexpr,
@@ -785,7 +788,7 @@ def _full_stats_kernel(
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
-    ck = tl.load(C + k * D + offs_d, mask=dmask, other=0.0)
+    ck = tl.load(C + k * BD + offs_d)
     acc_nk = tl.zeros((BN,), dtype=tl.float32)
     acc_s1 = tl.zeros((BD,), dtype=tl.float32)
     acc_s2 = tl.zeros((BD, BD), dtype=tl.float32)
@@ -806,9 +809,8 @@ def _full_stats_kernel(
         acc_s2 = _mm(tl.trans(re), ev, acc_s2, PREC)
     c64 = chunk.to(tl.int64)
     tl.store(PNK + c64 * K + k, tl.sum(acc_nk, axis=0))
-    tl.store(PS1 + (c64 * K + k) * D + offs_d, acc_s1, mask=dmask)
-    tl.store(PS2 + (c64 * K + k) * D * D + offs_d[:, None] * D + offs_d[None, :], acc_s2,
-             mask=dmask[:, None] & dmask[None, :])
+    tl.store(PS1 + (c64 * K + k) * BD + offs_d, acc_s1)
+    tl.store(PS2 + (c64 * K + k) * BD * BD + offs_d[:, None] * BD + offs_d[None, :], acc_s2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -828,17 +830,19 @@ def _operands(prep: Prepared):
         arrays["W2"] = (-0.5 * LOG2E * p).T.astype(f32)  # [D, K]
         arrays["CONST"] = (LOG2E * (h["const"] - 0.5 * (mup * mup * p).sum(1))).astype(f32)
         arrays["CP"] = cp  # [K, D] float64, for the finish
-    else:
-        arrays["MU"] = mup.astype(f32)
-        arrays["P"] = h["prec_chol"].astype(f32)
+    else:  # zero-padded to the kernels' BD: unmasked [BD, BD] loads and partial stores
+        pad = full_bd(prep.D) - prep.D
+        arrays["MU"] = np.pad(mup, ((0, 0), (0, pad))).astype(f32)
+        pc = h["prec_chol"]
+        arrays["P"] = np.pad(pc, ((0, 0),) * (pc.ndim - 2) + ((0, pad), (0, pad))).astype(f32)
         if prep.covariance_type == "tied":  # the whitened means of the tied kernels: (mu_k - shift) P
-            arrays["MUP"] = (mup @ h["prec_chol"]).astype(f32)
+            arrays["MUP"] = np.pad(mup @ pc, ((0, 0), (0, pad))).astype(f32)
         arrays["CONST"] = (LOG2E * h["const"]).astype(f32)
-        arrays["C"] = cp.astype(f32)
+        arrays["C"] = np.pad(cp, ((0, 0), (0, pad))).astype(f32)
     ops = upload(arrays, prep.device)
     prep._dev.setdefault("center", ops["center"])
     if prep.covariance_type in ("full", "tied"):
-        ops["stride_pk"] = 0 if prep.covariance_type == "tied" else prep.D * prep.D
+        ops["stride_pk"] = 0 if prep.covariance_type == "tied" else full_bd(prep.D) ** 2
     return ops
 
 
@@ -1287,6 +1291,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     dummy = _dummy(dev)
     sw, has_sw = _sw(prep, dummy)
     full_like = ct in ("full", "tied")
+    if full_like and plan.BD != full_bd(D):  # the operands are padded to full_bd(D) (_operands)
+        raise ValueError(f"a full / tied plan needs BD = {full_bd(D)} for D = {D}, got {plan.BD}")
     if plan.path == "single":
         n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
@@ -1316,8 +1322,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         if full_like:
             pnk = torch.empty(P, K, dtype=f32, device=dev)
             pll = torch.empty(P, dtype=f32, device=dev)
-            ps1 = torch.zeros(P, K, D, dtype=f32, device=dev)
-            ps2 = torch.zeros((P, D, D) if ct == "tied" else (P, K, D, D), dtype=f32, device=dev)
+            BD = plan.BD  # the kernel's padded feature tile (zeros beyond D)
+            ps1 = torch.zeros(P, K, BD, dtype=f32, device=dev)
+            ps2 = torch.zeros((P, BD, BD) if ct == "tied" else (P, K, BD, BD), dtype=f32, device=dev)
             _full_single_kernel[(P,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
@@ -1344,9 +1351,9 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         chunk_rows = plan.chunk_rows
         n_chunks = -(-N // chunk_rows)
         pnk = torch.empty(n_chunks, K, dtype=f32, device=dev)
-        ps1 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
-        if full_like:
-            ps2 = torch.empty(n_chunks, K, D, D, dtype=f32, device=dev)
+        if full_like:  # partials in the kernels' padded feature tile
+            ps1 = torch.empty(n_chunks, K, plan.BD, dtype=f32, device=dev)
+            ps2 = torch.empty(n_chunks, K, plan.BD, plan.BD, dtype=f32, device=dev)
             _full_stats_kernel[(n_chunks * K,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, N, D, K, chunk_rows, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
@@ -1354,6 +1361,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             if ct == "tied":
                 ps2 = ps2.sum(1)
         else:
+            ps1 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
             ps2 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
             n_kt = -(-K // plan.BK_tile)
             _diag_stats_kernel[(n_chunks * n_kt,)](
@@ -1364,8 +1372,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         return (lp_out,) + _diag_finish(prep, ops, pnk, ps1, ps2, pll)
     ll = pll.to(f64).sum()
     nk = pnk.to(f64).sum(0)
-    s1 = ps1.to(f64).sum(0)
-    s2 = ps2.to(f64).sum(0)
+    s1 = ps1[..., :D].to(f64).sum(0)
+    s2 = ps2[..., :D, :D].to(f64).sum(0)
     s2 = 0.5 * (s2 + s2.transpose(-1, -2))
     return lp_out, ll, nk, s1, s2
 
@@ -1382,17 +1390,18 @@ def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has
     the kernel's fp32 centres, so the sums are the full kernel's about the same centres)."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
     dev, f32, f64 = X.device, torch.float32, torch.float64
-    pnk, ps1, ps2, pr, pll = torch.empty(P * (K + K * D + D * D + K * K + 1), dtype=f32, device=dev).split_with_sizes(
-        [P * K, P * K * D, P * D * D, P * K * K, P])
+    BD = plan.BD  # the kernel's padded feature tile
+    pnk, ps1, ps2, pr, pll = torch.empty(P * (K + K * BD + BD * BD + K * K + 1), dtype=f32,
+                                         device=dev).split_with_sizes([P * K, P * K * BD, P * BD * BD, P * K * K, P])
     _tied_single_kernel[(P,)](
         X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP"], ops["P"], ops["CONST"], ops["C"], logp, pnk, ps1, ps2,
         pr, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp,
         PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
     R = pr.view(P, K, K).to(f64).sum(0)  # [a, k]
-    c = ops["C"].to(f64)
+    c = ops["C"][:, :D].to(f64)
     delta = c[:, None, :] - c[None, :, :]  # [a, k, D]: c_a - c_k
-    s1 = ps1.view(P, K, D).to(f64).sum(0) + torch.einsum("ak,akd->kd", R, delta)
-    s2 = ps2.view(P, D, D).to(f64).sum(0)
+    s1 = ps1.view(P, K, BD)[..., :D].to(f64).sum(0) + torch.einsum("ak,akd->kd", R, delta)
+    s2 = ps2.view(P, BD, BD)[:, :D, :D].to(f64).sum(0)
     s2 = 0.5 * (s2 + s2.T) + torch.einsum("ak,akd,ake->de", R, delta, delta)
     return pll.to(f64).sum(), pnk.view(P, K).to(f64).sum(0), s1, s2
 

@@ -21,10 +21,9 @@ choices for the target shapes):
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
 * full single sweep (fp32): ``K <= 64`` (the per-component column insert/extract costs
-  ``O(BN K^2)``), ``BD <= 32``, 32 rows on 8 warps with padded features (16 < D < BD), else
-  ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160`` (:func:`_full_tile_fits`, session 27: sm_90
-  compiles and H200 timings); tensor-core precisions keep the estimate alone. Full / tied
-  two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
+  ``O(BN K^2)``), ``BD <= 32``, tiles measured on the H200 (:func:`_full_single_tile`); tensor-core
+  precisions keep the session-1 estimate ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160``.
+  Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
   ``E = BD^2 + BK BD + BK^2 + 6 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
   (fp32), ``K <= 64``.
@@ -355,6 +354,12 @@ def regs_estimate(kind: str, BN: int, BD: int, BK: int, num_warps: int, precisio
     return 64 + 4 * E if num_warps <= 4 else 56 + 3 * E
 
 
+def full_bd(D: int) -> int:
+    """Feature tile of the full / tied kernels (every plan's ``BD``): the operands they load per
+    component (means, centres, precision factors) are zero-padded to it on the host."""
+    return _pow2(D)
+
+
 def _single_elems(ct: str, BN: int, BD: int, BK: int) -> int:
     if ct in ("diag", "spherical"):
         return 4 * BK * BD + BN * (2 * BD + 3 * BK)
@@ -375,20 +380,27 @@ def _tied_elems(BN: int, BD: int, BK: int) -> int:
     return BD * BD + BK * BD + BK * BK + 6 * BN * (BD + BK)
 
 
-def _full_tile_fits(BN: int, nw: int, D: int, BD: int, BK: int) -> bool:
-    """fp32 full single sweep. BD <= 32: at BD = 64 every tile spilled inside the row loop (sm_90
-    compiles, Triton 3.6 and 3.9: 0.4-7.9 KB) and the H200 took 486 ms for 1M x 64, K = 16 (BN 64,
-    8 warps) against 16.2 ms two-pass. With padded features (16 < D < BD: masked, unvectorised
-    [BD, BD] loads) every tile but 32 rows on 8 warps spilled (1M x 24, K = 20, 64 rows on 4 warps:
-    2.6 KB), so that tile. Otherwise the session-1 estimate ``E = BN BK + 2 BD^2 + 4 BN BD`` under
-    ``32 W x 160``: its 64-row, 4-warp picks ran fastest of the tiles timed on this kernel (4M x 8,
-    K = 8: 3.97 ms; 1M x 16, K = 16: 2.36; 1M x 32, K = 64: 13.6) although two of them spill a little
-    on one Triton version (1M x 16 on 3.6: 56 B; 1M x 32, K = 64 on 3.9: 624 B)."""
+def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | None:
+    """``(BN, num_warps, num_stages, programs per SM)`` of the fp32 full single sweep, or None
+    (two-pass). The grid is the one the timed launches had.
+
+    Measured on the H200 (session 27, ``results/gmm_full_sweep_padded-H200-2026-12-05-s27.json``,
+    Triton 3.6; the kernels' operands zero-padded to BD):
+
+    * BD >= 64: None. Every tile spilled inside the row loop (sm_90 compiles: 0.4-7.9 KB); 1M x 64,
+      K = 16 took 486 ms at 64 rows on 8 warps against 16.2 ms two-pass.
+    * BD = 16, K <= 16: 128 rows on 2 warps (254 registers, no spill on 3.6): 4M x 8, K = 8 2.56 ms
+      and 1M x 16, K = 16 1.32 ms, the fastest of 11 tiles (64 rows on 4 warps: 5.12 and 2.56 ms;
+      session 26's code and picks: 3.97 and 2.36 ms). With more components (BK > 16) those tiles
+      spill ([BN, BK] logits on 64 threads): 64 rows on 8 warps (128 registers, no spill).
+    * BD = 32: 64 rows on 4 warps, 3-stage pipeline (168 registers on 3.6): 1M x 32, K = 64
+      14.97 ms, the fastest of 13 tiles and of the two-pass path (15.8 ms at its best).
+    """
     if BD > 32:
-        return False
-    if 16 < D < BD:
-        return BN == 32 and nw == 8
-    return _single_elems("full", BN, BD, BK) <= 32 * nw * _DATA_REGS
+        return None
+    if BD == 16:
+        return (128, 2, 2, 3) if BK <= 16 else (64, 8, 2, 3)
+    return 64, 4, 3, 2
 
 
 def _full_two_pass_tile(BD: int) -> tuple[int, int]:
@@ -478,7 +490,12 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
     # measured (session 19, occupancy grid): small fp32 diag tiles run best as many small programs
     small = ([] if full_like or tc or BD * BK > 4096 else
              [(32, 2)] if BD * BK <= 512 else [(32, 4)] if BD * BK <= 1024 else [(16, 4)])
-    for BN, nw in small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]:
+    cands = small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]
+    full_tile = _full_single_tile(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else None
+    if covariance_type == "full" and not tc:  # measured tiles (session 27), or the two-pass path
+        cands = [full_tile[:2]] if full_tile else []
+        st = full_tile[2] if full_tile else st
+    for BN, nw in cands:
         if covariance_type == "tied":  # the tied sweep (own-centre statistics): sm_90 compiles, session 26
             if BN > 64 and not tc:
                 continue
@@ -488,10 +505,10 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             sm = 4 * (st * BN * BD + 2 * BN * BK + 2 * BD * BD + 2 * BK * BD + BK * BK) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
         elif full_like:
-            if BN < 32 or (BN > 64 and not tc):  # full/tied: the session-1 candidates (measured)
+            if not full_tile and (BN < 32 or (BN > 64 and not tc)):  # tensor cores: the session-1 candidates
                 continue
             E = _single_elems(covariance_type, BN, BD, BK)
-            ok = (_full_tile_fits(BN, nw, D, BD, BK) if not tc else E <= 32 * nw * _DATA_REGS) and K <= 64
+            ok = (full_tile is not None or E <= 32 * nw * _DATA_REGS) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
@@ -550,6 +567,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
         sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
     n_blocks = -(-N // BN)
     per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
+    if full_tile is not None and chosen == "single":
+        per_sm = full_tile[3]
     n_kt = K if full_like else -(-K // BK_tile)
     n_chunks = max(1, (8 * sms) // n_kt)
     chunk_rows = max(BN, -(-(-(-N // n_chunks)) // BN) * BN)
