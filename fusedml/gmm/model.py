@@ -494,7 +494,6 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
     full_tile = _full_single_tile(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else None
     if covariance_type == "full" and not tc:  # measured tiles (session 27), or the two-pass path
         cands = [full_tile[:2]] if full_tile else []
-        st = full_tile[2] if full_tile else st
     for BN, nw in cands:
         if covariance_type == "tied":  # the tied sweep (own-centre statistics): sm_90 compiles, session 26
             if BN > 64 and not tc:
@@ -519,6 +518,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             best, fits = (nw, BN, regs, sm), True
             break
     chosen = path if path != "auto" else ("single" if fits else "two_pass")
+    if full_tile is not None and chosen == "single":
+        st = full_tile[2]
     if chosen == "single":
         if best is None:  # forced on a shape the model rejects: smallest blocks, no pipelining
             st = 1
