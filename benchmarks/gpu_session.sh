@@ -350,6 +350,17 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s27-verify)  # session 27 (its planner and the Tweedie fix were not run on the GPU): the two fuzz cases the
+                 # GPU failed, the GMM checks, the full / tied rows, and the tiles left to time
+      for c in loss_gradient:28518 loss_gradient:11242; do
+        run replay-${c#*:} 60 python3 tests/fuzz.py --device cuda --case $c; tail -1 "$log/replay-${c#*:}.log"
+      done
+      run check-s27-gmm 240 python3 benchmarks/check_gpu.py --parts gmm --out "$out/check_gpu_gmm_s27.json"
+      grep -E "^FAIL|passed" "$log/check-s27-gmm.log" | tail -6
+      run gmm-s27 150 python3 benchmarks/bench_gmm.py --configs 11,12,13,14,15,22 --out "$out/gmm_fulltied_s27.json"
+      grep "^| [0-9]" "$log/gmm-s27.log" | cut -c1-160
+      run s27-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 11,13,14 --sweep-precisions fp32 \
+        --variants '^single BN=' --budget 150 --out "$out/gmm_fulltied_sweep_s27.json" ;;
     s27-full)  # session 27: the full-covariance tiles refitted to sm_90 compiles (8 warps; 32 rows with padded
                # features; BD = 64 two-pass in 32-row tiles), .ab-base (git archive ee556fd) against this code,
                # interleaved, then every single / two-pass tile of those shapes
