@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -155,6 +156,8 @@ def launch_descriptor(fn, args, kwargs):
     Tensors become typed pointers (``tt.divisibility = 16`` when 16-byte aligned), integers are
     specialised as the JIT does (a multiple of 16 gets the divisibility hint, 1 becomes a
     constant), constexpr parameters keep their values, and launch options are kept apart.
+    ``rounded`` names the float arguments the GPU would change: the JIT passes a Python float as
+    fp32 (the interpreter keeps float64), so a float64 kernel must only get fp32-exact floats.
     """
     import inspect
 
@@ -166,7 +169,7 @@ def launch_descriptor(fn, args, kwargs):
     bound = dict(zip([p.name for p in params], args))
     options = {k: kwargs[k] for k in _OPTIONS if k in kwargs}
     bound.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
-    types, consts, attrs = {}, {}, []
+    types, consts, attrs, rounded = {}, {}, [], []
     for p in params:
         v = bound[p.name] if p.name in bound else p.default
         if ann[p.name] == "constexpr" or v is None:
@@ -186,10 +189,12 @@ def launch_descriptor(fn, args, kwargs):
                 attrs.append(p.name)
         elif isinstance(v, float):
             types[p.name] = "fp32"
+            if float(np.float32(v)) != v:
+                rounded.append(p.name)
         else:
             raise TypeError(f"{fn.__name__}: argument {p.name} of type {type(v).__name__}")
     return dict(module=fn.__module__, name=fn.__name__, types=types, consts=consts, attrs=sorted(attrs),
-                options=options)
+                options=options, rounded=rounded)
 
 
 class record_launches:

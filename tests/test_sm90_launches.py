@@ -193,24 +193,13 @@ def test_float64_launches_pass_only_fp32_exact_floats():
     """The GPU's Triton passes a Python float argument as fp32; the interpreter keeps float64. A
     float64 kernel given 1.2 computes with 1.2000000477 on the GPU only (the Tweedie power did:
     loss off by 2e-7 relative, found by the GPU fuzz run): such scalars go as fp32 hi / lo pairs
-    (``dense._split``). Every float argument of a float64 call's launches must be fp32-exact."""
-    import inspect
-
-    from triton.runtime.interpreter import InterpretedFunction
-
-    seen, orig = [], InterpretedFunction.run
-
-    def run(kernel, *args, grid, warmup, **kwargs):
-        names = list(inspect.signature(kernel.fn).parameters)
-        seen.extend((kernel.fn.__name__, n, a) for n, a in zip(names, args)
-                    if isinstance(a, float) and float(np.float32(a)) != a)
-        return orig(kernel, *args, grid=grid, warmup=warmup, **kwargs)
-
+    (``dense._split``). Every float argument of a float64 call's launches must be fp32-exact
+    (``launch_descriptor``'s ``rounded``)."""
     rng = np.random.default_rng(3)
-    InterpretedFunction.run = run
-    try:
-        for _, call in _float64_calls(rng):
+    with record_launches() as rec:
+        for name, call in _float64_calls(rng):
+            rec.origin = name
             call()
-    finally:
-        InterpretedFunction.run = orig
+    assert rec.launches, "no kernel launch was recorded"
+    seen = [(d["name"], d["rounded"], d["origin"]) for d in rec.launches if d["rounded"]]
     assert not seen, f"float arguments the GPU would round to fp32: {seen}"

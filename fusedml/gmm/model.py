@@ -567,9 +567,10 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
         regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
         sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
     n_blocks = -(-N // BN)
-    per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
-    if full_tile is not None and chosen == "single":
+    if full_tile is not None and chosen == "single":  # the grid the tile was timed with
         per_sm = full_tile[3]
+    else:
+        per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
     n_kt = K if full_like else -(-K // BK_tile)
     n_chunks = max(1, (8 * sms) // n_kt)
     chunk_rows = max(BN, -(-(-(-N // n_chunks)) // BN) * BN)
