@@ -803,8 +803,9 @@ class _EMLog:
         return self.converged
 
 
-def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
-    """EM iterations through :func:`fusedml.gmm_estep` and :func:`fusedml.gmm.gmm_mstep`.
+def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=1):
+    """EM iterations ``start, ..., max_iter`` through :func:`fusedml.gmm_estep` and
+    :func:`fusedml.gmm.gmm_mstep`.
 
     With ``host_mstep`` each E-step's log-likelihood and statistics reach the host in one copy and
     the M-step runs there, so the next E-step's parameters are host arrays (no further sync).
@@ -812,8 +813,8 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
     """
     gmm = _gmm_ops()
     w, m, cov, pc = params
-    n_iter = 0
-    for n_iter in range(1, est.max_iter + 1):
+    n_iter = start - 1
+    for n_iter in range(start, est.max_iter + 1):
         stats = gmm.gmm_estep(X, w, m, pc, est.covariance_type, sample_weight=sw, backend=backend, check_finite=False)
         if host_mstep:  # the log-likelihood and the statistics in one copy; next E-step: no sync
             stats = stats.to("cpu")
@@ -858,21 +859,26 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     """
     from algorithms._solvers import _Replay, graph_safe
     from fusedml.gmm import _FAIL_MSG, mstep_tensors
-    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
+    from fusedml.gmm._prep import FP32_QUAD_LIMIT
+    from fusedml.gmm.fused import device_operands, device_quad, estep_device, mstep_operands, mstep_operands_applies
 
     ct = est.covariance_type
     dev, f64 = X.device, torch.float64
     names = ("weights", "means", "covariances", "precisions_cholesky")
     first = {n: t.to(device=dev, dtype=f64).clone() for n, t in zip(names, params)}
     first.update(device_operands(X, first["weights"], first["means"], first["precisions_cholesky"], ct))
-    first["scal"] = torch.zeros(2, dtype=f64, device=dev)  # (log-likelihood, M-step failed)
+    # the fp32 kernels' accuracy (fusedml.gmm._prep.fp32_unsafe): parameters far from their
+    # mixture mean in their own precision continue on the host loop, in float64
+    if float(device_quad(first["CP"], first["precisions_cholesky"], ct)) > FP32_QUAD_LIMIT:
+        return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep)
+    first["scal"] = torch.zeros(3, dtype=f64, device=dev)  # (log-likelihood, M-step failed, next fp32_quad)
     bufs = [first, {n: torch.empty_like(t) for n, t in first.items()}]
     reg = torch.full((1,), float(est.reg_covar), dtype=f64, device=dev)
     K, D = first["means"].shape
     one_launch = mstep_operands_applies(K, D, ct)
     sw32 = None if sw is None else sw.to(torch.float32).contiguous()
     cuda = dev.type == "cuda"
-    pinned = torch.empty((2, 2), dtype=f64, pin_memory=True) if cuda else None
+    pinned = torch.empty((2, 3), dtype=f64, pin_memory=True) if cuda else None
 
     def iteration(src, dst):
         def fn():
@@ -888,6 +894,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
                 dst[n].copy_(o)
             dst["scal"][0].copy_(stats[0])
             dst["scal"][1].copy_(out[4])
+            dst["scal"][2].copy_(device_quad(dst["CP"], dst["precisions_cholesky"], ct))
         return fn
 
     steps = [_Replay(iteration(bufs[0], bufs[1]), cuda and graph_safe(X)),
@@ -903,11 +910,14 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     nxt = queue(1) if est.max_iter >= 1 else None
     for n_iter in range(1, est.max_iter + 1):
         fetch, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
-        ll, bad = fetch.get()
+        ll, bad, quad = fetch.get()
         if bad:
             raise ValueError(_FAIL_MSG)
         if log.step(n_iter, ll / total_weight):
             break
+        if quad > FP32_QUAD_LIMIT:  # iteration n_iter + 1 (queued) would lose accuracy: the host loop
+            params = tuple(bufs[n_iter % 2][n].clone() for n in names)
+            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=n_iter + 1)
     return tuple(bufs[n_iter % 2][n].clone() for n in names) + (n_iter,)
 
 

@@ -577,7 +577,7 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
     import algorithms.mixture as mixture
     from algorithms import GaussianMixture
     from fusedml.gmm import mstep_tensors
-    from fusedml.gmm.fused import device_operands, mstep_operands
+    from fusedml.gmm.fused import device_operands, device_quad, mstep_operands
 
     f64 = torch.float64
     for ct, K, D in (("diag", 16, 16), ("spherical", 8, 32), ("diag", 64, 64), ("diag", 3, 5)):
@@ -593,7 +593,7 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
         out = {n: torch.full_like(t, float("nan")) for n, t in zip(("weights", "means", "covariances",
                                                                     "precisions_cholesky"), ref[:4])}
         out.update({n: torch.full_like(t, float("nan")) for n, t in ref_ops.items()})
-        out["scal"] = torch.full((2,), float("nan"), dtype=f64, device=dev)
+        out["scal"] = torch.full((3,), float("nan"), dtype=f64, device=dev)
         mstep_operands((ll, nk, s1, s2), c, torch.tensor([1e-6], dtype=f64, device=dev), ct, torch.float32, out)
         err = max(rel(out[n], r) for n, r in zip(("weights", "means", "covariances", "precisions_cholesky"), ref[:4]))
         record(f"mstep_operands {ct} K={K} D={D} parameters (float64)", err, 1e-13)
@@ -601,6 +601,8 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
         record(f"mstep_operands {ct} K={K} D={D} operands (fp32 rounding)", err, 2e-7)
         record(f"mstep_operands {ct} K={K} D={D} scalars", abs(float(out["scal"][0]) / float(ll) - 1)
                + float(out["scal"][1]), 1e-15)
+        quad = float(device_quad(out["CP"], out["precisions_cholesky"], ct))
+        record(f"mstep_operands {ct} K={K} D={D} fp32_quad", abs(float(out["scal"][2]) / quad - 1), 1e-12)
     for ct, K, D in (("diag", 16, 16), ("spherical", 8, 8)):
         X = torch.randn(N, D, device=dev) + torch.randint(0, 4, (N, 1), device=dev) * 3.0
         fits = {}

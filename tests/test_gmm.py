@@ -6,6 +6,8 @@ import math
 import os
 import re
 import sys
+import warnings
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -231,9 +233,13 @@ def test_empty_component_no_nan(rng):
     for ct in COV:
         X, w, means, pc = problem(rng, 120, 3, 3, ct, spread=1.0)
         means = means.copy()
-        means[2] = 1e3  # no point comes near: N_k underflows to 0
+        # no point comes near: N_k underflows to 0 (near enough to the others for the fp32 kernels:
+        # fusedml.gmm._prep.FP32_QUAD_LIMIT; test_far_component_runs_in_float64 goes beyond)
+        means[2] = X.mean(0) + 40.0
         for backend, path in BACKENDS:
-            st = gmm_estep(X, w, means, pc, ct, backend=backend, path=path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                st = gmm_estep(X, w, means, pc, ct, backend=backend, path=path)
             assert float(st.nk[2]) < 1e-20
             out = gmm_mstep(st, reg_covar=1e-6)
             for t in out:
@@ -558,7 +564,7 @@ def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):
     pnk = torch.rand(P, K) * 100
     ps1 = torch.randn(P, K, D) * 10
     ps2 = torch.rand(P, K, D) * 1000
-    pll = torch.randn(PL) * 1e3
+    pll = torch.randn(PL, dtype=torch.float64) * 1e3
     ll, nk, s1, s2 = _diag_finish(prep, _operands(prep), pnk, ps1, ps2, pll)
     nk_ref = pnk.double().sum(0)
     s1_ref, s2_ref = finish_shifted(prep, nk_ref, ps1.double().sum(0), ps2.double().sum(0))
@@ -567,16 +573,47 @@ def test_diag_finish_kernel_matches_torch(rng, P, PL, K, D, ct):
     assert s2.shape == ((K,) if ct == "spherical" else (K, D))
 
 
+@pytest.mark.parametrize("ct", ["diag", "spherical"])
+def test_far_component_runs_in_float64(rng, ct, monkeypatch):
+    """A weighted component far from the data (fuzz case gmm_estep:27329) pulls the shift g (the
+    mixture mean) away from every row: fp32 distances expanded about g would be off by nats (the
+    guard turned off below: log-densities off by more than 1e-2). Beyond FP32_QUAD_LIMIT the fused and ops
+    backends warn and compute in float64 (blocked, no N x K); the estimates match float64."""
+    import fusedml.gmm._prep as gprep
+    from fusedml.gmm._prep import FP32_QUAD_LIMIT, fp32_quad, validate
+
+    X, w, means, pc = problem(rng, 200, 6, 4, ct, spread=3.0)
+    means = means.copy()
+    means[3] = X.mean(0) + 1e3  # reached by no point, with weight
+    w = np.full(4, 0.25)
+    assert fp32_quad(validate(X, w, means, pc, ct)) > FP32_QUAD_LIMIT
+    ref = reference(X, w, means, pc, ct)
+    for backend, path in BACKENDS:  # cpu: float64 anyway, no warning
+        warns = (lambda m: pytest.warns(RuntimeWarning, match=m)) if backend != "cpu" else (lambda m: nullcontext())
+        with warns("the E-step runs in float64"):
+            st = gmm_estep(X, w, means, pc, ct, backend=backend, path=path, return_log_prob=True)
+        check(st, ref, ct, tol=1e-9)
+        with warns("scoring runs in float64"):
+            lp, label = gmm_score(X, w, means, pc, ct, backend=backend)
+        assert (label.numpy() == ref["resp"].argmax(1).numpy()).all()
+        assert rel(lp, ref["log_prob"]) < 1e-6 and rel(st.log_prob, ref["log_prob"]) < 1e-6
+    monkeypatch.setattr(gprep, "FP32_QUAD_LIMIT", math.inf)  # the guard off: fp32 is wrong here
+    st = gmm_estep(X, w, means, pc, ct, backend="fused", return_log_prob=True)
+    assert (st.log_prob.double() - ref["log_prob"]).abs().max() > 1e-2
+
+
 def test_register_form_far_from_origin_and_empty_component(rng):
     """The cancellation case (data at 1e4 with unit spread) and a component no point reaches:
     the register form keeps N_k = 0 finite and the moments accurate."""
     X, w, means, pc = problem(rng, 300, 4, 3, "diag", spread=2.0, offset=1e4)
-    means = np.vstack([means, means[:1] + 1e3])  # a fourth component far from every point
-    w = np.append(w, 1e-9)  # (a small weight: the shift, a weighted mean of the means, stays with the data)
+    means = np.vstack([means, means[:1] + 40.0])  # a fourth component far from every point
+    w = np.append(w, 1e-9)
     w /= w.sum()
     pc = np.vstack([pc, pc[:1]])
     assert plan_launch(300, 4, 4, "diag", torch.float32, torch.device("cpu")).form == "reg"
-    st = gmm_estep(torch.tensor(X), w, means, pc, "diag", backend="fused")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # within FP32_QUAD_LIMIT: the fused kernels
+        st = gmm_estep(torch.tensor(X), w, means, pc, "diag", backend="fused")
     ref = reference(X, w, means, pc, "diag")
     assert float(st.nk[3]) == pytest.approx(0.0, abs=1e-30) and torch.isfinite(st.s1).all()
     assert rel(st.nk, ref["nk"]) < 1e-5 and rel(st.s2, ref["s2"]) < 1e-4
@@ -755,7 +792,8 @@ def test_estep_device_equals_gmm_estep(rng, ct, weighted):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_mstep_operands_is_mstep_then_operands(rng, ct, dtype):
     from fusedml.gmm import mstep_tensors
-    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
+    from fusedml.gmm._prep import fp32_quad, validate
+    from fusedml.gmm.fused import device_operands, device_quad, estep_device, mstep_operands, mstep_operands_applies
 
     X, w, means, pc = problem(rng, 200, 5, 7, ct)
     Xt = torch.from_numpy(X.astype(dtype))
@@ -766,14 +804,16 @@ def test_mstep_operands_is_mstep_then_operands(rng, ct, dtype):
     out = {n: torch.full_like(t, float("nan")) for n, t in zip(("weights", "means", "covariances",
                                                                 "precisions_cholesky"), ref[:4])}
     out.update({n: torch.full_like(t, float("nan")) for n, t in ref_ops.items()})
-    out["scal"] = torch.full((2,), float("nan"), dtype=torch.float64)
+    out["scal"] = torch.full((3,), float("nan"), dtype=torch.float64)
     reg = torch.tensor([1e-4], dtype=torch.float64)
     assert mstep_operands(stats, args[1], reg, ct, Xt.dtype, out) is out
     for n, r in zip(("weights", "means", "covariances", "precisions_cholesky"), ref[:4]):
         assert rel(out[n], r) < 1e-13, n
     for n, r in ref_ops.items():
         assert out[n].dtype == r.dtype and rel(out[n], r) < (1e-13 if r.dtype == torch.float64 else 1e-6), n
-    assert out["scal"].tolist() == [float(stats[0]), 0.0]
+    quad = device_quad(out["CP"], out["precisions_cholesky"], ct)
+    assert out["scal"].tolist()[:2] == [float(stats[0]), 0.0] and float(out["scal"][2]) == pytest.approx(float(quad))
+    assert float(quad) == pytest.approx(fp32_quad(validate(Xt, *ref[:2], ref[3], ct)), rel=1e-12)
     bad = (stats[0], stats[1], stats[2], -stats[3].abs() - 1.0)  # negative second moments: flagged
     assert mstep_operands(bad, args[1], torch.zeros(1, dtype=torch.float64), ct, Xt.dtype, out)["scal"][1] > 0
     assert not mstep_operands_applies(65, 64, ct) and not mstep_operands_applies(4, 4, "full")
@@ -1009,7 +1049,8 @@ def _aot_check_plans():
 
     def build(fn, consts, num_warps, num_stages, values=None):
         # specialised as the JIT specialises the launch (unit feature stride, multiples of 16)
-        types = {a: ("i32" if a in ints else ("*i64" if a == "LABEL" else "*fp32")) for a in fn.arg_names}
+        types = {a: ("i32" if a in ints else ("*i64" if a == "LABEL" else "*fp64" if a == "PLL" else "*fp32"))
+                 for a in fn.arg_names}
         return compile_sm90(fn, types, consts, values, num_warps=num_warps, num_stages=num_stages)
 
     cuda = torch.device("cuda")
@@ -1065,7 +1106,8 @@ def _aot_check_plans():
         common = dict(BN=plan.BN, BD=plan.BD, HAS_SW=False, PREC="ieee")
         for name, fn, consts in (("single", fused._tied_single_kernel, dict(common, BK=plan.BK, WRITE_LOGP=True)),
                                  ("lse", fused._full_lse_kernel, dict(common, WRITE_LABEL=True, TIED=True))):
-            types = {a: ("i32" if a in ints else "*i64" if a == "LABEL" else "*fp32") for a in fn.arg_names}
+            types = {a: ("i32" if a in ints else "*i64" if a == "LABEL" else "*fp64" if a == "PLL" else "*fp32")
+                     for a in fn.arg_names}
             types["stride_pk"] = "i32"
             k = compile_sm90(fn, types, consts, values, num_warps=plan.num_warps, num_stages=plan.num_stages)
             regs, stack = resource_usage(k)
@@ -1090,7 +1132,8 @@ def _aot_check_plans():
         for name, fn, consts, nw in kernels:
             values = dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K, n_blocks=-(-N // consts["BN"]),
                           stride_pk=plan.BD ** 2, chunk_rows=plan.chunk_rows)
-            types = {a: ("i32" if a in ints | {"stride_pk"} else "*i64" if a == "LABEL" else "*fp32")
+            types = {a: ("i32" if a in ints | {"stride_pk"} else "*i64" if a == "LABEL" else "*fp64" if a == "PLL"
+                         else "*fp32")
                      for a in fn.arg_names}
             k = compile_sm90(fn, types, consts, {a: v for a, v in values.items() if a in fn.arg_names},
                              num_warps=nw, num_stages=plan.num_stages)
@@ -1106,7 +1149,7 @@ def _aot_check_plans():
             assert k.metadata.shared <= MAX_SHARED_PER_BLOCK, tag
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel
-    types = {a: ("i32" if a in ("P", "PL", "K", "D", "j") else "*fp64" if a in ("CP", "OUT") else "*fp32")
+    types = {a: ("i32" if a in ("P", "PL", "K", "D", "j") else "*fp64" if a in ("CP", "OUT", "PLL") else "*fp32")
              for a in fn.arg_names}
     k = compile_sm90(fn, types, {"BP": 64, "BKD": 16}, dict(K=16, D=16), num_warps=4)
     regs, stack = resource_usage(k)
@@ -1119,7 +1162,7 @@ def _aot_check_plans():
         assert plan.form == "reg", plan
         fn, consts, _ = fused._diag_single_launch(plan, False, False, fused._PREC["fp32"], True,
                                                    fused._one_launch(512, K, D, torch.device("cpu")))
-        types = {a: ("i32" if a in ints else "*fp64" if a in ("CP", "OUT") else "*i32" if a == "CNT" else "*fp32")
+        types = {a: ("i32" if a in ints else "*fp64" if a in ("CP", "OUT", "PLL") else "*i32" if a == "CNT" else "*fp32")
                  for a in fn.arg_names}
         k = compile_sm90(fn, types, consts, dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K), num_warps=plan.num_warps,
                          num_stages=plan.num_stages)

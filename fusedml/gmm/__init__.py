@@ -166,7 +166,9 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         (bf16) in the statistics and ~2e-3 / ~6e-4 in the log-likelihood: an explicit
         speed/accuracy trade. Accumulation is always fp32 (partials combined in float64), for
         float64 X too (shifted in float64 first): ``backend="cpu"`` or ``"ops"`` compute float64
-        data in float64.
+        data in float64. Where fp32 distances would lose more than ~1e-3 nats (a component far
+        from the mixture mean in its own precision, :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT`),
+        the fused and ``"ops"`` backends warn (RuntimeWarning) and compute in float64.
     check_finite : bool
         Check X for NaN/inf (one extra read of X).
 
@@ -318,6 +320,8 @@ def mstep_tensors(covariance_type, nk, center, s1, s2, reg_covar):
 
 def gmm_score(X, weights, means, precisions_cholesky, covariance_type, *, backend="auto", path="auto"):
     """Per-sample log-likelihood and the most probable component, fused, without N x K.
+
+    In float64 (with a RuntimeWarning) where fp32 distances would not be accurate, as :func:`gmm_estep`.
 
     Parameters
     ----------

@@ -9,6 +9,7 @@ in one (:func:`upload`). The data matrix is only checked (shape, dtype, finitene
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -250,6 +251,40 @@ def validate(X, weights, means, precisions_cholesky, covariance_type, *, sample_
         shift = shift.astype(np.float32).astype(np.float64)
     host = {"mu": mu, "center": c, "prec_chol": pc, "shift": shift, "const": np.ascontiguousarray(const)}
     return Prepared(X, sample_weight, covariance_type, K, D, N, host)
+
+
+#: Largest expanded quadratic ``sum_d p_kd (x_d - g_d)^2`` (about the mixture mean) the fp32
+#: diag / spherical products take: its fp32 rounding, ~2^-24 x 2^14 = 1e-3 nats, bounds each
+#: log-density's error. Beyond it (a component many standard deviations from the mixture mean,
+#: e.g. a far component with weight, or a tight one far from the others) the E-step and scoring
+#: run in float64 instead, with a warning (:func:`fp32_unsafe`).
+FP32_QUAD_LIMIT = 2.0 ** 14
+
+
+def fp32_quad(prep: Prepared) -> float:
+    """``max_k sum_d p_kd (mu_kd - g_d)^2 + D``: the size of the fp32 expanded quadratic about the
+    shift ``g`` at the rows near each component (diag / spherical; 0 for full / tied, whose kernels
+    subtract the means before squaring). Cached in ``prep.host`` (shared by streamed blocks)."""
+    q = prep.host.get("quad")
+    if q is None:
+        q = 0.0
+        if prep.covariance_type in ("diag", "spherical"):
+            mup = prep.host["mu"] - prep.host["shift"]
+            q = float((diag_precisions_host(prep) * mup * mup).sum(1).max()) + prep.D
+        prep.host["quad"] = q
+    return q
+
+
+def fp32_unsafe(prep: Prepared, where: str) -> bool:
+    """True (with a RuntimeWarning) when :func:`fp32_quad` exceeds :data:`FP32_QUAD_LIMIT`: the
+    caller then computes in float64 (``where`` names the operation in the warning)."""
+    q = fp32_quad(prep)
+    if q <= FP32_QUAD_LIMIT:
+        return False
+    warnings.warn(f"fusedml.gmm: a component lies {math.sqrt(q):.3g} standard deviations (in its own precision) "
+                  f"from the mixture mean; fp32 distances expanded about it would be off by ~{q * 2.0 ** -24:.2g} "
+                  f"nats, so {where} runs in float64 (slower)", RuntimeWarning, stacklevel=4)
+    return True
 
 
 def diag_precisions(prep: Prepared) -> torch.Tensor:

@@ -3,6 +3,8 @@
 Never materialises N x K for the whole data: each block of ``rows`` rows produces its
 responsibilities ``[rows, K]``, folds them into float64 partial statistics and is discarded.
 Blocks are computed in float64 (the host has no fp32 speed cliff worth the accuracy loss here).
+The same blocked float64 pass runs on X's own device where fp32 would not be accurate
+(:func:`fusedml.gmm._prep.fp32_unsafe`: the fused and operator-level backends fall back to it).
 """
 from __future__ import annotations
 
@@ -21,16 +23,16 @@ def block_rows(prep: Prepared) -> int:
 
 
 def estep_cpu(prep: Prepared, return_log_prob: bool):
-    """Blocked host E-step; see :func:`fusedml.gmm_estep`."""
-    f64 = torch.float64
+    """Blocked float64 E-step on X's device; see :func:`fusedml.gmm_estep`."""
+    f64, dev = torch.float64, prep.X.device
     N, K, D = prep.N, prep.K, prep.D
     rows = block_rows(prep)
-    lp = torch.empty(N, dtype=f64) if return_log_prob else None
-    ll = torch.zeros((), dtype=f64)
-    nk = torch.zeros(K, dtype=f64)
+    lp = torch.empty(N, dtype=f64, device=dev) if return_log_prob else None
+    ll = torch.zeros((), dtype=f64, device=dev)
+    nk = torch.zeros(K, dtype=f64, device=dev)
     full_like = prep.covariance_type in ("full", "tied")
-    s1 = torch.zeros(K, D, dtype=f64)
-    s2 = torch.zeros((K, D, D) if full_like else (K, D), dtype=f64)
+    s1 = torch.zeros(K, D, dtype=f64, device=dev)
+    s2 = torch.zeros((K, D, D) if full_like else (K, D), dtype=f64, device=dev)
     sw = prep.sample_weight
     for start in range(0, N, rows):
         stop = min(N, start + rows)
@@ -45,10 +47,10 @@ def estep_cpu(prep: Prepared, return_log_prob: bool):
 
 
 def score_cpu(prep: Prepared):
-    """Blocked host ``(log_prob [N] float64, labels [N] int64)``."""
+    """Blocked float64 ``(log_prob [N] float64, labels [N] int64)`` on X's device."""
     rows = block_rows(prep)
-    lp = torch.empty(prep.N, dtype=torch.float64)
-    labels = torch.empty(prep.N, dtype=torch.int64)
+    lp = torch.empty(prep.N, dtype=torch.float64, device=prep.X.device)
+    labels = torch.empty(prep.N, dtype=torch.int64, device=prep.X.device)
     for start in range(0, prep.N, rows):
         stop = min(prep.N, start + rows)
         wlp = weighted_log_prob(_shifted(prep.X[start:stop], prep, torch.float64), prep, torch.float64)

@@ -40,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 
 from .._launch import _stream, launch
 from ..mmchain.dense import _FAST_MATH
-from ._prep import LOG_ZERO, Prepared, diag_precisions_host, upload
+from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
 
 LOG2E = 1.4426950408889634
@@ -224,7 +224,7 @@ def _diag_single_kernel(
     SW,  # [N] fp32 sample weights (HAS_SW)
     W1, W2, CONST,  # [D, K], [D, K], [K] fp32, log2 units
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32 partials, [P] float64
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr, FORM: tl.constexpr,
@@ -269,7 +269,7 @@ def _diag_single_kernel(
             r, acc_ll = _resp_rows(lg, acc_ll, SW, LOGP, rows, nmask, HAS_SW, WRITE_LOGP)
             acc_nk, acc_s1, acc_s2 = _diag_moments(r, x, x2, acc_nk, acc_s1, acc_s2, PREC, FORM)
     _diag_store(PNK, PS1, PS2, pid, offs_k, offs_d, K, D, acc_nk, acc_s1, acc_s2)
-    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+    tl.store(PLL + pid, tl.sum(acc_ll.to(tl.float64), axis=0))  # float64: EM's stopping test reads it
 
 
 @triton.jit
@@ -325,7 +325,7 @@ def _diag_reg_kernel(
     SW,  # [N] fp32 sample weights (HAS_SW)
     W1, W2, CONST,  # [D, K], [D, K], [K] fp32, log2 units
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32 partials, [P] float64
     CP, OUT, CNT,  # FINISH: [K, D] float64 centres minus the shift, float64 [1 + K + 2 K D] out, int32 [1] zero
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
@@ -413,7 +413,7 @@ def _diag_reg_kernel(
         tl.store(PS2 + soff, tl.where(offs_d[:, None, None] == 0, tl.sum(acc_s2, axis=1)[None, :, :], 0.0), mask=wmask)
     else:
         tl.store(PS2 + soff, tl.sum(acc_s2, axis=2), mask=wmask)
-    tl.store(PLL + pid, tl.sum(tl.sum(acc_ll, axis=1), axis=0))
+    tl.store(PLL + pid, tl.sum(tl.sum(acc_ll.to(tl.float64), axis=1), axis=0))  # float64, as above
     if FINISH:
         # every thread's partials are stored before the count; the release / acquire pair of the
         # count makes all programs' partials visible to the program that counts last
@@ -430,7 +430,7 @@ def _diag_lse_kernel(
     W1, W2, CONST,  # [D, K], [D, K], [K] log2 units
     LOGP,  # [N] fp32 out: log sum_k pi_k N(x | k)
     LABEL,  # [N] int64 out (WRITE_LABEL)
-    PLL,  # [P] fp32 partial log-likelihood
+    PLL,  # [P] float64 partial log-likelihood
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr, DC: tl.constexpr,
@@ -467,7 +467,7 @@ def _diag_lse_kernel(
             l = l * tl.exp2(m - m_new) + tl.sum(tl.exp2(lg - m_new[:, None]), axis=1)
             m = m_new
         acc_ll = _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW, WRITE_LABEL)
-    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+    tl.store(PLL + pid, tl.sum(acc_ll.to(tl.float64), axis=0))  # float64: EM's stopping test reads it
 
 
 @triton.jit
@@ -548,7 +548,7 @@ def _finish_flat(PNK, PS1, PS2, PLL, CP, OUT, P, PL, K, D, j, BP: tl.constexpr, 
 
 @triton.jit
 def _diag_finish_kernel(
-    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D], [P] fp32 partials (programs or row chunks)
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32, [P] float64 partials (programs or row chunks)
     CP,  # [K, D] float64 centres minus the shift
     OUT,  # float64 [1 + K + 2 K D]: ll, nk, s1 [K, D], s2 [K, D]
     P, PL, K, D,  # rows of the statistics' partials, of PLL (two-pass: pass 1's programs)
@@ -592,7 +592,7 @@ def _full_single_kernel(
     CONST,  # [K] fp32 log2 units
     C,  # [K, BD] fp32 shifted centres
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PLL,  # [P, K], [P, K, BD], [P, K, BD, BD] (tied: [P, BD, BD]), [P]
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, BD], [P, K, BD, BD] (tied: [P, BD, BD]), [P] float64
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, TIED: tl.constexpr, PREC: tl.constexpr,
@@ -633,7 +633,7 @@ def _full_single_kernel(
     tl.store(PNK + pid * K + offs_k, acc_nk, mask=offs_k < K)
     if TIED:
         tl.store(PS2 + p64 * BD * BD + dd_offs, acc_t)
-    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+    tl.store(PLL + pid, tl.sum(acc_ll.to(tl.float64), axis=0))  # float64: EM's stopping test reads it
 
 
 @triton.jit
@@ -678,7 +678,7 @@ def _tied_single_kernel(
     CONST,  # [K] fp32 log2 units
     C,  # [K, BD] fp32 shifted centres
     LOGP,  # [N] fp32 out (WRITE_LOGP)
-    PNK, PS1, PS2, PR, PLL,  # [P, K], [P, K, BD], [P, BD, BD], [P, K, K], [P]
+    PNK, PS1, PS2, PR, PLL,  # [P, K], [P, K, BD], [P, BD, BD], [P, K, K], [P] float64
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREC: tl.constexpr,
@@ -728,7 +728,7 @@ def _tied_single_kernel(
     tl.store(PS1 + (p64 * K + offs_k[:, None]) * BD + offs_d[None, :], acc_s1, mask=kmask[:, None])
     tl.store(PS2 + p64 * BD * BD + offs_d[:, None] * BD + offs_d[None, :], acc_s2)
     tl.store(PR + (p64 * K + offs_k[:, None]) * K + offs_k[None, :], acc_r, mask=kmask[:, None] & kmask[None, :])
-    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+    tl.store(PLL + pid, tl.sum(acc_ll.to(tl.float64), axis=0))  # float64: EM's stopping test reads it
 
 
 @triton.jit
@@ -736,7 +736,7 @@ def _full_lse_kernel(
     X, stride_xn, stride_xd,  # [N, D]
     G, SW,  # [D], [N]
     MU, P, stride_pk, CONST,  # [K, BD], [K, BD, BD], [K] (zero-padded to BD)
-    LOGP, LABEL, PLL,  # [N] fp32, [N] int64, [P]
+    LOGP, LABEL, PLL,  # [N] fp32, [N] int64, [P] float64
     N, D, K, n_blocks,
     BN: tl.constexpr, BD: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LABEL: tl.constexpr, PREC: tl.constexpr, TIED: tl.constexpr = False,
@@ -768,7 +768,7 @@ def _full_lse_kernel(
             l = l * tl.exp2(m - m_new) + tl.exp2(lgk - m_new)
             m = m_new
         acc_ll = _finish_lse(m, l, arg, acc_ll, SW, LOGP, LABEL, rows, nmask, HAS_SW, WRITE_LABEL)
-    tl.store(PLL + pid, tl.sum(acc_ll, axis=0))
+    tl.store(PLL + pid, tl.sum(acc_ll.to(tl.float64), axis=0))  # float64: EM's stopping test reads it
 
 
 @triton.jit
@@ -885,13 +885,23 @@ def device_operands(X, weights, means, prec_chol, covariance_type):
             "CP": mup}
 
 
+def device_quad(cp, prec_chol, covariance_type):
+    """:func:`fusedml.gmm._prep.fp32_quad` on the device: ``max_k sum_d p_kd cp_kd^2 + D`` (a
+    float64 scalar tensor, no synchronisation) from the shifted means ``cp`` ([K, D], the ``CP``
+    operand of :func:`device_operands`) and the precision factors (diag [K, D], spherical [K])."""
+    p = prec_chol * prec_chol
+    if covariance_type == "spherical":
+        p = p[:, None]
+    return (cp * cp * p).sum(1).max() + cp.shape[1]
+
+
 @triton.jit
 def _mstep_operands_kernel(
     LL, NK, S1, S2,  # [1], [K], [K, D], [K, D] (spherical: [K]) float64: statistics about C
     C,  # [K, D] float64 the E-step's centres (its means)
     W, MEANS, COV, PC,  # out: [K], [K, D], [K, D] or [K], [K, D] or [K] float64
     G, W1, W2, CONST, CP,  # out: the next E-step's operands (see _operands)
-    SCAL,  # out: [2] float64 (log-likelihood, covariance entries <= 0)
+    SCAL,  # out: [3] float64 (log-likelihood, covariance entries <= 0, the next operands' fp32_quad)
     REG,  # [1] float64 reg_covar (a Python float argument would be fp32)
     K, D,
     SPH: tl.constexpr, X64: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -954,6 +964,8 @@ def _mstep_operands_kernel(
     tl.store(CP + kd, mup, mask=m2)
     tl.store(SCAL, tl.load(LL))
     tl.store(SCAL + 1, bad)
+    # the next E-step's fp32 quadratic size (fusedml.gmm._prep.fp32_quad)
+    tl.store(SCAL + 2, tl.max(tl.where(km, tl.sum(mup * mup * p, 1), 0.0), 0) + D)
 
 
 #: the largest padded K x D of :func:`mstep_operands`' one program (float64 tiles in registers)
@@ -988,8 +1000,9 @@ def mstep_operands(stats, means, reg_covar, covariance_type, x_dtype, out):
     out : dict
         Buffers ``weights``, ``means``, ``covariances``, ``precisions_cholesky`` (float64) and the
         operands ``G``, ``W1``, ``W2``, ``CONST``, ``CP`` (:func:`device_operands`' shapes and
-        dtypes), and ``scal`` ``[2]`` float64: (log-likelihood, how many covariance entries are
-        not positive: 0 when the M-step succeeded).
+        dtypes), and ``scal`` ``[3]`` float64: (log-likelihood, how many covariance entries are
+        not positive: 0 when the M-step succeeded, the new parameters'
+        :func:`fusedml.gmm._prep.fp32_quad`).
 
     Returns
     -------
@@ -1183,6 +1196,14 @@ def _grid(kernel, args, kwargs, device, n_blocks, model_programs, max_programs=N
     return max(1, min(n_blocks, P))
 
 
+def _partials(dev, sizes, n_ll):
+    """fp32 partial buffers of ``sizes`` elements and a float64 ``[n_ll]`` one for the per-program
+    log-likelihoods, views of ONE allocation (a host-bound call: one allocation, not five)."""
+    n32 = sum(sizes) + (sum(sizes) & 1)  # the float64 view starts 8-byte aligned
+    buf = torch.empty(n32 + 2 * n_ll, dtype=torch.float32, device=dev)
+    return list(buf[:sum(sizes)].split_with_sizes(sizes)) + [buf[n32:].view(torch.float64)]
+
+
 def _sw(prep: Prepared, dummy: torch.Tensor):
     if prep.sample_weight is None:
         return dummy, False
@@ -1197,7 +1218,7 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     labels = torch.empty(N if want_label else 1, dtype=torch.int64, device=dev)
     n_blocks = -(-N // plan.lse_BN)
     P = max(1, min(n_blocks, plan.lse_programs))
-    pll = torch.empty(P, dtype=torch.float32, device=dev)
+    pll = torch.empty(P, dtype=torch.float64, device=dev)
     if prep.covariance_type in ("diag", "spherical"):
         _diag_lse_kernel[(P,)](
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, labels, pll,
@@ -1321,7 +1342,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                                                                        logp, return_log_prob, prec)
         if full_like:
             pnk = torch.empty(P, K, dtype=f32, device=dev)
-            pll = torch.empty(P, dtype=f32, device=dev)
+            pll = torch.empty(P, dtype=torch.float64, device=dev)
             BD = plan.BD  # the kernel's padded feature tile (zeros beyond D)
             ps1 = torch.zeros(P, K, BD, dtype=f32, device=dev)
             ps2 = torch.zeros((P, BD, BD) if ct == "tied" else (P, K, BD, BD), dtype=f32, device=dev)
@@ -1332,8 +1353,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                 num_warps=plan.num_warps, num_stages=plan.num_stages)
         else:
             # the partials [P, K], [P, K, D], [P, K, D], [P] in one allocation
-            pnk, ps1, ps2, pll = torch.empty(P * (K * (2 * D + 1) + 1), dtype=f32, device=dev).split_with_sizes(
-                [P * K, P * K * D, P * K * D, P])
+            pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
             args = (X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, pnk, ps1, ps2,
                     pll)
             finish = _one_launch(P, K, D, dev) if plan.form == "reg" else None
@@ -1391,8 +1411,7 @@ def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
     dev, f32, f64 = X.device, torch.float32, torch.float64
     BD = plan.BD  # the kernel's padded feature tile
-    pnk, ps1, ps2, pr, pll = torch.empty(P * (K + K * BD + BD * BD + K * K + 1), dtype=f32,
-                                         device=dev).split_with_sizes([P * K, P * K * BD, P * BD * BD, P * K * K, P])
+    pnk, ps1, ps2, pr, pll = _partials(dev, [P * K, P * K * BD, P * BD * BD, P * K * K], P)
     _tied_single_kernel[(P,)](
         X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP"], ops["P"], ops["CONST"], ops["C"], logp, pnk, ps1, ps2,
         pr, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp,
@@ -1455,6 +1474,10 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
     """
     N, D, K, ct = prep.N, prep.D, prep.K, prep.covariance_type
     dev = prep.X.device
+    if fp32_unsafe(prep, "the E-step"):  # fp32 distances would be off: the blocked float64 pass
+        from .cpu import estep_cpu
+
+        return estep_cpu(prep, return_log_prob)
     if precision == "auto":
         precision = auto_precision(N, K, D, ct, dev)
     if plan is None:
@@ -1487,7 +1510,12 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
 def score_fused(prep: Prepared, plan: Plan | None = None):
     """Fused scoring: ``(log_prob [N] fp32, labels [N] int64)`` in one pass, no N x K.
 
-    Out-of-resources launches retry with smaller blocks (warning), then the operator-level path."""
+    Out-of-resources launches retry with smaller blocks (warning), then the operator-level path;
+    float64 (blocked, on X's device) where fp32 would not be accurate, as :func:`estep_fused`."""
+    if fp32_unsafe(prep, "scoring"):
+        from .cpu import score_cpu
+
+        return score_cpu(prep)
     if plan is None:
         plan = plan_launch(prep.N, prep.K, prep.D, prep.covariance_type, prep.X.dtype, prep.device, path="two_pass")
     ops = _operands(prep)

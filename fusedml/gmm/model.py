@@ -26,7 +26,7 @@ choices for the target shapes):
   Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
   ``E = BD^2 + BK BD + BK^2 + 6 BN (BD + BK)`` under ``32 W x 100`` (:data:`TIED_VALUES`), BN up to 64
-  (fp32), ``K <= 64``.
+  (fp32), ``K <= 64``, but where an H200 sweep timed a faster tile (:func:`_tied_single_tile`).
 * **Single sweep** when a (BN, W) candidate fits both budgets, tried in the order BN = 128, 64, 32,
   16, W = 4 then 8 for each (fp32 diag tiles of ``BD x BK <= 4096`` try a measured small program
   first, see session 19 below). Larger row blocks amortise the per-block work that does not scale with
@@ -403,6 +403,19 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
     return 64, 4, 3, 2
 
 
+def _tied_single_tile(BD: int, BK: int) -> tuple[int, int, int, int] | None:
+    """``(BN, num_warps, num_stages, programs per SM)`` of the fp32 tied single sweep where a sweep
+    timed it, else None (the :data:`TIED_VALUES` rule).
+
+    BD = 16, K <= 16: 64 rows on 4 warps at 2 programs per SM (H200, session 27,
+    ``results/gmm_tied_sweep-H200-2026-12-05-s27.json``: 4M x 16, K = 16 1.72 ms against the
+    rule's 64 rows on 8 warps, 1.89; the fastest of 12 tiles). Its 102 values per thread are just
+    over the rule's 100; sm_90 compiles (Triton 3.6, 168 registers): 8 B of stack, no local-memory
+    access in the loop.
+    """
+    return (64, 4, 2, 2) if BD == 16 and BK <= 16 else None
+
+
 def _full_two_pass_tile(BD: int) -> tuple[int, int]:
     """``(BN, num_warps)`` of the full / tied two-pass kernels (pass 1 and the per-component
     statistics), from sm_90 compiles (Triton 3.6): BD <= 32 64 rows on 4 warps (<= 184 registers,
@@ -491,23 +504,26 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
     small = ([] if full_like or tc or BD * BK > 4096 else
              [(32, 2)] if BD * BK <= 512 else [(32, 4)] if BD * BK <= 1024 else [(16, 4)])
     cands = small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]
-    full_tile = _full_single_tile(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else None
+    measured = _full_single_tile(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else None
     if covariance_type == "full" and not tc:  # measured tiles (session 27), or the two-pass path
-        cands = [full_tile[:2]] if full_tile else []
+        cands = [measured[:2]] if measured else []
+    if covariance_type == "tied" and not tc:
+        measured = _tied_single_tile(BD, BK)  # where a sweep timed one (session 27)
+        cands = [measured[:2]] + cands if measured else cands
     for BN, nw in cands:
         if covariance_type == "tied":  # the tied sweep (own-centre statistics): sm_90 compiles, session 26
             if BN > 64 and not tc:
                 continue
             E = _tied_elems(BN, BD, BK)
-            ok = E <= 32 * nw * TIED_VALUES and K <= 64
+            ok = (E <= 32 * nw * TIED_VALUES or (BN, nw) == (measured or (0, 0))[:2]) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + 2 * BN * BK + 2 * BD * BD + 2 * BK * BD + BK * BK) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
         elif full_like:
-            if not full_tile and (BN < 32 or (BN > 64 and not tc)):  # tensor cores: the session-1 candidates
+            if not measured and (BN < 32 or (BN > 64 and not tc)):  # tensor cores: the session-1 candidates
                 continue
             E = _single_elems(covariance_type, BN, BD, BK)
-            ok = (full_tile is not None or E <= 32 * nw * _DATA_REGS) and K <= 64
+            ok = (measured is not None or E <= 32 * nw * _DATA_REGS) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + BN * BK + 2 * BD * BD) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
@@ -518,8 +534,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             best, fits = (nw, BN, regs, sm), True
             break
     chosen = path if path != "auto" else ("single" if fits else "two_pass")
-    if full_tile is not None and chosen == "single":
-        st = full_tile[2]
+    if measured is not None and chosen == "single":
+        st = measured[2]
     if chosen == "single":
         if best is None:  # forced on a shape the model rejects: smallest blocks, no pipelining
             st = 1
@@ -567,8 +583,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
         regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
         sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
     n_blocks = -(-N // BN)
-    if full_tile is not None and chosen == "single":  # the grid the tile was timed with
-        per_sm = full_tile[3]
+    if measured is not None and chosen == "single":  # the grid the tile was timed with
+        per_sm = measured[3]
     else:
         per_sm = max(1, min(4, info["regs_per_sm"] // (32 * nw * max(regs, 32)), smem_sm // max(sm, 1)))
     n_kt = K if full_like else -(-K // BK_tile)

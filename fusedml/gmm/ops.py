@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._prep import Prepared, diag_precisions, finish_shifted
+from ._prep import Prepared, diag_precisions, finish_shifted, fp32_unsafe
 
 
 def _shifted(Xb: torch.Tensor, prep: Prepared, dt: torch.dtype) -> torch.Tensor:
@@ -90,13 +90,19 @@ def compute_dtype(X: torch.Tensor) -> torch.dtype:
 
 
 def estep_ops(prep: Prepared, return_log_prob: bool):
-    """The ``"ops"`` backend: one pass of torch operators over all N rows (N x K materialised)."""
-    lp, ll, nk, s1, s2 = block_stats(prep.X, prep.sample_weight, prep, compute_dtype(prep.X), return_log_prob)
+    """The ``"ops"`` backend: one pass of torch operators over all N rows (N x K materialised);
+    float64 where fp32 would not be accurate (:func:`fusedml.gmm._prep.fp32_unsafe`)."""
+    dt = compute_dtype(prep.X)
+    if dt != torch.float64 and fp32_unsafe(prep, "the E-step"):
+        dt = torch.float64
+    lp, ll, nk, s1, s2 = block_stats(prep.X, prep.sample_weight, prep, dt, return_log_prob)
     return (lp,) + finish(prep, ll, nk, s1, s2)
 
 
 def score_ops(prep: Prepared):
-    """``(log_prob [N], labels [N] int64)`` with torch operators."""
+    """``(log_prob [N], labels [N] int64)`` with torch operators (float64 as :func:`estep_ops`)."""
     dt = compute_dtype(prep.X)
+    if dt != torch.float64 and fp32_unsafe(prep, "scoring"):
+        dt = torch.float64
     wlp = weighted_log_prob(_shifted(prep.X, prep, dt), prep, dt)
     return torch.logsumexp(wlp, dim=1), wlp.argmax(1)
