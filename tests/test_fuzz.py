@@ -25,6 +25,17 @@ def test_fuzz_cases(op):
     assert not failures, "\n".join(failures[:5]) + f"\n({len(failures)} of {len(SEEDS[op])} failed)"
 
 
+#: cases CPU campaigns found failing, kept as regressions (session 28: fp32 distances about a shift
+#: far from the data; an EM stopped on a quantised lower bound; predict_proba rows 1e-5 off one)
+FOUND = ["gmm_estep:27329", "fit:27510", "fit:28678"]
+
+
+@pytest.mark.parametrize("case", FOUND)
+def test_fuzz_found_cases(case):
+    op, seed = case.split(":")
+    run_case(op, int(seed))
+
+
 def test_fuzz_catches_a_wrong_result(monkeypatch):
     """The harness fails on a result off by one row's contribution (it can fail)."""
     import fusedml
