@@ -783,8 +783,15 @@ class _EMLog:
 
     def __init__(self, est, lower_bound, t0):
         self.est, self.lower_bound, self.t0 = est, lower_bound, t0
+        self.start_bound = lower_bound
         self.lbs, self.hist, self.converged = [], [], False
         self.t_iter = time.perf_counter()
+
+    def restart(self):
+        """Forget every iteration (a run started over from its initial parameters)."""
+        self.lower_bound, self.converged = self.start_bound, False
+        self.lbs.clear()
+        self.hist.clear()
 
     def step(self, n_iter, log_likelihood):
         """Record iteration ``n_iter``'s mean log-likelihood; True when the run stops there."""
@@ -803,23 +810,58 @@ class _EMLog:
         return self.converged
 
 
-def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=1):
-    """EM iterations ``start, ..., max_iter`` through :func:`fusedml.gmm_estep` and
-    :func:`fusedml.gmm.gmm_mstep`.
+def _fp32_quad(params, covariance_type) -> float:
+    """:func:`fusedml.gmm._prep.fp32_quad` of diag / spherical parameters ``(w, m, cov, pc)``."""
+    from fusedml.gmm.fused import device_quad
+
+    w, m, _, pc = (torch.as_tensor(t, dtype=_F64) for t in params)
+    return float(device_quad(m - (w[:, None] * m).sum(0), pc, covariance_type))
+
+
+def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
+    """EM iterations through :func:`fusedml.gmm_estep` and :func:`fusedml.gmm.gmm_mstep`.
 
     With ``host_mstep`` each E-step's log-likelihood and statistics reach the host in one copy and
     the M-step runs there, so the next E-step's parameters are host arrays (no further sync).
+    diag / spherical: when an fp32 E-step's M-step fails or puts a component beyond
+    :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT` (its data lie far from the shift in their own
+    spread, so the fp32 second moments lost digits), that E-step and the rest of the run are
+    computed in float64 (``precision="fp64"``), with a warning.
     Returns ``(weights, means, covariances, precisions_cholesky, n_iter)``.
     """
+    from fusedml.gmm._prep import FP32_QUAD_LIMIT
+
     gmm = _gmm_ops()
+    ct = est.covariance_type
     w, m, cov, pc = params
-    n_iter = start - 1
-    for n_iter in range(start, est.max_iter + 1):
-        stats = gmm.gmm_estep(X, w, m, pc, est.covariance_type, sample_weight=sw, backend=backend, check_finite=False)
-        if host_mstep:  # the log-likelihood and the statistics in one copy; next E-step: no sync
-            stats = stats.to("cpu")
+    prec = "auto"
+    check = backend != "cpu" and ct in ("diag", "spherical")  # fp32 distances about one shift
+
+    def estep(prec):
+        st = gmm.gmm_estep(X, w, m, pc, ct, sample_weight=sw, backend=backend, precision=prec, check_finite=False)
+        return st.to("cpu") if host_mstep else st  # the log-likelihood and statistics in one copy
+
+    def to_fp64(what):
+        warnings.warn(f"GaussianMixture: {what}; fp32 distances and second moments lose digits there, so "
+                      "the fit runs in float64 from here (slower)", RuntimeWarning, stacklevel=5)
+        return "fp64"
+
+    if check and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
+        prec = to_fp64("the initial parameters put a component far from the mixture mean in its own spread")
+    n_iter = 0
+    for n_iter in range(1, est.max_iter + 1):
+        stats = estep(prec)
+        try:
+            out = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)
+        except ValueError:
+            out = None
+        if check and prec != "fp64" and (out is None or not _fp32_quad(out, ct) <= FP32_QUAD_LIMIT):
+            prec = to_fp64(f"iteration {n_iter}'s fp32 statistics gave " + (
+                "a failed M-step" if out is None else "a component far from the mixture mean in its own spread"))
+            stats = estep(prec)
+            out = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)  # raises when ill-defined in float64 too
         ll = float(stats.log_likelihood) / total_weight
-        w, m, cov, pc = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)
+        w, m, cov, pc = out
         if log.step(n_iter, ll):
             break
     return w, m, cov, pc, n_iter
@@ -858,7 +900,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     :func:`_em_host` up to float64 rounding (the operands are derived on the device).
     """
     from algorithms._solvers import _Replay, graph_safe
-    from fusedml.gmm import _FAIL_MSG, mstep_tensors
+    from fusedml.gmm import mstep_tensors
     from fusedml.gmm._prep import FP32_QUAD_LIMIT
     from fusedml.gmm.fused import device_operands, device_quad, estep_device, mstep_operands, mstep_operands_applies
 
@@ -868,7 +910,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     first = {n: t.to(device=dev, dtype=f64).clone() for n, t in zip(names, params)}
     first.update(device_operands(X, first["weights"], first["means"], first["precisions_cholesky"], ct))
     # the fp32 kernels' accuracy (fusedml.gmm._prep.fp32_unsafe): parameters far from their
-    # mixture mean in their own precision continue on the host loop, in float64
+    # mixture mean in their own precision run on the host loop, in float64
     if float(device_quad(first["CP"], first["precisions_cholesky"], ct)) > FP32_QUAD_LIMIT:
         return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep)
     first["scal"] = torch.zeros(3, dtype=f64, device=dev)  # (log-likelihood, M-step failed, next fp32_quad)
@@ -911,13 +953,14 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     for n_iter in range(1, est.max_iter + 1):
         fetch, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
         ll, bad, quad = fetch.get()
-        if bad:
-            raise ValueError(_FAIL_MSG)
+        if bad or not quad <= FP32_QUAD_LIMIT:
+            # a failed M-step, or parameters beyond fp32's accuracy (this iteration's fp32 statistics
+            # may be what failed): the run starts over on the host loop, which redoes such an
+            # iteration in float64 (and raises if it fails there too); rare, and the same iterates
+            log.restart()
+            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep)
         if log.step(n_iter, ll / total_weight):
             break
-        if quad > FP32_QUAD_LIMIT:  # iteration n_iter + 1 (queued) would lose accuracy: the host loop
-            params = tuple(bufs[n_iter % 2][n].clone() for n in names)
-            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=n_iter + 1)
     return tuple(bufs[n_iter % 2][n].clone() for n in names) + (n_iter,)
 
 

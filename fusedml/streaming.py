@@ -987,7 +987,11 @@ class StreamedMatrix:
         _check_options(path, precision)
         prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, sample_weight, center)
         be = resolve_backend(backend, self.device)
-        if be == "fused":
+        if precision == "fp64":  # any backend: the blocked float64 pass on each chunk's device
+            from .gmm.cpu import estep_cpu
+
+            run = lambda p: estep_cpu(p, return_log_prob)  # noqa: E731
+        elif be == "fused":
             from .gmm.fused import _operands, estep_fused
 
             prec = _resolve_precision(precision, self.device)

@@ -597,6 +597,12 @@ def test_far_component_runs_in_float64(rng, ct, monkeypatch):
             lp, label = gmm_score(X, w, means, pc, ct, backend=backend)
         assert (label.numpy() == ref["resp"].argmax(1).numpy()).all()
         assert rel(lp, ref["log_prob"]) < 1e-6 and rel(st.log_prob, ref["log_prob"]) < 1e-6
+    X1, w1, means1, pc1 = problem(rng, 150, 5, 3, ct)  # ordinary data: precision="fp64" asked for
+    ref1 = reference(X1, w1, means1, pc1, ct)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for backend in ("fused", "ops", "cpu"):
+            check(gmm_estep(X1, w1, means1, pc1, ct, backend=backend, precision="fp64"), ref1, ct, tol=1e-9)
     monkeypatch.setattr(gprep, "FP32_QUAD_LIMIT", math.inf)  # the guard off: fp32 is wrong here
     st = gmm_estep(X, w, means, pc, ct, backend="fused", return_log_prob=True)
     assert (st.log_prob.double() - ref["log_prob"]).abs().max() > 1e-2

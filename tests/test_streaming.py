@@ -181,6 +181,9 @@ def test_gmm_estep_and_score_sum_over_chunks(rng):
     st = gmm_estep(S, w, mu, pc, "diag", sample_weight=sw, return_log_prob=True, backend="cpu")
     for name in ("nk", "s1", "s2", "log_likelihood", "log_prob"):
         assert rel(getattr(st, name), getattr(ref, name)) < 1e-12, name
+    st = gmm_estep(S, w, mu, pc, "diag", sample_weight=sw, backend="ops", precision="fp64")  # float64 per chunk
+    for name in ("nk", "s1", "s2", "log_likelihood"):
+        assert rel(getattr(st, name), getattr(ref, name)) < 1e-12, name
     lp, lab = S._fusedml_gmm_score(w, mu, pc, "diag", backend="cpu")
     lp_ref, lab_ref = gmm_score(torch.from_numpy(A), w, mu, pc, "diag", backend="cpu")
     assert rel(lp, lp_ref) < 1e-12 and torch.equal(lab, lab_ref)

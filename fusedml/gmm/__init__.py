@@ -111,8 +111,8 @@ class GMMStats:
 def _check_options(path, precision):
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if precision != "auto" and precision not in PRECISIONS:
-        raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}, got {precision!r}")
+    if precision not in ("auto", "fp64") and precision not in PRECISIONS:
+        raise ValueError(f"precision must be 'auto', 'fp64' or one of {PRECISIONS}, got {precision!r}")
 
 
 def _resolve_precision(precision, where) -> str:
@@ -155,8 +155,10 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
     path : {"auto", "single", "two_pass"}
         Fused backend only: force the single-sweep or the two-pass kernels (``"auto"``: the
         applicability model in :mod:`fusedml.gmm.model`).
-    precision : {"auto", "fp32", "tf32x3", "tf32", "bf16"}
-        Fused backend only: operand precision of the distance and statistics products.
+    precision : {"auto", "fp32", "tf32x3", "tf32", "bf16", "fp64"}
+        Fused backend: operand precision of the distance and statistics products. ``"fp64"``
+        (any backend): the blocked float64 E-step on X's device (no N x K; what the fused and
+        ``"ops"`` backends fall back to where fp32 would not be accurate; several times slower).
         ``"fp32"``: fp32 FMA products; ``"tf32x3"``: tensor cores with each fp32 operand split
         into a tf32 high and low part (three products; fp32-level error, about 1e-6 relative on
         the H200, but 2.2e-4 at K=1024, D=128); ``"auto"`` (default): the measured rule of
@@ -190,7 +192,11 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
     prep = validate(X, weights, means, precisions_cholesky, covariance_type, sample_weight=sample_weight,
                     center=center, check_finite=check_finite)
     be = resolve_backend(backend, prep.device)
-    if be == "fused":
+    if precision == "fp64":
+        from .cpu import estep_cpu
+
+        lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
+    elif be == "fused":
         from .fused import estep_fused
 
         lp, ll, nk, s1, s2 = estep_fused(prep, return_log_prob, path=path,
