@@ -1409,7 +1409,7 @@ def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has
     float64 (``s1_k += sum_a R_ak (c_a - c_k)``, ``s2 += sum_ak R_ak (c_a - c_k)(c_a - c_k)^T``, with
     the kernel's fp32 centres, so the sums are the full kernel's about the same centres)."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
-    dev, f32, f64 = X.device, torch.float32, torch.float64
+    dev, f64 = X.device, torch.float64
     BD = plan.BD  # the kernel's padded feature tile
     pnk, ps1, ps2, pr, pll = _partials(dev, [P * K, P * K * BD, P * BD * BD, P * K * K], P)
     _tied_single_kernel[(P,)](
