@@ -823,10 +823,11 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
 
     With ``host_mstep`` each E-step's log-likelihood and statistics reach the host in one copy and
     the M-step runs there, so the next E-step's parameters are host arrays (no further sync).
-    diag / spherical: when an fp32 E-step's M-step fails or puts a component beyond
-    :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT` (its data lie far from the shift in their own
-    spread, so the fp32 second moments lost digits), that E-step and the rest of the run are
-    computed in float64 (``precision="fp64"``), with a warning.
+    When an fp32 E-step's M-step fails (ill-conditioned second moments, e.g. tight clusters far
+    apart) or, diag / spherical, puts a component beyond :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT`
+    (its data lie far from the shift in their own spread, so the fp32 second moments lost digits),
+    that E-step and the rest of the run are computed in float64 (``precision="fp64"``), with a
+    warning; a failure in float64 raises.
     Returns ``(weights, means, covariances, precisions_cholesky, n_iter)``.
     """
     from fusedml.gmm._prep import FP32_QUAD_LIMIT
@@ -835,7 +836,8 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
     ct = est.covariance_type
     w, m, cov, pc = params
     prec = "auto"
-    check = backend != "cpu" and ct in ("diag", "spherical")  # fp32 distances about one shift
+    check = backend != "cpu"  # fp32 statistics: a failed M-step is redone in float64
+    quad = check and ct in ("diag", "spherical")  # and fp32 distances about one shift (FP32_QUAD_LIMIT)
 
     def estep(prec):
         st = gmm.gmm_estep(X, w, m, pc, ct, sample_weight=sw, backend=backend, precision=prec, check_finite=False)
@@ -846,16 +848,18 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
                       "the fit runs in float64 from here (slower)", RuntimeWarning, stacklevel=5)
         return "fp64"
 
-    if check and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
+    if quad and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
         prec = to_fp64("the initial parameters put a component far from the mixture mean in its own spread")
     n_iter = 0
     for n_iter in range(1, est.max_iter + 1):
         stats = estep(prec)
         try:
             out = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)
-        except ValueError:
+        except ValueError:  # ill-defined covariances: final unless fp32 statistics may be the cause
+            if not check or prec == "fp64":
+                raise
             out = None
-        if check and prec != "fp64" and (out is None or not _fp32_quad(out, ct) <= FP32_QUAD_LIMIT):
+        if check and prec != "fp64" and (out is None or quad and not _fp32_quad(out, ct) <= FP32_QUAD_LIMIT):
             prec = to_fp64(f"iteration {n_iter}'s fp32 statistics gave " + (
                 "a failed M-step" if out is None else "a component far from the mixture mean in its own spread"))
             stats = estep(prec)

@@ -723,6 +723,9 @@ def draw_fit(seed):
              class_weight=str(rng.choice(["none", "none", "balanced"])), solver=str(rng.choice(["newton-cg", "lbfgs"])),
              backend=str(rng.choice(["fused", "fused", "cpu", "ops"])),
              cov=str(rng.choice(["full", "tied", "diag", "spherical"])), K=int(rng.integers(1, 4)))
+    # gmm: clusters of spreads 1 / 0.1 / 0.01 up to 30 apart (a tight cluster far from the mixture
+    # mean in its own spread: fp32 statistics lose digits there; drawn last, so older seeds keep their draws)
+    c["multiscale"] = bool(rng.random() < 0.5) if est == "gmm" else False
     if est == "svc":
         c["intercept"] = False  # scikit-learn / LIBLINEAR penalise the intercept: same problem only without it
     return c
@@ -749,6 +752,12 @@ def _fit_data(c, rng):
     if c["strings"] and est in ("logistic", "svc", "multinomial"):
         y = np.array(["cat", "dog", "emu"])[y]
     sw = rng.uniform(0.2, 3.0, size=N) if c["weights"] else None
+    if c.get("multiscale"):
+        K = max(c["K"], 2)
+        centres = rng.normal(size=(K, D)) * rng.choice([1.0, 10.0, 30.0])
+        spreads = rng.choice([1.0, 0.1, 0.01], size=K)
+        z = np.arange(N) % K
+        X = centres[z] + spreads[z, None] * X
     return X, y, sw
 
 
