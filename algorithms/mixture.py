@@ -793,8 +793,9 @@ class _EMLog:
         self.lbs.clear()
         self.hist.clear()
 
-    def step(self, n_iter, log_likelihood):
-        """Record iteration ``n_iter``'s mean log-likelihood; True when the run stops there."""
+    def step(self, n_iter, log_likelihood, can_stop=True):
+        """Record iteration ``n_iter``'s mean log-likelihood; True when the run stops there
+        (never where ``can_stop`` is False: a change measured across precisions)."""
         est = self.est
         prev, self.lower_bound = self.lower_bound, log_likelihood
         change = self.lower_bound - prev
@@ -806,7 +807,7 @@ class _EMLog:
             print(f"  Iteration {n_iter}" if est.verbose == 1 else
                   f"  Iteration {n_iter}\t time lapse {now - self.t_iter:.5f}s\t ll change {change:.5f}")
         self.t_iter = now
-        self.converged = abs(change) < est.tol
+        self.converged = can_stop and abs(change) < est.tol
         return self.converged
 
 
@@ -818,7 +819,18 @@ def _fp32_quad(params, covariance_type) -> float:
     return float(device_quad(m - (w[:, None] * m).sum(0), pc, covariance_type))
 
 
-def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
+#: Resolution of an fp32 E-step's mean log-likelihood, relative to ``1 + |lower bound|`` (the
+#: per-row terms' fp32 rounding; changes jittered by ~1e-7 at a lower bound of -4.6, fuzz case
+#: fit:30436). A stopping test with ``tol`` below it is decided on float64 E-steps.
+_FP32_LB_NOISE = 2.0 ** -20
+
+
+def _below_fp32_noise(tol, change, lower_bound) -> bool:
+    """Whether an fp32 lower bound's ``|change| < tol`` is within its rounding (``tol`` too small)."""
+    return abs(change) < tol < _FP32_LB_NOISE * (1.0 + abs(lower_bound))
+
+
+def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=1, fp64=False):
     """EM iterations through :func:`fusedml.gmm_estep` and :func:`fusedml.gmm.gmm_mstep`.
 
     With ``host_mstep`` each E-step's log-likelihood and statistics reach the host in one copy and
@@ -827,7 +839,10 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
     apart) or, diag / spherical, puts a component beyond :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT`
     (its data lie far from the shift in their own spread, so the fp32 second moments lost digits),
     that E-step and the rest of the run are computed in float64 (``precision="fp64"``), with a
-    warning; a failure in float64 raises.
+    warning; a failure in float64 raises. A ``tol`` below the fp32 lower bound's rounding
+    (:data:`_FP32_LB_NOISE`) is tested on float64 E-steps: where an fp32 change falls under it, the
+    run goes on in float64 and stops on float64 changes only. ``start`` / ``fp64``: iterations
+    from ``start`` (the device loop's hand-over), in float64 from the first.
     Returns ``(weights, means, covariances, precisions_cholesky, n_iter)``.
     """
     from fusedml.gmm._prep import FP32_QUAD_LIMIT
@@ -835,7 +850,8 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
     gmm = _gmm_ops()
     ct = est.covariance_type
     w, m, cov, pc = params
-    prec = "auto"
+    prec = "fp64" if fp64 else "auto"
+    mixed = start if fp64 else 0  # an iteration whose change spans two precisions cannot stop the run
     check = backend != "cpu"  # fp32 statistics: a failed M-step is redone in float64
     quad = check and ct in ("diag", "spherical")  # and fp32 distances about one shift (FP32_QUAD_LIMIT)
 
@@ -848,10 +864,10 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
                       "the fit runs in float64 from here (slower)", RuntimeWarning, stacklevel=5)
         return "fp64"
 
-    if quad and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
+    if quad and prec != "fp64" and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
         prec = to_fp64("the initial parameters put a component far from the mixture mean in its own spread")
-    n_iter = 0
-    for n_iter in range(1, est.max_iter + 1):
+    n_iter = start - 1
+    for n_iter in range(start, est.max_iter + 1):
         stats = estep(prec)
         try:
             out = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)
@@ -864,9 +880,12 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep):
                 "a failed M-step" if out is None else "a component far from the mixture mean in its own spread"))
             stats = estep(prec)
             out = gmm.gmm_mstep(stats, reg_covar=est.reg_covar)  # raises when ill-defined in float64 too
+            mixed = n_iter
         ll = float(stats.log_likelihood) / total_weight
+        if check and prec != "fp64" and _below_fp32_noise(est.tol, ll - log.lower_bound, ll):
+            prec, mixed = "fp64", n_iter + 1  # this change and the next span fp32 rounding
         w, m, cov, pc = out
-        if log.step(n_iter, ll):
+        if log.step(n_iter, ll, can_stop=n_iter > mixed):
             break
     return w, m, cov, pc, n_iter
 
@@ -957,6 +976,12 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     for n_iter in range(1, est.max_iter + 1):
         fetch, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
         ll, bad, quad = fetch.get()
+        if not bad and _below_fp32_noise(est.tol, ll / total_weight - log.lower_bound, ll / total_weight):
+            # a stop within the fp32 lower bound's rounding: float64 E-steps from iteration n_iter's
+            # output on (its input was overwritten by the queued iteration n_iter + 1)
+            log.step(n_iter, ll / total_weight, can_stop=False)
+            params = tuple(bufs[n_iter % 2][n].clone() for n in names)
+            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=n_iter + 1, fp64=True)
         if bad or not quad <= FP32_QUAD_LIMIT:
             # a failed M-step, or parameters beyond fp32's accuracy (this iteration's fp32 statistics
             # may be what failed): the run starts over on the host loop, which redoes such an

@@ -320,6 +320,26 @@ def test_em_beyond_fp32_runs_in_float64(spread, prec0, monkeypatch):
     assert ref.covariances_[1].max() < 2 * spread ** 2 + 1e-6  # the tight cluster's variance (+ reg_covar)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tol_below_fp32_rounding_is_decided_in_float64(monkeypatch):
+    """tol = 1e-8 lies below the fp32 lower bound's rounding (~1e-7 here): an fp32 change under it
+    once stopped the fit 107 iterations early (fuzz case fit:30436). Both loops now go on in float64
+    and follow float64 EM (backend="cpu") to the same iteration count and lower bounds."""
+    import algorithms.mixture as mixture
+    from fuzz import _fit_data, draw_fit
+
+    c = draw_fit(30436)
+    X, _, _ = _fit_data(c, np.random.default_rng([8, c["seed"]]))
+    kw = dict(covariance_type=c["cov"], tol=1e-8, max_iter=300, random_state=0, reg_covar=1e-6)
+    ref = GaussianMixture(c["K"], backend="cpu", **kw).fit(X)
+    for forced in (True, False):
+        monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
+        fit = GaussianMixture(c["K"], backend="fused", **kw).fit(X)
+        assert fit.n_iter_ == ref.n_iter_ and fit.converged_ == ref.converged_, forced
+        np.testing.assert_allclose(fit.lower_bounds_[-50:], ref.lower_bounds_[-50:], rtol=1e-9)
+        assert _rel(fit.means_, ref.means_) <= 1e-6
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the speculative iteration runs on the failed M-step
 def test_device_em_loop_raises_the_mstep_failure(monkeypatch):
     import algorithms.mixture as mixture
