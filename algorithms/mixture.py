@@ -813,10 +813,10 @@ class _EMLog:
 
 def _fp32_quad(params, covariance_type) -> float:
     """:func:`fusedml.gmm._prep.fp32_quad` of diag / spherical parameters ``(w, m, cov, pc)``."""
-    from fusedml.gmm.fused import device_quad
+    from fusedml.gmm._prep import shifted_quad
 
     w, m, _, pc = (torch.as_tensor(t, dtype=_F64) for t in params)
-    return float(device_quad(m - (w[:, None] * m).sum(0), pc, covariance_type))
+    return float(shifted_quad(m - (w[:, None] * m).sum(0), pc, covariance_type))
 
 
 #: Resolution of an fp32 E-step's mean log-likelihood, relative to ``1 + |lower bound|`` (the
@@ -924,8 +924,8 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     """
     from algorithms._solvers import _Replay, graph_safe
     from fusedml.gmm import mstep_tensors
-    from fusedml.gmm._prep import FP32_QUAD_LIMIT
-    from fusedml.gmm.fused import device_operands, device_quad, estep_device, mstep_operands, mstep_operands_applies
+    from fusedml.gmm._prep import FP32_QUAD_LIMIT, shifted_quad
+    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
 
     ct = est.covariance_type
     dev, f64 = X.device, torch.float64
@@ -934,7 +934,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     first.update(device_operands(X, first["weights"], first["means"], first["precisions_cholesky"], ct))
     # the fp32 kernels' accuracy (fusedml.gmm._prep.fp32_unsafe): parameters far from their
     # mixture mean in their own precision run on the host loop, in float64
-    if float(device_quad(first["CP"], first["precisions_cholesky"], ct)) > FP32_QUAD_LIMIT:
+    if float(shifted_quad(first["CP"], first["precisions_cholesky"], ct)) > FP32_QUAD_LIMIT:
         return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep)
     first["scal"] = torch.zeros(3, dtype=f64, device=dev)  # (log-likelihood, M-step failed, next fp32_quad)
     bufs = [first, {n: torch.empty_like(t) for n, t in first.items()}]
@@ -959,7 +959,7 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
                 dst[n].copy_(o)
             dst["scal"][0].copy_(stats[0])
             dst["scal"][1].copy_(out[4])
-            dst["scal"][2].copy_(device_quad(dst["CP"], dst["precisions_cholesky"], ct))
+            dst["scal"][2].copy_(shifted_quad(dst["CP"], dst["precisions_cholesky"], ct))
         return fn
 
     steps = [_Replay(iteration(bufs[0], bufs[1]), cuda and graph_safe(X)),

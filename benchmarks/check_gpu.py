@@ -577,7 +577,8 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
     import algorithms.mixture as mixture
     from algorithms import GaussianMixture
     from fusedml.gmm import mstep_tensors
-    from fusedml.gmm.fused import device_operands, device_quad, mstep_operands
+    from fusedml.gmm._prep import shifted_quad
+    from fusedml.gmm.fused import device_operands, mstep_operands
 
     f64 = torch.float64
     for ct, K, D in (("diag", 16, 16), ("spherical", 8, 32), ("diag", 64, 64), ("diag", 3, 5)):
@@ -601,7 +602,7 @@ def check_gmm_em(dev, N=400_000, kpp_rows=200_000):
         record(f"mstep_operands {ct} K={K} D={D} operands (fp32 rounding)", err, 2e-7)
         record(f"mstep_operands {ct} K={K} D={D} scalars", abs(float(out["scal"][0]) / float(ll) - 1)
                + float(out["scal"][1]), 1e-15)
-        quad = float(device_quad(out["CP"], out["precisions_cholesky"], ct))
+        quad = float(shifted_quad(out["CP"], out["precisions_cholesky"], ct))
         record(f"mstep_operands {ct} K={K} D={D} fp32_quad", abs(float(out["scal"][2]) / quad - 1), 1e-12)
     for ct, K, D in (("diag", 16, 16), ("spherical", 8, 8)):
         X = torch.randn(N, D, device=dev) + torch.randint(0, 4, (N, 1), device=dev) * 3.0

@@ -798,8 +798,8 @@ def test_estep_device_equals_gmm_estep(rng, ct, weighted):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_mstep_operands_is_mstep_then_operands(rng, ct, dtype):
     from fusedml.gmm import mstep_tensors
-    from fusedml.gmm._prep import fp32_quad, validate
-    from fusedml.gmm.fused import device_operands, device_quad, estep_device, mstep_operands, mstep_operands_applies
+    from fusedml.gmm._prep import fp32_quad, shifted_quad, validate
+    from fusedml.gmm.fused import device_operands, estep_device, mstep_operands, mstep_operands_applies
 
     X, w, means, pc = problem(rng, 200, 5, 7, ct)
     Xt = torch.from_numpy(X.astype(dtype))
@@ -817,7 +817,7 @@ def test_mstep_operands_is_mstep_then_operands(rng, ct, dtype):
         assert rel(out[n], r) < 1e-13, n
     for n, r in ref_ops.items():
         assert out[n].dtype == r.dtype and rel(out[n], r) < (1e-13 if r.dtype == torch.float64 else 1e-6), n
-    quad = device_quad(out["CP"], out["precisions_cholesky"], ct)
+    quad = shifted_quad(out["CP"], out["precisions_cholesky"], ct)
     assert out["scal"].tolist()[:2] == [float(stats[0]), 0.0] and float(out["scal"][2]) == pytest.approx(float(quad))
     assert float(quad) == pytest.approx(fp32_quad(validate(Xt, *ref[:2], ref[3], ct)), rel=1e-12)
     bad = (stats[0], stats[1], stats[2], -stats[3].abs() - 1.0)  # negative second moments: flagged

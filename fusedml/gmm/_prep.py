@@ -261,6 +261,16 @@ def validate(X, weights, means, precisions_cholesky, covariance_type, *, sample_
 FP32_QUAD_LIMIT = 2.0 ** 14
 
 
+def shifted_quad(cp, prec_chol, covariance_type):
+    """``max_k sum_d p_kd cp_kd^2 + D`` from the shifted means ``cp = mu - g`` ([K, D]) and the
+    precision factors (diag [K, D], spherical [K]), numpy arrays or torch tensors (a scalar of
+    the same kind; on a device, no synchronisation): :func:`fp32_quad`'s formula."""
+    p = prec_chol * prec_chol
+    if covariance_type == "spherical":
+        p = p[:, None]
+    return (cp * cp * p).sum(1).max() + cp.shape[1]
+
+
 def fp32_quad(prep: Prepared) -> float:
     """``max_k sum_d p_kd (mu_kd - g_d)^2 + D``: the size of the fp32 expanded quadratic about the
     shift ``g`` at the rows near each component (diag / spherical; 0 for full / tied, whose kernels
@@ -269,8 +279,8 @@ def fp32_quad(prep: Prepared) -> float:
     if q is None:
         q = 0.0
         if prep.covariance_type in ("diag", "spherical"):
-            mup = prep.host["mu"] - prep.host["shift"]
-            q = float((diag_precisions_host(prep) * mup * mup).sum(1).max()) + prep.D
+            h = prep.host
+            q = float(shifted_quad(h["mu"] - h["shift"], h["prec_chol"], prep.covariance_type))
         prep.host["quad"] = q
     return q
 

@@ -885,16 +885,6 @@ def device_operands(X, weights, means, prec_chol, covariance_type):
             "CP": mup}
 
 
-def device_quad(cp, prec_chol, covariance_type):
-    """:func:`fusedml.gmm._prep.fp32_quad` on the device: ``max_k sum_d p_kd cp_kd^2 + D`` (a
-    float64 scalar tensor, no synchronisation) from the shifted means ``cp`` ([K, D], the ``CP``
-    operand of :func:`device_operands`) and the precision factors (diag [K, D], spherical [K])."""
-    p = prec_chol * prec_chol
-    if covariance_type == "spherical":
-        p = p[:, None]
-    return (cp * cp * p).sum(1).max() + cp.shape[1]
-
-
 @triton.jit
 def _mstep_operands_kernel(
     LL, NK, S1, S2,  # [1], [K], [K, D], [K, D] (spherical: [K]) float64: statistics about C
@@ -964,7 +954,7 @@ def _mstep_operands_kernel(
     tl.store(CP + kd, mup, mask=m2)
     tl.store(SCAL, tl.load(LL))
     tl.store(SCAL + 1, bad)
-    # the next E-step's fp32 quadratic size (fusedml.gmm._prep.fp32_quad)
+    # the next E-step's fp32 quadratic size (fusedml.gmm._prep.fp32_quad, shifted_quad)
     tl.store(SCAL + 2, tl.max(tl.where(km, tl.sum(mup * mup * p, 1), 0.0), 0) + D)
 
 
