@@ -350,6 +350,34 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s29)  # session 29: sessions 27-28's code on its first GPU (float64 E-step fallbacks, float64 log-likelihood
+          # partials, the M-step kernel's Q scalar and the device loop's restart, the tied tile): CUDA tests, the
+          # fuzz regressions replayed, the GMM checks, .ab-base (git archive cdf09d1, session 27's end) against
+          # this code interleaved (E-step at the model's pick; GMM fit), a fresh fuzz campaign
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-tests.log"
+      run replays 200 python3 tests/fuzz.py --device cuda --case gmm_estep:27329 fit:27510 fit:28678 fit:1169 \
+        fit:30036 fit:30436 loss_gradient:28518 loss_gradient:11242
+      grep -E "^FAIL|cases passed" "$log/replays.log" | cut -c1-400
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s29.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run estep-$side-$r 90 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,19,0,11,12,20,3 \
+            --variants '^$' --sweep-precisions fp32 --out "$out/gmm_estep_ab_${side}_$r.json"
+          grep -E "^\| [0-9]" "$log/estep-$side-$r.log" | cut -c1-160
+        done
+      done
+      for side in base new; do
+        root=.; [ $side = base ] && root=.ab-base
+        run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
+          --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
+        grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
+      done
+      run fuzz 200 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-80}" --seed "${FUZZ_SEED:-$RANDOM}"
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
     s27-verify)  # session 27 (its planner and the Tweedie fix were not run on the GPU): the two fuzz cases the
                  # GPU failed, the GMM checks, the full / tied rows, and the tiles left to time
       for c in loss_gradient:28518 loss_gradient:11242; do

@@ -904,7 +904,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="first seed")
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--case", help="replay one case, OP:SEED")
+    ap.add_argument("--case", nargs="+", help="replay these cases, OP:SEED ...")
     ap.add_argument("--stop", action="store_true", help="stop at the first failure")
     ap.add_argument("--aot", action="store_true",
                     help="also compile every distinct kernel launch of the cases for sm_90 (CPU only): a launch "
@@ -912,7 +912,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    todo = [(a.case.split(":")[0], int(a.case.split(":")[1]))] if a.case else \
+    todo = [(c.split(":")[0], int(c.split(":")[1])) for c in a.case] if a.case else \
         [(op, s) for s in range(a.seed, a.seed + a.n) for op in a.ops]
     fails, tags, t0 = [], {}, time.time()
     if a.aot:

@@ -22,6 +22,10 @@ from algorithms._base import ConvergenceWarning, NotFittedError  # noqa: E402
 from algorithms.mixture import GaussianMixture, KMeans  # noqa: E402
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
+_cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                                reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
+#: where the fused fits of the accuracy-guard tests run: numpy on the CPU (interpreter), or a CUDA tensor
+DEVICES = ["cpu", pytest.param("cuda", marks=_cuda_only)]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +33,18 @@ def iris():
     return load_iris().data.astype(np.float64)  # [150, 4]
 
 
+def _np(a):
+    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+
+
 def _rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(_np(a), dtype=np.float64), np.asarray(_np(b), dtype=np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def _on(X, device):
+    """X as given (numpy) for the CPU, a tensor on ``device`` otherwise."""
+    return X if device == "cpu" else torch.tensor(X, device=device)
 
 
 def _explicit_init(X, ct, K=3):
@@ -292,8 +305,9 @@ def test_device_em_loop_equals_host_loop(ct, max_iter, tol, weighted, one_launch
     assert tol == 0.0 or dev.converged_
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spread,prec0", [(0.02, 1.0), (0.02, 200.0), (1e-3, 1.0)])
-def test_em_beyond_fp32_runs_in_float64(spread, prec0, monkeypatch):
+def test_em_beyond_fp32_runs_in_float64(spread, prec0, device, monkeypatch):
     """A tight cluster far from a wide one, in its own spread: the fp32 E-step's second moments
     lose digits (spread 1e-3: its first M-step fails; 0.02: it puts the component beyond
     fusedml.gmm._prep.FP32_QUAD_LIMIT; prec0 = 200: the initial parameters are beyond it). The
@@ -309,7 +323,7 @@ def test_em_beyond_fp32_runs_in_float64(spread, prec0, monkeypatch):
     for forced in (True, False):
         monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
         with pytest.warns(RuntimeWarning, match="float64"):
-            fits[forced] = GaussianMixture(2, backend="fused", **kw).fit(X)
+            fits[forced] = GaussianMixture(2, backend="fused", **kw).fit(_on(X, device))
     ref = GaussianMixture(2, backend="cpu", **kw).fit(X)
     for fit in fits.values():
         assert fit.n_iter_ == 5 and [h["iter"] for h in fit.history_] == [1, 2, 3, 4, 5]
@@ -321,7 +335,8 @@ def test_em_beyond_fp32_runs_in_float64(spread, prec0, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_tol_below_fp32_rounding_is_decided_in_float64(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_tol_below_fp32_rounding_is_decided_in_float64(device, monkeypatch):
     """tol = 1e-8 lies below the fp32 lower bound's rounding (~1e-7 here): an fp32 change under it
     once stopped the fit 107 iterations early (fuzz case fit:30436). Both loops now go on in float64
     and follow float64 EM (backend="cpu") to the same iteration count and lower bounds."""
@@ -334,7 +349,7 @@ def test_tol_below_fp32_rounding_is_decided_in_float64(monkeypatch):
     ref = GaussianMixture(c["K"], backend="cpu", **kw).fit(X)
     for forced in (True, False):
         monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
-        fit = GaussianMixture(c["K"], backend="fused", **kw).fit(X)
+        fit = GaussianMixture(c["K"], backend="fused", **kw).fit(_on(X, device))
         assert fit.n_iter_ == ref.n_iter_ and fit.converged_ == ref.converged_, forced
         np.testing.assert_allclose(fit.lower_bounds_[-50:], ref.lower_bounds_[-50:], rtol=1e-9)
         assert _rel(fit.means_, ref.means_) <= 1e-6
@@ -422,10 +437,6 @@ def test_uniform_runs_through_rounding_ties():
         runs = _uniform_runs(N, p)
         rebuilt = np.concatenate([r[1] + np.arange(r[3]) * r[2] for r in runs])
         np.testing.assert_array_equal(rebuilt, np.cumsum(np.full(N, p)), err_msg=str((N, p)))
-
-
-_cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
-                                reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET=0)")
 
 
 @_cuda_only
