@@ -515,7 +515,7 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
             if BN > 64 and not tc:
                 continue
             E = _tied_elems(BN, BD, BK)
-            ok = (E <= 32 * nw * TIED_VALUES or (BN, nw) == (measured or (0, 0))[:2]) and K <= 64
+            ok = (E <= 32 * nw * TIED_VALUES or (measured is not None and (BN, nw) == measured[:2])) and K <= 64
             regs = min(255, E // (32 * nw) + 48)
             sm = 4 * (st * BN * BD + 2 * BN * BK + 2 * BD * BD + 2 * BK * BD + BK * BK) * (1 if not tc else 2)
             ok = ok and sm <= smem_limit
