@@ -362,7 +362,7 @@ for p in $parts; do
       grep -E "^FAIL|cases passed" "$log/replays.log" | cut -c1-400
       run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s29.json"
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
-      for r in 1 2; do
+      for r in ${AB_ROUNDS:-1 2}; do
         for side in base new; do
           root=.; [ $side = base ] && root=.ab-base
           run estep-$side-$r 100 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,19,0,11,12,20,13,14 \
@@ -370,13 +370,13 @@ for p in $parts; do
           grep -E "^\| [0-9]" "$log/estep-$side-$r.log" | cut -c1-160
         done
       done
-      for side in base new; do
+      for side in ${FIT_SIDES:-base new}; do
         root=.; [ $side = base ] && root=.ab-base
         run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
           --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
         grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
       done
-      run fuzz 150 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-50}" --seed "${FUZZ_SEED:-$RANDOM}"
+      [ "${FUZZ_N:-50}" -gt 0 ] && run fuzz 150 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-50}" --seed "${FUZZ_SEED:-$RANDOM}"
       grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
     s27-verify)  # session 27 (its planner and the Tweedie fix were not run on the GPU): the two fuzz cases the
                  # GPU failed, the GMM checks, the full / tied rows, and the tiles left to time
