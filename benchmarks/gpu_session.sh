@@ -365,7 +365,7 @@ for p in $parts; do
       for r in ${AB_ROUNDS:-1 2}; do
         for side in base new; do
           root=.; [ $side = base ] && root=.ab-base
-          run estep-$side-$r 100 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs 1,19,0,11,12,20,13,14 \
+          run estep-$side-$r 100 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs ${AB_CONFIGS:-1,19,0,11,12,20,13,14} \
             --variants '^$' --sweep-precisions fp32 --out "$out/gmm_estep_ab_${side}_$r.json"
           grep -E "^\| [0-9]" "$log/estep-$side-$r.log" | cut -c1-160
         done
