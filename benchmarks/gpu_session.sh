@@ -362,7 +362,8 @@ for p in $parts; do
       grep -E "^FAIL|cases passed" "$log/replays.log" | cut -c1-400
       run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s29.json"
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
-      for r in ${AB_ROUNDS:-1 2}; do
+      for r in ${AB_ROUNDS:-1 2}; do  # AB_ROUNDS=0, FIT_SIDES=none, FUZZ_N=0: skip that step
+        [ "$r" = 0 ] && break
         for side in base new; do
           root=.; [ $side = base ] && root=.ab-base
           run estep-$side-$r 100 python3 $root/benchmarks/bench_gmm.py --sweep --no-targets --configs ${AB_CONFIGS:-1,19,0,11,12,20,13,14} \
@@ -371,6 +372,7 @@ for p in $parts; do
         done
       done
       for side in ${FIT_SIDES:-base new}; do
+        [ "$side" = none ] && break
         root=.; [ $side = base ] && root=.ab-base
         run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
           --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
