@@ -976,19 +976,22 @@ def _em_device(est, X, params, sw, total_weight, log, backend, host_mstep):
     for n_iter in range(1, est.max_iter + 1):
         fetch, nxt = nxt, (queue(n_iter + 1) if n_iter < est.max_iter else None)
         ll, bad, quad = fetch.get()
-        if not bad and _below_fp32_noise(est.tol, ll / total_weight - log.lower_bound, ll / total_weight):
-            # a stop within the fp32 lower bound's rounding: float64 E-steps from iteration n_iter's
-            # output on (its input was overwritten by the queued iteration n_iter + 1)
-            log.step(n_iter, ll / total_weight, can_stop=False)
-            params = tuple(bufs[n_iter % 2][n].clone() for n in names)
-            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=n_iter + 1, fp64=True)
+        lb = ll / total_weight
         if bad or not quad <= FP32_QUAD_LIMIT:
             # a failed M-step, or parameters beyond fp32's accuracy (this iteration's fp32 statistics
             # may be what failed): the run starts over on the host loop, which redoes such an
-            # iteration in float64 (and raises if it fails there too); rare, and the same iterates
+            # iteration in float64 (and raises if it fails there too); rare, and the same iterates.
+            # Tested first: the host loop redoes this iteration even where its change is also
+            # within the fp32 rounding below
             log.restart()
             return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep)
-        if log.step(n_iter, ll / total_weight):
+        if _below_fp32_noise(est.tol, lb - log.lower_bound, lb):
+            # a stop within the fp32 lower bound's rounding: float64 E-steps from iteration n_iter's
+            # output on (its input was overwritten by the queued iteration n_iter + 1)
+            log.step(n_iter, lb, can_stop=False)
+            params = tuple(bufs[n_iter % 2][n].clone() for n in names)
+            return _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=n_iter + 1, fp64=True)
+        if log.step(n_iter, lb):
             break
     return tuple(bufs[n_iter % 2][n].clone() for n in names) + (n_iter,)
 

@@ -305,6 +305,14 @@ def test_device_em_loop_equals_host_loop(ct, max_iter, tol, weighted, one_launch
     assert tol == 0.0 or dev.converged_
 
 
+def _far_tight_cluster(spread, prec0):
+    """A wide cluster at 0 and a tight one (``spread``) at (20, 20); diag init with precisions ``prec0``."""
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(size=(150, 2)), 20.0 + spread * rng.normal(size=(50, 2))]).astype(np.float32)
+    return X, dict(covariance_type="diag", max_iter=5, tol=0.0, weights_init=[0.5, 0.5],
+                   means_init=[[0.0, 0.0], [20.0, 20.0]], precisions_init=np.full((2, 2), prec0))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spread,prec0", [(0.02, 1.0), (0.02, 200.0), (1e-3, 1.0)])
 def test_em_beyond_fp32_runs_in_float64(spread, prec0, device, monkeypatch):
@@ -315,10 +323,7 @@ def test_em_beyond_fp32_runs_in_float64(spread, prec0, device, monkeypatch):
     over on the host loop; both end where float64 EM (backend="cpu") ends."""
     import algorithms.mixture as mixture
 
-    rng = np.random.default_rng(3)
-    X = np.vstack([rng.normal(size=(150, 2)), 20.0 + spread * rng.normal(size=(50, 2))]).astype(np.float32)
-    kw = dict(covariance_type="diag", max_iter=5, tol=0.0, weights_init=[0.5, 0.5],
-              means_init=[[0.0, 0.0], [20.0, 20.0]], precisions_init=np.full((2, 2), prec0))
+    X, kw = _far_tight_cluster(spread, prec0)
     fits = {}
     for forced in (True, False):
         monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
@@ -332,6 +337,28 @@ def test_em_beyond_fp32_runs_in_float64(spread, prec0, device, monkeypatch):
             assert _rel(getattr(fit, name), getattr(ref, name)) <= 1e-4, name
     assert fits[True].lower_bounds_ == fits[False].lower_bounds_
     assert ref.covariances_[1].max() < 2 * spread ** 2 + 1e-6  # the tight cluster's variance (+ reg_covar)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_failure_is_redone_before_the_rounding_hand_over(device, monkeypatch):
+    """Iteration 1's fp32 M-step puts the tight component beyond FP32_QUAD_LIMIT while its change
+    is also (forced) within the fp32 rounding: both loops redo that iteration in float64 first
+    (the device loop by starting over on the host loop), so their iterates agree to float64
+    rounding; handing over from the fp32 M-step's output instead would differ in the 7th digit."""
+    import algorithms.mixture as mixture
+
+    X, kw = _far_tight_cluster(0.02, 1.0)
+    monkeypatch.setattr(mixture, "_below_fp32_noise", lambda tol, change, lower_bound: True)
+    fits = {}
+    for forced in (True, False):
+        monkeypatch.setattr(mixture, "_DEVICE_EM", forced)
+        with pytest.warns(RuntimeWarning, match="iteration 1's fp32 statistics"):
+            fits[forced] = GaussianMixture(2, backend="fused", **kw).fit(_on(X, device))
+    dev, host = fits[True], fits[False]
+    assert dev.n_iter_ == host.n_iter_ == 5
+    np.testing.assert_allclose(dev.lower_bounds_, host.lower_bounds_, rtol=1e-12)
+    for name in ("weights_", "means_", "covariances_"):
+        assert _rel(getattr(dev, name), getattr(host, name)) <= 1e-10, name
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
