@@ -350,6 +350,25 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s31)  # session 31: the GMM fit of .ab-base (git archive cdf09d1) against this code; full-covariance tiles
+          # the planner picks untimed (BD = 16 with K = 64, padded D = 24 and 28: the model's pick against the
+          # sweep); the mmchain table on the current code; a fresh fuzz campaign
+      for side in ${FIT_SIDES:-base new}; do
+        [ "$side" = none ] && break
+        root=.; [ $side = base ] && root=.ab-base
+        run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
+          --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
+        grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
+      done
+      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 23,24,25 --sweep-precisions fp32 \
+        --variants '^single BN=|^two_pass BN=' --budget 120 --out "$out/gmm_full_sweep_s31.json"
+      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
+      run full-rows 120 python3 benchmarks/bench_gmm.py --configs 23,24,25,14 --out "$out/gmm_full_s31.json"
+      grep -E "^\| [0-9]" "$log/full-rows.log" | cut -c1-200
+      run mmchain 90 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json"
+      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-160
+      [ "${FUZZ_N:-50}" -gt 0 ] && run fuzz 150 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-50}" --seed "${FUZZ_SEED:-$RANDOM}"
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
     s29)  # session 29: sessions 27-28's code on its first GPU (float64 E-step fallbacks, float64 log-likelihood
           # partials, the M-step kernel's Q scalar and the device loop's restart, the tied tile): CUDA tests, the
           # fuzz regressions replayed, the GMM checks, .ab-base (git archive cdf09d1, session 27's end) against
