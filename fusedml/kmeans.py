@@ -18,6 +18,7 @@ boundary to the wrong cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -29,6 +30,7 @@ from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap, resident_programs
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
+from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
 
 __all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
@@ -37,6 +39,8 @@ _F64 = torch.float64
 # Register budget of the fused kernel: the [K, D] accumulator and the [BLOCK_N, K] / [BLOCK_N, D]
 # tiles each hold at most this many fp32 elements per program.
 _MAX_TILE = 8192
+#: The keys :func:`lloyd_plan` takes as overrides.
+_PLAN_KEYS = {"BLOCK_N", "num_warps", "USE_DOT", "per_sm", "REG", "REG_KI", "REG_VALUES", "PREFETCH"}
 _BLOCK_ELEMS = 1 << 22  # rows per block of the torch path: temporaries of about this many elements
 
 
@@ -332,6 +336,16 @@ def lloyd_plan(N, D, K, device=None, **override):
         ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``REG`` (``(KI, KO)`` or None),
         ``num_warps``, ``programs``, ``n_tiles`` (and ``PREFETCH`` for the register form).
     """
+    unknown = sorted(set(override) - _PLAN_KEYS)
+    if unknown:
+        raise ValueError(f"plan: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(_PLAN_KEYS))}")
+    o = SimpleNamespace(**override)
+    check_launch_fields(o, what="plan", pow2=[k for k in ("BLOCK_N", "REG_KI") if k in override],
+                        positive=[k for k in ("per_sm", "REG_VALUES") if k in override],
+                        warps=[k for k in ("num_warps",) if k in override],
+                        flags=[k for k in ("USE_DOT", "REG") if k in override])
+    if "PREFETCH" in override and override["PREFETCH"] not in (0, 1, 2):
+        raise ValueError(f"plan: PREFETCH must be 0, 1 or 2, got {override['PREFETCH']!r}")
     sms = _sm_count(device)
     per_sm = override.get("per_sm", 4)
     # the register form at diag's budget: spherical's (KI doubled) measured 0.42 against 0.33 ms at
@@ -354,6 +368,10 @@ def lloyd_plan(N, D, K, device=None, **override):
     else:
         bn = max(16, min(256, 8192 // (bd * bk)))
     bn = override.get("BLOCK_N", bn)
+    if use_dot and bn < 16:
+        raise ValueError(f"plan: USE_DOT needs BLOCK_N >= 16 (tl.dot's smallest tile on sm_90), got {bn}")
+    # [BLOCK_N, BLOCK_K, BLOCK_D] broadcast products (tl.dot: [BLOCK_N, BLOCK_K] / [BLOCK_N, BLOCK_D])
+    check_launch_fields(o, what="plan", tile=bn * (bk * bd if not use_dot else max(bk, bd)))
     n_tiles = triton.cdiv(int(N), bn)
     return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot, "REG": None,
             "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),

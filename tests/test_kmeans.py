@@ -73,6 +73,25 @@ def test_register_form_int64_offsets(rng, monkeypatch):
     assert torch.equal(r.labels, lab) and _relerr(r.sums, sums) < 1e-5 and _relerr(r.counts, counts) < 1e-5
 
 
+@pytest.mark.parametrize("plan, match", [
+    ({"bogus": 1}, r"plan: unknown key\(s\) 'bogus'"),
+    ({"BLOCK_N": 24, "REG": False}, r"plan: BLOCK_N must be a power of two, got 24"),
+    ({"BLOCK_N": 0, "REG": False}, r"plan: BLOCK_N must be a positive integer"),
+    ({"num_warps": 3, "REG": False}, r"plan: num_warps must be a power of two from 1 to 32"),
+    ({"per_sm": 0}, r"plan: per_sm must be a positive integer"),
+    ({"REG_KI": 3}, r"plan: REG_KI must be a power of two"),
+    ({"PREFETCH": 7}, r"plan: PREFETCH must be 0, 1 or 2"),
+    ({"USE_DOT": 1}, r"plan: USE_DOT must be True or False"),
+    ({"USE_DOT": True, "BLOCK_N": 8}, r"plan: USE_DOT needs BLOCK_N >= 16"),
+    ({"BLOCK_N": 1 << 16, "REG": False}, r"plan: the launch's largest tile has 4194304 elements"),
+])
+def test_plan_overrides_are_checked(plan, match):
+    """A launch override no kernel can run (or a misspelt key) raises naming it, before any launch."""
+    X = torch.randn(200, 6)
+    with pytest.raises(ValueError, match=match):
+        fusedml.lloyd_step(X, X[:5].clone(), backend="fused", plan=plan)
+
+
 def test_register_form_plan():
     p = km.lloyd_plan(1 << 20, 16, 16)
     assert p["REG"] == (2, 8) and p["BLOCK_N"] == 16 and not p["USE_DOT"]  # the GMM diag tile (measured)

@@ -166,6 +166,70 @@ def test_unknown_config_keys_are_rejected(data):
     fusedml.mmchain(X, y, v, backend="cpu", config={"block_n": 16, "ops_transpose": "cached"})
 
 
+@pytest.mark.parametrize("config, match", [
+    ({"strategy": "chunked", "block_d": 48}, r"config: block_d must be a power of two, got 48"),
+    ({"block_n": 24}, r"config: block_n must be a power of two"),
+    ({"block_n": 0}, r"config: block_n must be a positive integer, got 0"),
+    ({"block_n": True}, r"config: block_n must be a positive integer, got True"),
+    ({"num_warps": 3}, r"config: num_warps must be a power of two from 1 to 32"),
+    ({"num_warps": 64}, r"config: num_warps must be a power of two from 1 to 32"),
+    ({"num_programs": 0}, r"config: num_programs must be a positive integer"),
+    ({"num_stages": 0}, r"config: num_stages must be a positive integer"),
+    ({"prefetch": 5}, r"config: prefetch must be True / False or 0, 1, 2"),
+    ({"two_pass": 1}, r"config: two_pass must be True or False"),
+    ({"max_registers": 300}, r"config: max_registers must be None or an integer from 16 to 255"),
+    # GPU fuzz case mmchain:28268 (fp64, m = 15: [64, 16, 4096] products) failed to compile instead
+    ({"strategy": "chunked", "block_n": 64, "block_d": 4096}, r"largest tile has 4194304 elements, more than"),
+])
+def test_dense_launch_values_are_checked(config, match):
+    """Launch overrides no kernel can run raise a ValueError naming the field, before any launch."""
+    X, Y = torch.randn(17, 4970, dtype=torch.float64), torch.randn(4970, 15, dtype=torch.float64)
+    Y = Y if "largest tile" in match else Y[:, 0]
+    with pytest.raises(ValueError, match=match):
+        fusedml.mmchain(X, Y, backend="fused", config=config)
+
+
+def test_dense_overrides_never_drop_right_hand_sides():
+    """m_pad below m (or mode="vector" for m > 1) gave wrong results (mmchain, matvec) or crashed."""
+    X, Y = torch.randn(40, 70), torch.randn(70, 5)
+    for cfg, match in (({"m_pad": 4, "mode": "dot"}, r"m_pad=4 is below m=5 \(mode 'dot'\)"),
+                       ({"m_pad": 4, "mode": "elementwise"}, r"m_pad=4 is below m=5"),
+                       ({"mode": "dot", "m_pad": 8}, r"mode='dot' needs m_pad >= 16"),
+                       ({"mode": "vector"}, r"mode='vector' serves one right-hand side, got m=5")):
+        for fn in (fusedml.mmchain, fusedml.matvec):
+            with pytest.raises(ValueError, match=match):
+                fn(X, Y, backend="fused", config=cfg)
+    with pytest.raises(ValueError, match=r"the matvec kernel runs mode 'vector', 'dot' or 'elementwise'"):
+        fusedml.matvec(X, Y, backend="fused", config={"mode": "small"})
+    with pytest.raises(ValueError, match=r"config: block_n must be a power of two"):
+        fusedml.loss_gradient(X, torch.zeros(70), (torch.rand(40) > 0.5).float(), loss="logistic",
+                              backend="fused", config={"block_n": 12})
+    # valid overrides still give the product
+    w = fusedml.mmchain(X, Y, backend="fused", config={"mode": "elementwise", "m_pad": 8})
+    torch.testing.assert_close(w, X.T @ (X @ Y), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"block_r": 3}, r"config: block_r must be a power of two, got 3"),
+    ({"lanes": 6}, r"config: lanes must be a power of two"),
+    ({"tile": 100}, r"config: tile must be a power of two"),
+    ({"piece": 7}, r"config: piece must be a power of two"),
+    ({"chunk": 0}, r"config: chunk must be a positive integer"),
+    ({"long_threshold": 0}, r"config: long_threshold must be a positive integer"),
+    ({"num_warps": 3}, r"config: num_warps must be a power of two from 1 to 32"),
+    ({"long_warps": 0}, r"config: long_warps must be a positive integer"),
+    ({"ordered": 1}, r"config: ordered must be True or False"),
+    ({"tile_bytes": -1}, r"config: tile_bytes must be a non-negative integer"),
+    ({"tile": 1 << 22}, r"largest tile has 4194304 elements"),
+    ({"strategy": "gather", "gather": {"block_r": 5}}, r"config: block_r must be a power of two, got 5"),
+])
+def test_csr_launch_values_are_checked(config, match):
+    """CSR launch overrides (the CSC pass's too) no kernel can run raise a ValueError naming the field."""
+    A = sp.random(300, 50, density=0.1, format="csr", dtype=np.float32, random_state=0)
+    with pytest.raises(ValueError, match=match):
+        fusedml.mmchain(A, np.ones(50, np.float32), backend="fused", config=config)
+
+
 def test_backend_unavailable(data, monkeypatch):
     X, y, v = data
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -17,6 +17,8 @@ from .._validation import check_finite as _check_finite
 
 MAX_M = 16
 V_OPS = ("mul", "softmax")
+#: Triton's largest tensor (elements): a launch whose tile is larger does not compile.
+MAX_TILE_NUMEL = 1 << 20
 
 
 @dataclass
@@ -139,6 +141,51 @@ def check_config(config, is_csr: bool) -> None:
     if unknown:
         raise ValueError(f"config: unknown key(s) {', '.join(map(repr, unknown))} for "
                          f"{'CSR' if is_csr else 'dense'} X; known: {', '.join(sorted(known))}")
+
+
+def check_launch_fields(cfg, *, pow2=(), positive=(), warps=(), flags=(), tile=None, what="config") -> None:
+    """Reject launch parameters (``config=`` overrides) no kernel can run with, naming the field.
+
+    Parameters
+    ----------
+    cfg : object
+        A :class:`~fusedml.mmchain.launch.DenseConfig`, a :class:`~fusedml.mmchain.csr.CSRConfig`
+        or any object with the named attributes.
+    pow2 : tuple of str
+        Fields that size a tile axis (``tl.arange``): positive powers of two.
+    positive : tuple of str
+        Fields that must be integers >= 1.
+    warps : tuple of str
+        Warp counts: powers of two from 1 to 32.
+    flags : tuple of str
+        Fields that must be ``True`` or ``False``.
+    tile : int, optional
+        The largest tile the launch forms (elements); at most :data:`MAX_TILE_NUMEL`.
+    what : str
+        The argument's name in the messages.
+
+    Raises
+    ------
+    ValueError
+        ``"<what>: <field> must be ..."``.
+    """
+    def need(name, rule):
+        raise ValueError(f"{what}: {name} must be {rule}, got {getattr(cfg, name)!r}")
+
+    for name in pow2 + positive + warps:
+        v = getattr(cfg, name)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+            need(name, "a positive integer")
+        if name in pow2 and v & (v - 1):
+            need(name, "a power of two")
+        if name in warps and (v & (v - 1) or v > 32):
+            need(name, "a power of two from 1 to 32")
+    for name in flags:
+        if not isinstance(getattr(cfg, name), (bool, np.bool_)):
+            need(name, "True or False")
+    if tile is not None and tile > MAX_TILE_NUMEL:
+        raise ValueError(f"{what}: the launch's largest tile has {tile} elements, more than Triton's limit of "
+                         f"{MAX_TILE_NUMEL}: use smaller blocks")
 
 
 def check_bindable(who: str, P: Problem, operands) -> None:

@@ -114,6 +114,8 @@ import triton.language as tl
 
 from fusedml._validation import CSRMatrix
 
+from ._checks import check_launch_fields
+
 __all__ = [
     "CSRConfig",
     "CSRStats",
@@ -1489,7 +1491,35 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
         gfields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
         base, g = dataclasses.replace(base, gather=dataclasses.replace(
             base.gather, **{k: v for k, v in g.items() if k in gfields})), None
+    check_csr_launch(base, m)
     return base, strategy != "auto", g
+
+
+def check_csr_launch(cfg: CSRConfig, m: int) -> None:
+    """Reject CSR launch parameters (the model's pick with ``config=`` overrides, or a given
+    :class:`CSRConfig`, its CSC pass's included) that no kernel can run: tile axes that are not
+    powers of two, counts below one, warp counts Triton cannot launch, tiles beyond Triton's
+    largest tensor.
+
+    Parameters
+    ----------
+    cfg : CSRConfig
+    m : int
+        Right-hand sides.
+
+    Raises
+    ------
+    ValueError
+        Naming the field (``"config: ..."``).
+    """
+    check_launch_fields(cfg, pow2=("block_r", "lanes", "tile", "piece"), positive=("l_min", "long_threshold", "chunk"),
+                        warps=("num_warps", "long_warps"), flags=("ordered", "single", "l1_bypass"))
+    # row tiles [block_r x lanes] (binned: tile) and long-row steps [piece], each x the padded m
+    check_launch_fields(cfg, tile=max(cfg.block_r * cfg.lanes, cfg.tile, cfg.piece) * _pow2_ceil(m))
+    if not isinstance(cfg.tile_bytes, int) or isinstance(cfg.tile_bytes, bool) or cfg.tile_bytes < 0:
+        raise ValueError(f"config: tile_bytes must be a non-negative integer, got {cfg.tile_bytes!r}")
+    if cfg.gather is not None:
+        check_csr_launch(cfg.gather, m)
 
 
 def _gather_pass_config(csc: _CSC, cfg: CSRConfig, m: int, dtype, prof: dict, g=None) -> CSRConfig:
@@ -1505,6 +1535,7 @@ def _gather_pass_config(csc: _CSC, cfg: CSRConfig, m: int, dtype, prof: dict, g=
     if g:
         fields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
         pick = dataclasses.replace(pick, **{k: v for k, v in g.items() if k in fields})
+        check_csr_launch(pick, m)
     else:
         csc.st.configs[key] = pick
     return pick

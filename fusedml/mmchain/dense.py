@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
 from .._launch import bind as bind_launch, launch
-from ._checks import Problem
+from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, unrolled_wide_m,
                      small_config)
 
@@ -1192,7 +1192,43 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
                                       and cfg.chunk & (cfg.chunk - 1) == 0):
         raise ValueError(f"chunk must be a power of two in [4, block_d = {cfg.block_d}] with mode='small', "
                          f"got {cfg.chunk} (mode {cfg.mode!r})")
+    check_dense_launch(cfg, P.m)
     return cfg
+
+
+def check_dense_launch(cfg: DenseConfig, m: int) -> None:
+    """Reject a dense launch (the model's pick with the caller's ``config=`` overrides) that would
+    not compile or would drop right-hand sides: tile sizes that are not powers of two, a warp
+    count Triton cannot launch, ``m_pad < m``, a tile beyond Triton's largest tensor.
+
+    Parameters
+    ----------
+    cfg : DenseConfig
+    m : int
+        Right-hand sides (columns of y).
+
+    Raises
+    ------
+    ValueError
+        Naming the field (``"config: ..."``).
+    """
+    check_launch_fields(cfg, pow2=("block_n", "block_d", "m_pad"), positive=("num_programs", "num_stages"),
+                        warps=("num_warps",), flags=("two_pass",))
+    # [block_n, m_pad, block_d] for the 3-D elementwise products, else [block_n, block_d] / [m_pad, block_d]
+    rows = cfg.block_n * cfg.m_pad if cfg.mode == "elementwise" else max(cfg.block_n, cfg.m_pad)
+    check_launch_fields(cfg, tile=rows * cfg.block_d)
+    pf = cfg.prefetch
+    if not (isinstance(pf, (bool, np.bool_)) or (isinstance(pf, (int, np.integer)) and 0 <= pf <= 2)):
+        raise ValueError(f"config: prefetch must be True / False or 0, 1, 2, got {pf!r}")
+    if cfg.max_registers is not None and not (isinstance(cfg.max_registers, (int, np.integer))
+                                              and 16 <= cfg.max_registers <= 255):
+        raise ValueError(f"config: max_registers must be None or an integer from 16 to 255, got {cfg.max_registers!r}")
+    if cfg.mode == "vector" and m != 1:
+        raise ValueError(f"config: mode='vector' serves one right-hand side, got m={m}")
+    if cfg.mode in ("dot", "elementwise") and cfg.m_pad < m:
+        raise ValueError(f"config: m_pad={cfg.m_pad} is below m={m} (mode {cfg.mode!r})")
+    if cfg.mode == "dot" and cfg.m_pad < 16:
+        raise ValueError(f"config: mode='dot' needs m_pad >= 16 (tl.dot's smallest tile on sm_90), got {cfg.m_pad}")
 
 
 def loss_launch(cfg: DenseConfig, D: int, m: int, X: torch.Tensor, acc: torch.dtype) -> DenseConfig:
@@ -1451,6 +1487,9 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     if cfg.mode == "dot" and acc == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X")
     bd = min(cfg.block_d, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
+    if cfg.mode not in ("vector", "dot", "elementwise"):
+        raise ValueError(f"config: the matvec kernel runs mode 'vector', 'dot' or 'elementwise', got {cfg.mode!r}")
+    check_dense_launch(replace(cfg, block_d=bd), M)
     t = _empty((N, M), acc, X.device)
     y = P.y
     n_tiles = -(-N // cfg.block_n)  # triton.cdiv costs ~3 us of host time per call
