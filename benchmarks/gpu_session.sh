@@ -350,6 +350,21 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s31b)  # session 31, second call: the full-covariance pick for BD = 16, K > 16 (64 rows on 2 warps) against
+           # the sweep at K = 32 and 64, with its errors; the CUDA tests of the touched modules (the launch-override
+           # checks); the GPU fuzz case that failed to compile (mmchain:28268) and its neighbours
+      run full-rows2 150 python3 benchmarks/bench_gmm.py --configs 23,26,14 --out "$out/gmm_full_s31b.json"
+      grep -E "^\| [0-9]" "$log/full-rows2.log" | cut -c1-200
+      run full-sweep2 150 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 26 --sweep-precisions fp32 \
+        --variants '^single BN=|^two_pass BN=' --budget 90 --out "$out/gmm_full_sweep_s31b.json"
+      grep -E "^\| [0-9]" "$log/full-sweep2.log" | cut -c1-200
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_mmchain_bad_inputs.py tests/test_kmeans.py tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-tests.log"
+      run replay 60 python3 tests/fuzz.py --device cuda --case mmchain:28268
+      tail -1 "$log/replay.log"
+      run fuzz 200 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-12}" --seed "${FUZZ_SEED:-28262}"
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
     s31)  # session 31: the GMM fit of .ab-base (git archive cdf09d1) against this code; full-covariance tiles
           # the planner picks untimed (BD = 16 with K = 64, padded D = 24 and 28: the model's pick against the
           # sweep); the mmchain table on the current code; a fresh fuzz campaign

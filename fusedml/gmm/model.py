@@ -391,15 +391,19 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
       K = 16 took 486 ms at 64 rows on 8 warps against 16.2 ms two-pass.
     * BD = 16, K <= 16: 128 rows on 2 warps (254 registers, no spill on 3.6): 4M x 8, K = 8 2.56 ms
       and 1M x 16, K = 16 1.32 ms, the fastest of 11 tiles (64 rows on 4 warps: 5.12 and 2.56 ms;
-      session 26's code and picks: 3.97 and 2.36 ms). With more components (BK > 16) those tiles
-      spill ([BN, BK] logits on 64 threads): 64 rows on 8 warps (128 registers, no spill).
+      session 26's code and picks: 3.97 and 2.36 ms).
+    * BD = 16, K > 16: 64 rows on 2 warps (session 31, ``results/gmm_full_sweep-H200-2026-12-05-s31.json``:
+      1M x 16, K = 64 6.84 ms, the fastest of 11 tiles; session 27's pick, 64 rows on 8 warps,
+      11.5 ms, and the two-pass path 9.35).
     * BD = 32: 64 rows on 4 warps, 3-stage pipeline (168 registers on 3.6): 1M x 32, K = 64
-      14.97 ms, the fastest of 13 tiles and of the two-pass path (15.8 ms at its best).
+      14.97 ms, the fastest of 13 tiles and of the two-pass path (15.8 ms at its best); session 31
+      timed it fastest also with padded features (1M x 24, K = 20 4.37 ms, 1M x 28, K = 8 1.80 ms,
+      of 11 tiles each).
     """
     if BD > 32:
         return None
     if BD == 16:
-        return (128, 2, 2, 3) if BK <= 16 else (64, 8, 2, 3)
+        return (128, 2, 2, 3) if BK <= 16 else (64, 2, 2, 3)
     return 64, 4, 3, 2
 
 
