@@ -645,7 +645,7 @@ class History:
 
     def __init__(self, name: str, verbose: int = 0):
         self.name = name
-        self.verbose = int(verbose or 0)
+        self.verbose = check_verbose(verbose)
         self.records = []
         self.t0 = time.perf_counter()
 
@@ -715,6 +715,23 @@ def check_positive(value, name, *, strict=True, allow_inf=False):
     if (strict and v <= 0) or (not strict and v < 0):
         raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {value!r}")
     return v
+
+
+def check_flag(value, name):
+    """Validate a boolean hyper-parameter (``True`` / ``False``; numpy bools too): a string such as
+    ``"no"`` would otherwise count as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_verbose(value):
+    """Validate ``verbose``: None, a bool or an int >= 0."""
+    if value is None:
+        return 0
+    if not isinstance(value, (numbers.Integral, np.bool_)) or value < 0:
+        raise ValueError(f"verbose must be an int >= 0 (or a bool), got {value!r}")
+    return int(value)
 
 
 def check_max_iter(value, name="max_iter"):

@@ -14,8 +14,10 @@ from ._base import (
     as_design_matrix,
     as_sample_weight,
     as_target,
+    check_flag,
     check_max_iter,
     check_positive,
+    check_verbose,
     normalised_weights,
     to_output,
     warn_solver_status,
@@ -51,6 +53,8 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         alpha = check_positive(self.alpha, "alpha", strict=False)
         tol = check_positive(self.tol, "tol")
         max_iter = check_max_iter(self.max_iter)
+        check_flag(self.fit_intercept, "fit_intercept")
+        check_verbose(self.verbose)
         solver = getattr(self, "solver", "newton-cg")
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")

@@ -15,8 +15,10 @@ from ._base import (
     as_design_matrix,
     as_sample_weight,
     as_target,
+    check_flag,
     check_max_iter,
     check_positive,
+    check_verbose,
     normalised_weights,
     to_output,
     warn_not_converged,
@@ -55,6 +57,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         self
         """
         tol = check_positive(self.tol, "tol")
+        check_flag(self.fit_intercept, "fit_intercept")
+        check_verbose(self.verbose)
         M, info = as_design_matrix(X, backend=self.backend)
         max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
         yt = as_target(y, info, allow_2d=True)

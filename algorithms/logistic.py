@@ -9,8 +9,10 @@ from ._base import (
     ClassifierMixin,
     History,
     LinearClassifierMixin,
+    check_flag,
     check_max_iter,
     check_positive,
+    check_verbose,
     classification_data,
     normalised_weights,
     to_output,
@@ -115,6 +117,8 @@ class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         C = check_positive(self.C, "C")
         tol = check_positive(self.tol, "tol")
         max_iter = check_max_iter(self.max_iter)
+        check_flag(self.fit_intercept, "fit_intercept")
+        check_verbose(self.verbose)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
         M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)

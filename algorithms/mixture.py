@@ -70,7 +70,8 @@ import torch
 from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor
 
-from ._base import BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight
+from ._base import (BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight, check_flag,
+                    check_verbose)
 
 __all__ = ["GaussianMixture", "KMeans"]
 
@@ -1220,6 +1221,7 @@ class KMeans(BaseEstimator):
     def _check_params(self):
         for name in ("n_clusters", "n_init", "max_iter"):
             _check_int(getattr(self, name), name, 1)
+        check_verbose(self.verbose)
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
             raise ValueError(f"tol must be a float >= 0, got {self.tol!r}")
         if isinstance(self.init, str) and self.init not in ("k-means++", "random"):
@@ -1475,6 +1477,8 @@ class GaussianMixture(BaseEstimator):
         """
         for name, lo in (("n_components", 1), ("max_iter", 0), ("n_init", 1), ("verbose_interval", 1)):
             _check_int(getattr(self, name), name, lo)
+        check_flag(self.warm_start, "warm_start")
+        check_verbose(self.verbose)
         for name in ("tol", "reg_covar"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0 or math.isinf(v):

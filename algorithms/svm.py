@@ -8,8 +8,10 @@ from ._base import (
     ClassifierMixin,
     History,
     LinearClassifierMixin,
+    check_flag,
     check_max_iter,
     check_positive,
+    check_verbose,
     classification_data,
     normalised_weights,
     warn_solver_status,
@@ -94,6 +96,8 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         C = check_positive(self.C, "C")
         tol = check_positive(self.tol, "tol")
         max_iter = check_max_iter(self.max_iter)
+        check_flag(self.fit_intercept, "fit_intercept")
+        check_verbose(self.verbose)
         M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)
         K = len(classes)
         if K == 2:

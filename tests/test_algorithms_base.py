@@ -398,6 +398,11 @@ def test_bad_inputs(rng, cls, target):
         est.fit(X, y, sample_weight=np.ones(len(y) + 1))
     with pytest.raises(ValueError, match="tol"):
         cls(tol=-1.0, backend="cpu").fit(X, y)
+    # flags and verbose: a string used to count as true, or failed inside int()
+    with pytest.raises(ValueError, match="fit_intercept must be True or False, got 'no'"):
+        cls(fit_intercept="no", backend="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="verbose must be an int >= 0"):
+        cls(verbose="loud", backend="cpu").fit(X, y)
     if target != "class":
         yn = y.astype(float).copy()
         yn[0] = np.nan

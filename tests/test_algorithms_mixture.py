@@ -748,6 +748,11 @@ def test_gmm_bad_parameters(iris):
     with pytest.raises(ValueError, match="ill-defined"):  # collapsed data, no regularisation
         GaussianMixture(2, reg_covar=0.0, init_params="random_from_data", random_state=0,
                         backend="cpu").fit(np.ones((6, 2)))
+    with pytest.raises(ValueError, match="warm_start must be True or False, got 'yes'"):
+        GaussianMixture(2, warm_start="yes", backend="cpu").fit(iris)
+    for Est in (GaussianMixture, KMeans):
+        with pytest.raises(ValueError, match="verbose must be an int >= 0"):
+            Est(2, verbose=-1, backend="cpu").fit(iris)
     with pytest.raises(ValueError, match="init"):
         KMeans(3, init="banana").fit(iris)
     with pytest.raises(ValueError, match="shape"):
