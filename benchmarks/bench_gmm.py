@@ -11,7 +11,7 @@ float64 E-step on the same data. Also the public ``gmm_estep`` call time (valida
 Usage::
 
     python benchmarks/bench_gmm.py                 # 7 configurations incl. the 4 targets (< 45 s on an H200)
-    python benchmarks/bench_gmm.py --full          # all 27 configurations (a few minutes)
+    python benchmarks/bench_gmm.py --full          # all 29 configurations (a few minutes)
     python benchmarks/bench_gmm.py --configs 1,2,0,3,16,17,18,19,4,5,6,7   # the README's table (session 19)
     python benchmarks/bench_gmm.py --precision tf32
     python benchmarks/bench_gmm.py --sweep         # launch-variant sweep on the target shapes (< 60 s)
@@ -86,6 +86,8 @@ CONFIGS = [
     (1 << 20, 24, 20, "full"),
     (1 << 20, 28, 8, "full"),
     (1 << 20, 16, 32, "full"),  # BD = 16, K > 16 (session 31's pick was timed at K = 64)
+    (1 << 20, 16, 20, "full"),
+    (1 << 20, 16, 48, "full"),
 ]
 DEFAULT = [1, 4, 5, 9, 2, 6, 7]  # the four targets, then 16M x 8, 4M x 64 K=128, 4M x 256 K=16 (crashed in s2)
 QUICK = [(300, 3, 3, "diag"), (300, 5, 20, "diag"), (257, 4, 5, "spherical"), (300, 3, 3, "tied"),
