@@ -1037,8 +1037,8 @@ TIED_AOT_SHAPES = [(4 << 20, 16, 16), (1 << 20, 64, 32), (1 << 20, 16, 64), (1 <
 
 # the full rule's tiles (model._full_single_tile, model._full_two_pass_tile): the benchmark shapes,
 # BD = 16 with more components, padded features (16 < D < 32), BD = 64 (two-pass)
-FULL_AOT_SHAPES = [(4 << 20, 8, 8), (1 << 20, 16, 16), (1 << 20, 32, 64), (1 << 20, 16, 64), (1 << 20, 24, 20),
-                   (1 << 20, 28, 8), (1 << 20, 64, 16), (1 << 20, 48, 8)]
+FULL_AOT_SHAPES = [(4 << 20, 8, 8), (1 << 20, 16, 16), (1 << 20, 16, 32), (1 << 20, 32, 64), (1 << 20, 16, 64),
+                   (1 << 20, 24, 20), (1 << 20, 28, 8), (1 << 20, 64, 16), (1 << 20, 48, 8)]
 
 
 def _aot_check_plans():
@@ -1151,7 +1151,10 @@ def _aot_check_plans():
             # 3.6, where they hold; 3.9 spills in them (0.5-0.7 KB): other versions must compile
             tiny = stack <= 32 and local_memory_in_loops(sass(k)) <= 2
             timed_on = triton.__version__.startswith("3.6") or name != "single"
-            assert stack == 0 or tiny or not timed_on, f"{tag}: register spills (stack {stack} B)"
+            # measured exception: 128 rows on 2 warps at BD = 16, 16 < K <= 32 spills 32 B (10 local
+            # accesses in the loop on 3.6) and still beat 64 rows on 2 warps (1M x 16, K = 32 2.60 vs 3.22 ms)
+            spill_ok = name == "single" and plan.BD == 16 and 16 < plan.BK <= 32 and stack <= 64
+            assert stack == 0 or tiny or spill_ok or not timed_on, f"{tag}: register spills (stack {stack} B)"
             assert k.metadata.shared <= MAX_SHARED_PER_BLOCK, tag
     # the float64 finish of the diag partials (no tl.dot: fp64 compiles for the GPU)
     fn = fused._diag_finish_kernel

@@ -392,9 +392,12 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
     * BD = 16, K <= 16: 128 rows on 2 warps (254 registers, no spill on 3.6): 4M x 8, K = 8 2.56 ms
       and 1M x 16, K = 16 1.32 ms, the fastest of 11 tiles (64 rows on 4 warps: 5.12 and 2.56 ms;
       session 26's code and picks: 3.97 and 2.36 ms).
-    * BD = 16, K > 16: 64 rows on 2 warps (session 31, ``results/gmm_full_sweep-H200-2026-12-05-s31.json``:
-      1M x 16, K = 64 6.84 ms, the fastest of 11 tiles; session 27's pick, 64 rows on 8 warps,
-      11.5 ms, and the two-pass path 9.35).
+    * BD = 16, 16 < K <= 32: the same 128 rows on 2 warps (session 31, an H100,
+      ``results/gmm_full_bd16_sweep-H100-2026-12-05-s31-r{1,2}.json``: 1M x 16, K = 20 1.66 ms and
+      K = 32 2.60, against 2.04 and 3.22 at 64 rows on 2 warps).
+    * BD = 16, 32 < K <= 64: 64 rows on 2 warps (session 31, ``results/gmm_full_sweep-H200-2026-12-05-s31.json``:
+      1M x 16, K = 64 6.84 ms, the fastest of 11 tiles on the H200, 6.85 on an H100, where K = 48
+      took 5.05; session 27's pick, 64 rows on 8 warps, 11.5 ms, and the two-pass path 9.35).
     * BD = 32: 64 rows on 4 warps, 3-stage pipeline (168 registers on 3.6): 1M x 32, K = 64
       14.97 ms, the fastest of 13 tiles and of the two-pass path (15.8 ms at its best); session 31
       timed it fastest also with padded features (1M x 24, K = 20 4.37 ms, 1M x 28, K = 8 1.80 ms,
@@ -403,7 +406,7 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
     if BD > 32:
         return None
     if BD == 16:
-        return (128, 2, 2, 3) if BK <= 16 else (64, 2, 2, 3)
+        return (128, 2, 2, 3) if BK <= 32 else (64, 2, 2, 3)
     return 64, 4, 3, 2
 
 
