@@ -287,8 +287,8 @@ def check_gmm(dev):
     cases = []
     for cov in ("diag", "spherical", "full", "tied"):
         shapes = [(1, 3, 1), (100_000, 16, 16), (50_000, 5, 37), (30_000, 64, 64)]
-        if cov in ("full", "tied"):
-            shapes = [(1, 3, 1), (20_000, 16, 16), (20_000, 5, 37)]
+        if cov in ("full", "tied"):  # BD = 16 at K <= 16, K <= 32 (session 31's 128-row tile) and K <= 64
+            shapes = [(1, 3, 1), (20_000, 16, 16), (20_000, 12, 29), (20_000, 5, 37)]
         for (n, d, k) in shapes:
             for path in ("single", "two_pass"):
                 cases.append((cov, n, d, k, path, "auto"))

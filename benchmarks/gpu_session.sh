@@ -350,6 +350,13 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s31c)  # session 31, third call: the BD = 16, K <= 32 full tile's rows with their errors; the GMM checks
+      run full-rows3 150 python3 benchmarks/bench_gmm.py --configs 27,26,23 --out "$out/gmm_full_s31c.json"
+      grep -E "^\| [0-9]" "$log/full-rows3.log" | cut -c1-200
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s31c.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
+      [ "${FUZZ_N:-0}" -gt 0 ] && run fuzz 200 python3 tests/fuzz.py --device cuda --n "${FUZZ_N}" --seed "${FUZZ_SEED:-$RANDOM}"
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" 2>/dev/null | cut -c1-400 | tail -8 ;;
     s31b)  # session 31, second call: the full-covariance pick for BD = 16, K > 16 (64 rows on 2 warps) against
            # the sweep at K = 32 and 64, with its errors; the CUDA tests of the touched modules (the launch-override
            # checks); the GPU fuzz case that failed to compile (mmchain:28268) and its neighbours
