@@ -8,7 +8,8 @@
 residency). ``small``: the unrolled m <= 4 kernel with and without its register prefetch, on the
 shapes where the two measured opposite (2M x 128, m = 4 and the solvers' 1M x 100, m = 3 with
 the intercept), crossed over D, m and the intercept. ``bf16``: 2M x 128 bf16 storage, m = 1, over
-tile rows x warps x programs per SM. ``tiles``: tile rows x warps x programs around the model's
+tile rows x warps x programs per SM. ``warps16``: bf16 / fp16 storage, m = 1, D = 32..2048: the
+model's warps against half / double. ``tiles``: tile rows x warps x programs around the model's
 picks (m <= 4 and bf16). ``grid``: the unrolled kernel at one wave of resident programs (the
 launcher's cap), over tile elements per thread x warps x prefetch. ``dot``: m = 5..8 on rows over
 128 values (padded ``tl.dot`` precisions and tiles, the unrolled kernel, ops). ``softmax``: the
@@ -122,6 +123,28 @@ def bf16_probe(dev, sms):
     grid = [{"prefetch": True, "block_n": bn, "num_warps": w, "num_programs": per * sms}
             for bn, w, per in ((32, 16, 3), (32, 16, 2), (16, 8, 4), (16, 8, 6), (32, 8, 4), (32, 8, 3), (64, 16, 2))]
     return _launch_sweep(X, y, v, ref, grid, f"{N}x{D} bf16")
+
+
+def warps16_probe(dev, sms):
+    """2-byte storage (bf16, fp16), m = 1, rows of 32-2048 values: the model's warps against half and
+    double at the model's tile and grid, and half the warps at 1.5x the grid, interleaved twice
+    (session 31: H200 sweeps since session 12 had 2M x 128 bf16 ~2 % faster at 8 warps than the
+    model's 16)."""
+    rows = []
+    for N, D in ((8_000_000, 32), (2_000_000, 128), (500_000, 512), (125_000, 2048)):
+        for dt in (torch.bfloat16, torch.float16):
+            X = torch.randn(N, D, device=dev).to(dt)
+            y, v = torch.randn(D, device=dev), torch.rand(N, device=dev)
+            ref = _ref64(X, y, v)
+            c = launch.dense_config(N, D, 1, dt, launch.gpu_info(dev))
+            grid = [{}, {"num_warps": max(1, c.num_warps // 2)}, {"num_warps": min(32, 2 * c.num_warps)},
+                    {"num_warps": max(1, c.num_warps // 2), "num_programs": c.num_programs * 3 // 2}]
+            label = f"{N}x{D} {str(dt)[6:]} ({_model(N, D, 1, dt, dev)})"
+            for r in (1, 2):
+                for row in _launch_sweep(X, y, v, ref, grid, label):
+                    rows.append(dict(row, round=r))
+            del X
+    return rows
 
 
 def tiles_probe(dev, sms):
@@ -273,7 +296,7 @@ def coop_probe(dev, sms, shapes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--probe", choices=["coop", "small", "bf16", "tiles", "grid", "dot", "softmax"], default="coop")
+    ap.add_argument("--probe", choices=["coop", "small", "bf16", "warps16", "tiles", "grid", "dot", "softmax"], default="coop")
     ap.add_argument("--shape", action="append", default=None, help="coop: N,D (repeatable; default 4096,65536)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -282,7 +305,7 @@ def main(argv=None):
     if a.probe == "coop":
         rows = coop_probe(dev, sms, a.shape or ["4096,65536"])
     else:
-        rows = {"small": small_probe, "bf16": bf16_probe, "tiles": tiles_probe, "grid": grid_probe,
+        rows = {"small": small_probe, "bf16": bf16_probe, "warps16": warps16_probe, "tiles": tiles_probe, "grid": grid_probe,
                   "dot": dot_probe, "softmax": softmax_probe}[a.probe](dev, sms)
     print("saved", write_json(f"launch_probe_{a.probe}", rows, out=a.out))
     return rows
