@@ -1175,6 +1175,7 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         cfg = _overridden(cfg, config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
+    check_dense_launch(cfg, P.m)
     if cfg.mode == "dot" and P.acc_dtype == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X (no fp64 tl.dot on the GPU)")
     if cfg.dot_precision not in ("tf32x3", "ieee"):
@@ -1192,7 +1193,6 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
                                       and cfg.chunk & (cfg.chunk - 1) == 0):
         raise ValueError(f"chunk must be a power of two in [4, block_d = {cfg.block_d}] with mode='small', "
                          f"got {cfg.chunk} (mode {cfg.mode!r})")
-    check_dense_launch(cfg, P.m)
     return cfg
 
 
@@ -1486,7 +1486,9 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     cfg = matvec_config(N, D, M, X.dtype, gpu_info(X.device)).with_overrides(config)
     if cfg.mode == "dot" and acc == torch.float64:
         raise ValueError("mode='dot' is not available for float64 X")
-    bd = min(cfg.block_d, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
+    bd = cfg.block_d  # clipped to the row (a non-integer is rejected below)
+    if isinstance(bd, (int, np.integer)):
+        bd = min(bd, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
     if cfg.mode not in ("vector", "dot", "elementwise"):
         raise ValueError(f"config: the matvec kernel runs mode 'vector', 'dot' or 'elementwise', got {cfg.mode!r}")
     check_dense_launch(replace(cfg, block_d=bd), M)
