@@ -500,10 +500,14 @@ def test_launch_model_measured_picks():
     bf16_probe-H200-2026-12-03-s11-f and the 8-warp points of mmchain-H200-*-s12-c, -s17-d, -s31)."""
     gpu = launch.H200_PROFILE
     bf16 = launch.dense_config(2_000_000, 128, 1, torch.bfloat16, gpu)
-    assert (bf16.block_n, bf16.block_d, bf16.num_warps, bf16.num_programs) == (64, 128, 8, 264)
-    # 2-byte rows: 16 warps at 32 values (launch_probe_warps16-H100-*-s31), 8 from 128 values on
-    assert [launch.dense_config(N, D, 1, torch.float16, gpu).num_warps
+    assert (bf16.block_n, bf16.block_d, bf16.num_warps, bf16.num_programs) == (64, 128, 16, 264)
+    # the product's launch: 2-byte rows of 128-1023 values on half the warps (8), 32-value rows keep 16
+    prod = launch.product_config(bf16, 128, torch.bfloat16)
+    assert (prod.block_n, prod.num_warps, prod.num_programs) == (64, 8, 264)
+    assert [launch.product_config(launch.dense_config(N, D, 1, torch.float16, gpu), D, torch.float16).num_warps
             for N, D in ((8_000_000, 32), (500_000, 512), (125_000, 2048))] == [16, 8, 8]
+    assert launch.product_config(launch.dense_config(2_000_000, 128, 1, torch.float32, gpu), 128,
+                                 torch.float32).num_warps == 8  # fp32 unchanged
     fp32 = launch.dense_config(2_000_000, 128, 1, torch.float32, gpu)  # unchanged: 94.6 % of the floor
     assert (fp32.block_n, fp32.num_warps, fp32.num_programs, fp32.prefetch) == (16, 8, 528, False)
     dot = launch.dense_config(2_000_000, 128, 8, torch.float32, gpu)  # the dot path: 4 programs per SM

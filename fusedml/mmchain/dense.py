@@ -48,8 +48,8 @@ from triton.language.extra import libdevice
 from .._dispatch import interpret_mode
 from .._launch import bind as bind_launch, launch
 from ._checks import Problem, check_launch_fields
-from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, unrolled_wide_m,
-                     small_config)
+from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
+                     small_config, unrolled_wide_m)
 
 #: the GPU's approximate log2 / reciprocal in the logistic epilogue (libdevice: not available to
 #: the interpreter, which takes the accurate forms)
@@ -1172,7 +1172,7 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=P.y is None, intercept=P.intercept, gpu=gpu_info(X.device),
                            stride_xn=X.stride(0), softmax=P.v_op == "softmax")
     if not loss:
-        cfg = _overridden(cfg, config)
+        cfg = _overridden(product_config(cfg, P.D, X.dtype), config)
     if cfg.strategy not in ("onchip", "chunked", "coop") or cfg.mode not in _MODES:
         raise ValueError(f"invalid dense config: strategy={cfg.strategy!r}, mode={cfg.mode!r}")
     check_dense_launch(cfg, P.m)

@@ -290,8 +290,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        (H200 sweeps, benchmarks/results/mmchain-H200-2026-12-02-s2.json: 8M x 32 and 2M x 128
        fp32 best at 8 KB tiles, 8 warps = 32 B per thread); 2-byte storage keeps ``TILE_BYTES``
        (2M x 128 bf16: 64 x 128 tiles, 2 programs per SM: 0.139 ms, 86 % of the floor, against
-       0.145 ms at 32 x 128 with 3 per SM; ``results/bf16_probe-H200-2026-12-03-s11-f``; since
-       session 31 on 8 warps where rows hold 128-1023 values, see step 5), ``tl.dot`` tiles twice it.
+       0.145 ms at 32 x 128 with 3 per SM; ``results/bf16_probe-H200-2026-12-03-s11-f``; the
+       product runs it on 8 warps, :func:`product_config`), ``tl.dot`` tiles twice it.
        Chunked (wide) tiles keep at least 4 rows even when that overflows the L2 budget: with one
        row per tile the atomics (one per element of X) cost more than re-reading from DRAM
        (4k x 65536 on the H200: 0.89 ms at 1 row, 0.57 ms at 4).
@@ -303,10 +303,8 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
        what ptxas gives the short-row kernels; "small" adds y, t, v and p per right-hand side) and
        the thread limit, capped at 4; ``tl.dot`` also by shared memory (tile + y in fp32: the
        2M x 128, m = 4 sweep preferred 4 programs per SM, 0.716 ms against 0.901 ms at 2);
-       a persistent grid of ``sm_count * programs_per_sm`` programs. 2-byte storage, rows of
-       128-1023 values, m = 1: then half the warps on that grid (32 tile elements per thread:
-       2M x 128 bf16 0.1368 against 0.1394 ms on the H200, 500k x 512 0.188 against 0.215 on an
-       H100; session 31).
+       a persistent grid of ``sm_count * programs_per_sm`` programs (the product's launch then
+       halves the warps of 2-byte rows of 128-1023 values: :func:`product_config`).
     7. **Wide rows, m = 1: "coop".** When a row does not fit "onchip" (D > 16384 fp32), a row is
        split over G column blocks of ``block_d`` = 2048 (512 fp64) columns held by G programs of
        2 warps (32 values per thread), which combine the row's t through global memory (each
@@ -428,14 +426,6 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
         per_sm = min(2, gpu.max_threads_per_sm // threads)
     per_sm = max(1, per_sm)
     programs = gpu.sm_count * per_sm
-    if onchip and mode == "vector" and b == 2 and 128 <= bd_full and short_rows:
-        # 2-byte rows of 128-1023 values: half the warps on the same grid (32 tile elements per
-        # thread). H200 sweeps of 2M x 128 bf16 at 8 against 16 warps, 2 programs per SM: 0.1368 /
-        # 0.1394 ms (mmchain-*-s12-c and -s31), 0.1350 / 0.1376 (-s17-d); H100 probe, session 31
-        # (launch_probe_warps16-H100-*-s31): 500k x 512 0.188 / 0.215 ms (bf16; fp16 0.189-0.206 /
-        # 0.215), 2M x 128 bf16 0.1865 / 0.1889; rows of 32 values lost at 8 warps (0.203 / 0.194),
-        # and 3 programs per SM at 8 warps lost everywhere
-        warps //= 2
     if not onchip:
         # in-flight row tiles should fit in L2 for pass 2's re-read: programs * bn * D * b <= frac * L2
         bn_l2 = _pow2_floor(L2_FRACTION * gpu.l2_bytes / max(1, programs * D * b))
@@ -454,6 +444,35 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
                        mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs),
                        prefetch=bool(prefetch), dot_precision=precision)
+
+
+def product_config(cfg: DenseConfig, D: int, dtype: torch.dtype) -> DenseConfig:
+    """The ``mmchain`` product's launch from :func:`dense_config`'s pick (the loss pass and
+    ``matvec`` keep that pick, whose warps their own rules adjust).
+
+    2-byte storage, rows of 128-1023 values, m = 1 ("onchip" vector mode): half the warps on the
+    same grid, 32 tile elements per thread. H200 sweeps of 2M x 128 bf16 at 8 against 16 warps, 2
+    programs per SM: 0.1368 / 0.1394 ms (``mmchain-*-s12-c`` and ``-s31``), 0.1350 / 0.1376
+    (``-s17-d``); H100 probe, session 31 (``launch_probe_warps16-H100-*-s31``): 500k x 512
+    0.188 / 0.215 ms (bf16; fp16 0.189-0.206 / 0.215), 2M x 128 bf16 0.1865 / 0.1889. Rows of 32
+    values lost at 8 warps (0.203 / 0.194 ms), and 3 programs per SM at 8 warps lost everywhere.
+
+    Parameters
+    ----------
+    cfg : DenseConfig
+        :func:`dense_config`'s pick for ``[N, D]`` storage of ``dtype``.
+    D : int
+    dtype : torch.dtype
+
+    Returns
+    -------
+    DenseConfig
+    """
+    b = torch.empty((), dtype=dtype).element_size()
+    if (cfg.strategy == "onchip" and cfg.mode == "vector" and b == 2 and 128 <= _pow2_ceil(D)
+            and _pow2_ceil(D) * b < 2048 and cfg.num_warps > 4):
+        return replace(cfg, num_warps=cfg.num_warps // 2)
+    return cfg
 
 
 def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: bool, intercept: bool,
