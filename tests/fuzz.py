@@ -207,6 +207,7 @@ def draw_mmchain(seed):
     if sparse:
         c["container"] = str(rng.choice(["scipy", "torch", "fusedml"]))
         c["index"] = str(rng.choice(["int32", "int64"]))
+        c["config"] = _draw_csr_config(rng) if c["backend"] == "fused" and rng.random() < 0.35 else None
     else:
         c["layout"] = str(rng.choice(["contiguous", "contiguous", "colmajor", "rowstride", "colstride", "numpy"]))
         c["config"] = _draw_dense_config(rng, c) if c["backend"] == "fused" and rng.random() < 0.35 else None
@@ -229,6 +230,27 @@ def _draw_dense_config(rng, c):
                 "num_programs": int(rng.integers(1, 4)), "prefetch": int(rng.integers(0, 3)),
                 "two_pass": bool(rng.random() < 0.3)}
     return {"block_n": int(rng.choice([16, 32, 64])), "num_programs": int(rng.integers(1, 9))}
+
+
+def _draw_csr_config(rng):
+    # either strategy, the low-memory one, and forced launches that reach the binned and long-row
+    # kernels (and the ordered loop) on the fuzz's small matrices
+    choice = rng.integers(0, 5)
+    strategy = str(rng.choice(["scatter", "gather"]))
+    if choice == 0:
+        return {"strategy": strategy}
+    if choice == 1:
+        return {"memory": "low"}
+    if choice == 2:
+        tile = int(rng.choice([16, 32, 64]))
+        piece = int(rng.choice([4, 8, tile]))
+        return {"strategy": strategy, "ordered": False, "tile": tile, "l_min": int(rng.choice([1, 2, 4])),
+                "long_threshold": tile, "piece": piece, "chunk": piece * int(rng.integers(1, 4))}
+    if choice == 3:
+        return {"strategy": strategy, "ordered": True, "single": False, "lanes": int(rng.choice([2, 4, 8])),
+                "block_r": int(rng.choice([1, 4, 8]))}
+    return {"strategy": "gather", "gather": {"ordered": False, "tile": 32, "l_min": 2, "long_threshold": 16,
+                                             "piece": 8, "chunk": 16}}
 
 
 def _mmchain_reference(c, Xa, y, v, z, acc, mcols):
