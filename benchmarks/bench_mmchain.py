@@ -126,13 +126,19 @@ def reference64(X, y, v):
     return X64.T @ (v64 * (X64 @ y64))
 
 
+def _model_launch(X, m):
+    """The model's launch of the dense product on ``X`` with m right-hand sides."""
+    cfg = launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
+                              stride_xn=X.stride(0), stride_xd=X.stride(1))
+    return launch.product_config(cfg, X.shape[1], X.dtype)
+
+
 def dense_sweep(X, m, quick):
     """A grid around the model's pick: block_n x {1/2, 2}, warps x {1/2, 2}, programs x {1/2, 2},
     plus per strategy: prefetch on/off (onchip), the padded ``tl.dot`` for small m (tf32x3 and ieee), and for wide
     rows ("coop") narrower and wider column blocks, fewer rows held ahead, half the grid, session
     10's launch, two launches and the former "chunked" strategy."""
-    base = launch.product_config(launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(X.device),
-                                                     stride_xn=X.stride(0), stride_xd=X.stride(1)), X.shape[1], X.dtype)
+    base = _model_launch(X, m)
     bn_min = 16 if base.mode == "dot" else 1
     sms = launch.gpu_info(X.device).sm_count
     grid = [{}]
@@ -189,8 +195,7 @@ def dense_config_sweep(names, specs, dev, quick=False):
         X, y, v, nbytes = make_case(spec, dev, seed=1)
         m = spec[3]
         floor = nbytes / _common.H200_BANDWIDTH * 1e3
-        cfg = launch.product_config(launch.dense_config(X.shape[0], X.shape[1], m, X.dtype, launch.gpu_info(dev),
-                                                        stride_xn=X.stride(0), stride_xd=X.stride(1)), X.shape[1], X.dtype)
+        cfg = _model_launch(X, m)
         row = {"case": name, "floor_ms": floor, "model": repr(cfg)}
         rep = 10 if quick else 40
         ref = reference64(X, y, v)
@@ -259,8 +264,7 @@ def run_case(name, spec, args, dev):
     if kind == "dense":
         row["ops_ms"] = _common.bench_ms(lambda: fusedml.mmchain(X, y, v, backend="ops"), rep=rep)
         row["speedup_ops"] = row["ops_ms"] / row["fused_ms"]
-        cfg = launch.product_config(launch.dense_config(N, D, m, dtype, launch.gpu_info(dev), stride_xn=X.stride(0),
-                                                        stride_xd=X.stride(1)), D, dtype)
+        cfg = _model_launch(X, m)
         row["model"] = f"{cfg.strategy} bn={cfg.block_n} bd={cfg.block_d} w={cfg.num_warps} P={cfg.num_programs}"
         grid = dense_sweep(X, m, args.quick) if args.sweep else []
     else:

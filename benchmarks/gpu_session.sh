@@ -16,6 +16,21 @@ run() {  # name seconds command...
   { echo "#### $name rc=$rc"; cat "$log/$name.log"; } >> "$out/logs.txt"
   echo "== $name rc=$rc $((SECONDS - t0))s"
 }
+gmm_fit_ab() {  # the GMM fit of .ab-base against this code, 5 fits each (FIT_SIDES: "base new", "new", "none")
+  local side root
+  for side in ${FIT_SIDES:-base new}; do
+    [ "$side" = none ] && break
+    root=.; [ $side = base ] && root=.ab-base
+    run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
+      --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
+    grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
+  done
+}
+fuzz_cuda() {  # seconds cases-per-operator seed: a fuzz campaign on the GPU's compiled kernels (0 cases: none)
+  [ "$2" -gt 0 ] || return 0
+  run fuzz "$1" python3 tests/fuzz.py --device cuda --n "$2" --seed "$3"
+  grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8
+}
 for p in $parts; do
   case $p in
     check) run check 150 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
@@ -319,8 +334,7 @@ for p in $parts; do
         grep -E "^\| [0-9]" "$log/solver-ev-$side.log" | cut -d"|" -f2-7
       done ;;
     fuzz)  # session 25: tests/fuzz.py on the compiled kernels (fresh seeds; the failing cases' seeds in the log)
-      run fuzz 280 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-120}" --seed "${FUZZ_SEED:-$RANDOM}"
-      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
+      fuzz_cuda 280 "${FUZZ_N:-120}" "${FUZZ_SEED:-$RANDOM}" ;;
     s25-ab)  # session 25 (no GPU that session): the CSR passes' 1-D gather / scatter (Triton 3.6 had a layout
              # change with 4-6 bar.sync per loop step) and GMM pass 1's 16-row tiles at 4M x 256, K = 16 (3.6
              # spilled in the loop), .ab-base (a checkout of session 24's final code) against this code, interleaved
@@ -355,8 +369,7 @@ for p in $parts; do
       grep -E "^\| [0-9]" "$log/full-rows3.log" | cut -c1-200
       run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s31c.json"
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
-      [ "${FUZZ_N:-0}" -gt 0 ] && run fuzz 200 python3 tests/fuzz.py --device cuda --n "${FUZZ_N}" --seed "${FUZZ_SEED:-$RANDOM}"
-      grep -E "^FAIL|cases passed" "$log/fuzz.log" 2>/dev/null | cut -c1-400 | tail -8 ;;
+      fuzz_cuda 200 "${FUZZ_N:-0}" "${FUZZ_SEED:-$RANDOM}" ;;
     s31b)  # session 31, second call: the full-covariance pick for BD = 16, K > 16 (64 rows on 2 warps) against
            # the sweep at K = 32 and 64, with its errors; the CUDA tests of the touched modules (the launch-override
            # checks); the GPU fuzz case that failed to compile (mmchain:28268) and its neighbours
@@ -370,18 +383,11 @@ for p in $parts; do
       tail -3 "$log/cuda-tests.log"
       run replay 60 python3 tests/fuzz.py --device cuda --case mmchain:28268
       tail -1 "$log/replay.log"
-      run fuzz 200 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-12}" --seed "${FUZZ_SEED:-28262}"
-      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
+      fuzz_cuda 200 "${FUZZ_N:-12}" "${FUZZ_SEED:-28262}" ;;
     s31)  # session 31: the GMM fit of .ab-base (git archive cdf09d1) against this code; full-covariance tiles
           # the planner picks untimed (BD = 16 with K = 64, padded D = 24 and 28: the model's pick against the
           # sweep); the mmchain table on the current code; a fresh fuzz campaign
-      for side in ${FIT_SIDES:-base new}; do
-        [ "$side" = none ] && break
-        root=.; [ $side = base ] && root=.ab-base
-        run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
-          --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
-        grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
-      done
+      gmm_fit_ab
       run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 23,24,25 --sweep-precisions fp32 \
         --variants '^single BN=|^two_pass BN=' --budget 120 --out "$out/gmm_full_sweep_s31.json"
       grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
@@ -389,8 +395,7 @@ for p in $parts; do
       grep -E "^\| [0-9]" "$log/full-rows.log" | cut -c1-200
       run mmchain 90 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain.json"
       grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-160
-      [ "${FUZZ_N:-50}" -gt 0 ] && run fuzz 150 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-50}" --seed "${FUZZ_SEED:-$RANDOM}"
-      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
+      fuzz_cuda 150 "${FUZZ_N:-50}" "${FUZZ_SEED:-$RANDOM}" ;;
     s29)  # session 29: sessions 27-28's code on its first GPU (float64 E-step fallbacks, float64 log-likelihood
           # partials, the M-step kernel's Q scalar and the device loop's restart, the tied tile): CUDA tests, the
           # fuzz regressions replayed, the GMM checks, .ab-base (git archive cdf09d1, session 27's end) against
@@ -412,15 +417,8 @@ for p in $parts; do
           grep -E "^\| [0-9]" "$log/estep-$side-$r.log" | cut -c1-160
         done
       done
-      for side in ${FIT_SIDES:-base new}; do
-        [ "$side" = none ] && break
-        root=.; [ $side = base ] && root=.ab-base
-        run gmm-fit-$side 100 python3 $root/benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --backends fused \
-          --no-plots --out "$out/end_to_end_gmm_ab_$side.json"
-        grep -E "^\| synthetic" "$log/gmm-fit-$side.log" | cut -d"|" -f2-6
-      done
-      [ "${FUZZ_N:-50}" -gt 0 ] && run fuzz 150 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-50}" --seed "${FUZZ_SEED:-$RANDOM}"
-      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
+      gmm_fit_ab
+      fuzz_cuda 150 "${FUZZ_N:-50}" "${FUZZ_SEED:-$RANDOM}" ;;
     s27-verify)  # session 27 (its planner and the Tweedie fix were not run on the GPU): the two fuzz cases the
                  # GPU failed, the GMM checks, the full / tied rows, and the tiles left to time
       for c in loss_gradient:28518 loss_gradient:11242; do

@@ -336,16 +336,18 @@ def lloyd_plan(N, D, K, device=None, **override):
         ``BLOCK_N``, ``BLOCK_D``, ``BLOCK_K``, ``USE_DOT``, ``REG`` (``(KI, KO)`` or None),
         ``num_warps``, ``programs``, ``n_tiles`` (and ``PREFETCH`` for the register form).
     """
-    unknown = sorted(set(override) - _PLAN_KEYS)
-    if unknown:
-        raise ValueError(f"plan: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(_PLAN_KEYS))}")
-    o = SimpleNamespace(**override)
-    check_launch_fields(o, what="plan", pow2=[k for k in ("BLOCK_N", "REG_KI") if k in override],
-                        positive=[k for k in ("per_sm", "REG_VALUES") if k in override],
-                        warps=[k for k in ("num_warps",) if k in override],
-                        flags=[k for k in ("USE_DOT", "REG") if k in override])
-    if "PREFETCH" in override and override["PREFETCH"] not in (0, 1, 2):
-        raise ValueError(f"plan: PREFETCH must be 0, 1 or 2, got {override['PREFETCH']!r}")
+    if override:  # the caller's overrides (every lloyd_step call plans: nothing to check without them)
+        o = SimpleNamespace(**override)
+        unknown = sorted(set(override) - _PLAN_KEYS)
+        if unknown:
+            raise ValueError(f"plan: unknown key(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(sorted(_PLAN_KEYS))}")
+        check_launch_fields(o, what="plan", pow2=[k for k in ("BLOCK_N", "REG_KI") if k in override],
+                            positive=[k for k in ("per_sm", "REG_VALUES") if k in override],
+                            warps=[k for k in ("num_warps",) if k in override],
+                            flags=[k for k in ("USE_DOT", "REG") if k in override])
+        if "PREFETCH" in override and override["PREFETCH"] not in (0, 1, 2):
+            raise ValueError(f"plan: PREFETCH must be 0, 1 or 2, got {override['PREFETCH']!r}")
     sms = _sm_count(device)
     per_sm = override.get("per_sm", 4)
     # the register form at diag's budget: spherical's (KI doubled) measured 0.42 against 0.33 ms at
@@ -370,8 +372,8 @@ def lloyd_plan(N, D, K, device=None, **override):
     bn = override.get("BLOCK_N", bn)
     if use_dot and bn < 16:
         raise ValueError(f"plan: USE_DOT needs BLOCK_N >= 16 (tl.dot's smallest tile on sm_90), got {bn}")
-    # [BLOCK_N, BLOCK_K, BLOCK_D] broadcast products (tl.dot: [BLOCK_N, BLOCK_K] / [BLOCK_N, BLOCK_D])
-    check_launch_fields(o, what="plan", tile=bn * (bk * bd if not use_dot else max(bk, bd)))
+    if override:  # [BLOCK_N, BLOCK_K, BLOCK_D] broadcast products (tl.dot: [BLOCK_N, BLOCK_K] / [BLOCK_N, BLOCK_D])
+        check_launch_fields(o, what="plan", tile=bn * (bk * bd if not use_dot else max(bk, bd)))
     n_tiles = triton.cdiv(int(N), bn)
     return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot, "REG": None,
             "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),

@@ -230,6 +230,19 @@ def test_csr_launch_values_are_checked(config, match):
         fusedml.mmchain(A, np.ones(50, np.float32), backend="fused", config=config)
 
 
+def test_explicit_csr_config_is_checked():
+    """A CSRConfig object passed whole is checked like overrides are."""
+    import dataclasses
+
+    from fusedml._validation import as_csr
+    from fusedml.mmchain.csr import csr_config
+
+    A = sp.random(300, 50, density=0.1, format="csr", dtype=np.float32, random_state=0)
+    bad = dataclasses.replace(csr_config(as_csr(A), 1, torch.float32, strategy="scatter"), lanes=6)
+    with pytest.raises(ValueError, match=r"config: lanes must be a power of two, got 6"):
+        fusedml.mmchain(A, np.ones(50, np.float32), backend="fused", config=bad)
+
+
 def test_backend_unavailable(data, monkeypatch):
     X, y, v = data
     monkeypatch.setenv("TRITON_INTERPRET", "0")

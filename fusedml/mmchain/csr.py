@@ -1463,6 +1463,7 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
     """``(cfg, explicit, gather_overrides)``: the launch config, whether the caller fixed the
     strategy, and a dict of field overrides for the CSC pass's launch (or None)."""
     if isinstance(config, CSRConfig):
+        check_csr_launch(config, m)
         return config, True, None
     if config is not None and not isinstance(config, dict):
         raise TypeError(f"config must be None, a dict or a CSRConfig, got {type(config).__name__}")
@@ -1491,7 +1492,8 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
         gfields = {f.name for f in dataclasses.fields(CSRConfig)} - {"strategy", "gather"}
         base, g = dataclasses.replace(base, gather=dataclasses.replace(
             base.gather, **{k: v for k, v in g.items() if k in gfields})), None
-    check_csr_launch(base, m)
+    if extra or config.get("gather") is not None:  # the model's own picks need no check per call
+        check_csr_launch(base, m)
     return base, strategy != "auto", g
 
 
