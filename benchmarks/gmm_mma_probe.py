@@ -1,0 +1,123 @@
+"""Probe: the tensor-core diag single sweep (``fusedml/gmm/mma.py``) against the register form.
+
+First a correctness check on the GPU (fresh random problems of odd shapes, sample weights and
+per-row log-likelihoods, against the float64 operator-level E-step), then, per shape, the model's
+plan (the register form) and the mma kernel over warps, row groups per warp and programs per SM,
+side by side in one run (``do_bench`` medians), with each one's error against float64.
+
+    python benchmarks/gmm_mma_probe.py [--shapes 4194304x16x16,...] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+from bench_gmm import BW, make_problem, rel  # noqa: E402
+from fusedml.gmm import fused  # noqa: E402
+from fusedml.gmm._prep import validate  # noqa: E402
+from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
+from fusedml.gmm.mma import _diag_mma_kernel, mma_operands  # noqa: E402
+from fusedml.gmm.model import gpu_info, plan_launch  # noqa: E402
+from fusedml.gmm.ops import estep_ops  # noqa: E402
+
+
+def run_mma(prep, ops, P, WN, R):
+    """One E-step with the mma kernel on P programs: ``(ll, nk, s1, s2)``."""
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    dev = X.device
+    mo = ops.get("_mma") or ops.setdefault("_mma", mma_operands(ops))
+    n_blocks = -(-N // (8 * WN * R))
+    P = max(1, min(P, n_blocks))
+    pnk, ps1, ps2, pll = fused._partials(dev, [P * K, P * K * D, P * K * D], P)
+    off32 = fused.offsets_fit_int32(X, n_blocks * 8 * WN * R, 16)
+    _diag_mma_kernel[(P,)](X, X.stride(0), mo["GF"], mo["WF"], mo["CF"], pnk, ps1, ps2, pll, N, D, K, n_blocks,
+                           WN=WN, R=R, OFF32=off32, num_warps=WN)
+    return fused._diag_finish(prep, ops, pnk, ps1, ps2, pll)
+
+
+def errors(res, ref):
+    names = ("ll", "nk", "s1", "s2")
+    return {f"err_{n}": rel(a, b) for n, a, b in zip(names, res, ref) if a is not None and b is not None}
+
+
+def check(dev, seed):
+    """Odd shapes on the GPU against float64: the fragment plumbing on the hardware."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for N, D, K in [(37, 7, 5), (1000, 16, 16), (4099, 13, 11), (777, 16, 3), (20000, 1, 16), (65537, 16, 16)]:
+        X, w, mu, pc = make_problem(N, D, K, "diag", dev, seed=int(torch.randint(0, 1 << 30, (1,), generator=g)))
+        prep = validate(X, w, mu, pc, "diag", check_finite=False)
+        ops = _operands(prep)
+        ref = estep_ops(validate(X.double(), w, mu, pc, "diag", check_finite=False), False)[1:]
+        for WN, R in ((4, 1), (2, 2), (8, 1)):
+            res = run_mma(prep, ops, 3, WN, R)
+            row = {"case": "check", "N": N, "D": D, "K": K, "WN": WN, "R": R, **errors(res, ref)}
+            row["ok"] = all(v <= 1e-4 for k, v in row.items() if k.startswith("err_"))
+            rows.append(row)
+    return rows
+
+
+def probe(dev, N, D, K, sm):
+    X, w, mu, pc = make_problem(N, D, K, "diag", dev)
+    prep = validate(X, w, mu, pc, "diag", check_finite=False)
+    ops = _operands(prep)
+    prep64 = validate(X.double(), w, mu, pc, "diag", check_finite=False)
+    ref = tuple(estep_ops(prep64, False)[1:])
+    del prep64
+    floor = N * D * 4 / BW * 1e3
+    plan = plan_launch(N, K, D, "diag", X.dtype, dev, precision="fp32")
+    base = dict(N=N, D=D, K=K, floor_ms=floor)
+    rows = [dict(base, variant=f"model ({plan.form}, BN {plan.BN}, {plan.num_warps} warps)",
+                 ms=_common.bench_ms(lambda: estep_fused(prep, False, precision="fp32", plan=plan, ops=ops)),
+                 **errors(tuple(estep_fused(prep, False, precision="fp32", plan=plan, ops=ops)[1:]), ref))]
+    for WN, R, per_sm in ((4, 1, 2), (4, 1, 3), (4, 1, 4), (4, 1, 5), (4, 2, 2), (4, 2, 3), (8, 1, 1), (8, 1, 2),
+                          (2, 1, 4), (2, 1, 6), (2, 1, 8), (2, 1, 10), (2, 2, 4), (2, 2, 6)):
+        P = sm * per_sm
+        try:
+            ms = _common.bench_ms(lambda: run_mma(prep, ops, P, WN, R))
+            err = errors(run_mma(prep, ops, P, WN, R), ref)
+        except Exception as e:  # noqa: BLE001 (a probe: record and go on)
+            rows.append(dict(base, variant=f"mma WN {WN} R {R} P {per_sm}/SM", error=repr(e)[:200]))
+            continue
+        rows.append(dict(base, variant=f"mma WN {WN} R {R} P {per_sm}/SM", ms=ms, **err))
+    best = min(r["ms"] for r in rows[1:] if "ms" in r)
+    for r in rows:
+        if "ms" in r:
+            r["pct_floor"] = 100 * floor / r["ms"]
+            r["model_over_this"] = rows[0]["ms"] / r["ms"]
+    rows[0]["best_mma_ms"] = best
+    del X, prep
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="4194304x16x16,1048576x16x16,4194304x16x8,4194304x12x16,16777216x8x8")
+    ap.add_argument("--seed", type=int, default=None, help="check-problem seed (default: random)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = _common.device()
+    sm = gpu_info(dev)["sm_count"]
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    rows = check(dev, seed)
+    print(_common.markdown_table(rows, ["N", "D", "K", "WN", "R", "err_ll", "err_nk", "err_s1",
+                                        "err_s2", "ok"]))
+    for s in args.shapes.split(","):
+        N, D, K = (int(v) for v in s.split("x"))
+        rows += probe(dev, N, D, K, sm)
+        path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
+    print(_common.markdown_table([r for r in rows if r.get("case") != "check"],
+                                 ["N", "D", "K", "variant", "ms", "pct_floor", "model_over_this", "err_nk", "err_s1",
+                                  "err_s2", "err_ll", "error"]))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

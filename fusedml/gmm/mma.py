@@ -1,0 +1,277 @@
+"""The diag single sweep on the tensor cores with fp32-level accuracy (``form="mma"``).
+
+Both products of a row block run as ``mma.sync.m16n8k8`` tf32 tensor-core instructions, each
+split into three (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, "3xTF32": about 1e-6 relative error, the
+fp32 FMA form's order):
+
+* the logits ``L^T [K, rows] = [W1; W2]^T [K, 2D] @ [x, x^2]^T [2D, rows]`` (log2 units, the
+  constants as the accumulator's start), and
+* the statistics ``S1^T``, ``S2^T`` ``[K, D] += R^T [K, rows] @ x, x^2 [rows, D]``, whose left
+  operand is the responsibilities exactly as the first product left them in registers.
+
+A warp owns 8 rows at a time and all 16 components (K <= 16, D <= 16). Tiles are
+``[R, CH, RW, WN, G, T]``: Triton's default layout gives lanes to ``T`` (4) and ``G`` (8) (lane
+``4 g + t``), warps to ``WN`` and registers to ``R, CH, RW`` (``RW`` fastest), so each thread's
+four values of one ``(r, wn)`` are the 2 x 2 ``(CH, RW)`` slots of the mma fragments:
+
+* accumulator ``C[m = g + 8 ch][n = 2 t + rw]``: logits / responsibilities of component
+  ``g + 8 ch`` for row ``2 t + rw`` of the warp's 8 (the statistics: feature ``8 j + 2 t + rw``);
+* left operand ``A[m = g + 8 ch][k = t + 4 rw]``; right operand ``B[k = t + 4 rw][n = g]``.
+
+The statistics' reduction index k is the row ``2 t + rw`` (the permutation that lets the
+responsibilities, an accumulator, be the left operand without moving); the logits' is the feature
+``4 t + 2 j' + rw`` of ``x`` (j' = 0, 1) or ``x^2`` (j' = 2, 3), so a thread loads 4 consecutive
+features of one row. Each thread also loads the 4 values of the statistics' right operand (rows
+``2 t + rw``, features ``g``, ``g + 8``: L1 hits). The softmax over components is in-thread (CH)
+and across the 8 lanes of a row (G): three shuffle levels, as the register form.
+
+Under ``TRITON_INTERPRET=1`` the mma is emulated with the same fragment semantics (fp32 products),
+so the operand plumbing is tested on the CPU; the instruction itself and the register order of
+Triton's layout (which :func:`tl.inline_asm_elementwise` leaves unspecified) are checked on the
+GPU by ``benchmarks/check_gpu.py`` and the sm_90 compile test.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .._launch import interpret_mode
+from ..mmchain.dense import _FAST_MATH
+
+_EMULATE = tl.constexpr(interpret_mode())
+
+#: three tf32 mma per product, small terms first; the temporaries keep the outputs from
+#: aliasing inputs that later instructions read
+_MMA3 = tl.constexpr("""
+{
+.reg .f32 t<4>;
+mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {t0, t1, t2, t3}, {$12, $14, $13, $15}, {$16, $17}, {$4, $5, $6, $7};
+mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {t0, t1, t2, t3}, {$8, $10, $9, $11}, {$20, $21}, {t0, t1, t2, t3};
+mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {$0, $1, $2, $3}, {$8, $10, $9, $11}, {$16, $17}, {t0, t1, t2, t3};
+}
+""")
+
+
+@triton.jit
+def _tf32_split(x):
+    """``(hi, lo)``: x truncated to tf32 (10 mantissa bits, as fp32 bits) and the exact rest
+    (``|lo| < 2^-10 |x|``, which the tensor core truncates in turn: ~2^-21 relative)."""
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def _mma3(c, a_hi, a_lo, b_hi, b_lo, R: tl.constexpr, WN: tl.constexpr):
+    """``c + A @ B`` per (r, wn) warp tile (m16n8k8, 3xTF32). c, a_*: ``[R, 2, 2, WN, 8, 4]``
+    (accumulator / left-operand slots), b_*: ``[R, 1, 2, WN, 8, 4]`` (right-operand slots)."""
+    if _EMULATE:
+        a = tl.broadcast_to(a_hi + a_lo, c.shape)
+        b = tl.broadcast_to(b_hi + b_lo, (R, 1, 2, WN, 8, 4))
+        A = tl.reshape(tl.permute(a, (0, 3, 1, 4, 2, 5)), (R, WN, 16, 8))  # [., m = 8 ch + g, k = 4 rw + t]
+        B = tl.reshape(tl.permute(b, (0, 3, 1, 2, 5, 4)), (R, WN, 8, 8))  # [., k = 4 rw + t, n = g]
+        p = tl.sum(A[:, :, :, :, None] * B[:, :, None, :, :], axis=3)  # [R, WN, m, n]
+        p = tl.permute(tl.reshape(p, (R, WN, 2, 8, 4, 2)), (0, 2, 5, 1, 3, 4))  # n = 2 t + rw
+        return c + p
+    else:
+        bh = tl.broadcast_to(b_hi.to(tl.int32, bitcast=True), c.shape)
+        bl = tl.broadcast_to(b_lo.to(tl.int32, bitcast=True), c.shape)
+        return tl.inline_asm_elementwise(
+            _MMA3, "=f,=f,=f,=f,f,f,f,f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [c, a_hi.to(tl.int32, bitcast=True), a_lo.to(tl.int32, bitcast=True), bh, bl],
+            dtype=tl.float32, is_pure=True, pack=4)
+
+
+_SHFL2 = tl.constexpr("""
+{
+.reg .b32 a, b;
+.reg .pred p;
+shfl.sync.idx.b32 a, $1, $3, 31, -1;
+shfl.sync.idx.b32 b, $2, $3, 31, -1;
+setp.ne.s32 p, $4, 0;
+selp.b32 $0, b, a, p;
+}
+""")
+
+
+@triton.jit
+def _shfl2(va, vb, src, sel, R: tl.constexpr, WN: tl.constexpr):
+    """Per warp tile ``[R, WN, 8, 4]`` (lane ``4 g + t``): ``(vb if sel else va)`` of lane ``src``
+    (``src``, ``sel``: int32 ``[1, 1, 8, 4]``): two shuffles and a select."""
+    if _EMULATE:
+        lane = tl.arange(0, 8)[:, None] * 4 + tl.arange(0, 4)[None, :]  # [8, 4] source lanes
+        hit = (lane[None, None, :, :] == tl.reshape(src, (8, 4))[:, :, None, None]).to(tl.float32)  # [8, 4, 8, 4]
+        v = tl.where(sel != 0, 1.0, 0.0)[:, :, :, :, None, None]
+        va6 = va[:, :, None, None, :, :]
+        vb6 = vb[:, :, None, None, :, :]
+        pick = va6 * (1.0 - v) + vb6 * v  # [R, WN, 8, 4, 8, 4]: destination, then source
+        return tl.sum(tl.sum(pick * hit[None, None, :, :, :, :], axis=5), axis=4)
+    else:
+        return tl.inline_asm_elementwise(
+            _SHFL2, "=r,r,r,r,r",
+            [va.to(tl.int32, bitcast=True), vb.to(tl.int32, bitcast=True), src + tl.zeros_like(va.to(tl.int32, bitcast=True)),
+             sel + tl.zeros_like(va.to(tl.int32, bitcast=True))],
+            dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _frag(t2, R: tl.constexpr, WN: tl.constexpr):
+    """A ``[8 R WN, 16]`` tile whose thread ``(g, t)`` holds columns ``4 t + 2 a + b`` of row
+    ``(r, wn, g)`` as fragment slots ``[R, a, b, WN, G, T]`` (a = CH, b = RW)."""
+    return tl.permute(tl.reshape(t2, (R, WN, 8, 4, 2, 2)), (0, 4, 5, 1, 2, 3))
+
+
+@triton.jit
+def _pair(v0, v1):
+    """``[R, WN, 8, 4]`` x 2 -> right-operand slots ``[R, 1, RW, WN, 8, 4]``."""
+    return tl.permute(tl.join(v0, v1), (0, 4, 1, 2, 3))[:, None, :, :, :, :]
+
+
+@triton.jit
+def _diag_mma_kernel(
+    X, stride_xn,  # [N, D] fp32, unit feature stride
+    GF,  # [16] fp32 shift (0 beyond D)
+    WF,  # [4, 2, 8, 16] fp32 the logits' left operands (:func:`mma_operands`)
+    CF,  # [8, 16] fp32 the constants in accumulator slots
+    PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32 partials, [P] float64
+    N, D, K, n_blocks,
+    WN: tl.constexpr, OFF32: tl.constexpr = False, R: tl.constexpr = 1,
+):
+    """Single sweep, both products on the tensor cores (module docstring); row blocks of
+    ``8 R WN`` rows, R 8-row groups per warp."""
+    BN: tl.constexpr = 8 * R * WN
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    # every operand of the mma comes from [BN, 16] / [BN, 8] tiles of one layout (a unit-stride
+    # last axis: Triton gives thread 4 g + t of warp wn the row (r, wn, g), 4 t .. 4 t + 3)
+    rows2 = tl.arange(0, BN)[:, None]
+    cols = tl.arange(0, 16)[None, :]
+    g16 = tl.load(GF + cols + 0 * rows2)  # [BN, 16]
+    wrow = (rows2 % 8) * 16 + cols
+    w0h = _frag(tl.load(WF + 0 * 128 + wrow), R, WN)
+    w0l = _frag(tl.load(WF + 1 * 128 + wrow), R, WN)
+    w1h = _frag(tl.load(WF + 2 * 128 + wrow), R, WN)
+    w1l = _frag(tl.load(WF + 3 * 128 + wrow), R, WN)
+    w2h = _frag(tl.load(WF + 4 * 128 + wrow), R, WN)
+    w2l = _frag(tl.load(WF + 5 * 128 + wrow), R, WN)
+    w3h = _frag(tl.load(WF + 6 * 128 + wrow), R, WN)
+    w3l = _frag(tl.load(WF + 7 * 128 + wrow), R, WN)
+    cst = _frag(tl.load(CF + wrow), R, WN)  # [R, 2, 2, WN, 8, 4]
+    zero = tl.zeros_like(cst)
+    # fragment coordinates
+    rw = tl.arange(0, 2)[None, None, :, None, None, None]
+    wn = tl.arange(0, WN)[None, None, None, :, None, None]
+    g = tl.arange(0, 8)[None, None, None, None, :, None]
+    t = tl.arange(0, 4)[None, None, None, None, None, :]
+    r_ = tl.arange(0, R)[:, None, None, None, None, None]
+    srow = (r_ * WN + wn) * 8 + 2 * t + rw  # [R, 1, 2, WN, 1, 4] the accumulator slots' rows
+    # the statistics' right operand: thread (g, t) takes x[row 2 t + rw][feature 4 (g % 4) + 2 j + g // 4]
+    # from lane 4 (2 t + rw) + g % 4, registers 2 j + (0, 1)
+    g4 = tl.arange(0, 8)[:, None]
+    t4 = tl.arange(0, 4)[None, :]
+    src0 = (4 * (2 * t4) + g4 % 4)[None, None, :, :]  # [1, 1, 8, 4]
+    src1 = src0 + 4
+    sel = (g4 // 4 + 0 * t4)[None, None, :, :]
+    acc_s10 = tl.zeros_like(cst)
+    acc_s11 = tl.zeros_like(cst)
+    acc_s20 = tl.zeros_like(cst)
+    acc_s21 = tl.zeros_like(cst)
+    acc_nk = tl.zeros_like(cst)
+    acc_ll = tl.zeros((R, 1, 2, WN, 1, 4), dtype=tl.float32)
+    for blk in range(pid, n_blocks, nprog):
+        row0 = blk * BN
+        xr = row0 + rows2
+        if OFF32:
+            xo = xr * stride_xn
+        else:
+            xo = xr.to(tl.int64) * stride_xn
+        # rows past N hold -g: finite, their responsibilities and normaliser masked below
+        z2 = tl.load(X + xo + cols, mask=(xr < N) & (cols < D), other=0.0) - g16  # [BN, 16]
+        # (r, wn, g, t, a, b) -> feature 4 t + 2 a + b; k-step a of the logits takes slot b
+        z6 = tl.reshape(z2, (R, WN, 8, 4, 2, 2))
+        za, zb = tl.split(z6)  # b = 0 / 1: [R, WN, 8, 4, 2 (a)]
+        z00, z10 = tl.split(za)  # registers (a, b) = (0, 0), (1, 0)
+        z01, z11 = tl.split(zb)
+        z0 = _pair(z00, z01)  # k-step 0: features 4 t + rw
+        z1 = _pair(z10, z11)  # k-step 1: features 4 t + 2 + rw
+        z0h, z0l = _tf32_split(z0)
+        z1h, z1l = _tf32_split(z1)
+        q0h, q0l = _tf32_split(z0 * z0)
+        q1h, q1l = _tf32_split(z1 * z1)
+        # two accumulation chains (x, x^2 terms): the mma's latency, not its rate, bounds a chain
+        lg1 = _mma3(cst, w0h, w0l, z0h, z0l, R, WN)
+        lg1 = _mma3(lg1, w1h, w1l, z1h, z1l, R, WN)
+        lg2 = _mma3(zero, w2h, w2l, q0h, q0l, R, WN)
+        lg2 = _mma3(lg2, w3h, w3l, q1h, q1l, R, WN)
+        lg = lg1 + lg2  # [R, 2, 2, WN, 8, 4] log2 units
+        # in-thread (CH) before across lanes (G): one shuffle per level, not two
+        m = tl.max(tl.max(lg, axis=1, keep_dims=True), axis=4, keep_dims=True)  # [R, 1, 2, WN, 1, 4]
+        e = tl.exp2(lg - m)
+        l = tl.sum(tl.sum(e, axis=1, keep_dims=True), axis=4, keep_dims=True)  # in [1, K]
+        if _FAST_MATH:  # the hardware log2 and reciprocal: l >= 1, no range handling
+            lse = (m + libdevice.fast_log2f(l)) * 0.6931471805599453  # natural log
+            rl = libdevice.fast_dividef(1.0, l)
+        else:
+            lse = (m + tl.log2(l)) * 0.6931471805599453
+            rl = 1.0 / l
+        rowm = (row0 + srow) < N
+        acc_ll += tl.where(rowm, lse, 0.0)
+        r = tl.where(rowm, e * rl, 0.0)
+        acc_nk += r
+        rh, rlo = _tf32_split(r)
+        s0 = _pair(_shfl2(z00, z01, src0, sel, R, WN), _shfl2(z00, z01, src1, sel, R, WN))  # j = 0
+        s1 = _pair(_shfl2(z10, z11, src0, sel, R, WN), _shfl2(z10, z11, src1, sel, R, WN))  # j = 1
+        x0h, x0l = _tf32_split(s0)
+        x1h, x1l = _tf32_split(s1)
+        acc_s10 = _mma3(acc_s10, rh, rlo, x0h, x0l, R, WN)
+        acc_s11 = _mma3(acc_s11, rh, rlo, x1h, x1l, R, WN)
+        y0h, y0l = _tf32_split(s0 * s0)
+        y1h, y1l = _tf32_split(s1 * s1)
+        acc_s20 = _mma3(acc_s20, rh, rlo, y0h, y0l, R, WN)
+        acc_s21 = _mma3(acc_s21, rh, rlo, y1h, y1l, R, WN)
+    # statistics slots: component g + 8 ch, output n = 2 t + rw: feature 4 (n % 4) + 2 j + n // 4
+    base = pid.to(tl.int64) * K * D
+    nk = tl.sum(tl.sum(tl.sum(tl.sum(acc_nk, axis=5), axis=3), axis=2), axis=0)  # [2, 8]: component g + 8 ch
+    c2 = tl.arange(0, 2)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(PNK + pid * K + c2, nk, mask=c2 < K)
+    c4 = tl.arange(0, 2)[:, None, None, None] * 8 + tl.arange(0, 8)[None, None, :, None]  # [CH, RW, G, T]
+    n4 = 2 * tl.arange(0, 4)[None, None, None, :] + tl.arange(0, 2)[None, :, None, None]
+    for j in tl.static_range(2):
+        fj = 4 * (n4 % 4) + 2 * j + n4 // 4
+        m4 = (c4 < K) & (fj < D)
+        a1 = acc_s10 if j == 0 else acc_s11
+        a2 = acc_s20 if j == 0 else acc_s21
+        tl.store(PS1 + base + c4 * D + fj, tl.sum(tl.sum(a1, axis=3), axis=0), mask=m4)
+        tl.store(PS2 + base + c4 * D + fj, tl.sum(tl.sum(a2, axis=3), axis=0), mask=m4)
+    tl.store(PLL + pid, tl.sum(tl.reshape(acc_ll, (R * 2 * WN * 4,)).to(tl.float64), axis=0))
+
+
+def mma_operands(ops: dict) -> dict:
+    """The mma kernel's operand tiles from the diag operands (:func:`fusedml.gmm.fused._operands`):
+    ``GF [16]`` (the shift), ``WF [4, 2, 8, 16]`` (k-step s, tf32 high / low part, lane row g,
+    column ``4 t + 2 ch + rw``: the logits' left-operand slot of component ``g + 8 ch`` and
+    feature ``4 t + 2 (s % 2) + rw`` of W1 (s < 2) or W2), ``CF [8, 16]`` (the constants in
+    accumulator slots, -inf past K). K <= 16, D <= 16."""
+    W1, W2, C, G = ops["W1"], ops["W2"], ops["CONST"], ops["G"]
+    D, K = W1.shape
+    dev = W1.device
+    f32 = torch.float32
+    gf = torch.zeros(16, dtype=f32, device=dev)
+    gf[:D] = G.to(f32)
+    w = torch.zeros(2, 16, 16, dtype=f32, device=dev)  # [W1 / W2, feature, component]
+    w[0, :D, :K] = W1
+    w[1, :D, :K] = W2
+    s = torch.arange(4, device=dev)[:, None, None, None, None]
+    gg = torch.arange(8, device=dev)[None, :, None, None, None]
+    t = torch.arange(4, device=dev)[None, None, :, None, None]
+    ch = torch.arange(2, device=dev)[None, None, None, :, None]
+    rw = torch.arange(2, device=dev)[None, None, None, None, :]
+    a = w[s // 2, 4 * t + 2 * (s % 2) + rw, gg + 8 * ch].reshape(4, 8, 16)
+    hi = (a.view(torch.int32) & -8192).view(f32)
+    wf = torch.stack([hi, a - hi], 1).contiguous()  # [4, 2, 8, 16]
+    c = torch.full((16,), float("-inf"), dtype=f32, device=dev)
+    c[:K] = C
+    cf = c[(gg + 8 * ch)[0, :, :, :, 0] + 0 * t[0, :, :, :, 0]]  # [8, 1, 2] -> broadcast over t, rw
+    cf = cf[:, :, :, None].expand(8, 4, 2, 2).reshape(8, 16).contiguous()
+    return {"GF": gf, "WF": wf, "CF": cf}
