@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+import fusedml  # noqa: E402
 from bench_gmm import BW, make_problem, rel  # noqa: E402
 from fusedml.gmm import fused  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
@@ -50,7 +51,8 @@ def check(dev, seed):
     """Odd shapes on the GPU against float64: the fragment plumbing on the hardware."""
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for N, D, K in [(37, 7, 5), (1000, 16, 16), (4099, 13, 11), (777, 16, 3), (20000, 1, 16), (65537, 16, 16)]:
+    for N, D, K in [(37, 7, 5), (1000, 16, 16), (4099, 13, 11), (777, 16, 3), (20000, 1, 16), (65537, 16, 16),
+                    (300001, 9, 9)]:
         X, w, mu, pc = make_problem(N, D, K, "diag", dev, seed=int(torch.randint(0, 1 << 30, (1,), generator=g)))
         prep = validate(X, w, mu, pc, "diag", check_finite=False)
         ops = _operands(prep)
@@ -58,6 +60,15 @@ def check(dev, seed):
         for WN, R in ((4, 1), (2, 2), (8, 1)):
             res = run_mma(prep, ops, 3, WN, R)
             row = {"case": "check", "N": N, "D": D, "K": K, "WN": WN, "R": R, **errors(res, ref)}
+            row["ok"] = all(v <= 1e-4 for k, v in row.items() if k.startswith("err_"))
+            rows.append(row)
+        # the public call (precision="tf32x3": this kernel where it applies), and with sample weights
+        # (the register form)
+        for sw in (None, (torch.rand(N, generator=g) + 0.5).to(dev)):
+            st = fusedml.gmm_estep(X, w, mu, pc, "diag", sample_weight=sw, precision="tf32x3", backend="fused")
+            rs = estep_ops(validate(X.double(), w, mu, pc, "diag", sample_weight=sw, check_finite=False), False)[1:]
+            row = {"case": "check", "N": N, "D": D, "K": K, "WN": "public", "R": "sw" if sw is not None else "",
+                   **errors((st.log_likelihood, st.nk, st.s1, st.s2), rs)}
             row["ok"] = all(v <= 1e-4 for k, v in row.items() if k.startswith("err_"))
             rows.append(row)
     return rows
@@ -73,11 +84,14 @@ def probe(dev, N, D, K, sm):
     floor = N * D * 4 / BW * 1e3
     plan = plan_launch(N, K, D, "diag", X.dtype, dev, precision="fp32")
     base = dict(N=N, D=D, K=K, floor_ms=floor)
+    plan_tc = plan_launch(N, K, D, "diag", X.dtype, dev, precision="tf32x3")
     rows = [dict(base, variant=f"model ({plan.form}, BN {plan.BN}, {plan.num_warps} warps)",
                  ms=_common.bench_ms(lambda: estep_fused(prep, False, precision="fp32", plan=plan, ops=ops)),
                  **errors(tuple(estep_fused(prep, False, precision="fp32", plan=plan, ops=ops)[1:]), ref))]
-    for WN, R, per_sm in ((4, 1, 2), (4, 1, 3), (4, 1, 4), (4, 1, 5), (4, 2, 2), (4, 2, 3), (8, 1, 1), (8, 1, 2),
-                          (2, 1, 4), (2, 1, 6), (2, 1, 8), (2, 1, 10), (2, 2, 4), (2, 2, 6)):
+    rows.append(dict(base, variant=f"tf32x3 model ({plan_tc.form})",
+                     ms=_common.bench_ms(lambda: estep_fused(prep, False, precision="tf32x3", plan=plan_tc, ops=ops)),
+                     **errors(tuple(estep_fused(prep, False, precision="tf32x3", plan=plan_tc, ops=ops)[1:]), ref)))
+    for WN, R, per_sm in ((4, 1, 3), (4, 1, 4), (4, 1, 5), (8, 1, 2), (2, 1, 8), (2, 1, 10)):
         P = sm * per_sm
         try:
             ms = _common.bench_ms(lambda: run_mma(prep, ops, P, WN, R))
@@ -99,7 +113,7 @@ def probe(dev, N, D, K, sm):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="4194304x16x16,1048576x16x16,4194304x16x8,4194304x12x16,16777216x8x8")
+    ap.add_argument("--shapes", default="4194304x16x16,1048576x16x16,4194304x12x16,16777216x16x16,4194304x16x12")
     ap.add_argument("--seed", type=int, default=None, help="check-problem seed (default: random)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

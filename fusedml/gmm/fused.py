@@ -1304,6 +1304,14 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     full_like = ct in ("full", "tied")
     if full_like and plan.BD != full_bd(D):  # the operands are padded to full_bd(D) (_operands)
         raise ValueError(f"a full / tied plan needs BD = {full_bd(D)} for D = {D}, got {plan.BD}")
+    if plan.form == "mma":
+        mma_out = _mma_estep(prep, ops, plan, has_sw, return_log_prob)
+        if mma_out is not None:
+            return (None,) + mma_out
+        # sample weights, per-row outputs, strided or non-fp32 X, or a layout the fragments do not
+        # assume: the register form
+        plan = plan_launch(N, K, D, ct, X.dtype, dev, precision="fp32")
+        prec = _PREC["fp32"]
     if plan.path == "single":
         n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
@@ -1386,6 +1394,55 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     s2 = ps2[..., :D, :D].to(f64).sum(0)
     s2 = 0.5 * (s2 + s2.transpose(-1, -2))
     return lp_out, ll, nk, s1, s2
+
+
+_MMA_OK: dict = {}
+
+
+def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
+    """``(ll, nk, s1, s2)`` of the tensor-core diag single sweep (:mod:`fusedml.gmm.mma`), or None
+    where it does not apply: sample weights or per-row log-likelihoods asked for, X not fp32 with
+    unit feature stride, or (checked once per compiled launch) a layout of Triton's that is not
+    the one its register fragments assume."""
+    from . import mma
+
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    if has_sw or want_logp or X.dtype != torch.float32 or (X.stride(1) != 1 and D > 1):
+        return None
+    dev = X.device
+    (R,) = plan.reg
+    BN = 8 * plan.num_warps * R
+    n_blocks = -(-N // BN)
+    off32 = offsets_fit_int32(X, n_blocks * BN, 16)
+    mo = mma.mma_operands(ops)
+    consts = dict(WN=plan.num_warps, R=R, OFF32=off32)
+    opts = dict(num_warps=plan.num_warps)
+    key = (plan, N, off32, dev)
+    P = _MMA_OK.get(key)
+    if P is None:
+        args = (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"]) + (_dummy(dev),) * 4 + (N, D, K, n_blocks)
+        if dev.type == "cuda":
+            try:
+                ck = mma._diag_mma_kernel.warmup(*args, grid=(1,), **consts, **opts)
+                ok = mma.layouts_ok(ck.asm["ttgir"], plan.num_warps)
+            except Exception as e:  # noqa: BLE001 -- e.g. an asm the toolchain rejects: the register form
+                warnings.warn(f"fusedml: the tensor-core GMM E-step did not compile ({e!r:.200}); using fp32 FMAs")
+                ok = False
+            if not ok:
+                warnings.warn("fusedml: Triton laid out the tensor-core GMM E-step's fragments differently "
+                              "from what its inline assembly assumes; using fp32 FMAs")
+        else:
+            ok = True  # the interpreter emulates the fragments' semantics
+        P = _grid(mma._diag_mma_kernel, args, {**consts, **opts}, dev, n_blocks, plan.programs,
+                  max(1, (32 << 20) // (8 * K * D + 8))) if ok else 0
+        if len(_MMA_OK) < 4096:
+            _MMA_OK[key] = P
+    if not P:
+        return None
+    pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
+    launch(mma._diag_mma_kernel, (P,), (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"], pnk, ps1, ps2, pll, N, D, K,
+                                        n_blocks), consts, **opts)
+    return _diag_finish(prep, ops, pnk, ps1, ps2, pll)
 
 
 #: the tied single sweep's components on chip: its [BK, BK] responsibility sums (R) live in registers

@@ -32,6 +32,8 @@ GPU by ``benchmarks/check_gpu.py`` and the sm_90 compile test.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 import triton
 import triton.language as tl
@@ -224,12 +226,15 @@ def _diag_mma_kernel(
         s1 = _pair(_shfl2(z10, z11, src0, sel, R, WN), _shfl2(z10, z11, src1, sel, R, WN))  # j = 1
         x0h, x0l = _tf32_split(s0)
         x1h, x1l = _tf32_split(s1)
-        acc_s10 = _mma3(acc_s10, rh, rlo, x0h, x0l, R, WN)
-        acc_s11 = _mma3(acc_s11, rh, rlo, x1h, x1l, R, WN)
+        # each block's 8-row products start from zero and are added in fp32 outside the tensor
+        # cores: their accumulation truncates, which over a program's thousands of blocks biased
+        # the statistics by up to 1e-3 (H100, 16M rows)
+        acc_s10 += _mma3(zero, rh, rlo, x0h, x0l, R, WN)
+        acc_s11 += _mma3(zero, rh, rlo, x1h, x1l, R, WN)
         y0h, y0l = _tf32_split(s0 * s0)
         y1h, y1l = _tf32_split(s1 * s1)
-        acc_s20 = _mma3(acc_s20, rh, rlo, y0h, y0l, R, WN)
-        acc_s21 = _mma3(acc_s21, rh, rlo, y1h, y1l, R, WN)
+        acc_s20 += _mma3(zero, rh, rlo, y0h, y0l, R, WN)
+        acc_s21 += _mma3(zero, rh, rlo, y1h, y1l, R, WN)
     # statistics slots: component g + 8 ch, output n = 2 t + rw: feature 4 (n % 4) + 2 j + n // 4
     base = pid.to(tl.int64) * K * D
     nk = tl.sum(tl.sum(tl.sum(tl.sum(acc_nk, axis=5), axis=3), axis=2), axis=0)  # [2, 8]: component g + 8 ch
@@ -275,3 +280,60 @@ def mma_operands(ops: dict) -> dict:
     cf = c[(gg + 8 * ch)[0, :, :, :, 0] + 0 * t[0, :, :, :, 0]]  # [8, 1, 2] -> broadcast over t, rw
     cf = cf[:, :, :, None].expand(8, 4, 2, 2).reshape(8, 16).contiguous()
     return {"GF": gf, "WF": wf, "CF": cf}
+
+
+def _blocked(attr: str):
+    """``(sizePerThread, threadsPerWarp, warpsPerCTA, order)`` of a ``#ttg.blocked<...>`` layout, or None."""
+    if not attr.startswith("#ttg.blocked<"):
+        return None
+    out = []
+    for key in ("sizePerThread", "threadsPerWarp", "warpsPerCTA", "order"):
+        m = re.search(key + r" = \[([0-9, ]*)\]", attr)
+        if m is None:
+            return None
+        out.append([int(v) for v in m.group(1).split(",")])
+    return tuple(out)
+
+
+def layouts_ok(ttgir: str, num_warps: int) -> bool:
+    """Whether every inline-asm op of a compiled :func:`_diag_mma_kernel` has the layout its
+    fragments assume (the register order of ``tl.inline_asm_elementwise`` is unspecified, and
+    Triton picks the op's layout from its operands').
+
+    The mma ops (rank 6, ``[R, CH, RW, WN, G, T]``) need lanes ``4 g + t``, warps along WN and each
+    thread's four consecutive registers of one r in the order ``(ch, rw)``, RW fastest; the
+    shuffles (rank 4, ``[R, WN, G, T]``) need the same lanes and warps.
+
+    Parameters
+    ----------
+    ttgir : str
+        The compiled kernel's ``asm["ttgir"]``.
+    num_warps : int
+
+    Returns
+    -------
+    bool
+    """
+    layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    used = re.findall(r"tt\.elementwise_inline_asm .*?-> tensor<([0-9x]+)x[if]32, (#\w+)>", ttgir)
+    if len(used) != 12:  # 8 mma (two chains of 2, four statistics) and 4 shuffles per block
+        return False
+    for shape, name in used:
+        b = _blocked(layouts.get(name, ""))
+        if b is None:
+            return False
+        spt, tpw, wpc, order = b
+        rank = len(shape.split("x"))
+        if rank == 6:
+            pos = order.index
+            ok = (tpw == [1, 1, 1, 1, 8, 4] and wpc == [1, 1, 1, num_warps, 1, 1] and pos(5) < pos(4)
+                  and spt[3:] == [1, 1, 1] and pos(2) < pos(1)
+                  and (spt[1:3] == [2, 2] or (spt[:3] == [1, 1, 1] and pos(1) < pos(0))))
+        elif rank == 4:
+            ok = (tpw == [1, 1, 8, 4] and wpc == [1, num_warps, 1, 1] and order.index(3) < order.index(2)
+                  and spt[1:] == [1, 1, 1])
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True

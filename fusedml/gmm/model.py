@@ -148,7 +148,9 @@ class Plan:
     num_stages : int
         Software-pipelining depth passed to the launches.
     form : str
-        Single-sweep diag product form: ``"reg"`` (register FMAs, small K x D: :func:`reg_tile`),
+        Single-sweep diag product form: ``"mma"`` (``precision="tf32x3"``, 8 < K, D <= 16: both
+        products as 3xTF32 tensor-core instructions on register fragments, :func:`mma_applies`),
+        ``"reg"`` (register FMAs, small K x D: :func:`reg_tile`),
         ``"dot"`` (four ``tl.dot`` per block), ``"cat"`` (one interleaved ``[x, x^2]`` operand: two
         ``tl.dot`` per block) or ``"bcast"`` (broadcast multiply and in-register sums over a
         ``[BN, BD, BK]`` tile; fp32 only, a benchmark sweep variant).
@@ -169,7 +171,7 @@ class Plan:
         Single sweep (diag): size the persistent grid from the compiled kernel's registers and
         shared memory (:func:`fusedml.gmm.fused.resident_programs`) instead of ``programs``.
     reg : tuple
-        ``form="reg"``: ``(BD, KI, KO)`` of its tiles (:func:`reg_tile`: padded features, components
+        ``form="mma"``: ``(R,)``, 8-row groups per warp and block; ``form="reg"``: ``(BD, KI, KO)`` of its tiles (:func:`reg_tile`: padded features, components
         per thread, component groups across threads; ``BN`` is its row block); ``()`` otherwise.
         ``BD`` and ``BK`` above stay the ``tl.dot`` tiles of pass 1 (scoring, fallbacks).
     sph : bool
@@ -244,6 +246,14 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device) -> str:
         ``"fp32"`` (kept as a function: the one place a measured rule for another GPU goes).
     """
     return "fp32"
+
+
+def mma_applies(K: int, D: int) -> bool:
+    """Whether the tensor-core diag single sweep (``form="mma"``, :mod:`fusedml.gmm.mma`) takes K
+    components of D features: both at most 16 (one m16n8k8 tile of components, 16 features), and
+    more than 8 of each, where it was timed faster than the register form (H100, session 32:
+    4M x 16, K = 16 0.26 against 0.40 ms; K = 8 equal, D = 8 half the speed on padded features)."""
+    return 8 < K <= 16 and 8 < D <= 16
 
 
 REG_VALUES = 32  # BD * KI of the register form: 2 x 32 weights and 2 x 32 statistics per thread
@@ -589,6 +599,12 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
         # tiles' layout change, scratch (sm_90 compiles: 1-16 KB)
         regs = 2 * rbd * ki * (1 + rpt) + 2 * rbd * rpt + 8 * ki * rpt + 40
         sm = 4 * rbd * max(BN, 32) * (st + 1) + 16 * rbd * rbk + 1024
+    if (precision == "tf32x3" and covariance_type == "diag" and chosen == "single" and dtype == torch.float32
+            and mma_applies(K, D)):
+        # both products on the tensor cores, fragments in registers (fusedml/gmm/mma.py): 8-row
+        # groups, one per warp of 4; the grid from the compiled kernel (H100, session 32: 5 programs
+        # per SM at 96 registers, 0.26 ms at 4M x 16, K = 16 against the register form's 0.40)
+        form, reg, BN, nw, prefetch, regs, sm = "mma", (1,), 32, 4, 0, 96, 1024
     n_blocks = -(-N // BN)
     if measured is not None and chosen == "single":  # the grid the tile was timed with
         per_sm = measured[3]
