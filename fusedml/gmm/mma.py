@@ -252,34 +252,52 @@ def _diag_mma_kernel(
     tl.store(PLL + pid, tl.sum(tl.reshape(acc_ll, (R * 2 * WN * 4,)).to(tl.float64), axis=0))
 
 
+@triton.jit
+def _mma_operands_kernel(G, W1, W2, CONST, GF, WF, CF, D, K):
+    """One program: :func:`mma_operands`' tiles from the diag operands."""
+    offs = tl.arange(0, 1024)  # WF [4 (s), 2 (hi / lo), 8 (g), 16 (4 t + 2 ch + rw)]
+    s = offs // 256
+    c = offs % 16
+    g = (offs // 16) % 8
+    comp = g + 8 * ((c // 2) % 2)
+    f = 4 * (c // 4) + 2 * (s % 2) + c % 2
+    m = (comp < K) & (f < D)
+    w = tl.where(s < 2, tl.load(W1 + f * K + comp, mask=m & (s < 2), other=0.0),
+                 tl.load(W2 + f * K + comp, mask=m & (s >= 2), other=0.0))
+    hi, lo = _tf32_split(w)
+    tl.store(WF + offs, tl.where((offs // 128) % 2 == 0, hi, lo))
+    o2 = tl.arange(0, 128)  # CF [8 (g), 16]: the constant of component g + 8 ch
+    k2 = o2 // 16 + 8 * ((o2 % 16 // 2) % 2)
+    tl.store(CF + o2, tl.load(CONST + k2, mask=k2 < K, other=float("-inf")))
+    o3 = tl.arange(0, 16)
+    tl.store(GF + o3, tl.load(G + o3, mask=o3 < D, other=0.0))
+
+
 def mma_operands(ops: dict) -> dict:
-    """The mma kernel's operand tiles from the diag operands (:func:`fusedml.gmm.fused._operands`):
-    ``GF [16]`` (the shift), ``WF [4, 2, 8, 16]`` (k-step s, tf32 high / low part, lane row g,
-    column ``4 t + 2 ch + rw``: the logits' left-operand slot of component ``g + 8 ch`` and
-    feature ``4 t + 2 (s % 2) + rw`` of W1 (s < 2) or W2), ``CF [8, 16]`` (the constants in
-    accumulator slots, -inf past K). K <= 16, D <= 16."""
-    W1, W2, C, G = ops["W1"], ops["W2"], ops["CONST"], ops["G"]
+    """The mma kernel's operand tiles from the diag operands (:func:`fusedml.gmm.fused._operands`),
+    one launch: ``GF [16]`` (the shift, 0 past D), ``WF [4, 2, 8, 16]`` (k-step s, tf32 high / low
+    part, lane row g, column ``4 t + 2 ch + rw``: the logits' left-operand slot of component
+    ``g + 8 ch`` and feature ``4 t + 2 (s % 2) + rw`` of W1 (s < 2) or W2), ``CF [8, 16]`` (the
+    constants in accumulator slots, -inf past K). K <= 16, D <= 16. The kernel loads these tiles
+    with unit-stride rows, so Triton lays them out as the data tile (gathered in the kernel, the
+    weights gave the mma ops their own layout: :func:`layouts_ok` rejected it).
+
+    Parameters
+    ----------
+    ops : dict
+        ``G``, ``W1``, ``W2``, ``CONST`` (fp32, on the device).
+
+    Returns
+    -------
+    dict
+        ``GF``, ``WF``, ``CF`` (fp32, contiguous, on the same device).
+    """
+    W1 = ops["W1"]
     D, K = W1.shape
-    dev = W1.device
-    f32 = torch.float32
-    gf = torch.zeros(16, dtype=f32, device=dev)
-    gf[:D] = G.to(f32)
-    w = torch.zeros(2, 16, 16, dtype=f32, device=dev)  # [W1 / W2, feature, component]
-    w[0, :D, :K] = W1
-    w[1, :D, :K] = W2
-    s = torch.arange(4, device=dev)[:, None, None, None, None]
-    gg = torch.arange(8, device=dev)[None, :, None, None, None]
-    t = torch.arange(4, device=dev)[None, None, :, None, None]
-    ch = torch.arange(2, device=dev)[None, None, None, :, None]
-    rw = torch.arange(2, device=dev)[None, None, None, None, :]
-    a = w[s // 2, 4 * t + 2 * (s % 2) + rw, gg + 8 * ch].reshape(4, 8, 16)
-    hi = (a.view(torch.int32) & -8192).view(f32)
-    wf = torch.stack([hi, a - hi], 1).contiguous()  # [4, 2, 8, 16]
-    c = torch.full((16,), float("-inf"), dtype=f32, device=dev)
-    c[:K] = C
-    cf = c[(gg + 8 * ch)[0, :, :, :, 0] + 0 * t[0, :, :, :, 0]]  # [8, 1, 2] -> broadcast over t, rw
-    cf = cf[:, :, :, None].expand(8, 4, 2, 2).reshape(8, 16).contiguous()
-    return {"GF": gf, "WF": wf, "CF": cf}
+    buf = torch.empty(16 + 1024 + 128, dtype=torch.float32, device=W1.device)
+    gf, wf, cf = buf[:16], buf[16:1040], buf[1040:]
+    _mma_operands_kernel[(1,)](ops["G"], W1, ops["W2"], ops["CONST"], gf, wf, cf, D, K, num_warps=4)
+    return {"GF": gf, "WF": wf.view(4, 2, 8, 16), "CF": cf.view(8, 16)}
 
 
 def _blocked(attr: str):
