@@ -290,6 +290,55 @@ def test_precision_options_run(rng):
         assert rel(st.nk, ref["nk"]) < 1e-2
 
 
+@pytest.mark.parametrize("N,D,K", [(300, 16, 16), (77, 9, 13), (1, 12, 10)])
+def test_tf32x3_tensor_core_form(rng, N, D, K):
+    """precision="tf32x3" at 8 < K, D <= 16 runs the mma form (fusedml/gmm/mma.py; the interpreter
+    emulates its fragments); sample weights, per-row outputs and strided X take the register form."""
+    from fusedml.gmm import fused
+
+    X, w, means, pc = problem(rng, N, D, K, "diag")
+    assert plan_launch(N, K, D, "diag", torch.float32, "cpu", precision="tf32x3").form == "mma"
+    assert plan_launch(N, 8, D, "diag", torch.float32, "cpu", precision="tf32x3").form != "mma"
+    fused._MMA_OK.clear()
+    check(gmm_estep(X, w, means, pc, "diag", backend="fused", precision="tf32x3"), reference(X, w, means, pc, "diag"),
+          "diag")
+    assert any(k[0].form == "mma" and v for k, v in fused._MMA_OK.items())  # the mma kernel ran
+    sw = rng.uniform(0.5, 2.0, size=N)
+    check(gmm_estep(X, w, means, pc, "diag", sample_weight=sw, backend="fused", precision="tf32x3"),
+          reference(X, w, means, pc, "diag", sw=sw), "diag")
+    Xs = np.asfortranarray(X)
+    check(gmm_estep(Xs, w, means, pc, "diag", backend="fused", precision="tf32x3"), reference(X, w, means, pc, "diag"),
+          "diag")
+
+
+def test_mma_layout_check():
+    """:func:`fusedml.gmm.mma.layouts_ok` accepts the fragments' layouts (as Triton 3.6 and 3.9 lay them
+    out) and rejects any other lane, warp or register order."""
+    from fusedml.gmm.mma import layouts_ok
+
+    def ttgir(mma_layout, shfl_layout):
+        head = f"#blocked = #ttg.blocked<{{{mma_layout}}}>\n#blocked1 = #ttg.blocked<{{{shfl_layout}}}>\n"
+        ops = ("%a = tt.elementwise_inline_asm \"mma\" {pack = 4} : tensor<1x2x2x4x8x4xi32, #blocked> -> "
+               "tensor<1x2x2x4x8x4xf32, #blocked> loc(#l)\n") * 8
+        ops += ("%b = tt.elementwise_inline_asm \"shfl\" {pack = 1} : tensor<1x4x8x4xi32, #blocked1> -> "
+                "tensor<1x4x8x4xi32, #blocked1> loc(#l)\n") * 4
+        return head + ops
+
+    mma = ("sizePerThread = [1, 2, 2, 1, 1, 1], threadsPerWarp = [1, 1, 1, 1, 8, 4], warpsPerCTA = [1, 1, 1, 4, 1, 1], "
+           "order = [2, 1, 5, 4, 3, 0]")
+    shfl = "sizePerThread = [1, 1, 1, 1], threadsPerWarp = [1, 1, 8, 4], warpsPerCTA = [1, 4, 1, 1], order = [3, 2, 1, 0]"
+    assert layouts_ok(ttgir(mma, shfl), 4)
+    assert not layouts_ok(ttgir(mma, shfl), 8)  # warps
+    assert not layouts_ok(ttgir(mma.replace("order = [2, 1,", "order = [1, 2,"), shfl), 4)  # (ch, rw) swapped
+    assert not layouts_ok(ttgir(mma.replace("[1, 1, 1, 1, 8, 4]", "[1, 1, 1, 4, 8, 1]"), shfl), 4)  # lanes
+    # the layout Triton gave the mma ops when the weights were gathered in the kernel (rejected then)
+    bad = ("sizePerThread = [1, 1, 1, 1, 4, 1], threadsPerWarp = [1, 2, 2, 4, 2, 1], warpsPerCTA = [1, 1, 1, 1, 1, 4], "
+           "order = [4, 3, 0, 2, 1, 5]")
+    assert not layouts_ok(ttgir(bad, shfl), 4)
+    assert not layouts_ok(ttgir(mma, shfl.replace("order = [3, 2,", "order = [2, 3,")), 4)
+    assert not layouts_ok(ttgir(mma, shfl).replace("#blocked> loc", "#linear> loc", 1), 4)
+
+
 @pytest.mark.skip(reason="bf16 arithmetic yields zeros under the Triton interpreter; bf16 numerics are checked on the GPU")
 def test_precision_bf16():
     pass
