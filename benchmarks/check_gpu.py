@@ -306,7 +306,10 @@ def check_gmm(dev):
               # session 26: the tied single sweep (own-centre statistics) at the rule's tiles
               ("tied", 200_003, 64, 32, "auto", "auto"), ("tied", 300_001, 16, 64, "auto", "auto"),
               ("tied", 400_000, 32, 8, "auto", "auto"), ("tied", 100_000, 64, 64, "auto", "auto"),
-              ("tied", 100_000, 128, 16, "auto", "auto")]
+              ("tied", 100_000, 128, 16, "auto", "auto"),
+              # session 32: the tensor-core form ("auto" -> tf32x3 at 8 < K, D <= 16), odd shapes
+              ("diag", 500_003, 13, 11, "auto", "auto"), ("diag", 300_000, 9, 16, "auto", "auto"),
+              ("diag", 77, 16, 9, "auto", "auto")]
     for case in cases:
         try:
             _gmm_case(dev, *case)

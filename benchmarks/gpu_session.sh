@@ -364,6 +364,21 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s32)  # session 32: the tensor-core diag E-step (precision "auto" -> tf32x3 at 8 < K, D <= 16): the CUDA tests
+          # of the GMM modules, the GMM checks against float64, the E-step table, the probe beside the register
+          # form, the GMM fit of .ab-base against this code, a fuzz campaign
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_kmeans.py
+      tail -3 "$log/cuda-tests.log"
+      run check-gmm 150 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s32.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
+      run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s32.json"
+      grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
+      run probe 120 python3 benchmarks/gmm_mma_probe.py --shapes 4194304x16x16,1048576x16x16,16777216x16x16 \
+        --out "$out/gmm_mma_probe_s32.json"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32)" "$log/probe.log"
+      gmm_fit_ab
+      fuzz_cuda 60 "${FUZZ_N:-6}" "${FUZZ_SEED:-$RANDOM}" ;;
     s31c)  # session 31, third call: the BD = 16, K <= 32 full tile's rows with their errors; the GMM checks
       run full-rows3 150 python3 benchmarks/bench_gmm.py --configs 27,26,23 --out "$out/gmm_full_s31c.json"
       grep -E "^\| [0-9]" "$log/full-rows3.log" | cut -c1-200

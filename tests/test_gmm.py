@@ -358,7 +358,12 @@ def test_auto_precision_rule():
     from fusedml.gmm.model import auto_precision
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert auto_precision(4 << 20, 16, 16, "diag", cuda) == "fp32"  # measured: fp32 0.64 ms, tf32x3 1.03 ms
+    # session 32: the tensor-core form at 8 < K, D <= 16 (fp32 data): 0.274 against 0.400 ms (H100)
+    assert auto_precision(4 << 20, 16, 16, "diag", cuda) == "tf32x3"
+    assert auto_precision(4 << 20, 16, 16, "diag", cuda, torch.float64) == "fp32"
+    assert auto_precision(4 << 20, 16, 16, "spherical", cuda) == "fp32"
+    assert auto_precision(4 << 20, 16, 8, "diag", cuda) == "fp32"  # ties the register form at K = 8
+    assert auto_precision(16 << 20, 8, 8, "diag", cuda) == "fp32"  # D = 8 padded to 16: half the speed
     assert auto_precision(1 << 20, 64, 64, "diag", cuda) == "fp32"
     assert auto_precision(1 << 20, 256, 32, "diag", cuda) == "fp32"  # tf32x3 4.73 ms (spill-free plan)
     assert auto_precision(1 << 20, 1024, 128, "spherical", cuda) == "fp32"  # tf32x3: 2.2e-4 error
@@ -1153,6 +1158,23 @@ def _aot_check_plans():
                 loop = next(ln for ln in ir.splitlines() if "scf.for" in ln)
                 lay = {defs[b] for b in re.findall(r"tensor<\d+x\d+x\d+x\d+xf32, (#blocked\d*)>", loop)}
                 assert lay and all("threadsPerWarp = [1, 1," in d and "warpsPerCTA = [1, 1," in d for d in lay), (tag, lay)
+    # the tensor-core form (session 32): its inline assembly assumes the fragments' layout, which
+    # Triton 3.6 and 3.9 must give every mma / shuffle op (the launch checks it too, mma.layouts_ok)
+    from fusedml.gmm import mma
+
+    for N, D, K in ((4 << 20, 16, 16), (1 << 20, 12, 10)):
+        plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision="tf32x3")
+        assert plan.form == "mma", (N, D, K, plan.form)
+        types = {a: ("i32" if a in ints else "*fp64" if a == "PLL" else "*fp32") for a in mma._diag_mma_kernel.arg_names}
+        n_blocks = -(-N // plan.BN)
+        k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True),
+                         dict(stride_xn=D, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
+        regs, stack = resource_usage(k)
+        tag = f"mma {N}x{D} K={K} W={plan.num_warps}"
+        print(f"AOT {tag}: regs={regs} stack={stack} hmma={sass(k).count('HMMA')}", flush=True)
+        assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps), tag
+        assert stack == 0 and regs <= 128, f"{tag}: {regs} registers, stack {stack} B (5 programs per SM need <= 96-128)"
+        assert sass(k).count("HMMA") == 24, tag  # 8 products x 3 tf32 mma each, in the loop only
     # the tied single sweep and its pass 1 / scoring (rows whitened once) at the tied rule's tiles
     for N, D, K in TIED_AOT_SHAPES:
         plan = plan_launch(N, K, D, "tied", torch.float32, torch.device("cpu"), precision="fp32")

@@ -116,7 +116,7 @@ def _check_options(path, precision):
 
 
 def _resolve_precision(precision, where) -> str:
-    """``"auto"``: :func:`fusedml.gmm.model.auto_precision` (fp32 unless the products are large).
+    """``"auto"``: :func:`fusedml.gmm.model.auto_precision` (fp32, or tf32x3 where its tensor-core form applies).
 
     ``where`` is the validated problem (``Prepared``: resolved here, per shape) or a device (callers
     that prepare per chunk, like ``fusedml.streaming``: ``"auto"`` is passed on and
@@ -125,7 +125,7 @@ def _resolve_precision(precision, where) -> str:
         return precision
     from .model import auto_precision
 
-    return auto_precision(where.N, where.K, where.D, where.covariance_type, where.device)
+    return auto_precision(where.N, where.K, where.D, where.covariance_type, where.device, where.X.dtype)
 
 
 def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample_weight=None, center=None,
@@ -162,7 +162,10 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         ``"fp32"``: fp32 FMA products; ``"tf32x3"``: tensor cores with each fp32 operand split
         into a tf32 high and low part (three products; fp32-level error, about 1e-6 relative on
         the H200, but 2.2e-4 at K=1024, D=128); ``"auto"`` (default): the measured rule of
-        :func:`fusedml.gmm.model.auto_precision` (fp32: tf32x3 was slower on most H200 shapes). ``"tf32"`` / ``"bf16"``
+        :func:`fusedml.gmm.model.auto_precision`: tf32x3 for diag covariance at 8 < K, D <= 16 on fp32
+        data (the tensor-core form of :mod:`fusedml.gmm.mma`: 1.5x the fp32 register form on an H100,
+        errors <= 2e-6; without sample weights or per-row outputs, which take fp32), fp32 elsewhere
+        (tf32x3 was slower on most other H200 shapes). ``"tf32"`` / ``"bf16"``
         are faster (bf16 on the H200: 2.0x at 4M x 16, K = 16; 3.1x at 1M x 64, K = 64; 3.8x at
         K = 1024), with relative errors up to ~1e-2 (tf32, whose operands are truncated) / ~2e-3
         (bf16) in the statistics and ~2e-3 / ~6e-4 in the log-likelihood: an explicit

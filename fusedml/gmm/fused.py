@@ -1049,7 +1049,7 @@ def estep_device(X, weights, means, prec_chol, covariance_type, *, sample_weight
     # the problem's shape only: _estep_plan reads no parameter of it (they are in ``ops``)
     prep = Prepared(X, sample_weight, covariance_type, K, D, X.shape[0], host={})
     if precision == "auto":
-        precision = auto_precision(prep.N, K, D, covariance_type, X.device)
+        precision = auto_precision(prep.N, K, D, covariance_type, X.device, X.dtype)
     if plan is None:
         plan = plan_launch(prep.N, K, D, covariance_type, X.dtype, X.device, precision=precision)
     if ops is None:
@@ -1526,7 +1526,7 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
 
         return estep_cpu(prep, return_log_prob)
     if precision == "auto":
-        precision = auto_precision(N, K, D, ct, dev)
+        precision = auto_precision(N, K, D, ct, dev, prep.X.dtype)
     if plan is None:
         plan = plan_launch(N, K, D, ct, prep.X.dtype, dev, path=path, precision=precision)
     if plan.precision and plan.precision != precision:
