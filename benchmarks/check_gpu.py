@@ -308,8 +308,8 @@ def check_gmm(dev):
               ("tied", 400_000, 32, 8, "auto", "auto"), ("tied", 100_000, 64, 64, "auto", "auto"),
               ("tied", 100_000, 128, 16, "auto", "auto"),
               # session 32: the tensor-core form ("auto" -> tf32x3 at 8 < K, D <= 16), odd shapes
-              ("diag", 500_003, 13, 11, "auto", "auto"), ("diag", 300_000, 9, 16, "auto", "auto"),
-              ("diag", 77, 16, 9, "auto", "auto")]
+              ("diag", 500_003, 13, 11, "auto", "tf32x3"), ("diag", 300_000, 9, 16, "auto", "tf32x3"),
+              ("diag", 77, 16, 9, "auto", "tf32x3"), ("diag", 2_100_001, 16, 16, "auto", "auto")]
     for case in cases:
         try:
             _gmm_case(dev, *case)

@@ -370,7 +370,7 @@ for p in $parts; do
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
         tests/test_algorithms_mixture.py tests/test_kmeans.py
       tail -3 "$log/cuda-tests.log"
-      run check-gmm 150 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s32.json"
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s32.json"
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s32.json"
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12

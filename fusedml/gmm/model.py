@@ -234,9 +234,10 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device, dtype=t
     is fp32 there; tf32x3 / tf32 / bf16 remain explicit, documented trades.
 
     Session 32: for diag covariance at 8 < K, D <= 16 on fp32 data, tf32x3 runs the tensor-core
-    register-fragment form (:func:`mma_applies`, :mod:`fusedml.gmm.mma`): 4M x 16, K = 16 0.274 ms
-    against fp32's 0.400, 16M x 16 0.96 against 1.51 (H100), errors <= 1.9e-6 against float64, so
-    ``"auto"`` is tf32x3 there (on GPUs with tf32 tensor cores, compute capability 8.0 and up).
+    register-fragment form (:func:`mma_applies`, :mod:`fusedml.gmm.mma`): 4M x 16, K = 16 0.272 ms
+    against fp32's 0.400, 16M x 16 0.97 against 1.50 (H100), errors <= 1.9e-6 against float64, so
+    ``"auto"`` is tf32x3 there from :data:`MMA_MIN_ROWS` rows (on GPUs with tf32 tensor cores,
+    compute capability 8.0 and up; ``FUSEDML_GMM_MMA=0`` keeps fp32).
 
     Parameters
     ----------
@@ -253,12 +254,19 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device, dtype=t
         ``"tf32x3"`` where the rule above applies, else ``"fp32"``.
     """
     device = torch.device(device)
-    if (device.type == "cuda" and covariance_type == "diag" and dtype == torch.float32 and mma_applies(K, D)
-            and _tf32_cores(device)):
+    if (device.type == "cuda" and covariance_type == "diag" and dtype == torch.float32 and N >= MMA_MIN_ROWS
+            and mma_applies(K, D) and _tf32_cores(device) and os.environ.get("FUSEDML_GMM_MMA", "1") != "0"):
         return "tf32x3"
     return "fp32"
 
 
+#: rows from which ``"auto"`` takes the tensor-core form: at 1M x 16, K = 16 its three launches
+#: (operand tiles, sweep, finish) against the register form's one made the call no faster (0.100-0.129
+#: against 0.124 ms, H100) and the host-bound 1M-row GMM fit slower (22 -> 34 ms median of 5)
+MMA_MIN_ROWS = 1 << 21
+
+
+@functools.lru_cache(maxsize=None)
 def _tf32_cores(device) -> bool:
     """Whether the CUDA device has tf32 tensor cores (sm_80+; True for a device name without a GPU)."""
     if not torch.cuda.is_available():
