@@ -498,6 +498,15 @@ def draw_gmm(seed, op="gmm_estep"):
              backend=str(rng.choice(["fused", "fused", "fused", "cpu", "ops"])), log_prob=bool(rng.random() < 0.5))
     if c["dtype"] == "bfloat16":
         c["shift"] = min(c["shift"], 50.0)  # bf16 keeps 8 bits: 1e3 + N(0, 1) would lose the cluster
+    # session 32's tensor-core form (precision "tf32x3" at 8 < K, D <= 16; its own stream, so the
+    # cases drawn before keep their configuration)
+    c["precision"] = "auto"
+    r2 = np.random.default_rng([7, seed])
+    if op == "gmm_estep" and cov == "diag" and c["backend"] == "fused" and r2.random() < 0.4:
+        c.update(precision="tf32x3", D=int(r2.integers(9, 17)), K=int(r2.integers(9, 17)))
+        if r2.random() < 0.7:  # the form's own path: fp32 rows, no sample weights or per-row output
+            c.update(dtype="float32", weights=False, log_prob=False, empty=False, path="auto",
+                     layout=str(r2.choice(["contiguous", "rowstride"])))
     return c
 
 
@@ -597,7 +606,8 @@ def run_gmm(c, device="cpu"):
     center = means if c["center"] == "means" else means + rng.normal(size=means.shape)
     kw = dict(sample_weight=None if sw is None else torch.from_numpy(sw).to(device),
               center=None if c["center"] == "means" else torch.from_numpy(center).to(device),
-              return_log_prob=c["log_prob"], backend=c["backend"], path=c["path"])
+              return_log_prob=c["log_prob"], backend=c["backend"], path=c["path"],
+              precision=c.get("precision", "auto"))
     st = fusedml.gmm_estep(X, *args, cov, **kw)
     _check_unchanged(snap)
     s = np.ones(N) if sw is None else sw

@@ -1,34 +1,40 @@
 """The diag single sweep on the tensor cores with fp32-level accuracy (``form="mma"``).
 
-Both products of a row block run as ``mma.sync.m16n8k8`` tf32 tensor-core instructions, each
-split into three (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, "3xTF32": about 1e-6 relative error, the
-fp32 FMA form's order):
+Both products of a row block run as ``mma.sync.m16n8k8`` tf32 tensor-core instructions (inline
+PTX), each split into three (``a_lo b_hi + a_hi b_lo + a_hi b_hi``, "3xTF32": errors <= 2e-6
+relative against float64 on an H100, the fp32 FMA form's order of magnitude):
 
 * the logits ``L^T [K, rows] = [W1; W2]^T [K, 2D] @ [x, x^2]^T [2D, rows]`` (log2 units, the
-  constants as the accumulator's start), and
+  constants as the accumulator's start, the x and x^2 terms as two chains: latency), and
 * the statistics ``S1^T``, ``S2^T`` ``[K, D] += R^T [K, rows] @ x, x^2 [rows, D]``, whose left
-  operand is the responsibilities exactly as the first product left them in registers.
+  operand is the responsibilities exactly as the first product left them in registers. Each
+  block's products start from zero and are added in fp32 outside the tensor cores, whose own
+  accumulation truncates (over a program's thousands of blocks: a 1e-3 bias on an H100).
 
-A warp owns 8 rows at a time and all 16 components (K <= 16, D <= 16). Tiles are
-``[R, CH, RW, WN, G, T]``: Triton's default layout gives lanes to ``T`` (4) and ``G`` (8) (lane
-``4 g + t``), warps to ``WN`` and registers to ``R, CH, RW`` (``RW`` fastest), so each thread's
-four values of one ``(r, wn)`` are the 2 x 2 ``(CH, RW)`` slots of the mma fragments:
+A warp owns 8 rows at a time and all 16 components (8 < K <= 16, 8 < D <= 16: see
+:func:`fusedml.gmm.model.mma_applies`). Tiles are ``[R, CH, RW, WN, G, T]`` with lanes ``4 g + t``,
+warps along ``WN`` and each thread's four consecutive registers of one ``(r, wn)`` the 2 x 2
+``(CH, RW)`` fragment slots, RW fastest:
 
-* accumulator ``C[m = g + 8 ch][n = 2 t + rw]``: logits / responsibilities of component
-  ``g + 8 ch`` for row ``2 t + rw`` of the warp's 8 (the statistics: feature ``8 j + 2 t + rw``);
+* accumulator ``C[m = g + 8 ch][n = 2 t + rw]``: logits / responsibilities of component ``g + 8 ch``
+  for row ``2 t + rw`` of the warp's 8 (the statistics: output ``n = 2 t + rw``);
 * left operand ``A[m = g + 8 ch][k = t + 4 rw]``; right operand ``B[k = t + 4 rw][n = g]``.
 
-The statistics' reduction index k is the row ``2 t + rw`` (the permutation that lets the
-responsibilities, an accumulator, be the left operand without moving); the logits' is the feature
-``4 t + 2 j' + rw`` of ``x`` (j' = 0, 1) or ``x^2`` (j' = 2, 3), so a thread loads 4 consecutive
-features of one row. Each thread also loads the 4 values of the statistics' right operand (rows
-``2 t + rw``, features ``g``, ``g + 8``: L1 hits). The softmax over components is in-thread (CH)
-and across the 8 lanes of a row (G): three shuffle levels, as the register form.
+The logits' reduction index k is the feature ``4 t + 2 s + rw`` (k-step s of x, then of x^2), so a
+thread's 4 loaded features of row g are its right-operand slots. The statistics' k is the row
+``2 t + rw`` (the permutation that lets the responsibilities, an accumulator, be the left operand
+in place); their right operand, rows ``2 t + rw`` and feature ``4 (g % 4) + 2 j + g // 4`` (output
+tile j), comes from the lanes holding it by two shuffles and a select per value. The softmax over
+components is in-thread (CH) then across the 8 lanes of a row (G): three shuffle levels.
 
-Under ``TRITON_INTERPRET=1`` the mma is emulated with the same fragment semantics (fp32 products),
-so the operand plumbing is tested on the CPU; the instruction itself and the register order of
-Triton's layout (which :func:`tl.inline_asm_elementwise` leaves unspecified) are checked on the
-GPU by ``benchmarks/check_gpu.py`` and the sm_90 compile test.
+``tl.inline_asm_elementwise`` leaves the register order of its packs unspecified and Triton gives
+the op one of its operands' layouts. So every operand comes from unit-stride ``[rows, 16]`` tiles (X
+and :func:`mma_operands`' tiles), which Triton 3.6 and 3.9 lay out alike (gathered loads gave other
+layouts: lanes on WN on 3.6, two features per thread on 3.9, the weights' layout on both), and
+:func:`layouts_ok` checks each compiled launch's TTGIR before its first use (the launch falls back
+to the register form otherwise; the sm_90 compile test asserts it too). Under
+``TRITON_INTERPRET=1`` the mma and the shuffles are emulated with the same fragment semantics (fp32
+products), so the operand plumbing is tested on the CPU.
 """
 from __future__ import annotations
 
@@ -110,10 +116,9 @@ def _shfl2(va, vb, src, sel, R: tl.constexpr, WN: tl.constexpr):
         pick = va6 * (1.0 - v) + vb6 * v  # [R, WN, 8, 4, 8, 4]: destination, then source
         return tl.sum(tl.sum(pick * hit[None, None, :, :, :, :], axis=5), axis=4)
     else:
+        zi = tl.zeros(va.shape, dtype=tl.int32)
         return tl.inline_asm_elementwise(
-            _SHFL2, "=r,r,r,r,r",
-            [va.to(tl.int32, bitcast=True), vb.to(tl.int32, bitcast=True), src + tl.zeros_like(va.to(tl.int32, bitcast=True)),
-             sel + tl.zeros_like(va.to(tl.int32, bitcast=True))],
+            _SHFL2, "=r,r,r,r,r", [va.to(tl.int32, bitcast=True), vb.to(tl.int32, bitcast=True), src + zi, sel + zi],
             dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
 
 

@@ -171,8 +171,9 @@ class Plan:
         Single sweep (diag): size the persistent grid from the compiled kernel's registers and
         shared memory (:func:`fusedml.gmm.fused.resident_programs`) instead of ``programs``.
     reg : tuple
-        ``form="mma"``: ``(R,)``, 8-row groups per warp and block; ``form="reg"``: ``(BD, KI, KO)`` of its tiles (:func:`reg_tile`: padded features, components
-        per thread, component groups across threads; ``BN`` is its row block); ``()`` otherwise.
+        ``form="mma"``: ``(R,)``, 8-row groups per warp and block; ``form="reg"``: ``(BD, KI, KO)``
+        of its tiles (:func:`reg_tile`: padded features, components per thread, component groups
+        across threads; ``BN`` is its row block); ``()`` otherwise.
         ``BD`` and ``BK`` above stay the ``tl.dot`` tiles of pass 1 (scoring, fallbacks).
     sph : bool
         ``form="reg"``, spherical: the quadratic term and the second moment per row and component
