@@ -1414,31 +1414,33 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
     BN = 8 * plan.num_warps * R
     n_blocks = -(-N // BN)
     off32 = offsets_fit_int32(X, n_blocks * BN, 16)
-    mo = mma.mma_operands(ops)
     consts = dict(WN=plan.num_warps, R=R, OFF32=off32)
     opts = dict(num_warps=plan.num_warps)
     key = (plan, N, off32, dev)
     P = _MMA_OK.get(key)
+    if P == 0:
+        return None
+    mo = mma.mma_operands(ops)
     if P is None:
         args = (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"]) + (_dummy(dev),) * 4 + (N, D, K, n_blocks)
+        ok = True  # the interpreter emulates the fragments' semantics
         if dev.type == "cuda":
             try:
                 ck = mma._diag_mma_kernel.warmup(*args, grid=(1,), **consts, **opts)
-                ok = mma.layouts_ok(ck.asm["ttgir"], plan.num_warps)
             except Exception as e:  # noqa: BLE001 -- e.g. an asm the toolchain rejects: the register form
                 warnings.warn(f"fusedml: the tensor-core GMM E-step did not compile ({e!r:.200}); using fp32 FMAs")
                 ok = False
-            if not ok:
-                warnings.warn("fusedml: Triton laid out the tensor-core GMM E-step's fragments differently "
-                              "from what its inline assembly assumes; using fp32 FMAs")
-        else:
-            ok = True  # the interpreter emulates the fragments' semantics
+            else:
+                ok = mma.layouts_ok(ck.asm["ttgir"], plan.num_warps)
+                if not ok:
+                    warnings.warn("fusedml: Triton laid out the tensor-core GMM E-step's fragments differently "
+                                  "from what its inline assembly assumes; using fp32 FMAs")
         P = _grid(mma._diag_mma_kernel, args, {**consts, **opts}, dev, n_blocks, plan.programs,
                   max(1, (32 << 20) // (8 * K * D + 8))) if ok else 0
         if len(_MMA_OK) < 4096:
             _MMA_OK[key] = P
-    if not P:
-        return None
+        if not P:
+            return None
     pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
     launch(mma._diag_mma_kernel, (P,), (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"], pnk, ps1, ps2, pll, N, D, K,
                                         n_blocks), consts, **opts)
