@@ -169,7 +169,6 @@ def _diag_mma_kernel(
     # fragment coordinates
     rw = tl.arange(0, 2)[None, None, :, None, None, None]
     wn = tl.arange(0, WN)[None, None, None, :, None, None]
-    g = tl.arange(0, 8)[None, None, None, None, :, None]
     t = tl.arange(0, 4)[None, None, None, None, None, :]
     r_ = tl.arange(0, R)[:, None, None, None, None, None]
     srow = (r_ * WN + wn) * 8 + 2 * t + rw  # [R, 1, 2, WN, 1, 4] the accumulator slots' rows
