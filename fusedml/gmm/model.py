@@ -74,6 +74,12 @@ choices for the target shapes):
   (``Plan.maxnreg = 0``: :func:`fusedml.gmm.fused.register_cap` picks Triton's ``maxnreg`` at the
   first launch): 4M x 16, K = 16 0.457 -> 0.378 ms, 16M x 8, K = 8 spherical 0.408 -> 0.304.
 
+* **Session 32** (H100, ``results/gmm*-H100-2026-12-05-s32*``): ``precision="tf32x3"`` at
+  8 < K, D <= 16 (diag, fp32 X) plans the tensor-core form (``form="mma"``, :mod:`fusedml.gmm.mma`:
+  8-row groups on 4-warp programs, the grid from the compiled kernel, 5 per SM at 96 registers):
+  4M x 16, K = 16 0.272 ms against the register form's 0.400. :func:`auto_precision` picks it
+  from :data:`MMA_MIN_ROWS` rows.
+
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
 count comes from :func:`gpu_info`. :func:`auto_precision` is the documented rule behind
