@@ -273,6 +273,20 @@ def _diag_single_kernel(
 
 
 @triton.jit
+def _log_normaliser(m, l):
+    """``(lse, 1 / l)``: the rows' natural-log normaliser ``(m + log2 l) ln 2`` from their log2-unit
+    max m and sum of exponentials l in ``[1, K]`` (the register sweeps' softmax), with the hardware
+    log2 and reciprocal on the GPU (l >= 1: no range handling), the exact forms under the interpreter."""
+    if _FAST_MATH:
+        lse = (m + libdevice.fast_log2f(l)) * 0.6931471805599453
+        rl = libdevice.fast_dividef(1.0, l)
+    else:
+        lse = (m + tl.log2(l)) * 0.6931471805599453
+        rl = 1.0 / l
+    return lse, rl
+
+
+@triton.jit
 def _reg_layout(BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr, D, K):
     """Index vectors of the register form's ``[BD, KI, BN, KO]`` tiles (the GMM single sweep's and
     the Lloyd step's): rows, features, component groups, the component ids ``k = ki * KO + ko``
@@ -382,12 +396,7 @@ def _diag_reg_kernel(
         m = tl.max(tl.max(lg, axis=0), axis=1)  # [BN]
         e = tl.exp2(lg - m[None, :, None])
         l = tl.sum(tl.sum(e, axis=0), axis=1)  # [BN] in [1, K]
-        if _FAST_MATH:  # the hardware log2 and reciprocal: l >= 1, no range handling
-            lse = (m + libdevice.fast_log2f(l)) * 0.6931471805599453  # natural log
-            rl = libdevice.fast_dividef(1.0, l)
-        else:
-            lse = (m + tl.log2(l)) * 0.6931471805599453
-            rl = 1.0 / l
+        lse, rl = _log_normaliser(m, l)
         r = e * rl[None, :, None]
         if HAS_SW:
             sw = tl.load(SW + rows, mask=nmask, other=0.0)
@@ -1411,9 +1420,8 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
         return None
     dev = X.device
     (R,) = plan.reg
-    BN = 8 * plan.num_warps * R
-    n_blocks = -(-N // BN)
-    off32 = offsets_fit_int32(X, n_blocks * BN, 16)
+    n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
+    off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
     consts = dict(WN=plan.num_warps, R=R, OFF32=off32)
     opts = dict(num_warps=plan.num_warps)
     key = (plan, N, off32, dev)

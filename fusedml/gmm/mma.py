@@ -43,10 +43,9 @@ import re
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from .._launch import interpret_mode
-from ..mmchain.dense import _FAST_MATH
+from .fused import _log_normaliser
 
 _EMULATE = tl.constexpr(interpret_mode())
 
@@ -215,12 +214,7 @@ def _diag_mma_kernel(
         m = tl.max(tl.max(lg, axis=1, keep_dims=True), axis=4, keep_dims=True)  # [R, 1, 2, WN, 1, 4]
         e = tl.exp2(lg - m)
         l = tl.sum(tl.sum(e, axis=1, keep_dims=True), axis=4, keep_dims=True)  # in [1, K]
-        if _FAST_MATH:  # the hardware log2 and reciprocal: l >= 1, no range handling
-            lse = (m + libdevice.fast_log2f(l)) * 0.6931471805599453  # natural log
-            rl = libdevice.fast_dividef(1.0, l)
-        else:
-            lse = (m + tl.log2(l)) * 0.6931471805599453
-            rl = 1.0 / l
+        lse, rl = _log_normaliser(m, l)  # natural log, 1 / l
         rowm = (row0 + srow) < N
         acc_ll += tl.where(rowm, lse, 0.0)
         r = tl.where(rowm, e * rl, 0.0)
