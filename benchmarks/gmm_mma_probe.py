@@ -6,12 +6,17 @@ plan (the register form) and the mma kernel over warps, row groups per warp and 
 side by side in one run (``do_bench`` medians), with each one's error against float64.
 
     python benchmarks/gmm_mma_probe.py [--shapes 4194304x16x16,...] [--out PATH]
+
+``--fit NxDxK[,...]``: whole ``GaussianMixture`` fits (diag, the end-to-end benchmark's settings, and
+20 EM iterations at ``tol=0``) with ``"auto"`` taking the tensor-core form from any row count or
+never (``model.MMA_MIN_ROWS``), interleaved on the same data: the row threshold's evidence.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import warnings
 
 import torch
 
@@ -23,7 +28,7 @@ from bench_gmm import BW, make_problem, rel  # noqa: E402
 from fusedml.gmm import fused  # noqa: E402
 from fusedml.gmm._prep import validate  # noqa: E402
 from fusedml.gmm.fused import _operands, estep_fused  # noqa: E402
-from fusedml.gmm.mma import _diag_mma_kernel, mma_operands  # noqa: E402
+from fusedml.gmm.mma import TILE_WORDS, _diag_mma_kernel  # noqa: E402
 from fusedml.gmm.model import gpu_info, plan_launch  # noqa: E402
 from fusedml.gmm.ops import estep_ops  # noqa: E402
 
@@ -32,14 +37,58 @@ def run_mma(prep, ops, P, WN, R):
     """One E-step with the mma kernel on P programs: ``(ll, nk, s1, s2)``."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
     dev = X.device
-    mo = ops.get("_mma") or ops.setdefault("_mma", mma_operands(ops))
     n_blocks = -(-N // (8 * WN * R))
     P = max(1, min(P, n_blocks))
-    pnk, ps1, ps2, pll = fused._partials(dev, [P * K, P * K * D, P * K * D], P)
+    scr, pnk, ps1, ps2, pll = fused._partials(dev, [P * TILE_WORDS.value, P * K, P * K * D, P * K * D], P)
     off32 = fused.offsets_fit_int32(X, n_blocks * 8 * WN * R, 16)
-    _diag_mma_kernel[(P,)](X, X.stride(0), mo["GF"], mo["WF"], mo["CF"], pnk, ps1, ps2, pll, N, D, K, n_blocks,
-                           WN=WN, R=R, OFF32=off32, num_warps=WN)
+    _diag_mma_kernel[(P,)](X, X.stride(0), ops["G"], ops["W1"], ops["W2"], ops["CONST"], scr, pnk, ps1, ps2, pll,
+                           N, D, K, n_blocks, WN=WN, R=R, OFF32=off32, num_warps=WN)
     return fused._diag_finish(prep, ops, pnk, ps1, ps2, pll)
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def fits(dev, N, D, K, repeat):
+    """Interleaved GaussianMixture fits with the tensor-core E-step forced on and off (``"auto"``'s
+    row threshold set to 0 / never): wall time medians, iterations, lower bound."""
+    import statistics
+    import time
+
+    from algorithms import GaussianMixture
+    from algorithms._base import ConvergenceWarning
+    from datasets.synthetic import make_gmm
+    from fusedml.gmm import model
+
+    X = make_gmm(N, D, K, seed=0, device=dev, return_torch=True).X
+    rows = []
+    for label, params in (("e2e", dict(max_iter=100, tol=1e-3)), ("20 iter", dict(max_iter=20, tol=0.0))):
+        times = {"mma": [], "fp32": []}
+        info = {}
+        for rep in range(repeat + 1):  # the first round warms up (compiles, plans)
+            for form, thr in (("mma", 0), ("fp32", 1 << 62)):
+                saved, model.MMA_MIN_ROWS = model.MMA_MIN_ROWS, thr
+                try:
+                    gm = GaussianMixture(K, covariance_type="diag", reg_covar=1e-6, random_state=0, **params)
+                    _sync(dev)
+                    t0 = time.perf_counter()
+                    with warnings.catch_warnings():  # the fixed 20 iterations do not converge
+                        warnings.simplefilter("ignore", ConvergenceWarning)
+                        gm.fit(X)
+                    _sync(dev)
+                    dt = time.perf_counter() - t0
+                finally:
+                    model.MMA_MIN_ROWS = saved
+                if rep:
+                    times[form].append(dt * 1e3)
+                info[form] = (gm.n_iter_, float(gm.lower_bound_))
+        for form, ts in times.items():
+            rows.append(dict(case="fit", N=N, D=D, K=K, fit=label, form=form, ms_median=statistics.median(ts),
+                             ms_min=min(ts), ms_all=[round(t, 2) for t in ts], n_iter=info[form][0],
+                             lower_bound=info[form][1]))
+    return rows
 
 
 def errors(res, ref):
@@ -115,6 +164,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4194304x16x16,1048576x16x16,4194304x12x16,16777216x16x16,4194304x16x12")
     ap.add_argument("--seed", type=int, default=None, help="check-problem seed (default: random)")
+    ap.add_argument("--fit", default="", help="NxDxK[,...]: GaussianMixture fits with the form on / off")
+    ap.add_argument("--fit-repeat", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = _common.device()
@@ -123,11 +174,18 @@ def main():
     rows = check(dev, seed)
     print(_common.markdown_table(rows, ["N", "D", "K", "WN", "R", "err_ll", "err_nk", "err_s1",
                                         "err_s2", "ok"]))
-    for s in args.shapes.split(","):
+    path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
+    for s in filter(None, args.shapes.split(",")):
         N, D, K = (int(v) for v in s.split("x"))
         rows += probe(dev, N, D, K, sm)
         path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
-    print(_common.markdown_table([r for r in rows if r.get("case") != "check"],
+    for s in filter(None, args.fit.split(",")):
+        N, D, K = (int(v) for v in s.split("x"))
+        rows += fits(dev, N, D, K, args.fit_repeat)
+        path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
+    print(_common.markdown_table([r for r in rows if r.get("case") == "fit"],
+                                 ["N", "D", "K", "fit", "form", "ms_median", "ms_min", "n_iter", "lower_bound"]))
+    print(_common.markdown_table([r for r in rows if r.get("case") not in ("check", "fit")],
                                  ["N", "D", "K", "variant", "ms", "pct_floor", "model_over_this", "err_nk", "err_s1",
                                   "err_s2", "err_ll", "error"]))
     print("wrote", path)

@@ -364,6 +364,17 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s33)  # session 33: the tensor-core E-step's operand tiles written by the sweep itself (two launches per E-step, as the
+          # register form): the CUDA tests of the GMM modules, the probe from 0.5M to 4M rows with interleaved fits
+          # (the row threshold's evidence), a fuzz campaign
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-tests.log"
+      run probe 300 python3 benchmarks/gmm_mma_probe.py --shapes 524288x16x16,1048576x16x16,2097152x16x16,4194304x16x16 \
+        --fit 1048576x16x16,2097152x16x16 --out "$out/gmm_mma_probe_s33.json"
+      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32|mma WN 4 R 1 P 5|e2e|20 iter)" "$log/probe.log"
+      fuzz_cuda 60 "${FUZZ_N:-6}" "${FUZZ_SEED:-$RANDOM}" ;;
     s32)  # session 32: the tensor-core diag E-step (precision "auto" -> tf32x3 at 8 < K, D <= 16): the CUDA tests
           # of the GMM modules, the GMM checks against float64, the E-step table, the probe beside the register
           # form, the GMM fit of .ab-base against this code, a fuzz campaign

@@ -1428,9 +1428,9 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
     P = _MMA_OK.get(key)
     if P == 0:
         return None
-    mo = mma.mma_operands(ops)
+    opnds = (ops["G"], ops["W1"], ops["W2"], ops["CONST"])
     if P is None:
-        args = (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"]) + (_dummy(dev),) * 4 + (N, D, K, n_blocks)
+        args = (X, X.stride(0)) + opnds + (_dummy(dev),) * 5 + (N, D, K, n_blocks)
         ok = True  # the interpreter emulates the fragments' semantics
         if dev.type == "cuda":
             try:
@@ -1449,9 +1449,10 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
             _MMA_OK[key] = P
         if not P:
             return None
-    pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
-    launch(mma._diag_mma_kernel, (P,), (X, X.stride(0), mo["GF"], mo["WF"], mo["CF"], pnk, ps1, ps2, pll, N, D, K,
-                                        n_blocks), consts, **opts)
+    # each program's operand tiles first (16-byte aligned rows), then the partials: one allocation
+    scr, pnk, ps1, ps2, pll = _partials(dev, [P * mma.TILE_WORDS.value, P * K, P * K * D, P * K * D], P)
+    launch(mma._diag_mma_kernel, (P,), (X, X.stride(0)) + opnds + (scr, pnk, ps1, ps2, pll, N, D, K, n_blocks),
+           consts, **opts)
     return _diag_finish(prep, ops, pnk, ps1, ps2, pll)
 
 

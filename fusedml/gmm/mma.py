@@ -28,9 +28,10 @@ tile j), comes from the lanes holding it by two shuffles and a select per value.
 components is in-thread (CH) then across the 8 lanes of a row (G): three shuffle levels.
 
 ``tl.inline_asm_elementwise`` leaves the register order of its packs unspecified and Triton gives
-the op one of its operands' layouts. So every operand comes from unit-stride ``[rows, 16]`` tiles (X
-and :func:`mma_operands`' tiles), which Triton 3.6 and 3.9 lay out alike (gathered loads gave other
-layouts: lanes on WN on 3.6, two features per thread on 3.9, the weights' layout on both), and
+the op one of its operands' layouts. So every operand comes from unit-stride ``[rows, 16]`` tiles (X,
+and the operand tiles each program first writes to its own scratch row, :func:`_operand_tiles`,
+then reads back), which Triton 3.6 and 3.9 lay out alike (gathered loads gave other layouts: lanes
+on WN on 3.6, two features per thread on 3.9, the weights' layout on both), and
 :func:`layouts_ok` checks each compiled launch's TTGIR before its first use (the launch falls back
 to the register form otherwise; the sm_90 compile test asserts it too). Under
 ``TRITON_INTERPRET=1`` the mma and the shuffles are emulated with the same fragment semantics (fp32
@@ -134,12 +135,15 @@ def _pair(v0, v1):
     return tl.permute(tl.join(v0, v1), (0, 4, 1, 2, 3))[:, None, :, :, :, :]
 
 
+#: fp32 words of one program's operand tiles: GF [16], WF [4, 2, 8, 16], CF [8, 16]
+TILE_WORDS = tl.constexpr(16 + 1024 + 128)
+
+
 @triton.jit
 def _diag_mma_kernel(
     X, stride_xn,  # [N, D] fp32, unit feature stride
-    GF,  # [16] fp32 shift (0 beyond D)
-    WF,  # [4, 2, 8, 16] fp32 the logits' left operands (:func:`mma_operands`)
-    CF,  # [8, 16] fp32 the constants in accumulator slots
+    G, W1, W2, CONST,  # [D], [D, K], [D, K], [K] fp32: the diag operands (fusedml.gmm.fused._operands)
+    SCR,  # [P, TILE_WORDS] fp32 scratch: each program's operand tiles (:func:`_operand_tiles`)
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32 partials, [P] float64
     N, D, K, n_blocks,
     WN: tl.constexpr, OFF32: tl.constexpr = False, R: tl.constexpr = 1,
@@ -149,21 +153,28 @@ def _diag_mma_kernel(
     BN: tl.constexpr = 8 * R * WN
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    # the operand tiles, written and read back by this program: loaded with unit-stride rows, they
+    # take the data tile's layout (gathered here, the weights gave the mma ops their own)
+    GF = SCR + pid * TILE_WORDS
+    WF = GF + 16
+    CF = GF + 1040
+    _operand_tiles(G, W1, W2, CONST, GF, WF, CF, D, K)
+    tl.debug_barrier()  # the program's stores before its loads (bar.sync orders global memory in the CTA)
     # every operand of the mma comes from [BN, 16] / [BN, 8] tiles of one layout (a unit-stride
     # last axis: Triton gives thread 4 g + t of warp wn the row (r, wn, g), 4 t .. 4 t + 3)
     rows2 = tl.arange(0, BN)[:, None]
     cols = tl.arange(0, 16)[None, :]
-    g16 = tl.load(GF + cols + 0 * rows2)  # [BN, 16]
+    g16 = tl.load(GF + cols + 0 * rows2, cache_modifier=".cg")  # [BN, 16]
     wrow = (rows2 % 8) * 16 + cols
-    w0h = _frag(tl.load(WF + 0 * 128 + wrow), R, WN)
-    w0l = _frag(tl.load(WF + 1 * 128 + wrow), R, WN)
-    w1h = _frag(tl.load(WF + 2 * 128 + wrow), R, WN)
-    w1l = _frag(tl.load(WF + 3 * 128 + wrow), R, WN)
-    w2h = _frag(tl.load(WF + 4 * 128 + wrow), R, WN)
-    w2l = _frag(tl.load(WF + 5 * 128 + wrow), R, WN)
-    w3h = _frag(tl.load(WF + 6 * 128 + wrow), R, WN)
-    w3l = _frag(tl.load(WF + 7 * 128 + wrow), R, WN)
-    cst = _frag(tl.load(CF + wrow), R, WN)  # [R, 2, 2, WN, 8, 4]
+    w0h = _frag(tl.load(WF + 0 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w0l = _frag(tl.load(WF + 1 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w1h = _frag(tl.load(WF + 2 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w1l = _frag(tl.load(WF + 3 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w2h = _frag(tl.load(WF + 4 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w2l = _frag(tl.load(WF + 5 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w3h = _frag(tl.load(WF + 6 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    w3l = _frag(tl.load(WF + 7 * 128 + wrow, cache_modifier=".cg"), R, WN)
+    cst = _frag(tl.load(CF + wrow, cache_modifier=".cg"), R, WN)  # [R, 2, 2, WN, 8, 4]
     zero = tl.zeros_like(cst)
     # fragment coordinates
     rw = tl.arange(0, 2)[None, None, :, None, None, None]
@@ -251,9 +262,13 @@ def _diag_mma_kernel(
 
 
 @triton.jit
-def _mma_operands_kernel(G, W1, W2, CONST, GF, WF, CF, D, K):
-    """One program: :func:`mma_operands`' tiles from the diag operands."""
-    offs = tl.arange(0, 1024)  # WF [4 (s), 2 (hi / lo), 8 (g), 16 (4 t + 2 ch + rw)]
+def _operand_tiles(G, W1, W2, CONST, GF, WF, CF, D, K):
+    """The sweep's operand tiles from the diag operands (K <= 16, D <= 16): ``GF [16]`` (the shift,
+    0 past D), ``WF [4, 2, 8, 16]`` (k-step s, tf32 high / low part, lane row g, column
+    ``4 t + 2 ch + rw``: the logits' left-operand slot of component ``g + 8 ch`` and feature
+    ``4 t + 2 (s % 2) + rw`` of W1 (s < 2) or W2), ``CF [8, 16]`` (the constants in accumulator
+    slots, -inf past K)."""
+    offs = tl.arange(0, 1024)
     s = offs // 256
     c = offs % 16
     g = (offs // 16) % 8
@@ -264,38 +279,11 @@ def _mma_operands_kernel(G, W1, W2, CONST, GF, WF, CF, D, K):
                  tl.load(W2 + f * K + comp, mask=m & (s >= 2), other=0.0))
     hi, lo = _tf32_split(w)
     tl.store(WF + offs, tl.where((offs // 128) % 2 == 0, hi, lo))
-    o2 = tl.arange(0, 128)  # CF [8 (g), 16]: the constant of component g + 8 ch
+    o2 = tl.arange(0, 128)
     k2 = o2 // 16 + 8 * ((o2 % 16 // 2) % 2)
     tl.store(CF + o2, tl.load(CONST + k2, mask=k2 < K, other=float("-inf")))
     o3 = tl.arange(0, 16)
     tl.store(GF + o3, tl.load(G + o3, mask=o3 < D, other=0.0))
-
-
-def mma_operands(ops: dict) -> dict:
-    """The mma kernel's operand tiles from the diag operands (:func:`fusedml.gmm.fused._operands`),
-    one launch: ``GF [16]`` (the shift, 0 past D), ``WF [4, 2, 8, 16]`` (k-step s, tf32 high / low
-    part, lane row g, column ``4 t + 2 ch + rw``: the logits' left-operand slot of component
-    ``g + 8 ch`` and feature ``4 t + 2 (s % 2) + rw`` of W1 (s < 2) or W2), ``CF [8, 16]`` (the
-    constants in accumulator slots, -inf past K). K <= 16, D <= 16. The kernel loads these tiles
-    with unit-stride rows, so Triton lays them out as the data tile (gathered in the kernel, the
-    weights gave the mma ops their own layout: :func:`layouts_ok` rejected it).
-
-    Parameters
-    ----------
-    ops : dict
-        ``G``, ``W1``, ``W2``, ``CONST`` (fp32, on the device).
-
-    Returns
-    -------
-    dict
-        ``GF``, ``WF``, ``CF`` (fp32, contiguous, on the same device).
-    """
-    W1 = ops["W1"]
-    D, K = W1.shape
-    buf = torch.empty(16 + 1024 + 128, dtype=torch.float32, device=W1.device)
-    gf, wf, cf = buf[:16], buf[16:1040], buf[1040:]
-    _mma_operands_kernel[(1,)](ops["G"], W1, ops["W2"], ops["CONST"], gf, wf, cf, D, K, num_warps=4)
-    return {"GF": gf, "WF": wf.view(4, 2, 8, 16), "CF": cf.view(8, 16)}
 
 
 def _blocked(attr: str):
