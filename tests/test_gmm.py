@@ -363,7 +363,8 @@ def test_auto_precision_rule():
     assert auto_precision(4 << 20, 16, 16, "diag", cuda, torch.float64) == "fp32"
     assert auto_precision(4 << 20, 16, 16, "spherical", cuda) == "fp32"
     assert auto_precision(4 << 20, 16, 8, "diag", cuda) == "fp32"  # ties the register form at K = 8
-    assert auto_precision(1 << 20, 16, 16, "diag", cuda) == "fp32"  # launch-bound: the one-launch register form
+    assert auto_precision(1 << 20, 16, 16, "diag", cuda) == "tf32x3"  # from 0.5M rows (session 33)
+    assert auto_precision((1 << 19) - 1, 16, 16, "diag", cuda) == "fp32"
     assert auto_precision(16 << 20, 8, 8, "diag", cuda) == "fp32"  # D = 8 padded to 16: half the speed
     assert auto_precision(1 << 20, 64, 64, "diag", cuda) == "fp32"
     assert auto_precision(1 << 20, 256, 32, "diag", cuda) == "fp32"  # tf32x3 4.73 ms (spill-free plan)

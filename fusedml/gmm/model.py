@@ -244,7 +244,8 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device, dtype=t
     register-fragment form (:func:`mma_applies`, :mod:`fusedml.gmm.mma`): 4M x 16, K = 16 0.272 ms
     against fp32's 0.400, 16M x 16 0.97 against 1.50 (H100), errors <= 1.9e-6 against float64, so
     ``"auto"`` is tf32x3 there from :data:`MMA_MIN_ROWS` rows (on GPUs with tf32 tensor cores,
-    compute capability 8.0 and up; ``FUSEDML_GMM_MMA=0`` keeps fp32).
+    compute capability 8.0 and up; ``FUSEDML_GMM_MMA=0`` keeps fp32). Session 33 moved the rule
+    from 2M rows down to 0.5M (the form's operand tiles written by the sweep itself).
 
     Parameters
     ----------
@@ -267,10 +268,11 @@ def auto_precision(N: int, K: int, D: int, covariance_type: str, device, dtype=t
     return "fp32"
 
 
-#: rows from which ``"auto"`` takes the tensor-core form: at 1M x 16, K = 16 its three launches
-#: (operand tiles, sweep, finish) against the register form's one made the call no faster (0.100-0.129
-#: against 0.124 ms, H100) and the host-bound 1M-row GMM fit slower (22 -> 34 ms median of 5)
-MMA_MIN_ROWS = 1 << 21
+#: rows from which ``"auto"`` takes the tensor-core form (K = 16, D = 16, H100, session 33, with the
+#: operand tiles written by the sweep itself: two launches, as the register form): 0.5M rows 0.068
+#: against 0.117 ms, 1M 0.115 against 0.123, 2M 0.157 against 0.216; interleaved GaussianMixture fits
+#: at 1M and 2M rows equal within 3 % (host-bound). Session 32's three launches had lost at 1M rows.
+MMA_MIN_ROWS = 1 << 19
 
 
 @functools.lru_cache(maxsize=None)
