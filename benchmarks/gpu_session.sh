@@ -364,6 +364,10 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s33c)  # session 33: the matrix-y mmchain (m <= 4) with X Y on the tensor cores, a prototype beside the library's pick
+      run mmc-probe 300 python3 benchmarks/mmchain_mma_probe.py --out "$out/mmchain_mma_probe_s33c.json"
+      echo "checks ok: $(grep -c "| True |" "$log/mmc-probe.log"), failed: $(grep -c "| False |" "$log/mmc-probe.log")"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| [a-z]" "$log/mmc-probe.log" ;;
     s33)  # session 33: the tensor-core E-step's operand tiles written by the sweep itself (two launches per E-step, as the
           # register form): the CUDA tests of the GMM modules, the probe from 0.5M to 4M rows with interleaved fits
           # (the row threshold's evidence), a fuzz campaign
