@@ -365,7 +365,7 @@ for p in $parts; do
         done
       done ;;
     s33c)  # session 33: the matrix-y mmchain (m <= 4) with X Y on the tensor cores, a prototype beside the library's pick
-      run mmc-probe 300 python3 benchmarks/mmchain_mma_probe.py --out "$out/mmchain_mma_probe_s33c.json"
+      run mmc-probe 300 python3 benchmarks/mmchain_mma_probe.py ${MMC_SHAPES:+--shapes $MMC_SHAPES} --out "$out/mmchain_mma_probe_s33c.json"
       echo "checks ok: $(grep -c "| True |" "$log/mmc-probe.log"), failed: $(grep -c "| False |" "$log/mmc-probe.log")"
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| [a-z]" "$log/mmc-probe.log" ;;
     s33)  # session 33: the tensor-core E-step's operand tiles written by the sweep itself (two launches per E-step, as the

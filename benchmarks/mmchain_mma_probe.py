@@ -82,7 +82,9 @@ def _xtp4(acc0, acc1, acc2, acc3, X, rows, stride_xn, colsD, c0, c1, c2, c3, WN:
 
 @triton.jit
 def _mmc4_kernel(X, stride_xn, YF, V, stride_vn, PW, N, D, M, n_blocks,
-                 WN: tl.constexpr, NC: tl.constexpr, BD: tl.constexpr):
+                 WN: tl.constexpr, NC: tl.constexpr, BD: tl.constexpr, PART: tl.constexpr = 0,
+                 CHAINS: tl.constexpr = 1):
+    # PART (diagnostics): 0 the product, 1 only X Y (its sum stored), 2 only X^T V (P = V)
     BN: tl.constexpr = 16 * WN
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -97,39 +99,55 @@ def _mmc4_kernel(X, stride_xn, YF, V, stride_vn, PW, N, D, M, n_blocks,
     acc2 = tl.zeros((4, WN, BD), dtype=tl.float32)
     acc3 = tl.zeros((4, WN, BD), dtype=tl.float32)
     c8 = tl.arange(0, 8)[None, :]
+    pacc = tl.zeros((8,), dtype=tl.float32)
     for blk in range(pid, n_blocks, nprog):
         row0 = blk * BN
         xr = row0 + rows2
         t = zero
-        for c in tl.static_range(NC):  # X Y: 3xTF32 mma over 16-feature chunks
-            b0h, b1h = _bfrag(tl.load(YF + (2 * c) * 128 + rows8 * 16 + cols), WN)
-            b0l, b1l = _bfrag(tl.load(YF + (2 * c + 1) * 128 + rows8 * 16 + cols), WN)
-            a0, a1 = _afrag(tl.load(X + xr * stride_xn + 16 * c + cols), WN)
-            a0h, a0l = _tf32_split(a0)
-            a1h, a1l = _tf32_split(a1)
-            t = _mma3(t, a0h, a0l, b0h, b0l, 1, WN)
-            t = _mma3(t, a1h, a1l, b1h, b1l, 1, WN)
-        p2 = tl.reshape(tl.permute(t, (0, 1, 3, 4, 5, 2)), (BN, 8))  # rows (ch, wn, g), column 2 t + rw
-        p2 = p2 * tl.load(V + xr * stride_vn + c8, mask=c8 < M, other=0.0)
-        p0, p1, p2_, p3 = _cols4(p2, WN)
-        q00, q01, q02, q03 = _quarter(p0, WN)
-        q10, q11, q12, q13 = _quarter(p1, WN)
-        q20, q21, q22, q23 = _quarter(p2_, WN)
-        q30, q31, q32, q33 = _quarter(p3, WN)
-        # X^T P on a second (L1) read of the block, 4 WN rows at a time: rows i' WN + w, FMA chains
-        acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + rows4, stride_xn, colsD,
-                                       q00, q10, q20, q30, WN, BD)
-        acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 4 * WN + rows4, stride_xn, colsD,
-                                       q01, q11, q21, q31, WN, BD)
-        acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 8 * WN + rows4, stride_xn, colsD,
-                                       q02, q12, q22, q32, WN, BD)
-        acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 12 * WN + rows4, stride_xn, colsD,
-                                       q03, q13, q23, q33, WN, BD)
+        t2 = zero
+        if PART != 2:
+            for c in tl.static_range(NC):  # X Y: 3xTF32 mma over 16-feature chunks
+                b0h, b1h = _bfrag(tl.load(YF + (2 * c) * 128 + rows8 * 16 + cols), WN)
+                b0l, b1l = _bfrag(tl.load(YF + (2 * c + 1) * 128 + rows8 * 16 + cols), WN)
+                a0, a1 = _afrag(tl.load(X + xr * stride_xn + 16 * c + cols), WN)
+                a0h, a0l = _tf32_split(a0)
+                a1h, a1l = _tf32_split(a1)
+                if CHAINS == 2:  # two accumulation chains: the mma's latency
+                    t = _mma3(t, a0h, a0l, b0h, b0l, 1, WN)
+                    t2 = _mma3(t2, a1h, a1l, b1h, b1l, 1, WN)
+                else:
+                    t = _mma3(t, a0h, a0l, b0h, b0l, 1, WN)
+                    t = _mma3(t, a1h, a1l, b1h, b1l, 1, WN)
+            t = t + t2
+            p2 = tl.reshape(tl.permute(t, (0, 1, 3, 4, 5, 2)), (BN, 8))  # rows (ch, wn, g), column 2 t + rw
+            p2 = p2 * tl.load(V + xr * stride_vn + c8, mask=c8 < M, other=0.0)
+        else:
+            p2 = tl.load(V + xr * stride_vn + c8, mask=c8 < M, other=0.0)
+        if PART == 1:  # keep the product (its column sums), skip X^T P
+            pacc += tl.sum(p2, axis=0)
+        else:
+            p0, p1, p2_, p3 = _cols4(p2, WN)
+            q00, q01, q02, q03 = _quarter(p0, WN)
+            q10, q11, q12, q13 = _quarter(p1, WN)
+            q20, q21, q22, q23 = _quarter(p2_, WN)
+            q30, q31, q32, q33 = _quarter(p3, WN)
+            # X^T P on a second (L1) read of the block, 4 WN rows at a time: rows i' WN + w, FMA chains
+            acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + rows4, stride_xn, colsD,
+                                           q00, q10, q20, q30, WN, BD)
+            acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 4 * WN + rows4, stride_xn, colsD,
+                                           q01, q11, q21, q31, WN, BD)
+            acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 8 * WN + rows4, stride_xn, colsD,
+                                           q02, q12, q22, q32, WN, BD)
+            acc0, acc1, acc2, acc3 = _xtp4(acc0, acc1, acc2, acc3, X, row0 + 12 * WN + rows4, stride_xn, colsD,
+                                           q03, q13, q23, q33, WN, BD)
     o = pid * 4 * BD + tl.arange(0, BD)
-    tl.store(PW + o, tl.sum(tl.sum(acc0, axis=0), axis=0))
-    tl.store(PW + BD + o, tl.sum(tl.sum(acc1, axis=0), axis=0))
-    tl.store(PW + 2 * BD + o, tl.sum(tl.sum(acc2, axis=0), axis=0))
-    tl.store(PW + 3 * BD + o, tl.sum(tl.sum(acc3, axis=0), axis=0))
+    if PART == 1:
+        tl.store(PW + pid * 4 * BD + tl.arange(0, 8), pacc)
+    else:
+        tl.store(PW + o, tl.sum(tl.sum(acc0, axis=0), axis=0))
+        tl.store(PW + BD + o, tl.sum(tl.sum(acc1, axis=0), axis=0))
+        tl.store(PW + 2 * BD + o, tl.sum(tl.sum(acc2, axis=0), axis=0))
+        tl.store(PW + 3 * BD + o, tl.sum(tl.sum(acc3, axis=0), axis=0))
 
 
 def yfrags(Y):
@@ -143,7 +161,7 @@ def yfrags(Y):
     return torch.stack([hi.view(8, NC, 16).permute(1, 0, 2), lo.view(8, NC, 16).permute(1, 0, 2)], 1).contiguous()
 
 
-def run(X, Y, V, WN=4, P=None, yf=None, pw=None):
+def run(X, Y, V, WN=4, P=None, yf=None, pw=None, part=0, chains=1):
     """``X^T (V ⊙ (X Y))`` ``[D, m]`` by the prototype kernel on P programs."""
     N, D = X.shape
     M = Y.shape[1]
@@ -155,7 +173,7 @@ def run(X, Y, V, WN=4, P=None, yf=None, pw=None):
     if pw is None or pw.shape[0] != P:
         pw = torch.empty(P, 4, D, dtype=torch.float32, device=X.device)
     _mmc4_kernel[(P,)](X, X.stride(0), yfrags(Y) if yf is None else yf, V, V.stride(0), pw, N, D, M, n_blocks,
-                       WN=WN, NC=D // 16, BD=D, num_warps=WN)
+                       WN=WN, NC=D // 16, BD=D, PART=part, CHAINS=chains, num_warps=WN)
     return pw.sum(0)[:M].t()
 
 
@@ -192,17 +210,21 @@ def probe(dev, N, D, M, sm):
             dict(base, variant="ops (torch)", ms=_common.bench_ms(lambda: X.t() @ (V * (X @ Y))),
                  err=rel(X.t() @ (V * (X @ Y)), ref))]
     yf = yfrags(Y)
-    for WN in (4, 8):
-        for per_sm in (1, 2, 3, 4):
-            P = sm * per_sm
-            pw = torch.empty(P, 4, D, dtype=torch.float32, device=dev)
-            try:
-                ms = _common.bench_ms(lambda: run(X, Y, V, WN, P, yf, pw))
-                err = rel(run(X, Y, V, WN, P), ref)
-            except Exception as e:  # noqa: BLE001 (a probe: record and go on)
-                rows.append(dict(base, variant=f"mma WN {WN} P {per_sm}/SM", error=repr(e)[:200]))
-                continue
-            rows.append(dict(base, variant=f"mma WN {WN} P {per_sm}/SM", ms=ms, err=err))
+    # (warps, programs per SM, part, chains); parts 1 / 2 time X Y alone / X^T V alone (diagnostics)
+    variants = [(wn, ps, 0, 1) for wn in (4, 8) for ps in (1, 2, 3, 4)]
+    variants += [(4, 2, 0, 2), (4, 4, 0, 2), (8, 2, 0, 2), (4, 2, 1, 1), (8, 2, 1, 1), (4, 2, 2, 1), (8, 2, 2, 1)]
+    for WN, per_sm, part, chains in variants:
+        P = sm * per_sm
+        pw = torch.empty(P, 4, D, dtype=torch.float32, device=dev)
+        name = f"mma WN {WN} P {per_sm}/SM" + (f" chains {chains}" if chains > 1 else "") + \
+            {0: "", 1: " (X Y only)", 2: " (X^T V only)"}[part]
+        try:
+            ms = _common.bench_ms(lambda: run(X, Y, V, WN, P, yf, pw, part, chains))
+            err = rel(run(X, Y, V, WN, P, part=part, chains=chains), ref) if part == 0 else None
+        except Exception as e:  # noqa: BLE001 (a probe: record and go on)
+            rows.append(dict(base, variant=name, error=repr(e)[:200]))
+            continue
+        rows.append(dict(base, variant=name, ms=ms, err=err))
     rows.append(dict(base, variant="mma WN 4 P 2/SM + yfrags",
                      ms=_common.bench_ms(lambda: run(X, Y, V, 4, 2 * sm)), err=rel(run(X, Y, V, 4, 2 * sm), ref)))
     lib = rows[0]["ms"]
