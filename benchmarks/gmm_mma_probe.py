@@ -96,12 +96,15 @@ def errors(res, ref):
     return {f"err_{n}": rel(a, b) for n, a, b in zip(names, res, ref) if a is not None and b is not None}
 
 
-def check(dev, seed):
-    """Odd shapes on the GPU against float64: the fragment plumbing on the hardware."""
+#: the odd shapes checked on the GPU (``--check-shapes``)
+CHECK_SHAPES = "37x7x5,1000x16x16,4099x13x11,777x16x3,20000x1x16,65537x16x16,300001x9x9"
+
+
+def check(dev, seed, shapes=CHECK_SHAPES):
+    """Odd shapes (``NxDxK,...``) on the GPU against float64: the fragment plumbing on the hardware."""
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for N, D, K in [(37, 7, 5), (1000, 16, 16), (4099, 13, 11), (777, 16, 3), (20000, 1, 16), (65537, 16, 16),
-                    (300001, 9, 9)]:
+    for N, D, K in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):
         X, w, mu, pc = make_problem(N, D, K, "diag", dev, seed=int(torch.randint(0, 1 << 30, (1,), generator=g)))
         prep = validate(X, w, mu, pc, "diag", check_finite=False)
         ops = _operands(prep)
@@ -160,18 +163,19 @@ def probe(dev, N, D, K, sm):
     return rows
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check-shapes", default=CHECK_SHAPES)
     ap.add_argument("--shapes", default="4194304x16x16,1048576x16x16,4194304x12x16,16777216x16x16,4194304x16x12")
     ap.add_argument("--seed", type=int, default=None, help="check-problem seed (default: random)")
     ap.add_argument("--fit", default="", help="NxDxK[,...]: GaussianMixture fits with the form on / off")
     ap.add_argument("--fit-repeat", type=int, default=5)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev = _common.device()
     sm = gpu_info(dev)["sm_count"]
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    rows = check(dev, seed)
+    rows = check(dev, seed, args.check_shapes)
     print(_common.markdown_table(rows, ["N", "D", "K", "WN", "R", "err_ll", "err_nk", "err_s1",
                                         "err_s2", "ok"]))
     path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
@@ -189,6 +193,7 @@ def main():
                                  ["N", "D", "K", "variant", "ms", "pct_floor", "model_over_this", "err_nk", "err_s1",
                                   "err_s2", "err_ll", "error"]))
     print("wrote", path)
+    return rows
 
 
 if __name__ == "__main__":

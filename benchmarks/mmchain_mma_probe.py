@@ -181,10 +181,15 @@ def rel(a, b):
     return float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def check(dev, seed):
+#: the shapes checked against float64 (``--check-shapes``)
+CHECK_SHAPES = "256x16x1,1024x32x4,4096x64x3,8192x128x4,65536x128x2"
+
+
+def check(dev, seed, shapes=CHECK_SHAPES):
+    """Each launch of the variants on ``NxDxm,...`` against float64 (fresh random inputs)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
-    for N, D, M in [(256, 16, 1), (1024, 32, 4), (4096, 64, 3), (8192, 128, 4), (65536, 128, 2)]:
+    for N, D, M in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):
         X = torch.randn(N, D, generator=g).to(dev)
         Y = torch.randn(D, M, generator=g).to(dev)
         V = torch.rand(N, M, generator=g).to(dev)
@@ -237,16 +242,17 @@ def probe(dev, N, D, M, sm):
     return rows
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check-shapes", default=CHECK_SHAPES)
     ap.add_argument("--shapes", default="2000000x128x4,2000000x128x2,4000000x64x4,1048576x128x3,8000000x32x4")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev = _common.device()
     sm = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    rows = check(dev, seed)
+    rows = check(dev, seed, args.check_shapes)
     print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "err", "ok"]))
     path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
     for s in filter(None, args.shapes.split(",")):
@@ -256,6 +262,7 @@ def main():
     print(_common.markdown_table([r for r in rows if r.get("case") != "check"],
                                  ["N", "D", "m", "variant", "ms", "pct_floor", "library_over_this", "err", "error"]))
     print("wrote", path)
+    return rows
 
 
 if __name__ == "__main__":

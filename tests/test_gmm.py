@@ -701,6 +701,22 @@ def test_gmm_host_probe_script_smoke(tmp_path):
     assert rows[2]["phases"]["gmm_estep"][1] == rows[2]["n_iter"] and (tmp_path / "p.json").exists()
 
 
+def test_gmm_mma_probe_script_smoke(tmp_path):
+    """benchmarks/gmm_mma_probe.py on tiny shapes: the tensor-core form's checks against float64 (its own
+    launch on several grids and the public call), the timed variants and the interleaved fits."""
+    from _bench import bench_module
+
+    rows = bench_module("gmm_mma_probe").main(["--check-shapes", "37x7x5,70x16x12", "--shapes", "130x16x16",
+                                               "--fit", "300x16x12", "--fit-repeat", "1", "--seed", "5",
+                                               "--out", str(tmp_path / "p.json")])
+    checks = [r for r in rows if r.get("case") == "check"]
+    assert len(checks) == 10 and all(r["ok"] for r in checks)
+    timed = [r for r in rows if r.get("case") is None]
+    assert timed[1]["variant"] == "tf32x3 model (mma)" and all(r.get("err_nk", 0) <= 1e-4 for r in timed)
+    fits = [r for r in rows if r.get("case") == "fit"]
+    assert len(fits) == 4 and {r["form"] for r in fits} == {"mma", "fp32"} and (tmp_path / "p.json").exists()
+
+
 def test_lse_feature_chunks(rng):
     """Pass 1 with the feature axis in chunks (DC < BD, the tensor-core layout at large D) agrees."""
     from dataclasses import replace

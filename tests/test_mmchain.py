@@ -935,6 +935,22 @@ def test_strips_probe_smoke(tmp_path):
     assert (tmp_path / "s.json").exists()
 
 
+def test_mmchain_mma_probe_smoke(tmp_path):
+    """benchmarks/mmchain_mma_probe.py (the matrix-y product with X Y on emulated tensor-core fragments,
+    not kept): its launches against float64, its diagnostic variants and its limits."""
+    from _bench import bench_module
+
+    mod = bench_module("mmchain_mma_probe")
+    rows = mod.main(["--check-shapes", "256x16x1,128x32x3", "--shapes", "128x32x4", "--seed", "2",
+                     "--out", str(tmp_path / "m.json")])
+    assert all(r["ok"] for r in rows if r.get("case") == "check") and (tmp_path / "m.json").exists()
+    timed = [r for r in rows if r.get("case") is None]
+    assert {r["variant"] for r in timed} >= {"library (fused)", "mma WN 4 P 2/SM chains 2", "mma WN 8 P 2/SM (X Y only)"}
+    assert all(r["err"] < TOL[torch.float32] for r in timed if r.get("err") is not None)
+    with pytest.raises(ValueError, match="prototype limits"):
+        mod.run(torch.randn(64, 24), torch.randn(24, 2), torch.rand(64, 2))
+
+
 def test_launch_probe_smoke(monkeypatch):
     """benchmarks/launch_probe.py: the small-m, tiles, grid, softmax and dot probes on tiny shapes, every
     point checked."""
