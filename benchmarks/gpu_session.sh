@@ -364,6 +364,19 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s33e)  # session 33, final GMM code ("auto": the tensor-core E-step from 0.5M rows): the E-step table, the probe,
+           # the CUDA tests and float64 checks of the GMM modules
+      run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s33e.json"
+      grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
+      run probe 200 python3 benchmarks/gmm_mma_probe.py --shapes 524288x16x16,1048576x16x16,4194304x16x16,16777216x16x16 \
+        --out "$out/gmm_mma_probe_s33e.json"
+      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32)" "$log/probe.log"
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_kmeans.py
+      tail -1 "$log/cuda-tests.log"
+      run check-gmm 240 python3 benchmarks/check_gpu.py --parts gmm gmm_em --out "$out/check_gpu_gmm_s33e.json"
+      grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6 ;;
     s33c)  # session 33: the matrix-y mmchain (m <= 4) with X Y on the tensor cores, a prototype beside the library's pick
       run mmc-probe 300 python3 benchmarks/mmchain_mma_probe.py ${MMC_SHAPES:+--shapes $MMC_SHAPES} --out "$out/mmchain_mma_probe_s33c.json"
       echo "checks ok: $(grep -c "| True |" "$log/mmc-probe.log"), failed: $(grep -c "| False |" "$log/mmc-probe.log")"
