@@ -79,6 +79,9 @@ choices for the target shapes):
   8-row groups on 4-warp programs, the grid from the compiled kernel, 5 per SM at 96 registers):
   4M x 16, K = 16 0.272 ms against the register form's 0.400. :func:`auto_precision` picks it
   from :data:`MMA_MIN_ROWS` rows.
+* **Session 33** (H200, ``results/gmm*-H200-2026-12-05-s33*``): the form's operand tiles written by
+  the sweep itself (two launches per E-step): 4M x 16, K = 16 0.271 ms, 1M x 16 0.097 (register form
+  0.123); :data:`MMA_MIN_ROWS` lowered from 2M to 0.5M rows.
 
 ``path`` forces a path (a forced single sweep on a shape the model rejects still runs if it
 compiles; the launch wrapper falls back to the two-pass path when it does not). The GPU's SM
