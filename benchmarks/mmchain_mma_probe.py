@@ -71,19 +71,46 @@ def _cols4(p2, WN: tl.constexpr):
 
 
 @triton.jit
+def _pairs(v, WN: tl.constexpr):
+    """[4, WN] -> rows 0, 2 and rows 1, 3 as two [2, WN] (in-thread)."""
+    return tl.split(tl.permute(tl.reshape(v, (2, 2, WN)), (0, 2, 1)))
+
+
+@triton.jit
+def _pairs3(v, WN: tl.constexpr, BD: tl.constexpr):
+    """[4, WN, BD] -> rows 0, 2 and rows 1, 3 as two [2, WN, BD] (in-thread)."""
+    return tl.split(tl.permute(tl.reshape(v, (2, 2, WN, BD)), (0, 2, 3, 1)))
+
+
+@triton.jit
 def _xtp4(acc0, acc1, acc2, acc3, X, rows, stride_xn, colsD, c0, c1, c2, c3, WN: tl.constexpr, BD: tl.constexpr):
     x = tl.reshape(tl.load(X + rows * stride_xn + colsD), (4, WN, BD))
-    acc0 += x * c0[:, :, None]
-    acc1 += x * c1[:, :, None]
-    acc2 += x * c2[:, :, None]
-    acc3 += x * c3[:, :, None]
+    if acc0.shape[0] == 4:
+        acc0 += x * c0[:, :, None]
+        acc1 += x * c1[:, :, None]
+        acc2 += x * c2[:, :, None]
+        acc3 += x * c3[:, :, None]
+    else:  # [2, WN, BD] accumulators: two FMAs each, rows 0, 2 then 1, 3
+        xa, xb = _pairs3(x, WN, BD)
+        a0, b0 = _pairs(c0, WN)
+        a1, b1 = _pairs(c1, WN)
+        a2, b2 = _pairs(c2, WN)
+        a3, b3 = _pairs(c3, WN)
+        acc0 += xa * a0[:, :, None]
+        acc1 += xa * a1[:, :, None]
+        acc2 += xa * a2[:, :, None]
+        acc3 += xa * a3[:, :, None]
+        acc0 += xb * b0[:, :, None]
+        acc1 += xb * b1[:, :, None]
+        acc2 += xb * b2[:, :, None]
+        acc3 += xb * b3[:, :, None]
     return acc0, acc1, acc2, acc3
 
 
 @triton.jit
 def _mmc4_kernel(X, stride_xn, YF, V, stride_vn, PW, N, D, M, n_blocks,
                  WN: tl.constexpr, NC: tl.constexpr, BD: tl.constexpr, PART: tl.constexpr = 0,
-                 CHAINS: tl.constexpr = 1):
+                 CHAINS: tl.constexpr = 1, ACCR: tl.constexpr = 4, STAGES: tl.constexpr = 1):
     # PART (diagnostics): 0 the product, 1 only X Y (its sum stored), 2 only X^T V (P = V)
     BN: tl.constexpr = 16 * WN
     pid = tl.program_id(0)
@@ -94,13 +121,13 @@ def _mmc4_kernel(X, stride_xn, YF, V, stride_vn, PW, N, D, M, n_blocks,
     rows4 = tl.arange(0, 4 * WN)[:, None]
     zero = tl.zeros((1, 2, 2, WN, 8, 4), dtype=tl.float32)
     colsD = tl.arange(0, BD)[None, :]
-    acc0 = tl.zeros((4, WN, BD), dtype=tl.float32)
-    acc1 = tl.zeros((4, WN, BD), dtype=tl.float32)
-    acc2 = tl.zeros((4, WN, BD), dtype=tl.float32)
-    acc3 = tl.zeros((4, WN, BD), dtype=tl.float32)
+    acc0 = tl.zeros((ACCR, WN, BD), dtype=tl.float32)  # per column of y: rows of the thread x its features
+    acc1 = tl.zeros((ACCR, WN, BD), dtype=tl.float32)
+    acc2 = tl.zeros((ACCR, WN, BD), dtype=tl.float32)
+    acc3 = tl.zeros((ACCR, WN, BD), dtype=tl.float32)
     c8 = tl.arange(0, 8)[None, :]
     pacc = tl.zeros((8,), dtype=tl.float32)
-    for blk in range(pid, n_blocks, nprog):
+    for blk in tl.range(pid, n_blocks, nprog, num_stages=STAGES):  # STAGES > 1: loads pipelined (cp.async)
         row0 = blk * BN
         xr = row0 + rows2
         t = zero
@@ -161,7 +188,7 @@ def yfrags(Y):
     return torch.stack([hi.view(8, NC, 16).permute(1, 0, 2), lo.view(8, NC, 16).permute(1, 0, 2)], 1).contiguous()
 
 
-def run(X, Y, V, WN=4, P=None, yf=None, pw=None, part=0, chains=1):
+def run(X, Y, V, WN=4, P=None, yf=None, pw=None, part=0, chains=1, accr=4, maxnreg=None, stages=1):
     """``X^T (V ⊙ (X Y))`` ``[D, m]`` by the prototype kernel on P programs."""
     N, D = X.shape
     M = Y.shape[1]
@@ -173,7 +200,8 @@ def run(X, Y, V, WN=4, P=None, yf=None, pw=None, part=0, chains=1):
     if pw is None or pw.shape[0] != P:
         pw = torch.empty(P, 4, D, dtype=torch.float32, device=X.device)
     _mmc4_kernel[(P,)](X, X.stride(0), yfrags(Y) if yf is None else yf, V, V.stride(0), pw, N, D, M, n_blocks,
-                       WN=WN, NC=D // 16, BD=D, PART=part, CHAINS=chains, num_warps=WN)
+                       WN=WN, NC=D // 16, BD=D, PART=part, CHAINS=chains, ACCR=accr, STAGES=stages, num_warps=WN,
+                       **({"maxnreg": maxnreg} if maxnreg else {}))
     return pw.sum(0)[:M].t()
 
 
@@ -194,11 +222,12 @@ def check(dev, seed, shapes=CHECK_SHAPES):
         Y = torch.randn(D, M, generator=g).to(dev)
         V = torch.rand(N, M, generator=g).to(dev)
         ref = X.double().t() @ (V.double() * (X.double() @ Y.double()))
-        for WN, P in ((4, 3), (8, 5), (4, 264)):
+        for WN, P, kw in ((4, 3, {}), (8, 5, {}), (4, 264, {}), (4, 5, dict(chains=2, accr=2, stages=2)),
+                          (8, 3, dict(accr=2, stages=3))):
             if N % (16 * WN):
                 continue
-            e = rel(run(X, Y, V, WN, P), ref)
-            rows.append(dict(case="check", N=N, D=D, m=M, WN=WN, P=P, err=e, ok=e <= 1e-5))
+            e = rel(run(X, Y, V, WN, P, **kw), ref)
+            rows.append(dict(case="check", N=N, D=D, m=M, WN=WN, P=P, variant=str(kw), err=e, ok=e <= 1e-5))
     return rows
 
 
@@ -215,17 +244,21 @@ def probe(dev, N, D, M, sm):
             dict(base, variant="ops (torch)", ms=_common.bench_ms(lambda: X.t() @ (V * (X @ Y))),
                  err=rel(X.t() @ (V * (X @ Y)), ref))]
     yf = yfrags(Y)
-    # (warps, programs per SM, part, chains); parts 1 / 2 time X Y alone / X^T V alone (diagnostics)
-    variants = [(wn, ps, 0, 1) for wn in (4, 8) for ps in (1, 2, 3, 4)]
-    variants += [(4, 2, 0, 2), (4, 4, 0, 2), (8, 2, 0, 2), (4, 2, 1, 1), (8, 2, 1, 1), (4, 2, 2, 1), (8, 2, 2, 1)]
-    for WN, per_sm, part, chains in variants:
+    # (warps, programs per SM, part, chains, accumulator rows, pipeline stages); parts 1 / 2 time X Y alone /
+    # X^T V alone (diagnostics); stages > 1: the block loop's loads pipelined through shared memory (cp.async)
+    variants = [(wn, ps, 0, 1, 4, 1) for wn in (4, 8) for ps in (1, 2, 4)]
+    variants += [(4, 2, 0, 2, 4, 1), (4, 2, 0, 1, 4, 2), (4, 2, 0, 2, 2, 2), (4, 1, 0, 2, 2, 3), (8, 1, 0, 2, 2, 2),
+                 (4, 2, 1, 1, 4, 1), (4, 3, 1, 1, 4, 3), (4, 2, 2, 1, 4, 1), (4, 3, 2, 1, 4, 3)]
+    for WN, per_sm, part, chains, accr, stages in variants:
         P = sm * per_sm
         pw = torch.empty(P, 4, D, dtype=torch.float32, device=dev)
-        name = f"mma WN {WN} P {per_sm}/SM" + (f" chains {chains}" if chains > 1 else "") + \
-            {0: "", 1: " (X Y only)", 2: " (X^T V only)"}[part]
+        name = (f"mma WN {WN} P {per_sm}/SM" + (f" chains {chains}" if chains > 1 else "")
+                + (f" acc {accr}" if accr != 4 else "") + (f" stages {stages}" if stages > 1 else "")
+                + {0: "", 1: " (X Y only)", 2: " (X^T V only)"}[part])
+        kw = dict(part=part, chains=chains, accr=accr, stages=stages)
         try:
-            ms = _common.bench_ms(lambda: run(X, Y, V, WN, P, yf, pw, part, chains))
-            err = rel(run(X, Y, V, WN, P, part=part, chains=chains), ref) if part == 0 else None
+            ms = _common.bench_ms(lambda: run(X, Y, V, WN, P, yf, pw, **kw))
+            err = rel(run(X, Y, V, WN, P, **kw), ref) if part == 0 else None
         except Exception as e:  # noqa: BLE001 (a probe: record and go on)
             rows.append(dict(base, variant=name, error=repr(e)[:200]))
             continue
@@ -253,7 +286,7 @@ def main(argv=None):
     sm = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rows = check(dev, seed, args.check_shapes)
-    print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "err", "ok"]))
+    print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "variant", "err", "ok"]))
     path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
     for s in filter(None, args.shapes.split(",")):
         N, D, M = (int(v) for v in s.split("x"))
