@@ -223,10 +223,14 @@ def check(dev, seed, shapes=CHECK_SHAPES):
         V = torch.rand(N, M, generator=g).to(dev)
         ref = X.double().t() @ (V.double() * (X.double() @ Y.double()))
         for WN, P, kw in ((4, 3, {}), (8, 5, {}), (4, 264, {}), (4, 5, dict(chains=2, accr=2, stages=2)),
-                          (8, 3, dict(accr=2, stages=3))):
+                          (8, 3, dict(accr=2, stages=2))):
             if N % (16 * WN):
                 continue
-            e = rel(run(X, Y, V, WN, P, **kw), ref)
+            try:
+                e = rel(run(X, Y, V, WN, P, **kw), ref)
+            except Exception as ex:  # noqa: BLE001 (a probe: e.g. shared memory beyond the GPU's)
+                rows.append(dict(case="check", N=N, D=D, m=M, WN=WN, P=P, variant=str(kw), error=repr(ex)[:200]))
+                continue
             rows.append(dict(case="check", N=N, D=D, m=M, WN=WN, P=P, variant=str(kw), err=e, ok=e <= 1e-5))
     return rows
 
@@ -286,7 +290,7 @@ def main(argv=None):
     sm = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rows = check(dev, seed, args.check_shapes)
-    print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "variant", "err", "ok"]))
+    print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "variant", "err", "ok", "error"]))
     path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
     for s in filter(None, args.shapes.split(",")):
         N, D, M = (int(v) for v in s.split("x"))
