@@ -42,7 +42,7 @@ def run_mma(prep, ops, P, WN, R):
     scr, pnk, ps1, ps2, pll = fused._partials(dev, [P * TILE_WORDS.value, P * K, P * K * D, P * K * D], P)
     off32 = fused.offsets_fit_int32(X, n_blocks * 8 * WN * R, 16)
     _diag_mma_kernel[(P,)](X, X.stride(0), ops["G"], ops["W1"], ops["W2"], ops["CONST"], scr, pnk, ps1, ps2, pll,
-                           N, D, K, n_blocks, WN=WN, R=R, OFF32=off32, num_warps=WN)
+                           N, D, K, n_blocks, pll, pll, WN=WN, R=R, OFF32=off32, num_warps=WN)
     return fused._diag_finish(prep, ops, pnk, ps1, ps2, pll)
 
 
@@ -114,13 +114,17 @@ def check(dev, seed, shapes=CHECK_SHAPES):
             row = {"case": "check", "N": N, "D": D, "K": K, "WN": WN, "R": R, **errors(res, ref)}
             row["ok"] = all(v <= 1e-4 for k, v in row.items() if k.startswith("err_"))
             rows.append(row)
-        # the public call (precision="tf32x3": this kernel where it applies), and with sample weights
-        # (the register form)
+        # the public call (precision="tf32x3": this kernel where it applies), and with sample weights and the
+        # per-row log-likelihoods (the same kernel since session 33)
         for sw in (None, (torch.rand(N, generator=g) + 0.5).to(dev)):
-            st = fusedml.gmm_estep(X, w, mu, pc, "diag", sample_weight=sw, precision="tf32x3", backend="fused")
-            rs = estep_ops(validate(X.double(), w, mu, pc, "diag", sample_weight=sw, check_finite=False), False)[1:]
-            row = {"case": "check", "N": N, "D": D, "K": K, "WN": "public", "R": "sw" if sw is not None else "",
-                   **errors((st.log_likelihood, st.nk, st.s1, st.s2), rs)}
+            lp = sw is not None
+            st = fusedml.gmm_estep(X, w, mu, pc, "diag", sample_weight=sw, precision="tf32x3", backend="fused",
+                                   return_log_prob=lp)
+            rs = estep_ops(validate(X.double(), w, mu, pc, "diag", sample_weight=sw, check_finite=False), lp)
+            row = {"case": "check", "N": N, "D": D, "K": K, "WN": "public", "R": "sw, log_prob" if lp else "",
+                   **errors((st.log_likelihood, st.nk, st.s1, st.s2), rs[1:])}
+            if lp:
+                row["err_log_prob"] = rel(st.log_prob, rs[0])
             row["ok"] = all(v <= 1e-4 for k, v in row.items() if k.startswith("err_"))
             rows.append(row)
     return rows
@@ -143,6 +147,16 @@ def probe(dev, N, D, K, sm):
     rows.append(dict(base, variant=f"tf32x3 model ({plan_tc.form})",
                      ms=_common.bench_ms(lambda: estep_fused(prep, False, precision="tf32x3", plan=plan_tc, ops=ops)),
                      **errors(tuple(estep_fused(prep, False, precision="tf32x3", plan=plan_tc, ops=ops)[1:]), ref)))
+    # with row weights and the per-row log-likelihoods: both forms (the mma form's since session 33)
+    sw = torch.rand(N, device=dev) + 0.5
+    prep_w = validate(X, w, mu, pc, "diag", sample_weight=sw, check_finite=False)
+    prep64 = validate(X.double(), w, mu, pc, "diag", sample_weight=sw, check_finite=False)
+    ref_w = tuple(estep_ops(prep64, False)[1:])
+    del prep64
+    for name, prec, pl in (("model", "fp32", plan), ("tf32x3 model", "tf32x3", plan_tc)):
+        rows.append(dict(base, variant=f"{name} ({pl.form}), sample weights + log_prob",
+                         ms=_common.bench_ms(lambda: estep_fused(prep_w, True, precision=prec, plan=pl, ops=ops)),
+                         **errors(tuple(estep_fused(prep_w, True, precision=prec, plan=pl, ops=ops)[1:]), ref_w)))
     for WN, R, per_sm in ((4, 1, 3), (4, 1, 4), (4, 1, 5), (8, 1, 2), (2, 1, 8), (2, 1, 10)):
         P = sm * per_sm
         try:
@@ -152,7 +166,7 @@ def probe(dev, N, D, K, sm):
             rows.append(dict(base, variant=f"mma WN {WN} R {R} P {per_sm}/SM", error=repr(e)[:200]))
             continue
         rows.append(dict(base, variant=f"mma WN {WN} R {R} P {per_sm}/SM", ms=ms, **err))
-    best = min(r["ms"] for r in rows[1:] if "ms" in r)
+    best = min(r["ms"] for r in rows[1:] if "ms" in r and "weights" not in r["variant"])
     for r in rows:
         if "ms" in r:
             r["pct_floor"] = 100 * floor / r["ms"]
@@ -177,7 +191,7 @@ def main(argv=None):
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rows = check(dev, seed, args.check_shapes)
     print(_common.markdown_table(rows, ["N", "D", "K", "WN", "R", "err_ll", "err_nk", "err_s1",
-                                        "err_s2", "ok"]))
+                                        "err_s2", "err_log_prob", "ok"]))
     path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
     for s in filter(None, args.shapes.split(",")):
         N, D, K = (int(v) for v in s.split("x"))

@@ -364,6 +364,16 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s33j)  # session 33: sample weights and per-row log-likelihoods on the tensor-core GMM E-step: the probe's checks
+           # and timings, the CUDA tests of the GMM modules, a fuzz campaign on the GMM E-step
+      run probe 200 python3 benchmarks/gmm_mma_probe.py --shapes 1048576x16x16,4194304x16x16 --out "$out/gmm_mma_probe_s33j.json"
+      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32)" "$log/probe.log"
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py
+      tail -1 "$log/cuda-tests.log"
+      run fuzz 90 python3 tests/fuzz.py --device cuda --n "${FUZZ_N:-40}" --seed "${FUZZ_SEED:-$RANDOM}" --ops gmm_estep
+      grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8 ;;
     s33e)  # session 33, final GMM code ("auto": the tensor-core E-step from 0.5M rows): the E-step table, the probe,
            # the CUDA tests and float64 checks of the GMM modules
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s33e.json"

@@ -293,19 +293,24 @@ def test_precision_options_run(rng):
 @pytest.mark.parametrize("N,D,K", [(300, 16, 16), (77, 9, 13), (1, 12, 10)])
 def test_tf32x3_tensor_core_form(rng, N, D, K):
     """precision="tf32x3" at 8 < K, D <= 16 runs the mma form (fusedml/gmm/mma.py; the interpreter
-    emulates its fragments); sample weights, per-row outputs and strided X take the register form."""
+    emulates its fragments), with sample weights and per-row log-likelihoods too; strided X takes the
+    register form."""
     from fusedml.gmm import fused
 
     X, w, means, pc = problem(rng, N, D, K, "diag")
     assert plan_launch(N, K, D, "diag", torch.float32, "cpu", precision="tf32x3").form == "mma"
     assert plan_launch(N, 8, D, "diag", torch.float32, "cpu", precision="tf32x3").form != "mma"
     fused._MMA_OK.clear()
-    check(gmm_estep(X, w, means, pc, "diag", backend="fused", precision="tf32x3"), reference(X, w, means, pc, "diag"),
-          "diag")
+    ref = reference(X, w, means, pc, "diag")
+    check(gmm_estep(X, w, means, pc, "diag", backend="fused", precision="tf32x3"), ref, "diag")
     assert any(k[0].form == "mma" and v for k, v in fused._MMA_OK.items())  # the mma kernel ran
     sw = rng.uniform(0.5, 2.0, size=N)
-    check(gmm_estep(X, w, means, pc, "diag", sample_weight=sw, backend="fused", precision="tf32x3"),
-          reference(X, w, means, pc, "diag", sw=sw), "diag")
+    sw[1::7] = 0.0  # rows that do not count
+    fused._MMA_OK.clear()
+    st = gmm_estep(X, w, means, pc, "diag", sample_weight=sw, backend="fused", precision="tf32x3", return_log_prob=True)
+    check(st, reference(X, w, means, pc, "diag", sw=sw), "diag")
+    assert st.log_prob.dtype == torch.float32 and rel(st.log_prob, ref["log_prob"]) < TOL  # unweighted per row
+    assert any(k[0].form == "mma" and k[3] and k[4] and v for k, v in fused._MMA_OK.items())  # weights, log_prob
     Xs = np.asfortranarray(X)
     check(gmm_estep(Xs, w, means, pc, "diag", backend="fused", precision="tf32x3"), reference(X, w, means, pc, "diag"),
           "diag")
@@ -1185,7 +1190,8 @@ def _aot_check_plans():
         assert plan.form == "mma", (N, D, K, plan.form)
         types = {a: ("i32" if a in ints else "*fp64" if a == "PLL" else "*fp32") for a in mma._diag_mma_kernel.arg_names}
         n_blocks = -(-N // plan.BN)
-        k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True),
+        k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True, HAS_SW=False,
+                                                           WRITE_LOGP=False),
                          dict(stride_xn=D, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
         regs, stack = resource_usage(k)
         tag = f"mma {N}x{D} K={K} W={plan.num_warps}"
@@ -1193,6 +1199,13 @@ def _aot_check_plans():
         assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps), tag
         assert stack == 0 and regs <= 128, f"{tag}: {regs} registers, stack {stack} B (5 programs per SM need <= 96-128)"
         assert sass(k).count("HMMA") == 24, tag  # 8 products x 3 tf32 mma each, in the loop only
+        # sample weights and per-row log-likelihoods: loads / stores in the accumulator slots' layout
+        k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True, HAS_SW=True,
+                                                           WRITE_LOGP=True),
+                         dict(stride_xn=D, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
+        regs, stack = resource_usage(k)
+        print(f"AOT {tag} sw+logp: regs={regs} stack={stack}", flush=True)
+        assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps) and stack == 0 and regs <= 128, (tag, regs, stack)
     # the tied single sweep and its pass 1 / scoring (rows whitened once) at the tied rule's tiles
     for N, D, K in TIED_AOT_SHAPES:
         plan = plan_launch(N, K, D, "tied", torch.float32, torch.device("cpu"), precision="fp32")

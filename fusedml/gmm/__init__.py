@@ -164,7 +164,7 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         the H200, but 2.2e-4 at K=1024, D=128); ``"auto"`` (default): the measured rule of
         :func:`fusedml.gmm.model.auto_precision`: tf32x3 for diag covariance at 8 < K, D <= 16 on fp32
         data from 0.5M rows (the tensor-core form of :mod:`fusedml.gmm.mma`: 1.4-1.7x the fp32 register form on
-        an H100, errors <= 2e-6; without sample weights or per-row outputs, which take fp32), fp32 elsewhere
+        an H100, errors <= 2e-6; sample weights and per-row outputs included), fp32 elsewhere
         (tf32x3 was slower on most other H200 shapes). ``"tf32"`` / ``"bf16"``
         are faster (bf16 on the H200: 2.0x at 4M x 16, K = 16; 3.1x at 1M x 64, K = 64; 3.8x at
         K = 1024), with relative errors up to ~1e-2 (tf32, whose operands are truncated) / ~2e-3

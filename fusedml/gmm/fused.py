@@ -1314,11 +1314,10 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     if full_like and plan.BD != full_bd(D):  # the operands are padded to full_bd(D) (_operands)
         raise ValueError(f"a full / tied plan needs BD = {full_bd(D)} for D = {D}, got {plan.BD}")
     if plan.form == "mma":
-        mma_out = _mma_estep(prep, ops, plan, has_sw, return_log_prob)
+        mma_out = _mma_estep(prep, ops, plan, sw if has_sw else None, return_log_prob)
         if mma_out is not None:
-            return (None,) + mma_out
-        # sample weights, per-row outputs, strided or non-fp32 X, or a layout the fragments do not
-        # assume: the register form
+            return mma_out
+        # strided or non-fp32 X, or a layout the fragments do not assume: the register form
         plan = plan_launch(N, K, D, ct, X.dtype, dev, precision="fp32")
         prec = _PREC["fp32"]
     if plan.path == "single":
@@ -1408,29 +1407,29 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
 _MMA_OK: dict = {}
 
 
-def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
-    """``(ll, nk, s1, s2)`` of the tensor-core diag single sweep (:mod:`fusedml.gmm.mma`), or None
-    where it does not apply: sample weights or per-row log-likelihoods asked for, X not fp32 with
-    unit feature stride, or (checked once per compiled launch) a layout of Triton's that is not
-    the one its register fragments assume."""
+def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_logp: bool):
+    """``(logp or None, ll, nk, s1, s2)`` of the tensor-core diag single sweep (:mod:`fusedml.gmm.mma`;
+    ``sw``: fp32 contiguous row weights), or None where it does not apply: X not fp32 with unit
+    feature stride, or (checked once per compiled launch) a layout of Triton's that is not the one
+    its register fragments assume."""
     from . import mma
 
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
-    if has_sw or want_logp or X.dtype != torch.float32 or (X.stride(1) != 1 and D > 1):
+    if X.dtype != torch.float32 or (X.stride(1) != 1 and D > 1):
         return None
     dev = X.device
     (R,) = plan.reg
     n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
     off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
-    consts = dict(WN=plan.num_warps, R=R, OFF32=off32)
+    consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp)
     opts = dict(num_warps=plan.num_warps)
-    key = (plan, N, off32, dev)
+    key = (plan, N, off32, sw is not None, want_logp, dev)
     P = _MMA_OK.get(key)
     if P == 0:
         return None
     opnds = (ops["G"], ops["W1"], ops["W2"], ops["CONST"])
     if P is None:
-        args = (X, X.stride(0)) + opnds + (_dummy(dev),) * 5 + (N, D, K, n_blocks)
+        args = (X, X.stride(0)) + opnds + (_dummy(dev),) * 5 + (N, D, K, n_blocks, _dummy(dev), _dummy(dev))
         ok = True  # the interpreter emulates the fragments' semantics
         if dev.type == "cuda":
             try:
@@ -1451,9 +1450,11 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, has_sw: bool, want_logp: bool):
             return None
     # each program's operand tiles first (16-byte aligned rows), then the partials: one allocation
     scr, pnk, ps1, ps2, pll = _partials(dev, [P * mma.TILE_WORDS.value, P * K, P * K * D, P * K * D], P)
-    launch(mma._diag_mma_kernel, (P,), (X, X.stride(0)) + opnds + (scr, pnk, ps1, ps2, pll, N, D, K, n_blocks),
-           consts, **opts)
-    return _diag_finish(prep, ops, pnk, ps1, ps2, pll)
+    logp = torch.empty(N, dtype=torch.float32, device=dev) if want_logp else None
+    launch(mma._diag_mma_kernel, (P,), (X, X.stride(0)) + opnds + (scr, pnk, ps1, ps2, pll, N, D, K, n_blocks,
+                                                              _dummy(dev) if sw is None else sw,
+                                                              _dummy(dev) if logp is None else logp), consts, **opts)
+    return (logp,) + _diag_finish(prep, ops, pnk, ps1, ps2, pll)
 
 
 #: the tied single sweep's components on chip: its [BK, BK] responsibility sums (R) live in registers

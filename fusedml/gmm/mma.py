@@ -33,7 +33,9 @@ and the operand tiles each program first writes to its own scratch row, :func:`_
 then reads back), which Triton 3.6 and 3.9 lay out alike (gathered loads gave other layouts: lanes
 on WN on 3.6, two features per thread on 3.9, the weights' layout on both), and
 :func:`layouts_ok` checks each compiled launch's TTGIR before its first use (the launch falls back
-to the register form otherwise; the sm_90 compile test asserts it too). Under
+to the register form otherwise; the sm_90 compile test asserts it too). Row weights and per-row
+log-likelihoods are loaded / stored in the accumulator slots' layout (rows ``2 t + rw``); the
+compiled layouts stay the fragments' (checked the same way). Under
 ``TRITON_INTERPRET=1`` the mma and the shuffles are emulated with the same fragment semantics (fp32
 products), so the operand plumbing is tested on the CPU.
 """
@@ -146,7 +148,9 @@ def _diag_mma_kernel(
     SCR,  # [P, TILE_WORDS] fp32 scratch: each program's operand tiles (:func:`_operand_tiles`)
     PNK, PS1, PS2, PLL,  # [P, K], [P, K, D], [P, K, D] fp32 partials, [P] float64
     N, D, K, n_blocks,
+    SW, LOGP,  # [N] fp32 row weights in / per-row log-likelihoods out (HAS_SW / WRITE_LOGP; else unused)
     WN: tl.constexpr, OFF32: tl.constexpr = False, R: tl.constexpr = 1,
+    HAS_SW: tl.constexpr = False, WRITE_LOGP: tl.constexpr = False,
 ):
     """Single sweep, both products on the tensor cores (module docstring); row blocks of
     ``8 R WN`` rows, R 8-row groups per warp."""
@@ -227,8 +231,15 @@ def _diag_mma_kernel(
         l = tl.sum(tl.sum(e, axis=1, keep_dims=True), axis=4, keep_dims=True)  # in [1, K]
         lse, rl = _log_normaliser(m, l)  # natural log, 1 / l
         rowm = (row0 + srow) < N
-        acc_ll += tl.where(rowm, lse, 0.0)
-        r = tl.where(rowm, e * rl, 0.0)
+        if WRITE_LOGP:
+            tl.store(LOGP + row0 + srow, lse, mask=rowm)
+        if HAS_SW:  # the row weight scales its log-likelihood and its responsibilities
+            sw = tl.load(SW + row0 + srow, mask=rowm, other=0.0)
+            acc_ll += tl.where(rowm, lse * sw, 0.0)
+            r = tl.where(rowm, e * (rl * sw), 0.0)
+        else:
+            acc_ll += tl.where(rowm, lse, 0.0)
+            r = tl.where(rowm, e * rl, 0.0)
         acc_nk += r
         rh, rlo = _tf32_split(r)
         s0 = _pair(_shfl2(z00, z01, src0, sel, R, WN), _shfl2(z00, z01, src1, sel, R, WN))  # j = 0
