@@ -172,8 +172,6 @@ def probe(dev, N, D, K, sm):
             r["pct_floor"] = 100 * floor / r["ms"]
             r["model_over_this"] = rows[0]["ms"] / r["ms"]
     rows[0]["best_mma_ms"] = best
-    del X, prep
-    torch.cuda.empty_cache()
     return rows
 
 
@@ -196,6 +194,7 @@ def main(argv=None):
     for s in filter(None, args.shapes.split(",")):
         N, D, K = (int(v) for v in s.split("x"))
         rows += probe(dev, N, D, K, sm)
+        torch.cuda.empty_cache()  # the probe's tensors are gone with its frame
         path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
     for s in filter(None, args.fit.split(",")):
         N, D, K = (int(v) for v in s.split("x"))

@@ -274,8 +274,6 @@ def probe(dev, N, D, M, sm):
         if "ms" in r:
             r["pct_floor"] = 100 * floor / r["ms"]
             r["library_over_this"] = lib / r["ms"]
-    del X, V
-    torch.cuda.empty_cache()
     return rows
 
 
@@ -295,6 +293,7 @@ def main(argv=None):
     for s in filter(None, args.shapes.split(",")):
         N, D, M = (int(v) for v in s.split("x"))
         rows += probe(dev, N, D, M, sm)
+        torch.cuda.empty_cache()  # the probe's tensors are gone with its frame
         path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
     print(_common.markdown_table([r for r in rows if r.get("case") != "check"],
                                  ["N", "D", "m", "variant", "ms", "pct_floor", "library_over_this", "err", "error"]))

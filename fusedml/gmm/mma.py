@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import re
 
-import torch
 import triton
 import triton.language as tl
 
