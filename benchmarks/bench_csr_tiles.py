@@ -112,7 +112,7 @@ def main():
             rows.append(dict(matrix=name, m=m, variant="fused auto (model)", ms=ms, pct_floor=100 * floor_ms / ms,
                              speedup=ops_ms / ms, rel_err=rel(auto(), ref)))
             rows[-1]["floor_ms"] = floor_ms
-        del A, A64
+        A = A64 = None  # free the device memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     cols = ["matrix", "m", "variant", "col_tiles", "row_tiles", "ms", "pct_floor", "speedup", "matvec_ms",

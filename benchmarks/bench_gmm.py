@@ -227,7 +227,7 @@ def run_config(cfg, args, dev, quick):
     row.update(err_nk=rel(fnk, nk), err_s1=rel(fs1, s1), err_s2=rel(fs2, s2), err_ll=rel(fll, ll))
     t = TARGETS.get(cfg)
     row["target_ms"] = t
-    del X, prep, prep64
+    X = prep = prep64 = None  # free the device memory
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -354,7 +354,7 @@ def sweep(args, dev):
                          "model_ms": m[0]["ms"] if m else None,
                          "best_ms": b["ms"], "best": f"{b['precision']} {b['variant']}",
                          "model/best": (m[0]["ms"] / b["ms"]) if m else None})
-        del X, prep
+        X = prep = None  # free the device memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     print(_common.markdown_table(best, ["shape", "target_ms", "model_ms", "best_ms", "best", "model/best"]))

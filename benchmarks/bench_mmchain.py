@@ -229,7 +229,7 @@ def dense_config_sweep(names, specs, dev, quick=False):
         row["s"] = time.time() - t0
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k != "sweep"}, flush=True)
         rows.append(row)
-        del X, X2
+        X = X2 = None  # free the device memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     cols = ["case", "floor_ms", "model_ms", "%floor", "best_ms", "best_%floor", "model/best", "best", "ops_ms",
@@ -303,7 +303,7 @@ def run_case(name, spec, args, dev):
     w = fusedml.mmchain(X2, y2, v2, backend="fused")
     ref = reference64(X2, y2, v2)
     row["rel_err"] = float((w.double() - ref).norm() / ref.norm())
-    del X, X2
+    X = X2 = None  # free the device memory
     return row
 
 
@@ -391,7 +391,7 @@ def csr_strategy_sweep(names, specs, dev, quick=False):
         row["s"] = time.time() - t0
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         rows.append(row)
-        del X, At
+        X = At = None  # free the device memory
         csr_mod._CACHE.clear()  # the CSC copies (and the ops transposes) of this case
         from fusedml.mmchain import ops as ops_mod
 

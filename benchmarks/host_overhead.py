@@ -43,7 +43,6 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 import fusedml  # noqa: E402
 

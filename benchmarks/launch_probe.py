@@ -95,7 +95,7 @@ def small_probe(dev, sms=None):
                 rows.append({"shape": f"{N}x{D}", "m": m, "intercept": True, "v_op": "softmax two reads", "ms": ms,
                              "%floor": pct, "rel_err": err})
                 print(f"{N}x{D} m={m} softmax as matvec + X^T p: {ms:.4f} ms err {err:.1e}", flush=True)
-        del X
+        X = None  # free the device memory
     return rows
 
 
@@ -143,7 +143,7 @@ def warps16_probe(dev, sms):
             for r in (1, 2):
                 for row in _launch_sweep(X, y, v, ref, grid, label):
                     rows.append(dict(row, round=r))
-            del X
+            X = None  # free the device memory
     return rows
 
 
@@ -166,7 +166,7 @@ def tiles_probe(dev, sms):
                                              for bn, w, per in tiles], label, intercept=icpt, v_op=v_op)
         model = _model(N, D, m, dt, dev)
         rows += [dict(r, m=m, dtype=str(dt)[6:], intercept=icpt, v_op=v_op, model=model) for r in sweep]
-        del X
+        X = None  # free the device memory
     return rows
 
 
@@ -203,7 +203,7 @@ def grid_probe(dev, sms):
             rows.append({"shape": label, "config": "model" if be == "fused" else "ops", "ms": ms, "%floor": pct,
                          "rel_err": err, "model": model})
             print(f"{label} {'MODEL ' + model if be == 'fused' else 'OPS'}: {ms:.4f} ms {pct:.1f} %", flush=True)
-        del X
+        X = None  # free the device memory
     return rows
 
 
@@ -241,7 +241,7 @@ def dot_probe(dev, sms):
                 label = f"{N}x{D} m={m} {op}"
                 rows.append({"shape": label, "config": cfg or "model", "ms": ms, "%floor": pct, "rel_err": err})
                 print(f"{label} {cfg or 'MODEL'}: {ms:.4f} ms {pct:.1f} % err {err:.1e}", flush=True)
-        del X, X1
+        X = X1 = None  # free the device memory
     return rows
 
 
@@ -271,7 +271,7 @@ def softmax_probe(dev, sms):
             rows.append({"shape": f"{N}x{D}", "m": m, "form": name, "ms": ms, "%floor": pct, "rel_err": err,
                          "model": _model(N, D, m, X.dtype, dev)})
             print(f"{N}x{D} m={m} softmax Hessian, {name}: {ms:.4f} ms {pct:.1f} % err {err:.1e}", flush=True)
-        del X
+        X = None  # free the device memory
     return rows
 
 
@@ -290,7 +290,7 @@ def coop_probe(dev, sms, shapes):
         sweep = _launch_sweep(X, y, v, ref, grid, shape)
         rows += sweep
         print("BEST", shape, min(sweep, key=lambda r: r["ms"]))
-        del X
+        X = None  # free the device memory
     return rows
 
 

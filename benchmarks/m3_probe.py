@@ -170,7 +170,7 @@ def main(argv=None):
                          "%floor": None if ms is None else 100 * floor / ms, "rel_err": err})
             print(rows[-1], flush=True)
         new._EXACT_UNROLL = True
-        del X, A, T, h, Y
+        X = A = T = h = Y = None  # free the device memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     path = write_json("m3_probe", rows, {"args": vars(args), "wall_s": time.time() - t0}, args.out)

@@ -19,7 +19,7 @@ from ._checks import Problem, check_bindable, check_config, prepare_matvec, prep
 from .reference import matvec_reference, mmchain_reference
 
 __all__ = ["mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "bind_loss_gradient",
-           "BoundLossGradient", "mmchain_reference", "matvec_reference"]
+           "LossGradient", "BoundLossGradient", "mmchain_reference", "matvec_reference"]
 
 
 def _csr_module():

@@ -1968,7 +1968,7 @@ def _bench_main(argv=None):
             row.update(sweep_best_ms=round(best[0], 4), model_vs_best=round(ms / best[0], 3), sweep_best=best[1])
         print(json.dumps(row), flush=True)
         rows_out.append(row)
-        del A, X, XT, X64
+        A = X = XT = X64 = None  # free the device memory
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     meta = dict(gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter dry run)",
