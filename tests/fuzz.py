@@ -504,7 +504,8 @@ def draw_gmm(seed, op="gmm_estep"):
     r2 = np.random.default_rng([7, seed])
     if op == "gmm_estep" and cov == "diag" and c["backend"] == "fused" and r2.random() < 0.4:
         c.update(precision="tf32x3", D=int(r2.integers(9, 17)), K=int(r2.integers(9, 17)))
-        if r2.random() < 0.7:  # the form's own path: fp32 rows, no sample weights or per-row output
+        if r2.random() < 0.7:  # the form's own path: fp32 rows (the other 30 % keep the drawn dtype, layout,
+            # weights and per-row output: strided or non-fp32 X takes the register form)
             c.update(dtype="float32", weights=False, log_prob=False, empty=False, path="auto",
                      layout=str(r2.choice(["contiguous", "rowstride"])))
     return c
