@@ -95,6 +95,21 @@ def write_json(name: str, rows: list, extra: dict | None = None, out: str | None
     return out
 
 
+def shape_list(spec: str) -> list:
+    """``"NxDxK,..."`` -> ``[(N, D, K), ...]`` (integers; empty items skipped).
+
+    Parameters
+    ----------
+    spec : str
+        Comma-separated shapes, each ``x``-separated integers.
+
+    Returns
+    -------
+    list of tuple of int
+    """
+    return [tuple(int(v) for v in item.split("x")) for item in spec.split(",") if item]
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         if v != v:

@@ -104,7 +104,7 @@ def check(dev, seed, shapes=CHECK_SHAPES):
     """Odd shapes (``NxDxK,...``) on the GPU against float64: the fragment plumbing on the hardware."""
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for N, D, K in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):
+    for N, D, K in _common.shape_list(shapes):
         X, w, mu, pc = make_problem(N, D, K, "diag", dev, seed=int(torch.randint(0, 1 << 30, (1,), generator=g)))
         prep = validate(X, w, mu, pc, "diag", check_finite=False)
         ops = _operands(prep)
@@ -191,13 +191,11 @@ def main(argv=None):
     print(_common.markdown_table(rows, ["N", "D", "K", "WN", "R", "err_ll", "err_nk", "err_s1",
                                         "err_s2", "err_log_prob", "ok"]))
     path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
-    for s in filter(None, args.shapes.split(",")):
-        N, D, K = (int(v) for v in s.split("x"))
+    for N, D, K in _common.shape_list(args.shapes):
         rows += probe(dev, N, D, K, sm)
         torch.cuda.empty_cache()  # the probe's tensors are gone with its frame
         path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
-    for s in filter(None, args.fit.split(",")):
-        N, D, K = (int(v) for v in s.split("x"))
+    for N, D, K in _common.shape_list(args.fit):
         rows += fits(dev, N, D, K, args.fit_repeat)
         path = _common.write_json("gmm_mma_probe", rows, {"check_seed": seed}, out=args.out)
     print(_common.markdown_table([r for r in rows if r.get("case") == "fit"],

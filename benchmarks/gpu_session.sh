@@ -31,6 +31,9 @@ fuzz_cuda() {  # seconds cases-per-operator seed: a fuzz campaign on the GPU's c
   run fuzz "$1" python3 tests/fuzz.py --device cuda --n "$2" --seed "$3"
   grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8
 }
+check_counts() {  # log name: a probe's float64 checks passed / failed (its table's ok column)
+  echo "checks ok: $(grep -c "| True |" "$log/$1.log"), failed: $(grep -c "| False |" "$log/$1.log")"
+}
 for p in $parts; do
   case $p in
     check) run check 150 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
@@ -367,7 +370,7 @@ for p in $parts; do
     s33j)  # session 33: sample weights and per-row log-likelihoods on the tensor-core GMM E-step: the probe's checks
            # and timings, the CUDA tests of the GMM modules, a fuzz campaign on the GMM E-step
       run probe 200 python3 benchmarks/gmm_mma_probe.py --shapes 1048576x16x16,4194304x16x16 --out "$out/gmm_mma_probe_s33j.json"
-      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      check_counts probe
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32)" "$log/probe.log"
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
         tests/test_algorithms_mixture.py
@@ -380,7 +383,7 @@ for p in $parts; do
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
       run probe 200 python3 benchmarks/gmm_mma_probe.py --shapes 524288x16x16,1048576x16x16,4194304x16x16,16777216x16x16 \
         --out "$out/gmm_mma_probe_s33e.json"
-      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      check_counts probe
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32)" "$log/probe.log"
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py \
         tests/test_algorithms_mixture.py tests/test_kmeans.py
@@ -389,7 +392,7 @@ for p in $parts; do
       grep -E "^FAIL|passed" "$log/check-gmm.log" | tail -6 ;;
     s33c)  # session 33: the matrix-y mmchain (m <= 4) with X Y on the tensor cores, a prototype beside the library's pick
       run mmc-probe 300 python3 benchmarks/mmchain_mma_probe.py ${MMC_SHAPES:+--shapes $MMC_SHAPES} --out "$out/mmchain_mma_probe_s33c.json"
-      echo "checks ok: $(grep -c "| True |" "$log/mmc-probe.log"), failed: $(grep -c "| False |" "$log/mmc-probe.log")"
+      check_counts mmc-probe
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| [a-z]" "$log/mmc-probe.log" ;;
     s33)  # session 33: the tensor-core E-step's operand tiles written by the sweep itself (two launches per E-step, as the
           # register form): the CUDA tests of the GMM modules, the probe from 0.5M to 4M rows with interleaved fits
@@ -399,7 +402,7 @@ for p in $parts; do
       tail -3 "$log/cuda-tests.log"
       run probe 300 python3 benchmarks/gmm_mma_probe.py --shapes 524288x16x16,1048576x16x16,2097152x16x16,4194304x16x16 \
         --fit 1048576x16x16,2097152x16x16 --out "$out/gmm_mma_probe_s33.json"
-      echo "checks ok: $(grep -c "| True |" "$log/probe.log"), failed: $(grep -c "| False |" "$log/probe.log")"
+      check_counts probe
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (model|tf32|mma WN 4 R 1 P 5|e2e|20 iter)" "$log/probe.log"
       fuzz_cuda 60 "${FUZZ_N:-6}" "${FUZZ_SEED:-$RANDOM}" ;;
     s32)  # session 32: the tensor-core diag E-step (precision "auto" -> tf32x3 at 8 < K, D <= 16): the CUDA tests

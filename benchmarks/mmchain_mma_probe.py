@@ -217,7 +217,7 @@ def check(dev, seed, shapes=CHECK_SHAPES):
     """Each launch of the variants on ``NxDxm,...`` against float64 (fresh random inputs)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
-    for N, D, M in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):
+    for N, D, M in _common.shape_list(shapes):
         X = torch.randn(N, D, generator=g).to(dev)
         Y = torch.randn(D, M, generator=g).to(dev)
         V = torch.rand(N, M, generator=g).to(dev)
@@ -290,8 +290,7 @@ def main(argv=None):
     rows = check(dev, seed, args.check_shapes)
     print(_common.markdown_table(rows, ["N", "D", "m", "WN", "P", "variant", "err", "ok", "error"]))
     path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
-    for s in filter(None, args.shapes.split(",")):
-        N, D, M = (int(v) for v in s.split("x"))
+    for N, D, M in _common.shape_list(args.shapes):
         rows += probe(dev, N, D, M, sm)
         torch.cuda.empty_cache()  # the probe's tensors are gone with its frame
         path = _common.write_json("mmchain_mma_probe", rows, {"check_seed": seed}, out=args.out)
