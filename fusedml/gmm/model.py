@@ -21,7 +21,8 @@ choices for the target shapes):
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
 * full single sweep (fp32): ``K <= 64`` (the per-component column insert/extract costs
-  ``O(BN K^2)``), ``BD <= 32``, tiles measured on the H200 (:func:`_full_single_tile`); tensor-core
+  ``O(BN K^2)``), ``BD <= 32``, tiles measured on the H200 (:func:`_full_single_tile`; Triton 3.9
+  spills in them and takes spill-free ones, :data:`_TRITON_39`); tensor-core
   precisions keep the session-1 estimate ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160``.
   Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
@@ -95,6 +96,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+import triton
 
 _DATA_REGS = 160
 _REGS_PER_SM = 65536
@@ -450,12 +452,27 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
       14.97 ms, the fastest of 13 tiles and of the two-pass path (15.8 ms at its best); session 31
       timed it fastest also with padded features (1M x 24, K = 20 4.37 ms, 1M x 28, K = 8 1.80 ms,
       of 11 tiles each).
+
+    These are Triton 3.6's (the H200's) compiles; Triton 3.9 takes other tiles (:data:`_TRITON_39`).
     """
     if BD > 32:
         return None
+    if _TRITON_39:  # spill-free tiles for Triton 3.9's compile (_TRITON_39)
+        return (64, 2, 2, 4) if BD == 16 and BK <= 16 else (32, 2, 2, 4) if BD == 16 else (32, 4, 3, 2)
     if BD == 16:
         return (128, 2, 2, 3) if BK <= 32 else (64, 2, 2, 3)
     return 64, 4, 3, 2
+
+
+#: Triton 3.9 compiles the full single sweep with about twice the registers per row of 3.6-3.8
+#: (the same TTGIR; sm_90 compiles, session 34): every tile above spills 0.3-1.2 KB inside the row
+#: loop (128 rows on 2 warps at BD = 16, K = 16: 688 B, 294 local accesses per block). From 3.9 on
+#: :func:`_full_single_tile` takes the tiles with the most rows per warp that compile without
+#: spills for K <= 64, with and without sample weights / per-row output: BD = 16 64 rows on 2 warps
+#: up to K = 16 (244-248 registers; 16 < K <= 64 spills 40-280 B), else 32 rows on 2 warps
+#: (168-222); BD = 32 32 rows on 4 warps, 3 stages (253-255; D = 24: 8 B of stack, outside the loop).
+#: Not yet timed on a GPU (the device runs 3.6); programs per SM from the registers (4, 4, 2)
+_TRITON_39 = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
 
 
 def _tied_single_tile(BD: int, BK: int) -> tuple[int, int, int, int] | None:
