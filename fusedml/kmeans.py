@@ -24,11 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import resolve_backend
+from ._dispatch import interpret_mode, resolve_backend
 from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap, resident_programs
+from .gmm.fused import (_compiled_resources, _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap,
+                        resident_programs)
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
@@ -369,6 +370,10 @@ def lloyd_plan(N, D, K, device=None, **override):
         bn = 128 if bd * bk <= 256 else (64 if bd * bk <= 4096 else 32)
     else:
         bn = max(16, min(256, 8192 // (bd * bk)))
+    nw = override.get("num_warps", 4)
+    # tl.dot tiles the compiled launch may fall back to (_dot_tile), where none is forced
+    fallback = (_DOT_FALLBACK.get(bd * bk, ()) if use_dot and "BLOCK_N" not in override
+                and "num_warps" not in override else ())
     bn = override.get("BLOCK_N", bn)
     if use_dot and bn < 16:
         raise ValueError(f"plan: USE_DOT needs BLOCK_N >= 16 (tl.dot's smallest tile on sm_90), got {bn}")
@@ -376,8 +381,87 @@ def lloyd_plan(N, D, K, device=None, **override):
         check_launch_fields(o, what="plan", tile=bn * (bk * bd if not use_dot else max(bk, bd)))
     n_tiles = triton.cdiv(int(N), bn)
     return {"BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_K": bk, "USE_DOT": use_dot, "REG": None,
-            "num_warps": override.get("num_warps", 4), "programs": max(1, min(n_tiles, per_sm * sms)),
-            "n_tiles": n_tiles}
+            "num_warps": nw, "programs": max(1, min(n_tiles, per_sm * sms)), "n_tiles": n_tiles,
+            "fallback": fallback, "per_sm": per_sm}
+
+
+#: ``(BLOCK_N, num_warps)`` the tl.dot Lloyd step falls back to, in order, per padded
+#: ``BLOCK_K x BLOCK_D``, when the planned tile's compile spills (:func:`_dot_tile`). sm_90 compiles
+#: (session 34) of the planned tiles moved from clean to kilobytes of local memory with the Triton
+#: version and the flags: 64 rows on 4 warps at 64 x 64 used 0 B on Triton 3.6 and 3.7 without
+#: sample weights but 6.9 KB on 3.6 with them, 1.5-2.2 KB on 3.8 and 2.0-2.3 KB on 3.9; 32 rows on 4
+#: warps at 32 x 256 152-208 B on 3.6 and 3.7 but 6.8-8.9 KB on 3.8 and 3.9. The fallbacks compiled
+#: with at most 32 B on all four versions, with and without weights and previous labels (16 rows on
+#: 4 warps: 107-168 registers at 64 x 64; 32 rows on 8 warps: 192-255 at 8192 entries; 16 rows on 8
+#: warps the last resort). 16 x 4 took 1.53 ms against the plan's 0.97 at 1M x 64, K = 64 on the
+#: H200 with 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
+_DOT_FALLBACK = {4096: ((16, 4), (32, 8)), 8192: ((32, 8), (16, 8))}
+
+#: Local memory per thread (bytes) a compiled tl.dot Lloyd launch may use before :func:`_dot_tile`
+#: tries the next tile: the H200's timed 32 x 4 tile at 32 x 256 holds 152-208 B (Triton 3.6) and
+#: was the sweep's fastest; the spills that the fallbacks replace are kilobytes
+LOCAL_BYTES_OK = 256
+
+_DOT_TILES: dict = {}
+
+
+def _dot_tile(X, consts, plan, spec_args, dev):
+    """``(BLOCK_N, num_warps)`` of a tl.dot Lloyd launch on a CUDA device: the plan's tile unless its
+    compile uses more than :data:`LOCAL_BYTES_OK` of local memory per thread, then the first of
+    ``plan["fallback"]`` that does not (or the last). Compiled once per shape class, flags and device;
+    off the GPU (the interpreter) the plan's tile.
+
+    Parameters
+    ----------
+    X : torch.Tensor
+        The rows (their dtype and strides specialise the compile).
+    consts : dict
+        The launch's constexpr arguments (``BLOCK_N`` is replaced per candidate).
+    plan : dict
+        :func:`lloyd_plan`'s plan (``BLOCK_N``, ``num_warps``, ``fallback``).
+    spec_args : callable
+        ``spec_args(BLOCK_N) -> tuple``: the launch's positional arguments for that tile.
+    dev : torch.device
+
+    Returns
+    -------
+    tuple of int
+        ``(BLOCK_N, num_warps)``.
+    """
+    first = (plan["BLOCK_N"], plan["num_warps"])
+    if not plan.get("fallback") or dev.type != "cuda" or interpret_mode():
+        return first
+    key = (plan["BLOCK_D"], plan["BLOCK_K"], X.dtype, X.stride(1) == 1, X.stride(0) % 16 == 0,
+           tuple(sorted(consts.items())), dev.index)
+    if key not in _DOT_TILES:
+        def local_bytes(bn, nw):  # n_spills: the compiled function's local memory, in 4-byte words
+            res = _compiled_resources(_lloyd_kernel, spec_args(bn), dict(consts, BLOCK_N=bn, num_warps=nw))
+            return None if res is None else 4 * res[2]
+        _DOT_TILES[key] = first_fitting_tile((first, *plan["fallback"]), local_bytes)
+    return _DOT_TILES[key]
+
+
+def first_fitting_tile(tiles, local_bytes):
+    """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
+    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the last.
+
+    Parameters
+    ----------
+    tiles : sequence of tuple
+        Candidate ``(BLOCK_N, num_warps)`` in order of preference.
+    local_bytes : callable
+        ``local_bytes(BLOCK_N, num_warps) -> int or None``.
+
+    Returns
+    -------
+    tuple
+        The chosen tile.
+    """
+    for t in tiles:
+        b = local_bytes(*t)
+        if b is None or b <= LOCAL_BYTES_OK:
+            return t
+    return tiles[-1]
 
 
 def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
@@ -411,6 +495,14 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
     else:
         kernel = _lloyd_kernel
         consts.update(USE_DOT=plan["USE_DOT"])
+        bn, nw = _dot_tile(X, consts, plan, lambda b: (X, X.stride(0), X.stride(1), Cs, csq, shift,
+                                                       w if w is not None else Cs, labels, labels, Cs, N, D, K,
+                                                       triton.cdiv(N, b)), dev)
+        if (bn, nw) != (plan["BLOCK_N"], plan["num_warps"]):
+            n_tiles = triton.cdiv(N, bn)
+            P = max(1, min(n_tiles, plan["per_sm"] * _sm_count(dev)))
+            plan = dict(plan, BLOCK_N=bn, num_warps=nw, n_tiles=n_tiles, programs=P)
+            consts["BLOCK_N"], opts["num_warps"] = bn, nw
 
     def args(part):
         return (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,

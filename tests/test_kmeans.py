@@ -106,6 +106,29 @@ def test_dot_form_rows_per_tile():
     # tl.dot tiles: 64 rows up to a 4096-element accumulator, 32 beyond (kmeans-sweep-dot-*-s21-b)
     assert [km.lloyd_plan(1 << 20, d, k)["BLOCK_N"] for d, k in ((128, 16), (64, 64), (32, 256))] == [64, 64, 32]
     assert all(km.lloyd_plan(1 << 20, d, k)["USE_DOT"] for d, k in ((128, 16), (64, 64), (32, 256)))
+    # fallbacks where the compiled tile spills (session 34): none at 2048 entries or when a tile is forced
+    assert [km.lloyd_plan(1 << 20, d, k)["fallback"] for d, k in ((128, 16), (64, 64), (32, 256))] == \
+        [(), ((16, 4), (32, 8)), ((32, 8), (16, 8))]
+    assert km.lloyd_plan(1 << 20, 64, 64, BLOCK_N=32)["fallback"] == ()
+    assert km.lloyd_plan(1 << 20, 64, 64, num_warps=8)["fallback"] == ()
+
+
+def test_first_fitting_tile_and_cpu_keeps_the_plan():
+    """The tl.dot Lloyd tile: the first candidate whose compile stays within LOCAL_BYTES_OK of local
+    memory (unknown accepts), else the last; off the GPU the plan's own tile (nothing compiled)."""
+    ok, big = km.LOCAL_BYTES_OK, km.LOCAL_BYTES_OK + 4
+    tiles = ((64, 4), (16, 4), (32, 8))
+    seen = []
+
+    def local(spill):
+        return lambda bn, nw: seen.append((bn, nw)) or spill[(bn, nw)]
+    assert km.first_fitting_tile(tiles, local({(64, 4): 0, (16, 4): 0, (32, 8): 0})) == (64, 4)
+    assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): ok, (32, 8): 0})) == (16, 4)
+    assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): None, (32, 8): 0})) == (16, 4)
+    assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): big, (32, 8): big})) == (32, 8)
+    assert seen[:1] == [(64, 4)] and seen[-3:] == list(tiles)  # in order, each compiled once
+    p = km.lloyd_plan(1 << 20, 64, 64)
+    assert km._dot_tile(torch.zeros(4, 64), {}, p, None, torch.device("cpu")) == (p["BLOCK_N"], p["num_warps"])
 
 
 def test_torch_path_and_strided_half_input(rng):
@@ -318,12 +341,28 @@ def _aot():
     consts = dict(BLOCK_K=256, BLOCK_D=32)  # the largest accumulator of the plan (K = 256, D = 32)
     compile_sm90(fin, ftypes, consts, dict(K=256, D=32), num_warps=4)
     print("AOT finalize")
+    # the tl.dot tile a fit's step compiles (previous labels, with and without weights): the plan's or
+    # the first fallback within LOCAL_BYTES_OK (km._dot_tile's rule, the compile's stack as its local memory)
+    for D, K in ((64, 64), (32, 256), (128, 64), (16, 512)):
+        p = km.lloyd_plan(1 << 20, D, K)
+        for has_w in (False, True):
+            consts = dict(HAS_W=has_w, HAS_OLD=True, BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"], USE_DOT=True)
+
+            def local(bn, nw):
+                values = dict(sx0=D, sx1=1, N=1 << 20, D=D, K=K, n_tiles=-(-(1 << 20) // bn))
+                k = compile_sm90(km._lloyd_kernel, types, dict(consts, BLOCK_N=bn), values, num_warps=nw)
+                return resource_usage(k)[1]
+            bn, nw = km.first_fitting_tile(((p["BLOCK_N"], p["num_warps"]), *p["fallback"]), local)
+            stack = local(bn, nw)
+            print(f"dot tile {D}x{K} weights={has_w}: {bn} rows, {nw} warps, stack {stack} B", flush=True)
+            assert stack <= km.LOCAL_BYTES_OK, (D, K, has_w, bn, nw, stack)
+    print("AOT dot tiles")
 
 
 def test_kernel_compiles_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 10)
+    run_aot(__file__, 11)
 
 
 def test_kmeans_tolerance_matches_scikit_learn_far_from_origin(rng):
