@@ -367,6 +367,25 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s34)  # session 34 (no GPU that session): the tl.dot Lloyd tile chosen from its compile (weighted 64 x 64 fell back
+          # from 64 x 4, which spills 6.9 KB on Triton 3.6, to 16 x 4): the k-means table with and without weights and
+          # the weighted tl.dot sweep (forced tiles, no fallback) beside it; the full-covariance tiles Triton 3.9 takes
+          # (64 x 2, 32 x 2, 32 x 4) timed under the device's 3.6 in the sweep; the GPU checks of both modules
+      run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_s34.json"
+      grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
+      run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_s34.json"
+      grep -E "^\| [0-9]" "$log/kmeans-w.log" | cut -c1-200
+      run kmeans-wsweep 150 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only --weights \
+        --sweep-budget 30 --out "$out/kmeans_sweep_weighted_s34.json"
+      grep -E "best_ms" "$log/kmeans-wsweep.log" | cut -c1-400
+      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
+        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s34.json"
+      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
+      run check 240 python3 benchmarks/check_gpu.py --parts kmeans gmm gmm_em --out "$out/check_gpu_s34.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -6
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py tests/test_kmeans.py \
+        tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-tests.log" ;;
     s33j)  # session 33: sample weights and per-row log-likelihoods on the tensor-core GMM E-step: the probe's checks
            # and timings, the CUDA tests of the GMM modules, a fuzz campaign on the GMM E-step
       run probe 200 python3 benchmarks/gmm_mma_probe.py --shapes 1048576x16x16,4194304x16x16 --out "$out/gmm_mma_probe_s33j.json"
