@@ -38,8 +38,15 @@ def _key(a):
     return a.__class__, a  # bool, None, anything else: by value
 
 
+#: Compile option of every fusedml launch: FMA contraction on, which the kernels' instruction counts,
+#: tiles and rounding bounds were measured with. Triton enables it by default through 3.9, which warns
+#: on each process's first compile that 3.10 turns the default off; an explicit option keeps it on
+#: for fusedml's kernels alone and silences the warning.
+FP_FUSION = {"enable_fp_fusion": True}
+
+
 def _plain(kernel, grid, args, consts, options):
-    return kernel[grid](*args, **consts, **options)
+    return kernel[grid](*args, **consts, **FP_FUSION, **options)
 
 
 def launch(kernel, grid, args, consts, **options):

@@ -147,7 +147,7 @@ def compile_sm90(fn, types, consts, values=None, divisible=None, **options):
 
 _TORCH_TY = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16", "float16": "fp16", "int64": "i64",
              "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
 
 
 def launch_descriptor(fn, args, kwargs):

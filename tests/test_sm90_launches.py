@@ -116,6 +116,9 @@ def test_every_launch_compiles_for_sm90(family):
             rec.origin = name
             call()
     assert rec.launches, "no kernel launch was recorded"
+    # FMA contraction asked for on every launch (Triton 3.10 turns the default off: _launch.FP_FUSION)
+    off = [d for d in rec.launches if d["options"].get("enable_fp_fusion") is not True]
+    assert not off, "launches without enable_fp_fusion=True:\n" + "\n".join(f"{d['name']} ({d['origin']})" for d in off)
     results = compile_descriptors(rec.launches)
     for r in results:
         print(r)

@@ -38,7 +38,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
-from .._launch import _stream, launch
+from .._launch import FP_FUSION, _stream, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
@@ -1109,7 +1109,7 @@ def _resource_key(kernel, args, kwargs, device) -> tuple:
 def _compiled_resources(kernel, args, kwargs):
     """``(registers, shared bytes, spilled words)`` of the compiled launch, or None (API difference)."""
     try:
-        ck = kernel.warmup(*args, grid=(1,), **kwargs)
+        ck = kernel.warmup(*args, grid=(1,), **kwargs, **FP_FUSION)
         if hasattr(ck, "_init_handles"):
             ck._init_handles()  # loads the binary: n_regs is only known from then on
         return int(ck.n_regs), int(ck.metadata.shared), int(getattr(ck, "n_spills", 0) or 0)
@@ -1222,13 +1222,14 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
         _diag_lse_kernel[(P,)](
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, labels, pll,
             N, D, K, n_blocks, BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=has_sw, WRITE_LABEL=want_label,
-            DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages)
+            DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages, **FP_FUSION)
     else:
         tied = prep.covariance_type == "tied"
         _full_lse_kernel[(P,)](
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP" if tied else "MU"], ops["P"], ops["stride_pk"],
             ops["CONST"], logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-            WRITE_LABEL=want_label, PREC=prec, TIED=tied, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            WRITE_LABEL=want_label, PREC=prec, TIED=tied, num_warps=plan.num_warps, num_stages=plan.num_stages,
+            **FP_FUSION)
     return logp, (labels if want_label else None), pll
 
 
@@ -1356,7 +1357,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
                 HAS_SW=has_sw, WRITE_LOGP=return_log_prob, TIED=(ct == "tied"), PREC=prec,
-                num_warps=plan.num_warps, num_stages=plan.num_stages)
+                num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
         else:
             # the partials [P, K], [P, K, D], [P, K, D], [P] in one allocation
             pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
@@ -1383,7 +1384,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             _full_stats_kernel[(n_chunks * K,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, N, D, K, chunk_rows, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-                PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
+                PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
             if ct == "tied":
                 ps2 = ps2.sum(1)
         else:
@@ -1393,7 +1394,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             _diag_stats_kernel[(n_chunks * n_kt,)](
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, N, D, K, n_kt, chunk_rows, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile,
-                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
+                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
     if not full_like:
         return (lp_out,) + _diag_finish(prep, ops, pnk, ps1, ps2, pll)
     ll = pll.to(f64).sum()
@@ -1433,7 +1434,7 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
         ok = True  # the interpreter emulates the fragments' semantics
         if dev.type == "cuda":
             try:
-                ck = mma._diag_mma_kernel.warmup(*args, grid=(1,), **consts, **opts)
+                ck = mma._diag_mma_kernel.warmup(*args, grid=(1,), **consts, **opts, **FP_FUSION)
             except Exception as e:  # noqa: BLE001 -- e.g. an asm the toolchain rejects: the register form
                 warnings.warn(f"fusedml: the tensor-core GMM E-step did not compile ({e!r:.200}); using fp32 FMAs")
                 ok = False
@@ -1474,7 +1475,7 @@ def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has
     _tied_single_kernel[(P,)](
         X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP"], ops["P"], ops["CONST"], ops["C"], logp, pnk, ps1, ps2,
         pr, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp,
-        PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
+        PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
     R = pr.view(P, K, K).to(f64).sum(0)  # [a, k]
     c = ops["C"][:, :D].to(f64)
     delta = c[:, None, :] - c[None, :, :]  # [a, k, D]: c_a - c_k

@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
-from .._launch import bind as bind_launch, launch
+from .._launch import FP_FUSION, bind as bind_launch, launch
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
                      small_config, unrolled_wide_m)
@@ -1292,7 +1292,7 @@ def _resident_programs(kernel, args, consts, warps, dev, stages=1, **options) ->
     key = (id(kernel), dev, str(args[0].dtype), tuple(sorted(consts.items())), warps, stages,
            tuple(sorted(options.items())))  # module kernels
     if key not in _RESIDENT:
-        k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts, **options)
+        k = kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **consts, **options, **FP_FUSION)
         k._init_handles()
         gpu = gpu_info(dev)
         threads = 32 * warps
@@ -1342,7 +1342,7 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     phases = (0,) if one else (1, 2)
     for phase in phases:
         _mmchain_coop_kernel[(G * R,)](*args(R, part), PHASE=phase, **consts,
-                                       num_warps=cfg.num_warps, num_stages=1)
+                                       num_warps=cfg.num_warps, num_stages=1, **FP_FUSION)
     return (part, R) if deterministic else (None, R)
 
 
@@ -1470,7 +1470,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         b_hi, b_lo = _split(P.beta)
         BLOCK = 1024
         _reduce_partials_kernel[(triton.cdiv(L, BLOCK),)](
-            part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4)
+            part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4, **FP_FUSION)
     return (w, lpart) if loss is not None else w
 
 
