@@ -390,11 +390,11 @@ def lloyd_plan(N, D, K, device=None, **override):
 #: (session 34) of the planned tiles moved from clean to kilobytes of local memory with the Triton
 #: version and the flags: 64 rows on 4 warps at 64 x 64 used 0 B on Triton 3.6 and 3.7 without
 #: sample weights but 6.9 KB on 3.6 with them, 1.5-2.2 KB on 3.8 and 2.0-2.3 KB on 3.9; 32 rows on 4
-#: warps at 32 x 256 152-208 B on 3.6 and 3.7 but 6.8-8.9 KB on 3.8 and 3.9. The fallbacks compiled
-#: with at most 32 B on all four versions, with and without weights and previous labels (16 rows on
-#: 4 warps: 107-168 registers at 64 x 64; 32 rows on 8 warps: 192-255 at 8192 entries; 16 rows on 8
-#: warps the last resort). 16 x 4 took 1.53 ms against the plan's 0.97 at 1M x 64, K = 64 on the
-#: H200 with 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
+#: warps at 32 x 256 152-208 B on 3.6 and 3.7 but 6.8-8.9 KB on 3.8 and 3.9. The fallbacks, on all
+#: four versions with and without weights and previous labels: 16 rows on 4 warps at 64 x 64 0 B
+#: (107-168 registers); 32 rows on 8 warps at 8192 entries 0-192 B (the most at 64 x 128); 16 rows
+#: on 8 warps, the last resort, 0-8 B. 16 x 4 took 1.53 ms against the plan's 0.97 at 1M x 64,
+#: K = 64 on the H200 with 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
 _DOT_FALLBACK = {4096: ((16, 4), (32, 8)), 8192: ((32, 8), (16, 8))}
 
 #: Local memory per thread (bytes) a compiled tl.dot Lloyd launch may use before :func:`_dot_tile`

@@ -48,7 +48,8 @@ def test_repeat_launch_skips_triton_binding(fast):
     _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
     _launch.launch(k, (4,), (X2, 24, 2.5), {"BLOCK": 16}, num_warps=4)
     _launch.launch(k, (4,), (X, 8, 1.5), {"BLOCK": 16}, num_warps=4)
-    assert len(k.plain) == 1 and k.plain[0][2] == {"BLOCK": 16, "num_warps": 4}
+    # Triton's path gets the constexprs, FMA contraction (_launch.FP_FUSION) and the options
+    assert len(k.plain) == 1 and k.plain[0][2] == {"BLOCK": 16, "enable_fp_fusion": True, "num_warps": 4}
     # the current arguments, constexprs after them in the kernel's order
     assert k.compiled.runs == [((4, 1, 1), (X2, 24, 2.5, 16)), ((4, 1, 1), (X, 8, 1.5, 16))]
 
