@@ -1189,9 +1189,10 @@ def _aot_check_plans():
             # measured exception: bf16 pass 1 with x on chip spills a little and still beats the
             # spill-free chunked form (24.2 -> 17.6 ms at 1M x 128, K = 1024 on the H200)
             spill_ok = name == "lse" and prec == "bf16" and plan.DC == plan.BD
-            # ptxas parks one value in local memory at 80 of 255 registers (4M x 16, K = 64, pass 1,
-            # 8 warps): one STL / LDL pair per row block of BN x K logits, not register pressure
-            tiny = stack <= 16 and local_memory_in_loops(sass(k)) <= 2
+            # ptxas parks a value or two in local memory at 80 of 255 registers (4M x 16, K = 64, pass 1,
+            # 8 warps; Triton 3.8: 1M x 128, K = 1024, statistics, 16 B): one or two STL / LDL pairs
+            # per row block of BN x K logits, not register pressure
+            tiny = stack <= 16 and local_memory_in_loops(sass(k)) <= 4
             assert stack == 0 or tiny or (spill_ok and stack <= 2048), f"{tag}: register spills (stack {stack} B)"
             if "KO" in consts:  # register form: the loop's 4-D statistics keep features and KI components in-thread
                 ir = k.asm["ttgir"]
