@@ -388,14 +388,17 @@ def lloyd_plan(N, D, K, device=None, **override):
 #: ``(BLOCK_N, num_warps)`` the tl.dot Lloyd step falls back to, in order, per padded
 #: ``BLOCK_K x BLOCK_D``, when the planned tile's compile spills (:func:`_dot_tile`). sm_90 compiles
 #: (session 34) of the planned tiles moved from clean to kilobytes of local memory with the Triton
-#: version and the flags: 64 rows on 4 warps at 64 x 64 used 0 B on Triton 3.6 and 3.7 without
-#: sample weights but 6.9 KB on 3.6 with them, 1.5-2.2 KB on 3.8 and 2.0-2.3 KB on 3.9; 32 rows on 4
-#: warps at 32 x 256 152-208 B on 3.6 and 3.7 but 6.8-8.9 KB on 3.8 and 3.9. The fallbacks, on all
-#: four versions with and without weights and previous labels: 16 rows on 4 warps at 64 x 64 0 B
-#: (107-168 registers); 32 rows on 8 warps at 8192 entries 0-192 B (the most at 64 x 128); 16 rows
-#: on 8 warps, the last resort, 0-8 B. 16 x 4 took 1.53 ms against the plan's 0.97 at 1M x 64,
-#: K = 64 on the H200 with 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
-_DOT_FALLBACK = {4096: ((16, 4), (32, 8)), 8192: ((32, 8), (16, 8))}
+#: version, the flags and the row alignment: 64 rows on 4 warps at 64 x 64 used 0 B on Triton 3.6
+#: and 3.7 without sample weights but 6.9 KB on 3.6 with them, 1.5-2.3 KB on 3.8 and 3.9; 32 rows on
+#: 4 warps at 32 x 256 152-208 B on 3.6 and 3.7 but 6.8-8.9 KB on 3.8 and 3.9; with D not a multiple
+#: of 16 (unaligned rows) 64 x 4 at 2048 entries 0.2-0.3 KB on 3.6 and 3.8-5.4 KB on 3.9 (1M x 100,
+#: K = 16; 1M x 59, K = 23), at 4096 7.2-8.1 KB on both (1M x 52, K = 44). The fallbacks on those
+#: cases: 16 x 4 at 64 x 64 0 B on all four versions (aligned rows; 0.5 KB with unaligned rows on
+#: 3.9); 32 x 8 0-192 B at 8192 entries and at 2048 on 3.6, 0.3 KB at 2048 on 3.9 with unaligned
+#: rows; 16 x 8, the last resort, 0-8 B everywhere. Up to 1024 entries 64 x 4 compiled clean on both
+#: (aligned or not). 16 x 4 took 1.53 ms against the plan's 0.97 at 1M x 64, K = 64 on the H200 with
+#: 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
+_DOT_FALLBACK = {2048: ((32, 8), (16, 8)), 4096: ((16, 4), (32, 8), (16, 8)), 8192: ((32, 8), (16, 8))}
 
 #: Local memory per thread (bytes) a compiled tl.dot Lloyd launch may use before :func:`_dot_tile`
 #: tries the next tile: the H200's timed 32 x 4 tile at 32 x 256 holds 152-208 B (Triton 3.6) and
@@ -408,7 +411,8 @@ _DOT_TILES: dict = {}
 def _dot_tile(X, consts, plan, spec_args, dev):
     """``(BLOCK_N, num_warps)`` of a tl.dot Lloyd launch on a CUDA device: the plan's tile unless its
     compile uses more than :data:`LOCAL_BYTES_OK` of local memory per thread, then the first of
-    ``plan["fallback"]`` that does not (or the last). Compiled once per shape class, flags and device;
+    ``plan["fallback"]`` that does not (:func:`first_fitting_tile`). Compiled once per shape class,
+    flags, row alignment and device;
     off the GPU (the interpreter) the plan's tile.
 
     Parameters
@@ -432,7 +436,7 @@ def _dot_tile(X, consts, plan, spec_args, dev):
     if not plan.get("fallback") or dev.type != "cuda" or interpret_mode():
         return first
     key = (plan["BLOCK_D"], plan["BLOCK_K"], X.dtype, X.stride(1) == 1, X.stride(0) % 16 == 0,
-           tuple(sorted(consts.items())), dev.index)
+           X.shape[1] % 16 == 0, tuple(sorted(consts.items())), dev.index)
     if key not in _DOT_TILES:
         def local_bytes(bn, nw):  # n_spills: the compiled function's local memory, in 4-byte words
             res = _compiled_resources(_lloyd_kernel, spec_args(bn), dict(consts, BLOCK_N=bn, num_warps=nw))
@@ -443,7 +447,7 @@ def _dot_tile(X, consts, plan, spec_args, dev):
 
 def first_fitting_tile(tiles, local_bytes):
     """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
-    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the last.
+    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the one that uses least.
 
     Parameters
     ----------
@@ -457,11 +461,14 @@ def first_fitting_tile(tiles, local_bytes):
     tuple
         The chosen tile.
     """
+    least = None
     for t in tiles:
         b = local_bytes(*t)
         if b is None or b <= LOCAL_BYTES_OK:
             return t
-    return tiles[-1]
+        if least is None or b < least[0]:
+            least = (b, t)
+    return least[1]
 
 
 def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):

@@ -106,16 +106,16 @@ def test_dot_form_rows_per_tile():
     # tl.dot tiles: 64 rows up to a 4096-element accumulator, 32 beyond (kmeans-sweep-dot-*-s21-b)
     assert [km.lloyd_plan(1 << 20, d, k)["BLOCK_N"] for d, k in ((128, 16), (64, 64), (32, 256))] == [64, 64, 32]
     assert all(km.lloyd_plan(1 << 20, d, k)["USE_DOT"] for d, k in ((128, 16), (64, 64), (32, 256)))
-    # fallbacks where the compiled tile spills (session 34): none at 2048 entries or when a tile is forced
-    assert [km.lloyd_plan(1 << 20, d, k)["fallback"] for d, k in ((128, 16), (64, 64), (32, 256))] == \
-        [(), ((16, 4), (32, 8)), ((32, 8), (16, 8))]
+    # fallbacks where the compiled tile spills (session 34): none up to 1024 entries or when a tile is forced
+    assert [km.lloyd_plan(1 << 20, d, k)["fallback"] for d, k in ((24, 24), (128, 16), (64, 64), (32, 256))] == \
+        [(), ((32, 8), (16, 8)), ((16, 4), (32, 8), (16, 8)), ((32, 8), (16, 8))]
     assert km.lloyd_plan(1 << 20, 64, 64, BLOCK_N=32)["fallback"] == ()
     assert km.lloyd_plan(1 << 20, 64, 64, num_warps=8)["fallback"] == ()
 
 
 def test_first_fitting_tile_and_cpu_keeps_the_plan():
     """The tl.dot Lloyd tile: the first candidate whose compile stays within LOCAL_BYTES_OK of local
-    memory (unknown accepts), else the last; off the GPU the plan's own tile (nothing compiled)."""
+    memory (unknown accepts), else the one using least; off the GPU the plan's own tile (nothing compiled)."""
     ok, big = km.LOCAL_BYTES_OK, km.LOCAL_BYTES_OK + 4
     tiles = ((64, 4), (16, 4), (32, 8))
     seen = []
@@ -125,7 +125,8 @@ def test_first_fitting_tile_and_cpu_keeps_the_plan():
     assert km.first_fitting_tile(tiles, local({(64, 4): 0, (16, 4): 0, (32, 8): 0})) == (64, 4)
     assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): ok, (32, 8): 0})) == (16, 4)
     assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): None, (32, 8): 0})) == (16, 4)
-    assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): big, (32, 8): big})) == (32, 8)
+    assert km.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): big, (32, 8): big})) == (64, 4)  # a tie: first
+    assert km.first_fitting_tile(tiles, local({(64, 4): 9 * big, (16, 4): 2 * big, (32, 8): 3 * big})) == (16, 4)
     assert seen[:1] == [(64, 4)] and seen[-3:] == list(tiles)  # in order, each compiled once
     p = km.lloyd_plan(1 << 20, 64, 64)
     assert km._dot_tile(torch.zeros(4, 64), {}, p, None, torch.device("cpu")) == (p["BLOCK_N"], p["num_warps"])
@@ -343,7 +344,8 @@ def _aot():
     print("AOT finalize")
     # the tl.dot tile a fit's step compiles (previous labels, with and without weights): the plan's or
     # the first fallback within LOCAL_BYTES_OK (km._dot_tile's rule, the compile's stack as its local memory)
-    for D, K in ((64, 64), (32, 256), (128, 64), (16, 512)):
+    # (D not a multiple of 16: unaligned rows, 1M x 100, K = 16 and 1M x 52, K = 44)
+    for D, K in ((64, 64), (32, 256), (128, 64), (16, 512), (100, 16), (52, 44)):
         p = km.lloyd_plan(1 << 20, D, K)
         for has_w in (False, True):
             consts = dict(HAS_W=has_w, HAS_OLD=True, BLOCK_D=p["BLOCK_D"], BLOCK_K=p["BLOCK_K"], USE_DOT=True)
