@@ -480,6 +480,11 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
     consts = dict(HAS_W=w is not None, HAS_OLD=labels_old is not None, BLOCK_N=plan["BLOCK_N"], BLOCK_D=bd,
                   BLOCK_K=bk)
     opts = dict(num_warps=plan["num_warps"])
+    def args(part, n_tiles=None):  # the launch's arguments; a compile-only call passes Cs as part
+        return (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
+                labels if labels_old is None else labels_old, part, N, D, K,
+                plan["n_tiles"] if n_tiles is None else n_tiles)
+
     if plan.get("REG"):
         kernel = _lloyd_reg_kernel
         # blocks up to 2 * P past the last are formed (P <= n_tiles), masked
@@ -488,12 +493,11 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
         gkey = (N, D, K, X.dtype, dev, tuple(consts.items()), plan["num_warps"])
         P, cap = _GRIDS.get(gkey, (None, 0))
         if P is None:  # a persistent grid of every program the compiled kernel keeps resident
-            f32 = w if w is not None else Cs  # the launch's argument types (one compiled variant)
-            args = (X, X.stride(0), X.stride(1), Cs, csq, shift, f32, labels, labels, Cs, N, D, K, plan["n_tiles"])
-            cap = register_cap(kernel, args, dict(consts, **opts), dev)  # one more program per SM where it fits
+            spec = args(Cs)  # the launch's argument types (one compiled variant)
+            cap = register_cap(kernel, spec, dict(consts, **opts), dev)  # one more program per SM where it fits
             if cap:
                 opts["maxnreg"] = cap
-            per_sm = resident_programs(kernel, args, dict(consts, **opts), dev)
+            per_sm = resident_programs(kernel, spec, dict(consts, **opts), dev)
             P = plan["programs"] if per_sm is None else max(1, min(plan["n_tiles"], per_sm * _sm_count(dev)))
             if len(_GRIDS) < 4096:
                 _GRIDS[gkey] = (P, cap)
@@ -502,18 +506,12 @@ def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):
     else:
         kernel = _lloyd_kernel
         consts.update(USE_DOT=plan["USE_DOT"])
-        bn, nw = _dot_tile(X, consts, plan, lambda b: (X, X.stride(0), X.stride(1), Cs, csq, shift,
-                                                       w if w is not None else Cs, labels, labels, Cs, N, D, K,
-                                                       triton.cdiv(N, b)), dev)
+        bn, nw = _dot_tile(X, consts, plan, lambda b: args(Cs, triton.cdiv(N, b)), dev)
         if (bn, nw) != (plan["BLOCK_N"], plan["num_warps"]):
             n_tiles = triton.cdiv(N, bn)
             P = max(1, min(n_tiles, plan["per_sm"] * _sm_count(dev)))
             plan = dict(plan, BLOCK_N=bn, num_warps=nw, n_tiles=n_tiles, programs=P)
             consts["BLOCK_N"], opts["num_warps"] = bn, nw
-
-    def args(part):
-        return (X, X.stride(0), X.stride(1), Cs, csq, shift, w if w is not None else part, labels,
-                labels if labels_old is None else labels_old, part, N, D, K, plan["n_tiles"])
     return kernel, P, consts, opts, args
 
 
