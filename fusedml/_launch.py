@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 
 from ._dispatch import interpret_mode
 
@@ -37,6 +38,9 @@ def _key(a):
         return float
     return a.__class__, a  # bool, None, anything else: by value
 
+
+#: ``(major, minor)`` of the installed Triton: tiles and layouts that differ between its versions
+TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
 
 #: Compile option of every fusedml launch: FMA contraction on, which the kernels' instruction counts,
 #: tiles and rounding bounds were measured with. Triton enables it by default through 3.9, which warns

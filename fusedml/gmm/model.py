@@ -96,7 +96,8 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
+
+from .._launch import TRITON_VERSION
 
 _DATA_REGS = 160
 _REGS_PER_SM = 65536
@@ -472,7 +473,7 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
 #: up to K = 16 (244-248 registers; 16 < K <= 64 spills 40-280 B), else 32 rows on 2 warps
 #: (168-222); BD = 32 32 rows on 4 warps, 3 stages (253-255; D = 24: 8 B of stack, outside the loop).
 #: Not yet timed on a GPU (the device runs 3.6); programs per SM from the registers (4, 4, 2)
-_TRITON_39 = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
+_TRITON_39 = TRITON_VERSION >= (3, 9)
 
 
 def _tied_single_tile(BD: int, BK: int) -> tuple[int, int, int, int] | None:

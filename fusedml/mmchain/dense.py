@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, bind as bind_launch, launch
+from .._launch import FP_FUSION, TRITON_VERSION, bind as bind_launch, launch
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
                      small_config, unrolled_wide_m)
@@ -58,7 +58,7 @@ _FAST_MATH = tl.constexpr(not interpret_mode())
 #: from 3.7 on. Triton orders the two non-contiguous dims of a 3-D load differently across versions
 #: (3.6: blocked order [2, 0, 1]; 3.7-3.9: [2, 1, 0]); the chunk axis must come last in that order,
 #: so that a thread holds its row's piece of every chunk (checked: sm_90 compiles with each version)
-_CHUNK_OUTER = tl.constexpr(tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7))
+_CHUNK_OUTER = tl.constexpr(TRITON_VERSION >= (3, 7))
 #: L1 / L2 eviction priority of the cooperative kernel's X loads (each element read once):
 #: evict-first, so that the streamed rows replace their own lines and not the row handshake's
 #: tagged words, y or w. H200, session 24 (`mmchain_ev_*-s24-d`, two interleaved rounds): 4k x 65536
