@@ -21,7 +21,7 @@ import triton
 
 from ._dispatch import interpret_mode
 
-__all__ = ["bind", "bound_enabled", "launch"]
+__all__ = ["bind", "bound_enabled", "call", "launch"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -69,6 +69,25 @@ def launch(kernel, grid, args, consts, **options):
         Launch options (``num_warps``, ``num_stages``).
     """
     return _launch(kernel, grid, args, consts, options)[0]
+
+
+def call(kernel, grid, *args, num_warps=None, num_stages=None, **consts):
+    """``kernel[grid](*args, **consts, num_warps=..., num_stages=...)`` through :func:`launch`: the
+    launch written as Triton's own call, for launches that pass every constexpr by name.
+
+    Parameters
+    ----------
+    kernel : triton.JITFunction
+    grid : tuple of int
+    *args
+        The positional (non-constexpr) arguments, in the kernel's order.
+    num_warps, num_stages : int, optional
+        Launch options; ``None`` leaves Triton's default.
+    **consts
+        The constexpr arguments by name.
+    """
+    options = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    return launch(kernel, grid, args, consts, **options)
 
 
 def _launch(kernel, grid, args, consts, options):

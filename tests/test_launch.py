@@ -54,6 +54,19 @@ def test_repeat_launch_skips_triton_binding(fast):
     assert k.compiled.runs == [((4, 1, 1), (X2, 24, 2.5, 16)), ((4, 1, 1), (X, 8, 1.5, 16))]
 
 
+def test_call_is_triton_call_syntax_for_launch(fast):
+    """``call(kernel, grid, *args, num_warps=..., **consts)``: Triton's call syntax, options apart from
+    the constexprs, repeated launches through the launcher as :func:`launch`."""
+    k = _Kernel(["X", "N", "BLOCK"])
+    X = torch.zeros(8)
+    _launch.call(k, (2,), X, 8, BLOCK=32, num_warps=8, num_stages=2)
+    _launch.call(k, (2,), X, 8, BLOCK=32, num_warps=8, num_stages=2)
+    _launch.call(k, (2,), X, 8, BLOCK=32)  # Triton's default options: another launch key
+    assert [p[2] for p in k.plain] == [{"BLOCK": 32, "enable_fp_fusion": True, "num_warps": 8, "num_stages": 2},
+                                       {"BLOCK": 32, "enable_fp_fusion": True}]
+    assert k.compiled.runs == [((2, 1, 1), (X, 8, 32))]
+
+
 @pytest.mark.parametrize("change", ["tensor", "dtype", "int_vs_float", "value", "int_multiple", "int_width", "const",
                                     "grid", "warps"])
 def test_any_specialised_difference_takes_triton_path(fast, change):

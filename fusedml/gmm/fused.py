@@ -38,7 +38,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
-from .._launch import FP_FUSION, _stream, launch
+from .._launch import FP_FUSION, _stream, call, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
@@ -1219,17 +1219,16 @@ def _lse_pass(prep: Prepared, ops, plan: Plan, sw, has_sw, want_label, prec):
     P = max(1, min(n_blocks, plan.lse_programs))
     pll = torch.empty(P, dtype=torch.float64, device=dev)
     if prep.covariance_type in ("diag", "spherical"):
-        _diag_lse_kernel[(P,)](
+        call(_diag_lse_kernel, (P,),
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp, labels, pll,
             N, D, K, n_blocks, BN=plan.lse_BN, BD=plan.BD, BK=plan.lse_BK, HAS_SW=has_sw, WRITE_LABEL=want_label,
-            DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages, **FP_FUSION)
+            DC=plan.DC, PREC=prec, num_warps=plan.lse_warps, num_stages=plan.num_stages)
     else:
         tied = prep.covariance_type == "tied"
-        _full_lse_kernel[(P,)](
+        call(_full_lse_kernel, (P,),
             X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP" if tied else "MU"], ops["P"], ops["stride_pk"],
             ops["CONST"], logp, labels, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-            WRITE_LABEL=want_label, PREC=prec, TIED=tied, num_warps=plan.num_warps, num_stages=plan.num_stages,
-            **FP_FUSION)
+            WRITE_LABEL=want_label, PREC=prec, TIED=tied, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return logp, (labels if want_label else None), pll
 
 
@@ -1353,11 +1352,11 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
             BD = plan.BD  # the kernel's padded feature tile (zeros beyond D)
             ps1 = torch.zeros(P, K, BD, dtype=f32, device=dev)
             ps2 = torch.zeros((P, BD, BD) if ct == "tied" else (P, K, BD, BD), dtype=f32, device=dev)
-            _full_single_kernel[(P,)](
+            call(_full_single_kernel, (P,),
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK,
                 HAS_SW=has_sw, WRITE_LOGP=return_log_prob, TIED=(ct == "tied"), PREC=prec,
-                num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
+                num_warps=plan.num_warps, num_stages=plan.num_stages)
         else:
             # the partials [P, K], [P, K, D], [P, K, D], [P] in one allocation
             pnk, ps1, ps2, pll = _partials(dev, [P * K, P * K * D, P * K * D], P)
@@ -1381,20 +1380,20 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         if full_like:  # partials in the kernels' padded feature tile
             ps1 = torch.empty(n_chunks, K, plan.BD, dtype=f32, device=dev)
             ps2 = torch.empty(n_chunks, K, plan.BD, plan.BD, dtype=f32, device=dev)
-            _full_stats_kernel[(n_chunks * K,)](
+            call(_full_stats_kernel, (n_chunks * K,),
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
                 ops["C"], logp, pnk, ps1, ps2, N, D, K, chunk_rows, BN=plan.BN, BD=plan.BD, HAS_SW=has_sw,
-                PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
+                PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
             if ct == "tied":
                 ps2 = ps2.sum(1)
         else:
             ps1 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
             ps2 = torch.empty(n_chunks, K, D, dtype=f32, device=dev)
             n_kt = -(-K // plan.BK_tile)
-            _diag_stats_kernel[(n_chunks * n_kt,)](
+            call(_diag_stats_kernel, (n_chunks * n_kt,),
                 X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"], logp,
                 pnk, ps1, ps2, N, D, K, n_kt, chunk_rows, BN=plan.BN, BD=plan.BD, BK=plan.BK_tile,
-                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
+                HAS_SW=has_sw, PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not full_like:
         return (lp_out,) + _diag_finish(prep, ops, pnk, ps1, ps2, pll)
     ll = pll.to(f64).sum()
@@ -1472,10 +1471,10 @@ def _tied_single(prep: Prepared, ops, plan: Plan, P: int, n_blocks: int, sw, has
     dev, f64 = X.device, torch.float64
     BD = plan.BD  # the kernel's padded feature tile
     pnk, ps1, ps2, pr, pll = _partials(dev, [P * K, P * K * BD, P * BD * BD, P * K * K], P)
-    _tied_single_kernel[(P,)](
+    call(_tied_single_kernel, (P,),
         X, X.stride(0), X.stride(1), ops["G"], sw, ops["MUP"], ops["P"], ops["CONST"], ops["C"], logp, pnk, ps1, ps2,
         pr, pll, N, D, K, n_blocks, BN=plan.BN, BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp,
-        PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages, **FP_FUSION)
+        PREC=prec, num_warps=plan.num_warps, num_stages=plan.num_stages)
     R = pr.view(P, K, K).to(f64).sum(0)  # [a, k]
     c = ops["C"][:, :D].to(f64)
     delta = c[:, None, :] - c[None, :, :]  # [a, k, D]: c_a - c_k

@@ -112,7 +112,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedml._launch import FP_FUSION
+from fusedml._launch import call
 from fusedml._validation import CSRMatrix
 
 from ._checks import check_launch_fields
@@ -1351,8 +1351,8 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
-    _stream_gather_kernel[(P,)](sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-                                BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS, **FP_FUSION)
+    call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
+         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
@@ -1635,11 +1635,11 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
     prog_base = 0
     for lo, hi, L, br, single in sch.bins:
         grid = (triton.cdiv(hi - lo, br),)
-        _csr_rows_kernel[grid](
+        call(_csr_rows_kernel, grid,
             A.crow, A.col, A.val, rows_arg, y_arg, v_arg, z_arg, out, ipart, lo, hi, prog_base, d, coef,
             M=m, MP=mp, YS=ys, PS=ps, VM=vm, BLOCK_R=br, L=L, SINGLE=single, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
             INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, ROW_PERM=not sch.ordered,
-            WIDE=wide, ACC64=acc64, L1_BYPASS=cfg.l1_bypass, num_warps=_warps(cfg.num_warps, br * L * mp), **FP_FUSION
+            WIDE=wide, ACC64=acc64, L1_BYPASS=cfg.l1_bypass, num_warps=_warps(cfg.num_warps, br * L * mp)
         )
         prog_base += grid[0]
     if sch.n_chunks:
@@ -1647,14 +1647,14 @@ def _run(A: CSRMatrix, st: _Structure, cfg: CSRConfig, y, v, z, out, *, mode, in
         common = dict(M=m, MP=mp, YS=ys, PS=ps, PIECE=cfg.piece, WIDE=wide, ACC64=acc64)
         if has_y:
             part = _alloc((sch.n_chunks, mp), ref.dtype, dev)
-            _csr_long_partial_kernel[(sch.n_chunks,)](
+            call(_csr_long_partial_kernel, (sch.n_chunks,),
                 A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, y_arg, part, sch.chunk,
-                REREAD=mode == 1, L1_BYPASS=cfg.l1_bypass, num_warps=cfg.long_warps, **common, **FP_FUSION
+                REREAD=mode == 1, L1_BYPASS=cfg.l1_bypass, num_warps=cfg.long_warps, **common
             )
-        _csr_long_finish_kernel[(sch.n_chunks,)](
+        call(_csr_long_finish_kernel, (sch.n_chunks,),
             A.crow, A.col, A.val, sch.long_rows, sch.chunk_row, sch.chunk_first, part, y_arg, v_arg, z_arg,
             out, ipart, prog_base, d, coef, sch.chunk, VM=vm, HAS_Y=has_y, HAS_V=has_v, HAS_Z=has_z,
-            INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, num_warps=cfg.long_warps, **common, **FP_FUSION
+            INTERCEPT=intercept, SOFTMAX=softmax, MODE=mode, num_warps=cfg.long_warps, **common
         )
     if need_ipart:
         return ipart[:n_prog_total].sum(0) if n_prog_total else torch.zeros(mp, dtype=ref.dtype, device=dev)

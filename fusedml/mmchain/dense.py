@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, TRITON_VERSION, bind as bind_launch, launch
+from .._launch import FP_FUSION, TRITON_VERSION, bind as bind_launch, call, launch
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
                      small_config, unrolled_wide_m)
@@ -1341,8 +1341,8 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     part = _empty((R, P.Dx), acc, dev) if deterministic else w
     phases = (0,) if one else (1, 2)
     for phase in phases:
-        _mmchain_coop_kernel[(G * R,)](*args(R, part), PHASE=phase, **consts,
-                                       num_warps=cfg.num_warps, num_stages=1, **FP_FUSION)
+        call(_mmchain_coop_kernel, (G * R,), *args(R, part), PHASE=phase, **consts,
+             num_warps=cfg.num_warps, num_stages=1)
     return (part, R) if deterministic else (None, R)
 
 
@@ -1469,8 +1469,8 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
         z = P.z.contiguous() if has_z else w
         b_hi, b_lo = _split(P.beta)
         BLOCK = 1024
-        _reduce_partials_kernel[(triton.cdiv(L, BLOCK),)](
-            part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4, **FP_FUSION)
+        call(_reduce_partials_kernel, (triton.cdiv(L, BLOCK),),
+            part, z, w, grid, L, b_hi, b_lo, HAS_Z=has_z, ACC=_TL[acc], BLOCK=BLOCK, num_warps=4)
     return (w, lpart) if loss is not None else w
 
 
