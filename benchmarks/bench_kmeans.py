@@ -34,6 +34,13 @@ def _weights(N, gen, dev, on):
     return (0.5 + torch.rand(N, generator=gen)).to(dev) if on else None
 
 
+def _stepper(shift, sw):
+    """``step(X, C, sw=sw, **kw)``: :func:`fusedml.lloyd_step` about ``shift`` with weights ``sw``."""
+    def step(X, C, sw=sw, **kw):
+        return fusedml.lloyd_step(X, C, shift=shift, sample_weight=sw, check_finite=False, **kw)
+    return step
+
+
 def run_case(N, D, K, dev, gen, weights=False):
     X = torch.randn(N, D, generator=gen, device="cpu").to(dev)
     X += 3.0 * torch.randn(K, D, generator=gen).to(dev)[torch.randint(0, K, (N,), generator=gen).to(dev)]
@@ -41,9 +48,7 @@ def run_case(N, D, K, dev, gen, weights=False):
     shift = X.double().mean(0)
     sw = _weights(N, gen, dev, weights)
 
-    def step(X, C, sw=sw, **kw):
-        return fusedml.lloyd_step(X, C, shift=shift, sample_weight=sw, check_finite=False, **kw)
-
+    step = _stepper(shift, sw)
     floor_ms = X.numel() * X.element_size() / _common.H200_BANDWIDTH * 1e3
     row = {"case": f"{N}x{D} K={K}" + (" weighted" if weights else ""), "N": N, "D": D, "K": K,
            "floor_ms": floor_ms}
@@ -85,9 +90,7 @@ def sweep(N, D, K, dev, gen, budget_s=12.0, forms=(False, True), weights=False):
     shift = X.double().mean(0)
     sw = _weights(N, gen, dev, weights)
 
-    def step(X, C, **kw):
-        return fusedml.lloyd_step(X, C, shift=shift, sample_weight=sw, check_finite=False, **kw)
-
+    step = _stepper(shift, sw)
     ref = step(X.double(), C.double(), backend="ops")
     out = []
     t_end = time.perf_counter() + budget_s
