@@ -367,6 +367,24 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s35)  # session 35: s34's timings (the k-means table with and without weights, the weighted tl.dot sweep, the
+          # full-covariance fallback tiles under 3.6) and the GPU checks after the direct launches moved to
+          # _launch.call and the full sweep's tile to fused.fitted_plan: check_gpu of mmchain, kmeans, gmm, gmm_em,
+          # the CUDA tests of every module
+      run cuda-tests 300 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests
+      tail -3 "$log/cuda-tests.log"
+      run check 300 python3 benchmarks/check_gpu.py --parts mmchain kmeans gmm gmm_em --out "$out/check_gpu_s35.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_s35.json"
+      grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
+      run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_s35.json"
+      grep -E "^\| [0-9]" "$log/kmeans-w.log" | cut -c1-200
+      run kmeans-wsweep 150 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only --weights \
+        --sweep-budget 30 --out "$out/kmeans_sweep_weighted_s35.json"
+      grep -E "best_ms" "$log/kmeans-wsweep.log" | cut -c1-400
+      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
+        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s35.json"
+      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200 ;;
     s34)  # session 34 (no GPU that session): the tl.dot Lloyd tile chosen from its compile (weighted 64 x 64 fell back
           # from 64 x 4, which spills 6.9 KB on Triton 3.6, to 16 x 4): the k-means table with and without weights and
           # the weighted tl.dot sweep (forced tiles, no fallback) beside it; the full-covariance tiles Triton 3.9 takes

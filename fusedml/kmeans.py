@@ -28,8 +28,8 @@ from ._dispatch import interpret_mode, resolve_backend
 from ._launch import bind, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import (_compiled_resources, _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap,
-                        resident_programs)
+from .gmm.fused import (_compiled_resources, _reg_layout, _reg_next, _reg_rows, first_fitting_tile,
+                        offsets_fit_int32, register_cap, resident_programs)
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
@@ -400,20 +400,14 @@ def lloyd_plan(N, D, K, device=None, **override):
 #: 3.6 (``kmeans-sweep-dot-*-s21-b``); the 8-warp fallbacks are untimed.
 _DOT_FALLBACK = {2048: ((32, 8), (16, 8)), 4096: ((16, 4), (32, 8), (16, 8)), 8192: ((32, 8), (16, 8))}
 
-#: Local memory per thread (bytes) a compiled tl.dot Lloyd launch may use before :func:`_dot_tile`
-#: tries the next tile: the H200's timed 32 x 4 tile at 32 x 256 holds 152-208 B (Triton 3.6) and
-#: was the sweep's fastest; the spills that the fallbacks replace are kilobytes
-LOCAL_BYTES_OK = 256
-
 _DOT_TILES: dict = {}
 
 
 def _dot_tile(X, consts, plan, spec_args, dev):
     """``(BLOCK_N, num_warps)`` of a tl.dot Lloyd launch on a CUDA device: the plan's tile unless its
-    compile uses more than :data:`LOCAL_BYTES_OK` of local memory per thread, then the first of
-    ``plan["fallback"]`` that does not (:func:`first_fitting_tile`). Compiled once per shape class,
-    flags, row alignment and device;
-    off the GPU (the interpreter) the plan's tile.
+    compile uses more than :data:`fusedml.gmm.fused.LOCAL_BYTES_OK` of local memory per thread, then
+    the first of ``plan["fallback"]`` that does not (:func:`first_fitting_tile`). Compiled once per
+    shape class, flags, row alignment and device; off the GPU (the interpreter) the plan's tile.
 
     Parameters
     ----------
@@ -443,32 +437,6 @@ def _dot_tile(X, consts, plan, spec_args, dev):
             return None if res is None else 4 * res[2]
         _DOT_TILES[key] = first_fitting_tile((first, *plan["fallback"]), local_bytes)
     return _DOT_TILES[key]
-
-
-def first_fitting_tile(tiles, local_bytes):
-    """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
-    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the one that uses least.
-
-    Parameters
-    ----------
-    tiles : sequence of tuple
-        Candidate ``(BLOCK_N, num_warps)`` in order of preference.
-    local_bytes : callable
-        ``local_bytes(BLOCK_N, num_warps) -> int or None``.
-
-    Returns
-    -------
-    tuple
-        The chosen tile.
-    """
-    least = None
-    for t in tiles:
-        b = local_bytes(*t)
-        if b is None or b <= LOCAL_BYTES_OK:
-            return t
-        if least is None or b < least[0]:
-            least = (b, t)
-    return least[1]
 
 
 def _lloyd_spec(X, Cs, csq, shift, w, plan, labels_old, labels):

@@ -359,24 +359,52 @@ def test_plan_model():
     assert plan_launch(1000, 200, 4, "full", torch.float32, cpu).path == "two_pass"
 
 
-@pytest.mark.parametrize("triton_39", [False, True])
-def test_full_single_sweep_tiles_per_triton_version(monkeypatch, request, triton_39):
-    """The full single sweep's tiles: Triton 3.6's timed ones, or (3.9, which needs about twice the
-    registers per row for the same kernel) the spill-free ones of session 34's sm_90 compiles."""
-    from fusedml.gmm import model
-
-    monkeypatch.setattr(model, "_TRITON_39", triton_39)
-    model._plan.cache_clear()  # plans are memoised per shape
-    request.addfinalizer(model._plan.cache_clear)
+def test_full_single_sweep_tiles_and_fallbacks():
+    """The full single sweep's timed tile (Triton 3.6) and, in order, the spill-free fallbacks of
+    session 34's sm_90 compiles (Triton 3.9 spills in the timed ones), for fitted_plan."""
     cpu = torch.device("cpu")
-    want = ({(16, 16): (64, 2), (16, 32): (32, 2), (16, 64): (32, 2), (32, 64): (32, 4), (24, 20): (32, 4)}
-            if triton_39 else
-            {(16, 16): (128, 2), (16, 32): (128, 2), (16, 64): (64, 2), (32, 64): (64, 4), (24, 20): (64, 4)})
-    for (D, K), (BN, nw) in want.items():
+    want = {(16, 16): ((128, 2), (64, 2), (32, 2)), (16, 32): ((128, 2), (32, 2)), (16, 64): ((64, 2), (32, 2)),
+            (32, 64): ((64, 4), (32, 4)), (24, 20): ((64, 4), (32, 4))}
+    for (D, K), tiles in want.items():
         p = plan_launch(1 << 20, K, D, "full", torch.float32, cpu)
-        assert p.path == "single" and (p.BN, p.num_warps) == (BN, nw), (D, K, p)
-        assert p.num_stages == (3 if p.BD == 32 else 2) and p.programs > 0
-    assert plan_launch(1 << 20, 16, 64, "full", torch.float32, cpu).path == "two_pass"  # BD = 64: both
+        assert p.path == "single" and ((p.BN, p.num_warps),) + tuple(t[:2] for t in p.fallback) == tiles, (D, K, p)
+        assert {p.num_stages} | {t[2] for t in p.fallback} == {3 if p.BD == 32 else 2} and p.programs > 0
+    assert plan_launch(1 << 20, 16, 64, "full", torch.float32, cpu).path == "two_pass"  # BD = 64
+    assert plan_launch(1 << 20, 16, 16, "diag", torch.float32, cpu).fallback == ()
+    assert plan_launch(1 << 20, 16, 16, "full", torch.float32, cpu, path="two_pass").fallback == ()
+
+
+def test_fitted_plan_takes_the_first_tile_that_does_not_spill(monkeypatch):
+    """fitted_plan: the plan's tile unless its compile spills more than LOCAL_BYTES_OK, then the first
+    fallback within it (its grid from its programs per SM), decided once per key; the plan itself off
+    the GPU."""
+    from fusedml.gmm import fused
+
+    h200 = {"name": "H200", "sm_count": 132, "regs_per_sm": 65536, "smem_per_sm": 233472}
+    plan = plan_launch(1 << 20, 16, 16, "full", torch.float32, torch.device("cpu"))
+    cpu_plan = fused.fitted_plan(plan, None, None, {}, (), 1 << 20, torch.device("cpu"))
+    assert cpu_plan is plan  # nothing compiled off the GPU
+    spills = {128: 688, 64: 0, 32: 0}  # bytes per thread by row block (Triton 3.9's compiles)
+    compiled = []
+
+    def resources(kernel, args, kwargs):
+        compiled.append((kwargs["BN"], kwargs["num_warps"], kwargs["num_stages"], args[-1]))
+        return 250, 0, spills[kwargs["BN"]] // 4
+
+    monkeypatch.setattr(fused, "interpret_mode", lambda: False)
+    monkeypatch.setattr(fused, "_compiled_resources", resources)
+    monkeypatch.setattr(fused, "gpu_info", lambda device: h200)
+    monkeypatch.setattr(fused, "_FITTED", {})
+    cuda = torch.device("cuda", 0)
+    N = 1 << 20
+    fit = fused.fitted_plan(plan, "kernel", lambda bn: (-(-N // bn),), {"BD": 16}, ("flags",), N, cuda)
+    assert (fit.BN, fit.num_warps, fit.num_stages, fit.fallback) == (64, 2, 2, ())
+    assert fit.programs == 132 * 4 and fit.lse_BN == 64 and fit.BD == plan.BD
+    assert compiled == [(128, 2, 2, N // 128), (64, 2, 2, N // 64)]
+    assert fused.fitted_plan(plan, "kernel", None, {}, ("flags",), N, cuda) is fit and len(compiled) == 2  # once
+    spills[128] = 32  # Triton 3.6: 128 x 2 at 16 < K <= 32 holds 32 B and was the fastest
+    again = fused.fitted_plan(plan, "kernel", lambda bn: (-(-N // bn),), {"BD": 16}, ("other",), N, cuda)
+    assert (again.BN, again.programs, again.fallback) == (128, plan.programs, ())
 
 
 def test_auto_precision_rule():
@@ -1140,6 +1168,7 @@ FULL_AOT_SHAPES = [(4 << 20, 8, 8), (1 << 20, 16, 16), (1 << 20, 16, 20), (1 << 
 
 def _aot_check_plans():
     import sys
+    from dataclasses import replace
 
     from _sm90 import compile_sm90, local_memory_in_loops, resource_usage, sass
 
@@ -1249,6 +1278,19 @@ def _aot_check_plans():
     for N, D, K in FULL_AOT_SHAPES:
         plan = plan_launch(N, K, D, "full", torch.float32, torch.device("cpu"), precision="fp32")
         common = dict(BD=plan.BD, HAS_SW=False, PREC="ieee")
+        if plan.fallback:  # the tile the GPU's first launch takes (fused.fitted_plan, with sm_90 compiles)
+            fn = fused._full_single_kernel
+            types = {a: ("i32" if a in ints | {"stride_pk"} else "*fp64" if a == "PLL" else "*fp32")
+                     for a in fn.arg_names}
+
+            def local(bn, nw, ns, _per_sm):
+                values = dict(stride_xn=D, stride_xd=1, N=N, D=D, K=K, n_blocks=-(-N // bn), stride_pk=plan.BD ** 2)
+                k = compile_sm90(fn, types, dict(common, BN=bn, BK=plan.BK, WRITE_LOGP=True, TIED=False), values,
+                                 num_warps=nw, num_stages=ns)
+                return resource_usage(k)[1]
+            bn, nw, ns, _ = fused.first_fitting_tile(((plan.BN, plan.num_warps, plan.num_stages, 0),
+                                                      *plan.fallback), local)
+            plan = replace(plan, BN=bn, num_warps=nw, num_stages=ns, lse_BN=bn, lse_warps=nw)
         lse = ("lse", fused._full_lse_kernel, dict(common, BN=plan.lse_BN, WRITE_LABEL=True, TIED=False),
                plan.lse_warps)
         if plan.path == "single":
@@ -1268,7 +1310,7 @@ def _aot_check_plans():
             tag = f"full {N}x{D} K={K} {plan.path}:{name} BN={consts['BN']} W={nw}"
             print(f"AOT {tag}: shared={k.metadata.shared} regs={regs} stack={stack}", flush=True)
             # a pair of local accesses per row block at most (two-pass stats at D = 64: 16 B on 3.6, 32 B
-            # on 3.9, none inside the loop); Triton 3.9 has its own single-sweep tiles (model._TRITON_39)
+            # on 3.9, none inside the loop); the single sweep at the fitted tile (3.9: a fallback)
             tiny = stack <= 32 and local_memory_in_loops(sass(k)) <= 2
             # measured exception: 128 rows on 2 warps at BD = 16, 16 < K <= 32 spills 32 B (10 local
             # accesses in the loop on 3.6) and still beat 64 rows on 2 warps (1M x 16, K = 32 2.60 vs 3.22 ms)

@@ -38,6 +38,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
+from .._dispatch import interpret_mode
 from .._launch import FP_FUSION, _stream, call, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
@@ -1117,6 +1118,89 @@ def _compiled_resources(kernel, args, kwargs):
         return None
 
 
+#: Local memory per thread (bytes) a compiled launch may use before :func:`first_fitting_tile` takes
+#: the next candidate tile: the H200's timed k-means 32 x 4 tile at 32 x 256 holds 152-208 B and the
+#: full sweep's 128 x 2 at BD = 16, 16 < K <= 32 32 B (Triton 3.6), both the fastest of their sweeps;
+#: the spills the fallbacks replace are 0.3-8 KB
+LOCAL_BYTES_OK = 256
+
+
+def first_fitting_tile(tiles, local_bytes):
+    """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
+    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the one that uses least.
+
+    Parameters
+    ----------
+    tiles : sequence of tuple
+        Candidate tiles in order of preference (k-means: ``(BLOCK_N, num_warps)``; the full sweep:
+        ``(BN, num_warps, num_stages, programs per SM)``).
+    local_bytes : callable
+        ``local_bytes(*tile) -> int or None``.
+
+    Returns
+    -------
+    tuple
+        The chosen tile.
+    """
+    least = None
+    for t in tiles:
+        b = local_bytes(*t)
+        if b is None or b <= LOCAL_BYTES_OK:
+            return t
+        if least is None or b < least[0]:
+            least = (b, t)
+    return least[1]
+
+
+_FITTED: dict = {}
+
+
+def fitted_plan(plan: Plan, kernel, args, consts, key, n_rows: int, device) -> Plan:
+    """``plan`` at the first of its own tile and ``plan.fallback`` whose compile of ``kernel`` uses at
+    most :data:`LOCAL_BYTES_OK` of local memory per thread (:func:`first_fitting_tile`); ``plan``
+    itself where it has no fallback, off the GPU and under the interpreter. Decided once per ``key``.
+
+    The full single sweep's tiles were timed with Triton 3.6; Triton 3.9 compiles the same kernel
+    with about twice the registers per row and spills 0.3-1.2 KB inside the row loop at them
+    (:func:`fusedml.gmm.model._full_single_tiles`).
+
+    Parameters
+    ----------
+    plan : Plan
+    kernel : triton.JITFunction
+    args : callable
+        ``args(BN) -> tuple``: the launch's positional arguments at row block ``BN``.
+    consts : dict
+        The launch's constexprs but ``BN``.
+    key : tuple
+        What else specialises the compile (flags, dtypes, strides, the row count).
+    n_rows : int
+        Rows of the launch (a fallback's grid).
+    device : torch.device
+
+    Returns
+    -------
+    Plan
+        With ``BN``, ``num_warps``, ``num_stages`` and ``programs`` of the chosen tile, no fallback.
+    """
+    if not plan.fallback or device.type != "cuda" or interpret_mode():
+        return plan
+    key = (plan, key, device.index)
+    if key not in _FITTED:
+        def local_bytes(bn, nw, ns, per_sm):  # n_spills: the compiled function's local memory, in words
+            res = _compiled_resources(kernel, args(bn), dict(consts, BN=bn, num_warps=nw, num_stages=ns))
+            return None if res is None else 4 * res[2]
+        bn, nw, ns, per_sm = first_fitting_tile(((plan.BN, plan.num_warps, plan.num_stages, 0), *plan.fallback),
+                                                local_bytes)
+        fit = replace(plan, fallback=())
+        if per_sm:  # a fallback: its grid (the plan's own keeps the plan's)
+            n_blocks = -(-n_rows // bn)
+            fit = replace(fit, BN=bn, num_warps=nw, num_stages=ns, lse_BN=bn, lse_warps=nw,
+                          programs=max(1, min(n_blocks, gpu_info(device)["sm_count"] * per_sm)))
+        _FITTED[key] = fit
+    return _FITTED[key]
+
+
 def _programs_per_sm(regs: int, smem: int, kwargs, device, by_regs_only: bool = False) -> int:
     """Programs per SM of a compiled kernel: registers (per warp in units of 256), shared memory
     (+1 KB per block), at most 64 warps and 32 blocks; ``by_regs_only``: the register bound alone."""
@@ -1301,6 +1385,21 @@ def _dummy(dev) -> torch.Tensor:
     return t
 
 
+def _full_fitted(prep: Prepared, ops, plan: Plan, sw, has_sw: bool, write_logp: bool, prec) -> Plan:
+    """The full single sweep's plan at a tile that compiles without spilling (:func:`fitted_plan`)."""
+    X, N, D, K = prep.X, prep.N, prep.D, prep.K
+    dev = X.device
+
+    def args(bn):  # the launch's arguments; partials and the row output as 1-element stand-ins
+        f32 = _dummy(dev)
+        pll = torch.empty(1, dtype=torch.float64, device=dev)
+        return (X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
+                ops["C"], f32, f32, f32, f32, pll, N, D, K, -(-N // bn))
+    consts = dict(BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp, TIED=False, PREC=prec)
+    return fitted_plan(plan, _full_single_kernel, args, consts, (N, X.dtype, X.stride(), has_sw, write_logp, prec),
+                       N, dev)
+
+
 def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Plan, ops):
     """One fused E-step with a fixed plan (may raise triton's OutOfResources at launch)."""
     X, N, D, K = prep.X, prep.N, prep.D, prep.K
@@ -1321,6 +1420,8 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         plan = plan_launch(N, K, D, ct, X.dtype, dev, precision="fp32")
         prec = _PREC["fp32"]
     if plan.path == "single":
+        if plan.fallback:  # the full sweep's tile: one that compiles without spilling (fitted_plan)
+            plan = _full_fitted(prep, ops, plan, sw, has_sw, return_log_prob, prec)
         n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
             off32 = offsets_fit_int32(X, 3 * n_blocks * plan.BN, plan.BD)

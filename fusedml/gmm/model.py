@@ -21,8 +21,8 @@ choices for the target shapes):
   255 (tensor cores) of the 255 a thread may hold, so nothing spills. Programs per SM = ``min(4, 65536 // (T regs), smem_SM // smem)``; the
   persistent grid is ``SMs x programs-per-SM`` (never more than the row blocks).
 * full single sweep (fp32): ``K <= 64`` (the per-component column insert/extract costs
-  ``O(BN K^2)``), ``BD <= 32``, tiles measured on the H200 (:func:`_full_single_tile`; Triton 3.9
-  spills in them and takes spill-free ones, :data:`_TRITON_39`); tensor-core
+  ``O(BN K^2)``), ``BD <= 32``, tiles measured on the H200 (:func:`_full_single_tiles`; where a
+  compiler spills in them, the GPU's first launch takes a spill-free fallback, ``Plan.fallback``); tensor-core
   precisions keep the session-1 estimate ``E = BN BK + 2 BD^2 + 4 BN BD`` under ``32 W x 160``.
   Full / tied two-pass tiles: :func:`_full_two_pass_tile`. Tied (its own kernel since
   session 26: one transform per row, statistics about each row's own centre):
@@ -96,8 +96,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-
-from .._launch import TRITON_VERSION
 
 _DATA_REGS = 160
 _REGS_PER_SM = 65536
@@ -197,6 +195,10 @@ class Plan:
         more program per SM where the capped compile spills at most a few words); -1: the
         compiler's own count;
         > 0: that cap (the benchmark's sweep).
+    fallback : tuple
+        Full single sweep: ``(BN, num_warps, num_stages, programs per SM)`` tiles to take, in order,
+        where the compiled kernel at this plan's tile spills (:func:`fusedml.gmm.fused.fitted_plan`:
+        Triton 3.9 holds about twice the registers per row of 3.6-3.8); ``()`` otherwise.
     """
 
     path: str
@@ -223,6 +225,7 @@ class Plan:
     reg: tuple = ()
     sph: bool = False
     maxnreg: int = 0
+    fallback: tuple = ()
 
     def __post_init__(self):
         # pass 1 defaults: the whole feature axis on chip, pass 2's blocks
@@ -431,14 +434,16 @@ def _tied_elems(BN: int, BD: int, BK: int) -> int:
     return BD * BD + BK * BD + BK * BK + 6 * BN * (BD + BK)
 
 
-def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | None:
-    """``(BN, num_warps, num_stages, programs per SM)`` of the fp32 full single sweep, or None
-    (two-pass). The grid is the one the timed launches had.
+def _full_single_tiles(D: int, BD: int, BK: int) -> tuple:
+    """``(BN, num_warps, num_stages, programs per SM)`` tiles of the fp32 full single sweep in order
+    of preference, or ``()`` (two-pass). The first is the fastest timed tile; the rest hold fewer
+    rows per warp, for a compiler that spills in it (:func:`fusedml.gmm.fused.fitted_plan` takes the
+    first whose compile does not). The grid is the one the timed launches had.
 
     Measured on the H200 (session 27, ``results/gmm_full_sweep_padded-H200-2026-12-05-s27.json``,
     Triton 3.6; the kernels' operands zero-padded to BD):
 
-    * BD >= 64: None. Every tile spilled inside the row loop (sm_90 compiles: 0.4-7.9 KB); 1M x 64,
+    * BD >= 64: none. Every tile spilled inside the row loop (sm_90 compiles: 0.4-7.9 KB); 1M x 64,
       K = 16 took 486 ms at 64 rows on 8 warps against 16.2 ms two-pass.
     * BD = 16, K <= 16: 128 rows on 2 warps (254 registers, no spill on 3.6): 4M x 8, K = 8 2.56 ms
       and 1M x 16, K = 16 1.32 ms, the fastest of 11 tiles (64 rows on 4 warps: 5.12 and 2.56 ms;
@@ -454,26 +459,21 @@ def _full_single_tile(D: int, BD: int, BK: int) -> tuple[int, int, int, int] | N
       timed it fastest also with padded features (1M x 24, K = 20 4.37 ms, 1M x 28, K = 8 1.80 ms,
       of 11 tiles each).
 
-    These are Triton 3.6's (the H200's) compiles; Triton 3.9 takes other tiles (:data:`_TRITON_39`).
+    The fallbacks are sm_90 compiles' (session 34): Triton 3.9 compiles this kernel with about twice
+    the registers per row of 3.6-3.8 (the same TTGIR) and spills 0.3-1.2 KB inside the row loop at
+    every tile above (128 rows on 2 warps at BD = 16, K = 16: 688 B, 294 local accesses per block).
+    The tiles with the most rows per warp that it compiles without spills for K <= 64, with and
+    without sample weights / per-row output: BD = 16 64 rows on 2 warps up to K = 16 (244-248
+    registers; beyond, 40-280 B), 32 rows on 2 warps (168-222); BD = 32 32 rows on 4 warps, 3
+    stages (253-255). Programs per SM from their registers.
     """
     if BD > 32:
-        return None
-    if _TRITON_39:  # spill-free tiles for Triton 3.9's compile (_TRITON_39)
-        return (64, 2, 2, 4) if BD == 16 and BK <= 16 else (32, 2, 2, 4) if BD == 16 else (32, 4, 3, 2)
+        return ()
     if BD == 16:
-        return (128, 2, 2, 3) if BK <= 32 else (64, 2, 2, 3)
-    return 64, 4, 3, 2
-
-
-#: Triton 3.9 compiles the full single sweep with about twice the registers per row of 3.6-3.8
-#: (the same TTGIR; sm_90 compiles, session 34): every tile above spills 0.3-1.2 KB inside the row
-#: loop (128 rows on 2 warps at BD = 16, K = 16: 688 B, 294 local accesses per block). From 3.9 on
-#: :func:`_full_single_tile` takes the tiles with the most rows per warp that compile without
-#: spills for K <= 64, with and without sample weights / per-row output: BD = 16 64 rows on 2 warps
-#: up to K = 16 (244-248 registers; 16 < K <= 64 spills 40-280 B), else 32 rows on 2 warps
-#: (168-222); BD = 32 32 rows on 4 warps, 3 stages (253-255; D = 24: 8 B of stack, outside the loop).
-#: Not yet timed on a GPU (the device runs 3.6); programs per SM from the registers (4, 4, 2)
-_TRITON_39 = TRITON_VERSION >= (3, 9)
+        if BK <= 16:
+            return (128, 2, 2, 3), (64, 2, 2, 4), (32, 2, 2, 4)
+        return ((128, 2, 2, 3) if BK <= 32 else (64, 2, 2, 3)), (32, 2, 2, 4)
+    return (64, 4, 3, 2), (32, 4, 3, 2)
 
 
 def _tied_single_tile(BD: int, BK: int) -> tuple[int, int, int, int] | None:
@@ -577,7 +577,8 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
     small = ([] if full_like or tc or BD * BK > 4096 else
              [(32, 2)] if BD * BK <= 512 else [(32, 4)] if BD * BK <= 1024 else [(16, 4)])
     cands = small + [(bn, w) for bn in (128, 64, 32, 16) for w in (4, 8)]
-    measured = _full_single_tile(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else None
+    tiles = _full_single_tiles(D, BD, BK) if covariance_type == "full" and not tc and K <= 64 else ()
+    measured = tiles[0] if tiles else None
     if covariance_type == "full" and not tc:  # measured tiles (session 27), or the two-pass path
         cands = [measured[:2]] if measured else []
     if covariance_type == "tied" and not tc:
@@ -694,4 +695,5 @@ def _plan(N, K, D, covariance_type, dtype, device, path, precision, register_for
                 chunk_rows=chunk_rows, single_fits=fits, regs_est=int(regs), num_stages=st, smem_est=int(sm),
                 form=form, DC=DC, lse_BN=lse_bn, lse_BK=lse_bk, lse_warps=lse_nw, precision=precision,
                 prefetch=prefetch, occupancy_grid=chosen == "single" and not full_like, reg=reg,
-                sph=bool(reg) and covariance_type == "spherical")
+                sph=bool(reg) and covariance_type == "spherical",
+                fallback=tuple(tiles[1:]) if chosen == "single" and tiles else ())
