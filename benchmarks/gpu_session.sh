@@ -370,11 +370,15 @@ for p in $parts; do
     s35)  # session 35: s34's timings (the k-means table with and without weights, the weighted tl.dot sweep, the
           # full-covariance fallback tiles under 3.6) and the GPU checks after the direct launches moved to
           # _launch.call and the full sweep's tile to fused.fitted_plan: check_gpu of mmchain, kmeans, gmm, gmm_em,
-          # the CUDA tests of every module
+          # the CUDA tests of every module; the GMM E-step and mmchain tables (no sweep)
       run cuda-tests 300 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests
       tail -3 "$log/cuda-tests.log"
       run check 300 python3 benchmarks/check_gpu.py --parts mmchain kmeans gmm gmm_em --out "$out/check_gpu_s35.json"
       grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s35.json"
+      grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
+      run mmchain 150 python3 benchmarks/bench_mmchain.py --no-sweep --out "$out/mmchain_s35.json"
+      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
       run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_s35.json"
       grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
       run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_s35.json"
