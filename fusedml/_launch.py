@@ -21,7 +21,7 @@ import triton
 
 from ._dispatch import interpret_mode
 
-__all__ = ["bind", "bound_enabled", "call", "launch"]
+__all__ = ["LOCAL_BYTES_OK", "bind", "bound_enabled", "call", "first_fitting_tile", "launch"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -47,6 +47,51 @@ TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
 #: on each process's first compile that 3.10 turns the default off; an explicit option keeps it on
 #: for fusedml's kernels alone and silences the warning.
 FP_FUSION = {"enable_fp_fusion": True}
+
+
+def _compiled_resources(kernel, args, kwargs):
+    """``(registers, shared bytes, spilled words)`` of the compiled launch, or None (API difference)."""
+    try:
+        ck = kernel.warmup(*args, grid=(1,), **kwargs, **FP_FUSION)
+        if hasattr(ck, "_init_handles"):
+            ck._init_handles()  # loads the binary: n_regs is only known from then on
+        return int(ck.n_regs), int(ck.metadata.shared), int(getattr(ck, "n_spills", 0) or 0)
+    except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
+        return None
+
+
+#: Local memory per thread (bytes) a compiled launch may use before :func:`first_fitting_tile` takes
+#: the next candidate tile: the H200's timed k-means 32 x 4 tile at 32 x 256 holds 152-208 B and the
+#: GMM full sweep's 128 x 2 at BD = 16, 16 < K <= 32 32 B (Triton 3.6), both the fastest of their
+#: sweeps; the spills the fallbacks replace are 0.3-8 KB
+LOCAL_BYTES_OK = 256
+
+
+def first_fitting_tile(tiles, local_bytes):
+    """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
+    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the one that uses least.
+
+    Parameters
+    ----------
+    tiles : sequence of tuple
+        Candidate tiles in order of preference (k-means: ``(BLOCK_N, num_warps)``; the GMM full
+        sweep: ``(BN, num_warps, num_stages, programs per SM)``; the dense matvec: ``(BLOCK_D,)``).
+    local_bytes : callable
+        ``local_bytes(*tile) -> int or None``.
+
+    Returns
+    -------
+    tuple
+        The chosen tile.
+    """
+    least = None
+    for t in tiles:
+        b = local_bytes(*t)
+        if b is None or b <= LOCAL_BYTES_OK:
+            return t
+        if least is None or b < least[0]:
+            least = (b, t)
+    return least[1]
 
 
 def _plain(kernel, grid, args, consts, options):

@@ -25,11 +25,10 @@ import triton
 import triton.language as tl
 
 from ._dispatch import interpret_mode, resolve_backend
-from ._launch import bind, launch
+from ._launch import _compiled_resources, bind, first_fitting_tile, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
-from .gmm.fused import (_compiled_resources, _reg_layout, _reg_next, _reg_rows, first_fitting_tile,
-                        offsets_fit_int32, register_cap, resident_programs)
+from .gmm.fused import _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap, resident_programs
 from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
@@ -405,7 +404,7 @@ _DOT_TILES: dict = {}
 
 def _dot_tile(X, consts, plan, spec_args, dev):
     """``(BLOCK_N, num_warps)`` of a tl.dot Lloyd launch on a CUDA device: the plan's tile unless its
-    compile uses more than :data:`fusedml.gmm.fused.LOCAL_BYTES_OK` of local memory per thread, then
+    compile uses more than :data:`fusedml._launch.LOCAL_BYTES_OK` of local memory per thread, then
     the first of ``plan["fallback"]`` that does not (:func:`first_fitting_tile`). Compiled once per
     shape class, flags, row alignment and device; off the GPU (the interpreter) the plan's tile.
 

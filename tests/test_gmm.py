@@ -1172,6 +1172,7 @@ def _aot_check_plans():
 
     from _sm90 import compile_sm90, local_memory_in_loops, resource_usage, sass
 
+    from fusedml import _launch
     from fusedml.gmm import fused
     from fusedml.gmm.model import MAX_SHARED_PER_BLOCK, auto_precision, smem_estimate
 
@@ -1288,7 +1289,7 @@ def _aot_check_plans():
                 k = compile_sm90(fn, types, dict(common, BN=bn, BK=plan.BK, WRITE_LOGP=True, TIED=False), values,
                                  num_warps=nw, num_stages=ns)
                 return resource_usage(k)[1]
-            bn, nw, ns, _ = fused.first_fitting_tile(((plan.BN, plan.num_warps, plan.num_stages, 0),
+            bn, nw, ns, _ = _launch.first_fitting_tile(((plan.BN, plan.num_warps, plan.num_stages, 0),
                                                       *plan.fallback), local)
             plan = replace(plan, BN=bn, num_warps=nw, num_stages=ns, lse_BN=bn, lse_warps=nw)
         lse = ("lse", fused._full_lse_kernel, dict(common, BN=plan.lse_BN, WRITE_LABEL=True, TIED=False),

@@ -8,7 +8,7 @@ import torch
 
 import fusedml
 from fusedml import kmeans as km
-from fusedml.gmm import fused
+from fusedml import _launch
 
 
 def _reference(X, C, w):
@@ -117,17 +117,17 @@ def test_dot_form_rows_per_tile():
 def test_first_fitting_tile_and_cpu_keeps_the_plan():
     """The tl.dot Lloyd tile: the first candidate whose compile stays within LOCAL_BYTES_OK of local
     memory (unknown accepts), else the one using least; off the GPU the plan's own tile (nothing compiled)."""
-    ok, big = fused.LOCAL_BYTES_OK, fused.LOCAL_BYTES_OK + 4
+    ok, big = _launch.LOCAL_BYTES_OK, _launch.LOCAL_BYTES_OK + 4
     tiles = ((64, 4), (16, 4), (32, 8))
     seen = []
 
     def local(spill):
         return lambda bn, nw: seen.append((bn, nw)) or spill[(bn, nw)]
-    assert fused.first_fitting_tile(tiles, local({(64, 4): 0, (16, 4): 0, (32, 8): 0})) == (64, 4)
-    assert fused.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): ok, (32, 8): 0})) == (16, 4)
-    assert fused.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): None, (32, 8): 0})) == (16, 4)
-    assert fused.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): big, (32, 8): big})) == (64, 4)  # a tie: first
-    assert fused.first_fitting_tile(tiles, local({(64, 4): 9 * big, (16, 4): 2 * big, (32, 8): 3 * big})) == (16, 4)
+    assert _launch.first_fitting_tile(tiles, local({(64, 4): 0, (16, 4): 0, (32, 8): 0})) == (64, 4)
+    assert _launch.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): ok, (32, 8): 0})) == (16, 4)
+    assert _launch.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): None, (32, 8): 0})) == (16, 4)
+    assert _launch.first_fitting_tile(tiles, local({(64, 4): big, (16, 4): big, (32, 8): big})) == (64, 4)  # a tie: first
+    assert _launch.first_fitting_tile(tiles, local({(64, 4): 9 * big, (16, 4): 2 * big, (32, 8): 3 * big})) == (16, 4)
     assert seen[:1] == [(64, 4)] and seen[-3:] == list(tiles)  # in order, each compiled once
     p = km.lloyd_plan(1 << 20, 64, 64)
     assert km._dot_tile(torch.zeros(4, 64), {}, p, None, torch.device("cpu")) == (p["BLOCK_N"], p["num_warps"])
@@ -355,10 +355,10 @@ def _aot():
                 values = dict(sx0=D, sx1=1, N=1 << 20, D=D, K=K, n_tiles=-(-(1 << 20) // bn))
                 k = compile_sm90(km._lloyd_kernel, types, dict(consts, BLOCK_N=bn), values, num_warps=nw)
                 return resource_usage(k)[1]
-            bn, nw = fused.first_fitting_tile(((p["BLOCK_N"], p["num_warps"]), *p["fallback"]), local)
+            bn, nw = _launch.first_fitting_tile(((p["BLOCK_N"], p["num_warps"]), *p["fallback"]), local)
             stack = local(bn, nw)
             print(f"dot tile {D}x{K} weights={has_w}: {bn} rows, {nw} warps, stack {stack} B", flush=True)
-            assert stack <= fused.LOCAL_BYTES_OK, (D, K, has_w, bn, nw, stack)
+            assert stack <= _launch.LOCAL_BYTES_OK, (D, K, has_w, bn, nw, stack)
     print("AOT dot tiles")
 
 

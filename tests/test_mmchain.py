@@ -198,8 +198,9 @@ def test_small_config_rules(rng):
 
 def test_dense_dot_precision_default_and_bad_value(rng):
     """The model's "dot" launches take tf32x3 on rows of <= 128 values and fp32 FMAs (16 rows x 4
-    warps) beyond (dot_probe-H200-2026-12-03-s12-d); matvec 64 rows there; an unknown precision is a
-    clear error; the fp32 FMA launch is exact to fp32 on wide rows."""
+    warps) beyond (dot_probe-H200-2026-12-03-s12-d), 8 warps on rows over 512 values (4 spilled
+    0.3-1.4 KB in sm_90 compiles); matvec 64 rows there; an unknown precision is a clear error; the
+    fp32 FMA launch is exact to fp32 on wide rows."""
     gpu = launch.gpu_info(torch.device("cpu"))
     cfg = launch.dense_config(10_000, 100, 8, torch.float32, gpu)
     assert cfg.mode == "dot" and cfg.dot_precision == "tf32x3"
@@ -207,7 +208,7 @@ def test_dense_dot_precision_default_and_bad_value(rng):
         cfg = launch.dense_config(10_000, D, 5, torch.float32, gpu)
         assert cfg.mode == "dot" and cfg.dot_precision == "ieee", (D, cfg)
         if cfg.strategy == "onchip":
-            assert (cfg.block_n, cfg.num_warps) == (16, 4)
+            assert (cfg.block_n, cfg.num_warps) == (16, 4 if D <= 512 else 8), (D, cfg)
     assert launch.matvec_config(10_000, 256, 5, torch.float32, gpu).block_n == 64
     X = _dense(rng, 40, 200, torch.float32)
     y, v, z = _operands(rng, 40, 200, 6, intercept=True)
@@ -1009,3 +1010,38 @@ def test_dense_kernels_compile_for_sm90():
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot_dense_variants()
+
+
+def test_fitting_block_d_halves_a_spilling_tile(monkeypatch, rng):
+    """dense.fitting_block_d: the planned columns per tile unless the compile spills more than
+    LOCAL_BYTES_OK, then the first of bd / 2, bd / 4 ... 128 that does not (Triton 3.9's matvec
+    tl.dot at 256-1024 columns: 2.5-5.8 KB); decided once; nothing compiled off the GPU; the matvec
+    launch takes it unless the caller fixed block_d."""
+    spills = {1024: 4576, 512: 600, 256: 0, 128: 0}
+    seen = []
+
+    def resources(kernel, args, kwargs):
+        seen.append((kwargs["BLOCK_D"], kwargs["ONE_CHUNK"], kwargs["num_warps"]))
+        return 32, 0, spills[kwargs["BLOCK_D"]] // 4
+
+    def consts(bd):
+        return dict(BLOCK_D=bd, ONE_CHUNK=bd >= 1024)
+    cpu = torch.device("cpu")
+    assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cpu) == 1024 and not seen
+    monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
+    monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
+    monkeypatch.setattr(dense_mod, "_BLOCK_D", {})
+    cuda = torch.device("cuda", 0)
+    assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cuda) == 256
+    assert seen == [(1024, True, 8), (512, False, 8), (256, False, 8)]
+    assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cuda) == 256 and len(seen) == 3  # once
+    assert dense_mod.fitting_block_d("k", (1, 2), consts, 128, 8, cuda) == 128 and len(seen) == 3  # no smaller
+    spills.update({256: 900, 128: 700})  # none fits: the least spilling
+    assert dense_mod.fitting_block_d("k", (1, 16), consts, 1024, 8, cuda) == 512  # another specialisation
+    # the launch: the chosen tile's columns (chunks of 128 here), the same answer as the float64 reference
+    monkeypatch.setattr(dense_mod, "fitting_block_d", lambda kernel, args, consts, bd, warps, dev: 128)
+    X = _dense(rng, 37, 300, torch.float32)
+    W = torch.randn(301, 5, dtype=torch.float32)
+    t = fusedml.matvec(X, W, intercept=True, backend="fused")
+    ref = torch.cat([X.double(), torch.ones(37, 1, dtype=torch.float64)], 1) @ W.double()
+    assert rel(t, ref) < TOL[torch.float32]

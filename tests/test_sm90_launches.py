@@ -206,3 +206,41 @@ def test_float64_launches_pass_only_fp32_exact_floats():
     assert rec.launches, "no kernel launch was recorded"
     seen = [(d["name"], d["rounded"], d["origin"]) for d in rec.launches if d["rounded"]]
     assert not seen, f"float arguments the GPU would round to fp32: {seen}"
+
+
+def test_matvec_block_d_fits_without_spilling():
+    """The multinomial loss pass's ``[X, 1] W`` at rows of 256 and 1024 values: the columns per tile
+    ``dense.fitting_block_d`` takes (the plan's, halved while the compile spills more than
+    LOCAL_BYTES_OK) compile within it for sm_90 (Triton 3.9 spilled 5.4 KB at 2M x 256, m = 5 and
+    4.6 KB at 1M x 1024, m = 16 at the plan's tile; 3.6 keeps it)."""
+    import copy
+    import sys
+
+    from fusedml import _launch
+
+    require_tools()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench_solver_ops
+
+    variants = []
+    for N, D, m in ((2_000_000, 256, 5), (1_000_000, 1024, 16)):
+        with record_launches(execute=False) as rec:
+            X, w = torch.empty(N, D), torch.zeros(D + 1, m)
+            y, h = torch.zeros(N, m), torch.zeros(N, m)
+            bench_solver_ops.passes(X, w, y, h, m)["loss+grad (multinomial)"][0]("fused", None)
+        (plan,) = [d for d in rec.launches if d["name"] == "_matvec_kernel"]
+        bd = plan["consts"]["BLOCK_D"]
+        for b in (bd >> i for i in range(bd.bit_length()) if bd >> i >= 128):
+            d = copy.deepcopy(plan)
+            d["consts"].update(BLOCK_D=b, EVEN_D=D % b == 0, ONE_CHUNK=b >= D)
+            d["origin"] = (N, D, m, bd, b)
+            variants.append(d)
+    results = compile_descriptors(variants)
+    stack = {d["origin"]: r.get("stack") for d, r in zip(variants, results)}
+    assert all("error" not in r for r in results), results
+    for key in {o[:4] for o in stack}:
+        bd = key[3]
+        ladder = [(b,) for (*k, b) in stack if tuple(k) == key]
+        (b,) = _launch.first_fitting_tile(ladder, lambda b: stack[key + (b,)])
+        print(f"matvec {key[:3]}: plan {bd} columns, takes {b} ({stack[key + (b,)]} B of stack)")
+        assert stack[key + (b,)] <= _launch.LOCAL_BYTES_OK, (key, stack)

@@ -39,7 +39,7 @@ from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, _stream, call, launch
+from .._launch import FP_FUSION, _compiled_resources, _stream, call, first_fitting_tile, launch
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
@@ -1107,58 +1107,14 @@ def _resource_key(kernel, args, kwargs, device) -> tuple:
             tuple(sorted((k, v) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))))
 
 
-def _compiled_resources(kernel, args, kwargs):
-    """``(registers, shared bytes, spilled words)`` of the compiled launch, or None (API difference)."""
-    try:
-        ck = kernel.warmup(*args, grid=(1,), **kwargs, **FP_FUSION)
-        if hasattr(ck, "_init_handles"):
-            ck._init_handles()  # loads the binary: n_regs is only known from then on
-        return int(ck.n_regs), int(ck.metadata.shared), int(getattr(ck, "n_spills", 0) or 0)
-    except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
-        return None
-
-
-#: Local memory per thread (bytes) a compiled launch may use before :func:`first_fitting_tile` takes
-#: the next candidate tile: the H200's timed k-means 32 x 4 tile at 32 x 256 holds 152-208 B and the
-#: full sweep's 128 x 2 at BD = 16, 16 < K <= 32 32 B (Triton 3.6), both the fastest of their sweeps;
-#: the spills the fallbacks replace are 0.3-8 KB
-LOCAL_BYTES_OK = 256
-
-
-def first_fitting_tile(tiles, local_bytes):
-    """The first of ``tiles`` whose compile uses at most :data:`LOCAL_BYTES_OK` of local memory per
-    thread (``local_bytes(*tile)``; None, unknown, accepts the tile), else the one that uses least.
-
-    Parameters
-    ----------
-    tiles : sequence of tuple
-        Candidate tiles in order of preference (k-means: ``(BLOCK_N, num_warps)``; the full sweep:
-        ``(BN, num_warps, num_stages, programs per SM)``).
-    local_bytes : callable
-        ``local_bytes(*tile) -> int or None``.
-
-    Returns
-    -------
-    tuple
-        The chosen tile.
-    """
-    least = None
-    for t in tiles:
-        b = local_bytes(*t)
-        if b is None or b <= LOCAL_BYTES_OK:
-            return t
-        if least is None or b < least[0]:
-            least = (b, t)
-    return least[1]
-
-
 _FITTED: dict = {}
 
 
 def fitted_plan(plan: Plan, kernel, args, consts, key, n_rows: int, device) -> Plan:
     """``plan`` at the first of its own tile and ``plan.fallback`` whose compile of ``kernel`` uses at
-    most :data:`LOCAL_BYTES_OK` of local memory per thread (:func:`first_fitting_tile`); ``plan``
-    itself where it has no fallback, off the GPU and under the interpreter. Decided once per ``key``.
+    most :data:`fusedml._launch.LOCAL_BYTES_OK` of local memory per thread
+    (:func:`fusedml._launch.first_fitting_tile`); ``plan`` itself where it has no fallback, off the
+    GPU and under the interpreter. Decided once per ``key``.
 
     The full single sweep's tiles were timed with Triton 3.6; Triton 3.9 compiles the same kernel
     with about twice the registers per row and spills 0.3-1.2 KB inside the row loop at them

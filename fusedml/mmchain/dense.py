@@ -46,7 +46,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, TRITON_VERSION, bind as bind_launch, call, launch
+from .._launch import (FP_FUSION, TRITON_VERSION, _compiled_resources, _key, bind as bind_launch, call,
+                       first_fitting_tile, launch)
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
                      small_config, unrolled_wide_m)
@@ -1495,8 +1496,54 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     t = _empty((N, M), acc, X.device)
     y = P.y
     n_tiles = -(-N // cfg.block_n)  # triton.cdiv costs ~3 us of host time per call
-    launch(_matvec_kernel, (max(1, min(cfg.num_programs, n_tiles)),),
-           (X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1)),
-           dict(INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_mode(cfg), ACC=_TL[acc],
-                BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D), num_warps=cfg.num_warps)
+    args = (X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1))
+
+    def consts(bd):
+        return dict(INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), MODE=_mode(cfg), ACC=_TL[acc],
+                    BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D)
+    if not (config and "block_d" in config):
+        bd = fitting_block_d(_matvec_kernel, args, consts, bd, cfg.num_warps, X.device)
+    launch(_matvec_kernel, (max(1, min(cfg.num_programs, n_tiles)),), args, consts(bd), num_warps=cfg.num_warps)
     return t
+
+
+_BLOCK_D: dict = {}
+
+
+def fitting_block_d(kernel, args, consts, bd: int, warps: int, dev) -> int:
+    """Columns per tile of a row-tile launch: ``bd`` unless its compile uses more than
+    :data:`fusedml._launch.LOCAL_BYTES_OK` of local memory per thread, then the first of ``bd / 2``,
+    ``bd / 4``, ... down to 128 that does not (rows walked in chunks; the least-spilling where none
+    fits). ``bd`` off the GPU and under the interpreter; decided once per specialisation.
+
+    Triton 3.9 compiles the matvec kernel's fp32 ``tl.dot`` with the whole row's ``y^T`` held across
+    row tiles (``ONE_CHUNK``) at 256-1024 columns into 32 registers and 2.5-5.8 KB of local memory
+    (sm_90 compiles, session 35: the multinomial loss pass's ``[X, 1] W`` at 2M x 256, m = 5 5.4 KB),
+    where Triton 3.6 holds it in 42-56 registers; 128-column chunks compile clean on both.
+
+    Parameters
+    ----------
+    kernel : triton.JITFunction
+    args : tuple
+        The launch's positional arguments.
+    consts : callable
+        ``consts(bd) -> dict``: the launch's constexprs at ``bd`` columns per tile.
+    bd : int
+        The planned columns per tile (a power of two).
+    warps : int
+    dev : torch.device
+
+    Returns
+    -------
+    int
+    """
+    if bd <= 128 or dev.type != "cuda" or interpret_mode():
+        return bd
+    key = (id(kernel), tuple(map(_key, args)), tuple((k, str(v)) for k, v in consts(bd).items()), warps, dev.index)
+    if key not in _BLOCK_D:
+        def local_bytes(b):  # n_spills: the compiled function's local memory, in 4-byte words
+            res = _compiled_resources(kernel, args, dict(consts(b), num_warps=warps))
+            return None if res is None else 4 * res[2]
+        ladder = [(bd >> i,) for i in range(bd.bit_length()) if bd >> i >= 128]
+        _BLOCK_D[key] = first_fitting_tile(ladder, local_bytes)[0]
+    return _BLOCK_D[key]

@@ -439,8 +439,10 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
         # m = 5, results/dot_probe-H200-2026-12-03-s12-d: mmchain 53.6 ms at 32 rows x 8 warps,
         # 1M x 512 60.7 ms; ops 1.90 / 1.81); fp32 FMAs at 16 rows x 4 warps: 1.54 / 1.70 ms
         precision = "ieee"
-        if onchip:
+        if onchip:  # rows over 512 values: more warps share the [m_pad, bd] accumulator (4 spilled 0.3-1.4 KB)
             bn, warps = 16, 4
+            while regs(bn, bd, warps, onchip) > 1.5 * REG_DATA and warps < 16:
+                warps *= 2
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
                        mode=mode, m_pad=int(m_pad), num_warps=int(warps), num_programs=int(programs),
                        prefetch=bool(prefetch), dot_precision=precision)
