@@ -55,7 +55,7 @@ def _mmchain_calls(csr: bool):
 def _solver_calls():
     import bench_solver_ops as bs
 
-    for spec in ("1000000x100", "2000000x256", "4000000x64", "1000000x100x3", "16000000x64x5"):
+    for spec in ("1000000x100", "2000000x256", "4000000x64", "1000000x100x3", "16000000x64x5", "2000000x256x5"):
         N, D, *m = (int(s) for s in spec.split("x"))
         m = m[0] if m else 1
         X, w, y, h = bs.make_case(N, D, m, CPU, seed=1)
