@@ -239,6 +239,7 @@ def sweep_variants(base_single, base_two, prec, D, K, base_dot=None):
     out = []
     if base_single is not None:
         out.append(("model single", base_single))
+        base_single = replace(base_single, fallback=())  # the variants run as given (fused.fitted_plan)
         if base_single.form == "reg":  # register FMAs: blocks ahead, components and rows per thread
             for pf in (2, 1, 0):
                 for ki in (1, 2, 4, 8, 16):
