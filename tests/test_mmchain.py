@@ -199,7 +199,8 @@ def test_small_config_rules(rng):
 def test_dense_dot_precision_default_and_bad_value(rng):
     """The model's "dot" launches take tf32x3 on rows of <= 128 values and fp32 FMAs (16 rows x 4
     warps) beyond (dot_probe-H200-2026-12-03-s12-d), 8 warps on rows over 512 values (4 spilled
-    0.3-1.4 KB in sm_90 compiles); matvec 64 rows there; an unknown precision is a clear error; the
+    0.3-1.4 KB in sm_90 compiles), and fp32 FMAs beyond 128 values for 2-byte storage too (its
+    tiles at the model's blocks, tf32x3 spilled there); matvec 64 rows there; an unknown precision is a clear error; the
     fp32 FMA launch is exact to fp32 on wide rows."""
     gpu = launch.gpu_info(torch.device("cpu"))
     cfg = launch.dense_config(10_000, 100, 8, torch.float32, gpu)
@@ -209,6 +210,10 @@ def test_dense_dot_precision_default_and_bad_value(rng):
         assert cfg.mode == "dot" and cfg.dot_precision == "ieee", (D, cfg)
         if cfg.strategy == "onchip":
             assert (cfg.block_n, cfg.num_warps) == (16, 4 if D <= 512 else 8), (D, cfg)
+        # 2-byte storage: the same precision rule (tf32x3 spilled 0.8-10 KB there), the model's own tile
+        cfg16 = launch.dense_config(10_000, D, 5, torch.bfloat16, gpu)
+        assert cfg16.mode == "dot" and cfg16.dot_precision == "ieee", (D, cfg16)
+    assert launch.dense_config(10_000, 100, 8, torch.bfloat16, gpu).dot_precision == "tf32x3"
     assert launch.matvec_config(10_000, 256, 5, torch.float32, gpu).block_n == 64
     X = _dense(rng, 40, 200, torch.float32)
     y, v, z = _operands(rng, 40, 200, 6, intercept=True)

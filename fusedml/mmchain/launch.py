@@ -434,13 +434,16 @@ def dense_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None
     # (latency-bound at 24 KB in flight per SM); fp32 short rows were at 94-96 % without it
     prefetch = onchip and mode in ("vector", "small") and (b <= 2 or mode == "small") and bn * bd * b <= TILE_BYTES
     precision = "tf32x3"
-    if mode == "dot" and b == 4 and bd > 128:
-        # fp32 tiles over 128 values wide: the tf32x3 split's extra operands spill (H200, 2M x 256,
+    if mode == "dot" and bd > 128:
+        # tiles over 128 values wide: the tf32x3 split's extra operands spill (H200, 2M x 256,
         # m = 5, results/dot_probe-H200-2026-12-03-s12-d: mmchain 53.6 ms at 32 rows x 8 warps,
-        # 1M x 512 60.7 ms; ops 1.90 / 1.81); fp32 FMAs at 16 rows x 4 warps: 1.54 / 1.70 ms
+        # 1M x 512 60.7 ms; ops 1.90 / 1.81); fp32 FMAs at 16 rows x 4 warps: 1.54 / 1.70 ms.
+        # 2-byte storage too (its tiles are split in fp32; sm_90 compiles, session 35, Triton 3.6
+        # and 3.9: bf16 at 16 x 1024 8.9-9.9 KB, 64 x 256 0.8-1.2 KB, chunked 32 x 512 7.5 KB; with
+        # fp32 FMAs at the same tiles 107-128 registers, none)
         precision = "ieee"
-        if onchip:  # rows over 512 values: more warps share the [m_pad, bd] accumulator (4 spilled 0.3-1.4 KB)
-            bn, warps = 16, 4
+        if onchip and b == 4:  # the measured fp32 tile; rows over 512 values: more warps share the
+            bn, warps = 16, 4  # [m_pad, bd] accumulator (4 spilled 0.3-1.4 KB)
             while regs(bn, bd, warps, onchip) > 1.5 * REG_DATA and warps < 16:
                 warps *= 2
     return DenseConfig(strategy="onchip" if onchip else "chunked", block_n=int(bn), block_d=int(bd),
