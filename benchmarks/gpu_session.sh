@@ -367,6 +367,12 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s35c)  # session 35, checks only (a short device budget): the CUDA tests of every module, check_gpu of the
+           # operators whose launches changed (mmchain, gmm)
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests
+      tail -3 "$log/cuda-tests.log"
+      run check 240 python3 benchmarks/check_gpu.py --parts mmchain gmm --out "$out/check_gpu_s35c.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8 ;;
     s35)  # session 35: s34's timings (the k-means table with and without weights, the weighted tl.dot sweep, the
           # full-covariance fallback tiles under 3.6) and the GPU checks after the direct launches moved to
           # _launch.call and the full sweep's tile to fused.fitted_plan: check_gpu of mmchain, kmeans, gmm, gmm_em,
