@@ -1050,3 +1050,50 @@ def test_fitting_block_d_halves_a_spilling_tile(monkeypatch, rng):
     t = fusedml.matvec(X, W, intercept=True, backend="fused")
     ref = torch.cat([X.double(), torch.ones(37, 1, dtype=torch.float64)], 1) @ W.double()
     assert rel(t, ref) < TOL[torch.float32]
+
+
+def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
+    """dense.fitting_block_n: the planned rows per tile unless the compile spills more than
+    LOCAL_BYTES_OK, then the first of bn / 2, bn / 4 ... floor that does not (the unrolled loss pass
+    at 1M x 55, m = 7: 3.6 KB at 16 rows, 192 B at 8); nothing compiled off the GPU; the mmchain and
+    loss launches (m > 1) take it and stay exact."""
+    from fusedml import loss_gradient
+
+    spills = {16: 3640, 8: 192, 4: 0}
+    seen = []
+
+    def resources(kernel, args, kwargs):
+        seen.append((kwargs["BLOCK_N"], args[-1], kwargs["num_warps"]))
+        return 32, 0, spills[kwargs["BLOCK_N"]] // 4
+
+    def args(bn):
+        return (1, -(-1000 // bn))
+    cpu = torch.device("cpu")
+    assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cpu) == 16
+    monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
+    monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
+    monkeypatch.setattr(dense_mod, "_BLOCK_N", {})
+    cuda = torch.device("cuda", 0)
+    assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cuda) == 8
+    assert seen == [(16, 1000 // 16 + 1, 4), (8, 125, 4)]
+    assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 8, {"num_warps": 8}, cuda) == 8
+    spills[8] = 900
+    assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 8, {"num_warps": 2}, cuda) == 8  # least
+    monkeypatch.undo()
+    # the launches at the halved tile (more row tiles, the grid from them): the same answers
+    halved = []
+
+    def half(kernel, args, consts, bn, floor, options, dev):
+        halved.append((bn, args(max(floor, bn // 2))[12]))  # the row-tile count the launch gets
+        return max(floor, bn // 2)
+    monkeypatch.setattr(dense_mod, "fitting_block_n", half)
+    X = _dense(rng, 203, 55, torch.float32)
+    y, v, z = _operands(rng, 203, 55, 7, intercept=True)
+    w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")
+    assert rel(w, mmchain_reference(X, y, v, z, 1.0, 0.5, intercept=True)) < TOL[torch.float32]
+    lbl = torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, 7, 203)), 7).float()
+    W = 0.1 * torch.from_numpy(rng.standard_normal((56, 7))).float()
+    r = loss_gradient(X, W, lbl, loss="multinomial", intercept=True, backend="fused")
+    r_cpu = loss_gradient(X, W, lbl, loss="multinomial", intercept=True, backend="cpu")
+    assert rel(r.grad, r_cpu.grad) < 1e-5
+    assert len(halved) >= 2 and all(n == -(-203 // (bn // 2)) for bn, n in halved), halved

@@ -244,3 +244,37 @@ def test_matvec_block_d_fits_without_spilling():
         (b,) = _launch.first_fitting_tile(ladder, lambda b: stack[key + (b,)])
         print(f"matvec {key[:3]}: plan {bd} columns, takes {b} ({stack[key + (b,)]} B of stack)")
         assert stack[key + (b,)] <= _launch.LOCAL_BYTES_OK, (key, stack)
+
+
+def test_unrolled_loss_block_n_fits_without_spilling():
+    """The unrolled multinomial loss pass on rows not a multiple of 16 (1M x 55, m = 7): the rows per
+    tile ``dense.fitting_block_n`` takes compile within LOCAL_BYTES_OK for sm_90 (16 rows: 3.6 KB on
+    Triton 3.9, 1.1 KB on 3.6)."""
+    import copy
+    import sys
+
+    from fusedml import _launch
+
+    require_tools()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench_solver_ops
+
+    N, D, m = 1_000_000, 55, 7
+    with record_launches(execute=False) as rec:
+        X, w = torch.empty(N, D), torch.zeros(D + 1, m)
+        y, h = torch.zeros(N, m), torch.zeros(N, m)
+        bench_solver_ops.passes(X, w, y, h, m)["loss+grad (multinomial)"][0]("fused", None)
+    (plan,) = [d for d in rec.launches if d["name"] == "_mmchain_small_kernel"]
+    bn = plan["consts"]["BLOCK_N"]
+    variants = []
+    for b in (bn >> i for i in range(bn.bit_length())):
+        d = copy.deepcopy(plan)
+        d["consts"]["BLOCK_N"] = b
+        d["origin"] = b
+        variants.append(d)
+    results = compile_descriptors(variants)
+    assert all("error" not in r for r in results), results
+    stack = {d["origin"]: r["stack"] for d, r in zip(variants, results)}
+    (b,) = _launch.first_fitting_tile([(d["origin"],) for d in variants], lambda b: stack[b])
+    print(f"loss pass {N}x{D} m={m}: plan {bn} rows, takes {b} ({stack})")
+    assert stack[b] <= _launch.LOCAL_BYTES_OK, stack

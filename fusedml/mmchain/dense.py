@@ -1426,6 +1426,13 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
                      "LOSS": code, "HAS_C": c is not None, "STORE_ETA": eta is not None}
             if kernel is _mmchain_small_kernel:
                 extra["CHUNK"] = cfg.chunk or cfg.block_d
+            if M > 1 and not (config and "block_n" in config):  # rows per tile the compiler holds
+                bn = _fitting_rows(P, cfg, kernel, (X, y, v, w), (c, eta, hw), scalars, consts, extra,
+                                   loss is not None, deterministic)
+                if bn != cfg.block_n:
+                    cfg, n_tiles = replace(cfg, block_n=bn), -(-N // bn)
+                    grid = max(1, min(cfg.num_programs, n_tiles))
+                    consts["BLOCK_N"], scalars = bn, scalars[:3] + (n_tiles,) + scalars[4:]
         lpart = torch.empty((grid, M), dtype=torch.float64, device=dev) if loss is not None else w
         # the onchip and small kernels' loss operands, then power after the scalars
         mid = (w if c is None else c, w if eta is None else eta, lpart, hw)
@@ -1505,6 +1512,73 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
         bd = fitting_block_d(_matvec_kernel, args, consts, bd, cfg.num_warps, X.device)
     launch(_matvec_kernel, (max(1, min(cfg.num_programs, n_tiles)),), args, consts(bd), num_warps=cfg.num_warps)
     return t
+
+
+def _fitting_rows(P: Problem, cfg: DenseConfig, kernel, lead, loss_ops, scalars, consts, extra, loss: bool,
+                  deterministic: bool) -> int:
+    """:func:`fitting_block_n` for an onchip / unrolled ``mmchain`` launch (its arguments at each row
+    block; the per-program partials as one-element stand-ins of their dtypes)."""
+    X, w = P.X, lead[3]
+    c, eta, hw = loss_ops
+    part = w.new_empty(1) if deterministic else w
+    lpart = w.new_empty(1, dtype=torch.float64) if loss else w
+    tail = (w if c is None else c, w if eta is None else eta, lpart, hw)
+
+    def args(bn):
+        return lead + (part,) + tail + scalars[:3] + (-(-P.N // bn),) + scalars[4:] + (0.0, 0.0)
+
+    def consts_at(bn):
+        return dict(consts, **extra, BLOCK_N=bn)
+    floor = 32 if X.stride(0) == 1 and P.D > 1 else 16 if cfg.mode == "dot" else 1
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_registers is not None:
+        options["maxnreg"] = int(cfg.max_registers)
+    return fitting_block_n(kernel, args, consts_at, cfg.block_n, floor, options, X.device)
+
+
+_BLOCK_N: dict = {}
+
+
+def fitting_block_n(kernel, args, consts, bn: int, floor: int, options: dict, dev) -> int:
+    """Rows per tile of a row-tile launch: ``bn`` unless its compile uses more than
+    :data:`fusedml._launch.LOCAL_BYTES_OK` of local memory per thread, then the first of ``bn / 2``,
+    ``bn / 4``, ... down to ``floor`` that does not (the least-spilling where none fits). ``bn`` off
+    the GPU and under the interpreter; decided once per specialisation.
+
+    The unrolled loss pass on rows whose length is not a multiple of 16 (masked loads) fell off a
+    cliff in sm_90 compiles (session 35): 1M x 55, m = 7 with the intercept at 16 rows x 4 warps
+    took 32 registers and 3.6 KB of local memory on Triton 3.9 (1.1 KB on 3.6); 8 rows: 192 B,
+    4 rows: none. 1M x 64 at the same tile: none.
+
+    Parameters
+    ----------
+    kernel : triton.JITFunction
+    args : callable
+        ``args(bn) -> tuple``: the launch's positional arguments at ``bn`` rows per tile.
+    consts : callable
+        ``consts(bn) -> dict``: its constexprs.
+    bn : int
+        The planned rows per tile (a power of two).
+    floor : int
+        The fewest rows per tile the kernel takes.
+    options : dict
+        Launch options (``num_warps``, ``num_stages``, ``maxnreg``).
+    dev : torch.device
+
+    Returns
+    -------
+    int
+    """
+    if bn <= floor or dev.type != "cuda" or interpret_mode():
+        return bn
+    key = (id(kernel), tuple(map(_key, args(bn))), tuple(consts(bn).items()), tuple(options.items()), dev.index)
+    if key not in _BLOCK_N:
+        def local_bytes(b):  # n_spills: the compiled function's local memory, in 4-byte words
+            res = _compiled_resources(kernel, args(b), dict(consts(b), **options))
+            return None if res is None else 4 * res[2]
+        ladder = [(bn >> i,) for i in range(bn.bit_length()) if bn >> i >= floor]
+        _BLOCK_N[key] = first_fitting_tile(ladder, local_bytes)[0]
+    return _BLOCK_N[key]
 
 
 _BLOCK_D: dict = {}
