@@ -1097,3 +1097,19 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
     r_cpu = loss_gradient(X, W, lbl, loss="multinomial", intercept=True, backend="cpu")
     assert rel(r.grad, r_cpu.grad) < 1e-5
     assert len(halved) >= 2 and all(n == -(-203 // (bn // 2)) for bn, n in halved), halved
+
+
+def test_tile_ab_benchmark_smoke(tmp_path):
+    """``benchmarks/tile_ab.py --quick``: each case's library launch and planned tile, both checked
+    against float64, written as JSON (a CPU smoke run of the GPU script)."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("tile_ab", os.path.join(root, "benchmarks", "tile_ab.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "ab.json"
+    assert mod.main(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(mod.CASES) and all(r["library_rel_err"] < 1e-5 for r in rows)
