@@ -1035,7 +1035,7 @@ def test_fitting_block_d_halves_a_spilling_tile(monkeypatch, rng):
     assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cpu) == 1024 and not seen
     monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
     monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
-    monkeypatch.setattr(dense_mod, "_BLOCK_D", {})
+    monkeypatch.setattr(dense_mod, "_FITTING", {})
     cuda = torch.device("cuda", 0)
     assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cuda) == 256
     assert seen == [(1024, True, 8), (512, False, 8), (256, False, 8)]
@@ -1072,7 +1072,7 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
     assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cpu) == 16
     monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
     monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
-    monkeypatch.setattr(dense_mod, "_BLOCK_N", {})
+    monkeypatch.setattr(dense_mod, "_FITTING", {})
     cuda = torch.device("cuda", 0)
     assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cuda) == 8
     assert seen == [(16, 1000 // 16 + 1, 4), (8, 125, 4)]

@@ -1536,7 +1536,7 @@ def _fitting_rows(P: Problem, cfg: DenseConfig, kernel, lead, loss_ops, scalars,
     return fitting_block_n(kernel, args, consts_at, cfg.block_n, floor, options, X.device)
 
 
-_BLOCK_N: dict = {}
+_FITTING: dict = {}
 
 
 def fitting_block_n(kernel, args, consts, bn: int, floor: int, options: dict, dev) -> int:
@@ -1547,7 +1547,7 @@ def fitting_block_n(kernel, args, consts, bn: int, floor: int, options: dict, de
 
     The unrolled loss pass on rows whose length is not a multiple of 16 (masked loads) fell off a
     cliff in sm_90 compiles (session 35): 1M x 55, m = 7 with the intercept at 16 rows x 4 warps
-    took 32 registers and 3.6 KB of local memory on Triton 3.9 (1.1 KB on 3.6); 8 rows: 192 B,
+    took 32 registers and 3.6 KB of local memory on Triton 3.9 (1.1-1.3 KB on 3.6); 8 rows: 192-224 B,
     4 rows: none. 1M x 64 at the same tile: none.
 
     Parameters
@@ -1569,19 +1569,26 @@ def fitting_block_n(kernel, args, consts, bn: int, floor: int, options: dict, de
     -------
     int
     """
-    if bn <= floor or dev.type != "cuda" or interpret_mode():
-        return bn
-    key = (id(kernel), tuple(map(_key, args(bn))), tuple(consts(bn).items()), tuple(options.items()), dev.index)
-    if key not in _BLOCK_N:
-        def local_bytes(b):  # n_spills: the compiled function's local memory, in 4-byte words
-            res = _compiled_resources(kernel, args(b), dict(consts(b), **options))
+    return _halved_to_fit(kernel, args, consts, bn, floor, options, dev)
+
+
+def _halved_to_fit(kernel, args, consts, first: int, floor: int, options: dict, dev) -> int:
+    """``first`` or the first of ``first / 2``, ... ``floor`` whose compile of ``kernel`` (``args(t)``,
+    ``consts(t)``, ``options``) stays within LOCAL_BYTES_OK (:func:`fitting_block_n`,
+    :func:`fitting_block_d`); cached per specialisation (~4-8 us of host time per call)."""
+    if first <= floor or dev.type != "cuda" or interpret_mode():
+        return first
+    key = (id(kernel), tuple(map(_key, args(first))), tuple(consts(first).items()), tuple(options.items()),
+           dev.index)
+    if key not in _FITTING:
+        def local_bytes(t):  # n_spills: the compiled function's local memory, in 4-byte words
+            res = _compiled_resources(kernel, args(t), dict(consts(t), **options))
             return None if res is None else 4 * res[2]
-        ladder = [(bn >> i,) for i in range(bn.bit_length()) if bn >> i >= floor]
-        _BLOCK_N[key] = first_fitting_tile(ladder, local_bytes)[0]
-    return _BLOCK_N[key]
+        ladder = [(first >> i,) for i in range(first.bit_length()) if first >> i >= floor]
+        _FITTING[key] = first_fitting_tile(ladder, local_bytes)[0]
+    return _FITTING[key]
 
 
-_BLOCK_D: dict = {}
 
 
 def fitting_block_d(kernel, args, consts, bd: int, warps: int, dev) -> int:
@@ -1611,13 +1618,4 @@ def fitting_block_d(kernel, args, consts, bd: int, warps: int, dev) -> int:
     -------
     int
     """
-    if bd <= 128 or dev.type != "cuda" or interpret_mode():
-        return bd
-    key = (id(kernel), tuple(map(_key, args)), tuple(consts(bd).items()), warps, dev.index)  # ~4 us of host time
-    if key not in _BLOCK_D:
-        def local_bytes(b):  # n_spills: the compiled function's local memory, in 4-byte words
-            res = _compiled_resources(kernel, args, dict(consts(b), num_warps=warps))
-            return None if res is None else 4 * res[2]
-        ladder = [(bd >> i,) for i in range(bd.bit_length()) if bd >> i >= 128]
-        _BLOCK_D[key] = first_fitting_tile(ladder, local_bytes)[0]
-    return _BLOCK_D[key]
+    return _halved_to_fit(kernel, lambda _: args, consts, bd, 128, {"num_warps": warps}, dev)
