@@ -21,7 +21,7 @@ import triton
 
 from ._dispatch import interpret_mode
 
-__all__ = ["LOCAL_BYTES_OK", "bind", "bound_enabled", "call", "first_fitting_tile", "launch"]
+__all__ = ["LOCAL_BYTES_OK", "bind", "bound_enabled", "call", "first_fitting_tile", "launch", "stand_in"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -47,6 +47,18 @@ TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
 #: on each process's first compile that 3.10 turns the default off; an explicit option keeps it on
 #: for fusedml's kernels alone and silences the warning.
 FP_FUSION = {"enable_fp_fusion": True}
+
+
+_STAND_INS: dict = {}
+
+
+def stand_in(dtype, device) -> torch.Tensor:
+    """A kept 1-element tensor of ``dtype`` on ``device``: a pointer argument a launch does not use,
+    or a compile's stand-in for a buffer (its dtype and 16-byte alignment are what specialise)."""
+    t = _STAND_INS.get((dtype, device))
+    if t is None:
+        t = _STAND_INS[(dtype, device)] = torch.empty(1, dtype=dtype, device=device)
+    return t
 
 
 def _compiled_resources(kernel, args, kwargs):

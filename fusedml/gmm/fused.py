@@ -39,7 +39,7 @@ from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, _compiled_resources, _stream, call, first_fitting_tile, launch
+from .._launch import FP_FUSION, _compiled_resources, _stream, call, first_fitting_tile, launch, stand_in
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
@@ -1329,16 +1329,7 @@ def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, o
             opts)
 
 
-_DUMMY: dict = {}
 _GRIDS: dict = {}
-
-
-def _dummy(dev) -> torch.Tensor:
-    """A 1-element fp32 tensor for pointer arguments a launch does not use (one per device)."""
-    t = _DUMMY.get(dev)
-    if t is None:
-        t = _DUMMY[dev] = torch.empty(1, dtype=torch.float32, device=dev)
-    return t
 
 
 def _full_fitted(prep: Prepared, ops, plan: Plan, sw, has_sw: bool, write_logp: bool, prec) -> Plan:
@@ -1347,10 +1338,9 @@ def _full_fitted(prep: Prepared, ops, plan: Plan, sw, has_sw: bool, write_logp: 
     dev = X.device
 
     def args(bn):  # the launch's arguments; partials and the row output as 1-element stand-ins
-        f32 = _dummy(dev)
-        pll = torch.empty(1, dtype=torch.float64, device=dev)
+        f32 = stand_in(torch.float32, dev)
         return (X, X.stride(0), X.stride(1), ops["G"], sw, ops["MU"], ops["P"], ops["stride_pk"], ops["CONST"],
-                ops["C"], f32, f32, f32, f32, pll, N, D, K, -(-N // bn))
+                ops["C"], f32, f32, f32, f32, stand_in(torch.float64, dev), N, D, K, -(-N // bn))
     consts = dict(BD=plan.BD, BK=plan.BK, HAS_SW=has_sw, WRITE_LOGP=write_logp, TIED=False, PREC=prec)
     return fitted_plan(plan, _full_single_kernel, args, consts, (N, X.dtype, X.stride(), has_sw, write_logp, prec),
                        N, dev)
@@ -1363,7 +1353,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
     f32, f64 = torch.float32, torch.float64
     ct = prep.covariance_type
     prec = _PREC[precision]
-    dummy = _dummy(dev)
+    dummy = stand_in(torch.float32, dev)
     sw, has_sw = _sw(prep, dummy)
     full_like = ct in ("full", "tied")
     if full_like and plan.BD != full_bd(D):  # the operands are padded to full_bd(D) (_operands)
@@ -1485,8 +1475,9 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     if P == 0:
         return None
     opnds = (ops["G"], ops["W1"], ops["W2"], ops["CONST"])
+    dummy = stand_in(torch.float32, dev)
     if P is None:
-        args = (X, X.stride(0)) + opnds + (_dummy(dev),) * 5 + (N, D, K, n_blocks, _dummy(dev), _dummy(dev))
+        args = (X, X.stride(0)) + opnds + (dummy,) * 5 + (N, D, K, n_blocks, dummy, dummy)
         ok = True  # the interpreter emulates the fragments' semantics
         if dev.type == "cuda":
             try:
@@ -1509,8 +1500,8 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     scr, pnk, ps1, ps2, pll = _partials(dev, [P * mma.TILE_WORDS.value, P * K, P * K * D, P * K * D], P)
     logp = torch.empty(N, dtype=torch.float32, device=dev) if want_logp else None
     launch(mma._diag_mma_kernel, (P,), (X, X.stride(0)) + opnds + (scr, pnk, ps1, ps2, pll, N, D, K, n_blocks,
-                                                              _dummy(dev) if sw is None else sw,
-                                                              _dummy(dev) if logp is None else logp), consts, **opts)
+                                                              dummy if sw is None else sw,
+                                                              dummy if logp is None else logp), consts, **opts)
     return (logp,) + _diag_finish(prep, ops, pnk, ps1, ps2, pll)
 
 
@@ -1635,7 +1626,7 @@ def score_fused(prep: Prepared, plan: Plan | None = None):
     if plan is None:
         plan = plan_launch(prep.N, prep.K, prep.D, prep.covariance_type, prep.X.dtype, prep.device, path="two_pass")
     ops = _operands(prep)
-    dummy = _dummy(prep.device)
+    dummy = stand_in(torch.float32, prep.device)
     err = None
     for p in [plan] + _fallbacks(plan, prep.N, prep.K, prep.D, prep.covariance_type, prep.device, "fp32"):
         try:

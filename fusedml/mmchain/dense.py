@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
 from .._launch import (FP_FUSION, TRITON_VERSION, _compiled_resources, _key, bind as bind_launch, call,
-                       first_fitting_tile, launch)
+                       first_fitting_tile, launch, stand_in)
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
                      small_config, unrolled_wide_m)
@@ -1520,8 +1520,8 @@ def _fitting_rows(P: Problem, cfg: DenseConfig, kernel, lead, loss_ops, scalars,
     block; the per-program partials as one-element stand-ins of their dtypes)."""
     X, w = P.X, lead[3]
     c, eta, hw = loss_ops
-    part = w.new_empty(1) if deterministic else w
-    lpart = w.new_empty(1, dtype=torch.float64) if loss else w
+    part = stand_in(w.dtype, w.device) if deterministic else w
+    lpart = stand_in(torch.float64, w.device) if loss else w
     tail = (w if c is None else c, w if eta is None else eta, lpart, hw)
 
     def args(bn):
