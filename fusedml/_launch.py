@@ -21,7 +21,8 @@ import triton
 
 from ._dispatch import interpret_mode
 
-__all__ = ["LOCAL_BYTES_OK", "bind", "bound_enabled", "call", "first_fitting_tile", "launch", "stand_in"]
+__all__ = ["LOCAL_BYTES_OK", "bind", "bound_enabled", "call", "compiled_local_bytes", "first_fitting_tile", "launch",
+           "stand_in"]
 
 _CACHE: dict = {}
 _MAX = 4096
@@ -70,6 +71,13 @@ def _compiled_resources(kernel, args, kwargs):
         return int(ck.n_regs), int(ck.metadata.shared), int(getattr(ck, "n_spills", 0) or 0)
     except Exception:  # noqa: BLE001 -- an API difference keeps the model's grid
         return None
+
+
+def compiled_local_bytes(kernel, args, kwargs) -> int | None:
+    """Local memory per thread (bytes) of the compiled launch (``n_spills``, in 4-byte words), or
+    None where unknown (:func:`_compiled_resources`); what :func:`first_fitting_tile` compares."""
+    res = _compiled_resources(kernel, args, kwargs)
+    return None if res is None else 4 * res[2]
 
 
 #: Local memory per thread (bytes) a compiled launch may use before :func:`first_fitting_tile` takes

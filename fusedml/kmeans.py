@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import interpret_mode, resolve_backend
-from ._launch import _compiled_resources, bind, first_fitting_tile, launch
+from ._launch import bind, compiled_local_bytes, first_fitting_tile, launch
 from ._validation import check_finite as _check_finite
 from ._validation import to_tensor
 from .gmm.fused import _reg_layout, _reg_next, _reg_rows, offsets_fit_int32, register_cap, resident_programs
@@ -431,9 +431,8 @@ def _dot_tile(X, consts, plan, spec_args, dev):
     key = (plan["BLOCK_D"], plan["BLOCK_K"], X.dtype, X.stride(1) == 1, X.stride(0) % 16 == 0,
            X.shape[1] % 16 == 0, tuple(sorted(consts.items())), dev.index)
     if key not in _DOT_TILES:
-        def local_bytes(bn, nw):  # n_spills: the compiled function's local memory, in 4-byte words
-            res = _compiled_resources(_lloyd_kernel, spec_args(bn), dict(consts, BLOCK_N=bn, num_warps=nw))
-            return None if res is None else 4 * res[2]
+        def local_bytes(bn, nw):
+            return compiled_local_bytes(_lloyd_kernel, spec_args(bn), dict(consts, BLOCK_N=bn, num_warps=nw))
         _DOT_TILES[key] = first_fitting_tile((first, *plan["fallback"]), local_bytes)
     return _DOT_TILES[key]
 

@@ -378,6 +378,7 @@ def test_fitted_plan_takes_the_first_tile_that_does_not_spill(monkeypatch):
     """fitted_plan: the plan's tile unless its compile spills more than LOCAL_BYTES_OK, then the first
     fallback within it (its grid from its programs per SM), decided once per key; the plan itself off
     the GPU."""
+    from fusedml import _launch
     from fusedml.gmm import fused
 
     h200 = {"name": "H200", "sm_count": 132, "regs_per_sm": 65536, "smem_per_sm": 233472}
@@ -392,7 +393,7 @@ def test_fitted_plan_takes_the_first_tile_that_does_not_spill(monkeypatch):
         return 250, 0, spills[kwargs["BN"]] // 4
 
     monkeypatch.setattr(fused, "interpret_mode", lambda: False)
-    monkeypatch.setattr(fused, "_compiled_resources", resources)
+    monkeypatch.setattr(_launch, "_compiled_resources", resources)
     monkeypatch.setattr(fused, "gpu_info", lambda device: h200)
     monkeypatch.setattr(fused, "_FITTED", {})
     cuda = torch.device("cuda", 0)

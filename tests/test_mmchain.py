@@ -10,6 +10,7 @@ import scipy.sparse as sp
 import torch
 
 import fusedml
+from fusedml import _launch
 from fusedml.mmchain import dense as dense_mod
 from fusedml.mmchain import launch, ops
 from fusedml.mmchain import matvec_reference, mmchain_reference
@@ -1034,7 +1035,7 @@ def test_fitting_block_d_halves_a_spilling_tile(monkeypatch, rng):
     cpu = torch.device("cpu")
     assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cpu) == 1024 and not seen
     monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
-    monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
+    monkeypatch.setattr(_launch, "_compiled_resources", resources)
     monkeypatch.setattr(dense_mod, "_FITTING", {})
     cuda = torch.device("cuda", 0)
     assert dense_mod.fitting_block_d("k", (1, 2), consts, 1024, 8, cuda) == 256
@@ -1071,7 +1072,7 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
     cpu = torch.device("cpu")
     assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cpu) == 16
     monkeypatch.setattr(dense_mod, "interpret_mode", lambda: False)
-    monkeypatch.setattr(dense_mod, "_compiled_resources", resources)
+    monkeypatch.setattr(_launch, "_compiled_resources", resources)
     monkeypatch.setattr(dense_mod, "_FITTING", {})
     cuda = torch.device("cuda", 0)
     assert dense_mod.fitting_block_n("k", args, lambda b: {"BLOCK_N": b}, 16, 1, {"num_warps": 4}, cuda) == 8

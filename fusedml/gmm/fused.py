@@ -39,7 +39,8 @@ from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
 from .._dispatch import interpret_mode
-from .._launch import FP_FUSION, _compiled_resources, _stream, call, first_fitting_tile, launch, stand_in
+from .._launch import (FP_FUSION, _compiled_resources, _stream, call, compiled_local_bytes, first_fitting_tile,
+                       launch, stand_in)
 from ..mmchain.dense import _FAST_MATH
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
@@ -1143,9 +1144,8 @@ def fitted_plan(plan: Plan, kernel, args, consts, key, n_rows: int, device) -> P
         return plan
     key = (plan, key, device.index)
     if key not in _FITTED:
-        def local_bytes(bn, nw, ns, per_sm):  # n_spills: the compiled function's local memory, in words
-            res = _compiled_resources(kernel, args(bn), dict(consts, BN=bn, num_warps=nw, num_stages=ns))
-            return None if res is None else 4 * res[2]
+        def local_bytes(bn, nw, ns, per_sm):
+            return compiled_local_bytes(kernel, args(bn), dict(consts, BN=bn, num_warps=nw, num_stages=ns))
         bn, nw, ns, per_sm = first_fitting_tile(((plan.BN, plan.num_warps, plan.num_stages, 0), *plan.fallback),
                                                 local_bytes)
         fit = replace(plan, fallback=())

@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .._dispatch import interpret_mode
-from .._launch import (FP_FUSION, TRITON_VERSION, _compiled_resources, _key, bind as bind_launch, call,
+from .._launch import (FP_FUSION, TRITON_VERSION, _key, bind as bind_launch, call, compiled_local_bytes,
                        first_fitting_tile, launch, stand_in)
 from ._checks import Problem, check_launch_fields
 from .launch import (SMALL_D, SMALL_M_XTV, DenseConfig, dense_config, gpu_info, matvec_config, product_config,
@@ -1581,9 +1581,8 @@ def _halved_to_fit(kernel, args, consts, first: int, floor: int, options: dict, 
     key = (id(kernel), tuple(map(_key, args(first))), tuple(consts(first).items()), tuple(options.items()),
            dev.index)
     if key not in _FITTING:
-        def local_bytes(t):  # n_spills: the compiled function's local memory, in 4-byte words
-            res = _compiled_resources(kernel, args(t), dict(consts(t), **options))
-            return None if res is None else 4 * res[2]
+        def local_bytes(t):
+            return compiled_local_bytes(kernel, args(t), dict(consts(t), **options))
         ladder = [(first >> i,) for i in range(first.bit_length()) if first >> i >= floor]
         _FITTING[key] = first_fitting_tile(ladder, local_bytes)[0]
     return _FITTING[key]
