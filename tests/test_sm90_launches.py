@@ -208,27 +208,35 @@ def test_float64_launches_pass_only_fp32_exact_floats():
     assert not seen, f"float arguments the GPU would round to fp32: {seen}"
 
 
+def _loss_pass_launch(N, D, m, kernel):
+    """The recorded (not executed) launch of ``kernel`` in the multinomial loss pass at N x D, m
+    classes, as the solvers' benchmark makes it (``bench_solver_ops.passes``)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench_solver_ops
+
+    with record_launches(execute=False) as rec:
+        X, w = torch.empty(N, D), torch.zeros(D + 1, m)
+        y, h = torch.zeros(N, m), torch.zeros(N, m)
+        bench_solver_ops.passes(X, w, y, h, m)["loss+grad (multinomial)"][0]("fused", None)
+    (launch,) = [d for d in rec.launches if d["name"] == kernel]
+    return launch
+
+
 def test_matvec_block_d_fits_without_spilling():
     """The multinomial loss pass's ``[X, 1] W`` at rows of 256 and 1024 values: the columns per tile
     ``dense.fitting_block_d`` takes (the plan's, halved while the compile spills more than
     LOCAL_BYTES_OK) compile within it for sm_90 (Triton 3.9 spilled 5.4 KB at 2M x 256, m = 5 and
     4.6 KB at 1M x 1024, m = 16 at the plan's tile; 3.6 keeps it)."""
     import copy
-    import sys
 
     from fusedml import _launch
 
     require_tools()
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    import bench_solver_ops
-
     variants = []
     for N, D, m in ((2_000_000, 256, 5), (1_000_000, 1024, 16)):
-        with record_launches(execute=False) as rec:
-            X, w = torch.empty(N, D), torch.zeros(D + 1, m)
-            y, h = torch.zeros(N, m), torch.zeros(N, m)
-            bench_solver_ops.passes(X, w, y, h, m)["loss+grad (multinomial)"][0]("fused", None)
-        (plan,) = [d for d in rec.launches if d["name"] == "_matvec_kernel"]
+        plan = _loss_pass_launch(N, D, m, "_matvec_kernel")
         bd = plan["consts"]["BLOCK_D"]
         for b in (bd >> i for i in range(bd.bit_length()) if bd >> i >= 128):
             d = copy.deepcopy(plan)
@@ -249,22 +257,14 @@ def test_matvec_block_d_fits_without_spilling():
 def test_unrolled_loss_block_n_fits_without_spilling():
     """The unrolled multinomial loss pass on rows not a multiple of 16 (1M x 55, m = 7): the rows per
     tile ``dense.fitting_block_n`` takes compile within LOCAL_BYTES_OK for sm_90 (16 rows: 3.6 KB on
-    Triton 3.9, 1.1 KB on 3.6)."""
+    Triton 3.9, 1.1-1.3 KB on 3.6)."""
     import copy
-    import sys
 
     from fusedml import _launch
 
     require_tools()
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    import bench_solver_ops
-
     N, D, m = 1_000_000, 55, 7
-    with record_launches(execute=False) as rec:
-        X, w = torch.empty(N, D), torch.zeros(D + 1, m)
-        y, h = torch.zeros(N, m), torch.zeros(N, m)
-        bench_solver_ops.passes(X, w, y, h, m)["loss+grad (multinomial)"][0]("fused", None)
-    (plan,) = [d for d in rec.launches if d["name"] == "_mmchain_small_kernel"]
+    plan = _loss_pass_launch(N, D, m, "_mmchain_small_kernel")
     bn = plan["consts"]["BLOCK_N"]
     variants = []
     for b in (bn >> i for i in range(bn.bit_length())):
