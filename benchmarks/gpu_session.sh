@@ -16,6 +16,19 @@ run() {  # name seconds command...
   { echo "#### $name rc=$rc"; cat "$log/$name.log"; } >> "$out/logs.txt"
   echo "== $name rc=$rc $((SECONDS - t0))s"
 }
+tile_timings() {  # sessions 34-35: the k-means table with and without weights, the weighted tl.dot sweep (forced
+                 # tiles), the full-covariance single-sweep tiles (configs 14, 26, 23); JSON names end in _$1
+  run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_$1.json"
+  grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
+  run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_$1.json"
+  grep -E "^\| [0-9]" "$log/kmeans-w.log" | cut -c1-200
+  run kmeans-wsweep 150 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only --weights \
+    --sweep-budget 30 --out "$out/kmeans_sweep_weighted_$1.json"
+  grep -E "best_ms" "$log/kmeans-wsweep.log" | cut -c1-400
+  run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
+    --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_$1.json"
+  grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
+}
 gmm_fit_ab() {  # the GMM fit of .ab-base against this code, 5 fits each (FIT_SIDES: "base new", "new", "none")
   local side root
   for side in ${FIT_SIDES:-base new}; do
@@ -385,30 +398,12 @@ for p in $parts; do
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
       run mmchain 150 python3 benchmarks/bench_mmchain.py --no-sweep --out "$out/mmchain_s35.json"
       grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
-      run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_s35.json"
-      grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
-      run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_s35.json"
-      grep -E "^\| [0-9]" "$log/kmeans-w.log" | cut -c1-200
-      run kmeans-wsweep 150 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only --weights \
-        --sweep-budget 30 --out "$out/kmeans_sweep_weighted_s35.json"
-      grep -E "best_ms" "$log/kmeans-wsweep.log" | cut -c1-400
-      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
-        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s35.json"
-      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200 ;;
+      tile_timings s35 ;;
     s34)  # session 34 (no GPU that session): the tl.dot Lloyd tile chosen from its compile (weighted 64 x 64 fell back
           # from 64 x 4, which spills 6.9 KB on Triton 3.6, to 16 x 4): the k-means table with and without weights and
           # the weighted tl.dot sweep (forced tiles, no fallback) beside it; the full-covariance tiles Triton 3.9 takes
           # (64 x 2, 32 x 2, 32 x 4) timed under the device's 3.6 in the sweep; the GPU checks of both modules
-      run kmeans 120 python3 benchmarks/bench_kmeans.py --out "$out/kmeans_s34.json"
-      grep -E "^\| [0-9]" "$log/kmeans.log" | cut -c1-200
-      run kmeans-w 120 python3 benchmarks/bench_kmeans.py --weights --out "$out/kmeans_weighted_s34.json"
-      grep -E "^\| [0-9]" "$log/kmeans-w.log" | cut -c1-200
-      run kmeans-wsweep 150 python3 benchmarks/bench_kmeans.py --sweep --sweep-cases 1,4,5 --sweep-dot-only --weights \
-        --sweep-budget 30 --out "$out/kmeans_sweep_weighted_s34.json"
-      grep -E "best_ms" "$log/kmeans-wsweep.log" | cut -c1-400
-      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
-        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s34.json"
-      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
+      tile_timings s34
       run check 240 python3 benchmarks/check_gpu.py --parts kmeans gmm gmm_em --out "$out/check_gpu_s34.json"
       grep -E "^FAIL|passed" "$log/check.log" | tail -6
       run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests/test_gmm.py tests/test_kmeans.py \
