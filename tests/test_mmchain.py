@@ -1101,8 +1101,8 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
 
 
 def test_tile_ab_benchmark_smoke(tmp_path):
-    """``benchmarks/tile_ab.py --quick``: each case's library launch and planned tile, both checked
-    against float64, written as JSON (a CPU smoke run of the GPU script)."""
+    """``benchmarks/tile_ab.py --quick``: each case's library launch and its alternative tiles, all
+    checked against float64, written as JSON (a CPU smoke run of the GPU script)."""
     import importlib.util
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1113,4 +1113,5 @@ def test_tile_ab_benchmark_smoke(tmp_path):
     out = tmp_path / "ab.json"
     assert mod.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == len(mod.CASES) and all(r["library_rel_err"] < 1e-5 for r in rows)
+    assert len(rows) == sum(1 + len(case[-1]) for case in mod.CASES)
+    assert all(r["rel_err"] < 1e-5 for r in rows) and sum(r["tile"] == "library" for r in rows) == len(mod.CASES)
