@@ -380,9 +380,12 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
-    s36)  # session 36: what session 35 left untimed: the compile-checked tiles beside the planned ones (tile_ab,
-          # with the m = 1 loss tiles that spill on 3.9), the full-covariance fallback tiles under 3.6, the GMM
-          # E-step and mmchain tables (no sweep)
+    s36)  # session 36: a matvec with one register accumulator per right-hand side (matvec_probe); what session
+          # 35 left untimed: the compile-checked tiles beside the planned ones (tile_ab, with the m = 1 loss
+          # tiles that spill on 3.9), the full-covariance fallback tiles under 3.6, the GMM E-step and mmchain
+          # tables (no sweep)
+      run matvec-probe 240 python3 benchmarks/matvec_probe.py --out "$out/matvec_probe_s36.json"
+      grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9] \| [0-9]" "$log/matvec-probe.log" | cut -c1-260
       run tile-ab 180 python3 benchmarks/tile_ab.py --out "$out/tile_ab_s36.json"
       grep -E "^\| " "$log/tile-ab.log" | cut -c1-220
       run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
