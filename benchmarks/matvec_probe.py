@@ -126,12 +126,22 @@ def main(argv=None):
             if bk > max(16, triton.next_power_of_2(D)) or m * bn * bk / (32 * warps) > 128:
                 continue
             fn = lambda: matvec_rhs(X, W, bn, bk, warps, stages)  # noqa: E731
-            r = dict(base, kernel=f"rhs BN={bn} BK={bk} w={warps} s={stages}", rel_err=err(fn()))
+            r = dict(base, kernel=f"rhs BN={bn} BK={bk} w={warps} s={stages}", tile=(bn, bk, warps, stages),
+                     rel_err=err(fn()))
             r["ms"] = None if args.quick else _common.bench_ms(fn)
             probe.append(r)
         rows += probe
+        # the library's mode="small" kernel at the probe's best tile (quick: its first), one program per
+        # tile and persistent (16 programs per SM)
+        best = probe[0] if args.quick else min(probe, key=lambda r: r["ms"])
+        bn, bk, warps, stages = best["tile"]
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
+        for progs in (-(-N // bn), 16 * sms):
+            cfg = dict(mode="small", block_n=bn, block_d=bk, num_warps=warps, num_stages=stages, num_programs=progs)
+            fn = lambda: fusedml.matvec(X, W, intercept=True, backend="fused", config=cfg)  # noqa: E731
+            rows.append(dict(base, kernel=f"library small BN={bn} BK={bk} w={warps} programs={progs}",
+                             ms=None if args.quick else _common.bench_ms(fn), rel_err=err(fn())))
         if not args.quick:
-            best = min(probe, key=lambda r: r["ms"])
             lib_ms = next(r["ms"] for r in rows if r["kernel"] == "library" and r["N"] == N and r["m"] == m)
             ops_ms = next(r["ms"] for r in rows if r["kernel"] == "ops" and r["N"] == N and r["m"] == m)
             best_rows.append(dict(base, best=best["kernel"], best_ms=best["ms"], best_pct=100 * floor_ms / best["ms"],

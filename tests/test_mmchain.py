@@ -281,6 +281,24 @@ def test_matvec_all_backends(rng, poison, intercept, m):
         assert rel(t, ref) < TOL[torch.float32], cfg
 
 
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "row"), (torch.bfloat16, "row"), (torch.float64, "strided"),
+                                          (torch.float32, "col")], ids=["fp32", "bf16", "fp64-strided", "fp32-col"])
+def test_matvec_small_mode_one_accumulator_per_rhs(rng, poison, dtype, layout):
+    """``mode="small"``: one register accumulator per right-hand side (2 <= m <= 8) across the column
+    chunks, reduced once per row tile; ragged rows and columns, persistent programs, every m."""
+    X = _dense(rng, 45, 37, dtype, layout)
+    for m in (2, 3, 5, 8):
+        for intercept in (False, True):
+            y, _, _ = _operands(rng, 45, 37, m, intercept=intercept)
+            ref = matvec_reference(X, y, intercept=intercept)
+            for cfg in ({"block_n": 8, "block_d": 16, "num_programs": 3}, {"block_n": 16, "block_d": 64}):
+                t = fusedml.matvec(X, y, intercept=intercept, backend="fused", config=dict(cfg, mode="small"))
+                assert t.shape == (45, m) and rel(t, ref) < TOL[dtype], (m, intercept, cfg)
+    y = torch.from_numpy(rng.standard_normal((37, 9)))
+    with pytest.raises(ValueError, match="2 to 8 right-hand sides, got m=9"):
+        fusedml.matvec(X, y, backend="fused", config={"mode": "small"})
+
+
 def test_numpy_inputs_give_torch_and_are_not_modified(rng):
     X = rng.standard_normal((20, 6)).astype(np.float32)
     y, v = rng.standard_normal(6), rng.random(20)
@@ -1100,18 +1118,33 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
     assert len(halved) >= 2 and all(n == -(-203 // (bn // 2)) for bn, n in halved), halved
 
 
-def test_tile_ab_benchmark_smoke(tmp_path):
-    """``benchmarks/tile_ab.py --quick``: each case's library launch and its alternative tiles, all
-    checked against float64, written as JSON (a CPU smoke run of the GPU script)."""
+def _benchmark_module(name):
     import importlib.util
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(root, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("tile_ab", os.path.join(root, "benchmarks", "tile_ab.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "benchmarks", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tile_ab_benchmark_smoke(tmp_path):
+    """``benchmarks/tile_ab.py --quick``: each case's library launch and its alternative tiles, all
+    checked against float64, written as JSON (a CPU smoke run of the GPU script)."""
+    mod = _benchmark_module("tile_ab")
     out = tmp_path / "ab.json"
     assert mod.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == sum(1 + len(case[-1]) for case in mod.CASES)
     assert all(r["rel_err"] < 1e-5 for r in rows) and sum(r["tile"] == "library" for r in rows) == len(mod.CASES)
+
+
+def test_matvec_probe_benchmark_smoke(tmp_path):
+    """``benchmarks/matvec_probe.py --quick``: the probe kernel, the library's matvec (its default and
+    mode="small" at the probe's tile) and cuBLAS on each case, checked against float64."""
+    mod = _benchmark_module("matvec_probe")
+    out = tmp_path / "mv.json"
+    assert mod.main(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 5 * len(mod.CASES) and all(r["rel_err"] < 1e-5 for r in rows)

@@ -1089,6 +1089,76 @@ def _matvec_kernel(
         tl.store(T + rows[:, None] * M + jm[None, :], t, mask=(rows[:, None] < N) & (jm[None, :] < M))
 
 
+#: right-hand sides the matvec's unrolled ("small") kernel holds one accumulator each for
+MATVEC_SMALL_M = 8
+
+
+@triton.jit
+def _rhs_fma(a, x, Y, cols, D, stride_yd, stride_ym, NM: tl.constexpr, J: tl.constexpr, ACC: tl.constexpr):
+    # a [BN, BD] += x * y[cols, J] (a no-op past the last right-hand side)
+    if J < NM:
+        a += x * tl.load(Y + cols * stride_yd + J * stride_ym, mask=cols < D, other=0.0).to(ACC)[None, :]
+    return a
+
+
+@triton.jit
+def _rhs_store(T, a, rows, N, Y, D, stride_yd, stride_ym, NM: tl.constexpr, J: tl.constexpr,
+               INTERCEPT: tl.constexpr, ACC: tl.constexpr):
+    # t[rows, J] = sum of a's row (+ the intercept's y[D, J])
+    if J < NM:
+        t = tl.sum(a, axis=1)
+        if INTERCEPT:
+            t += tl.load(Y + D * stride_yd + J * stride_ym).to(ACC)
+        tl.store(T + rows * NM + J, t, mask=rows < N)
+
+
+@triton.jit
+def _matvec_small_kernel(
+    X,  # [N, D] any strides
+    Y,  # [Dx, NM] accumulation dtype
+    T,  # [N, NM] output, contiguous
+    N, D, n_tiles,
+    stride_xn, stride_xd, stride_yd, stride_ym,
+    INTERCEPT: tl.constexpr, EVEN_D: tl.constexpr, VEC: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NM: tl.constexpr,
+):
+    # t = [X, 1] Y for 2 <= NM <= 8: each right-hand side keeps a [BLOCK_N, BLOCK_D] accumulator
+    # across the column chunks (NM FMAs per element of X, in the tile's load layout) and reduces
+    # along the row once per tile; short chunks keep a row within a few threads of one warp
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    arange_d = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_D), BLOCK_D), BLOCK_D)
+    for tile in range(pid, n_tiles, nprog):
+        rows = tl.arange(0, BLOCK_N).to(tl.int64) + tile * BLOCK_N
+        a0 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a1 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a2 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a3 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a4 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a5 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a6 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        a7 = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        for c in range(0, tl.cdiv(D, BLOCK_D)):
+            cols = c * BLOCK_D + arange_d
+            x = _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC, EVEN_D, VEC)
+            a0 = _rhs_fma(a0, x, Y, cols, D, stride_yd, stride_ym, NM, 0, ACC)
+            a1 = _rhs_fma(a1, x, Y, cols, D, stride_yd, stride_ym, NM, 1, ACC)
+            a2 = _rhs_fma(a2, x, Y, cols, D, stride_yd, stride_ym, NM, 2, ACC)
+            a3 = _rhs_fma(a3, x, Y, cols, D, stride_yd, stride_ym, NM, 3, ACC)
+            a4 = _rhs_fma(a4, x, Y, cols, D, stride_yd, stride_ym, NM, 4, ACC)
+            a5 = _rhs_fma(a5, x, Y, cols, D, stride_yd, stride_ym, NM, 5, ACC)
+            a6 = _rhs_fma(a6, x, Y, cols, D, stride_yd, stride_ym, NM, 6, ACC)
+            a7 = _rhs_fma(a7, x, Y, cols, D, stride_yd, stride_ym, NM, 7, ACC)
+        _rhs_store(T, a0, rows, N, Y, D, stride_yd, stride_ym, NM, 0, INTERCEPT, ACC)
+        _rhs_store(T, a1, rows, N, Y, D, stride_yd, stride_ym, NM, 1, INTERCEPT, ACC)
+        _rhs_store(T, a2, rows, N, Y, D, stride_yd, stride_ym, NM, 2, INTERCEPT, ACC)
+        _rhs_store(T, a3, rows, N, Y, D, stride_yd, stride_ym, NM, 3, INTERCEPT, ACC)
+        _rhs_store(T, a4, rows, N, Y, D, stride_yd, stride_ym, NM, 4, INTERCEPT, ACC)
+        _rhs_store(T, a5, rows, N, Y, D, stride_yd, stride_ym, NM, 5, INTERCEPT, ACC)
+        _rhs_store(T, a6, rows, N, Y, D, stride_yd, stride_ym, NM, 6, INTERCEPT, ACC)
+        _rhs_store(T, a7, rows, N, Y, D, stride_yd, stride_ym, NM, 7, INTERCEPT, ACC)
+
+
 def _mode(cfg: DenseConfig) -> int:
     """The kernels' MODE: "dot" with ``dot_precision="tf32x3"`` is 4 (tensor cores), else _MODES."""
     return 4 if cfg.mode == "dot" and cfg.dot_precision == "tf32x3" else _MODES[cfg.mode]
@@ -1497,12 +1567,22 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
     bd = cfg.block_d  # clipped to the row (a non-integer is rejected below)
     if isinstance(bd, (int, np.integer)):
         bd = min(bd, max(16 if cfg.mode == "dot" else 1, triton.next_power_of_2(D)))
-    if cfg.mode not in ("vector", "dot", "elementwise"):
-        raise ValueError(f"config: the matvec kernel runs mode 'vector', 'dot' or 'elementwise', got {cfg.mode!r}")
+    if cfg.mode not in ("vector", "small", "dot", "elementwise"):
+        raise ValueError("config: the matvec kernel runs mode 'vector', 'small', 'dot' or 'elementwise', "
+                         f"got {cfg.mode!r}")
+    if cfg.mode == "small" and not 2 <= M <= MATVEC_SMALL_M:
+        raise ValueError(f"config: the matvec's mode='small' serves 2 to {MATVEC_SMALL_M} right-hand sides, got m={M}")
     check_dense_launch(replace(cfg, block_d=bd), M)
     t = _empty((N, M), acc, X.device)
     y = P.y
     n_tiles = -(-N // cfg.block_n)  # triton.cdiv costs ~3 us of host time per call
+    grid = (max(1, min(cfg.num_programs, n_tiles)),)
+    if cfg.mode == "small":
+        launch(_matvec_small_kernel, grid, (X, y, t, N, D, n_tiles, X.stride(0), X.stride(1), y.stride(0),
+                                            y.stride(1)),
+               dict(INTERCEPT=P.intercept, EVEN_D=D % bd == 0, VEC=_vec(X, D), ACC=_TL[acc], BLOCK_N=cfg.block_n,
+                    BLOCK_D=bd, NM=M), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return t
     args = (X, y, t, N, D, M, n_tiles, X.stride(0), X.stride(1), y.stride(0), y.stride(1))
 
     def consts(bd):
@@ -1510,7 +1590,7 @@ def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tenso
                     BLOCK_N=cfg.block_n, BLOCK_D=bd, M_PAD=cfg.m_pad, ONE_CHUNK=bd >= D)
     if not (config and "block_d" in config):
         bd = fitting_block_d(_matvec_kernel, args, consts, bd, cfg.num_warps, X.device)
-    launch(_matvec_kernel, (max(1, min(cfg.num_programs, n_tiles)),), args, consts(bd), num_warps=cfg.num_warps)
+    launch(_matvec_kernel, grid, args, consts(bd), num_warps=cfg.num_warps)
     return t
 
 
