@@ -388,13 +388,13 @@ for p in $parts; do
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9] \| [0-9]" "$log/matvec-probe.log" | cut -c1-260
       run tile-ab 180 python3 benchmarks/tile_ab.py --out "$out/tile_ab_s36.json"
       grep -E "^\| " "$log/tile-ab.log" | cut -c1-220
-      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
-        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s36.json"
-      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s36.json"
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
       run mmchain 150 python3 benchmarks/bench_mmchain.py --no-sweep --out "$out/mmchain_s36.json"
-      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200 ;;
+      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
+      run full-sweep 200 python3 benchmarks/bench_gmm.py --sweep --no-targets --configs 14,26,23 --sweep-precisions fp32 \
+        --variants '^single BN=' --budget 90 --out "$out/gmm_full_sweep_s36.json"
+      grep -E "^\| [0-9]" "$log/full-sweep.log" | cut -c1-200 ;;
     s35c)  # session 35, checks only (a short device budget): the CUDA tests of every module, check_gpu of the
            # operators whose launches changed (mmchain, gmm)
       run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -rfE -k cuda tests
