@@ -199,8 +199,10 @@ def test_dense_overrides_never_drop_right_hand_sides():
         for fn in (fusedml.mmchain, fusedml.matvec):
             with pytest.raises(ValueError, match=match):
                 fn(X, Y, backend="fused", config=cfg)
-    with pytest.raises(ValueError, match=r"the matvec kernel runs mode 'vector', 'dot' or 'elementwise'"):
-        fusedml.matvec(X, Y, backend="fused", config={"mode": "small"})
+    with pytest.raises(ValueError, match=r"the matvec kernel runs mode 'vector', 'small', 'dot' or 'elementwise'"):
+        fusedml.matvec(X, Y, backend="fused", config={"mode": "bogus"})
+    with pytest.raises(ValueError, match=r"mode='small' serves 2 to 8 right-hand sides, got m=1"):
+        fusedml.matvec(X, Y[:, 0], backend="fused", config={"mode": "small"})
     with pytest.raises(ValueError, match=r"config: block_n must be a power of two"):
         fusedml.loss_gradient(X, torch.zeros(70), (torch.rand(40) > 0.5).float(), loss="logistic",
                               backend="fused", config={"block_n": 12})
