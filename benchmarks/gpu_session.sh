@@ -380,14 +380,13 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
-    s36)  # session 36: a matvec with one register accumulator per right-hand side (matvec_probe); what session
-          # 35 left untimed: the compile-checked tiles beside the planned ones (tile_ab, with the m = 1 loss
-          # tiles that spill on 3.9), the full-covariance fallback tiles under 3.6, the GMM E-step and mmchain
-          # tables (no sweep)
+    s36)  # session 36: a matvec with one register accumulator per right-hand side (matvec_probe); the
+          # compile-checked tiles beside the planned ones (tile_ab, with the m = 1 loss tiles that spill on 3.9)
       run matvec-probe 240 python3 benchmarks/matvec_probe.py --out "$out/matvec_probe_s36.json"
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9] \| [0-9]" "$log/matvec-probe.log" | cut -c1-260
       run tile-ab 180 python3 benchmarks/tile_ab.py --out "$out/tile_ab_s36.json"
-      grep -E "^\| " "$log/tile-ab.log" | cut -c1-220
+      grep -E "^\| " "$log/tile-ab.log" | cut -c1-220 ;;
+    s36b)  # session 36, after s36: the GMM E-step and mmchain tables (no sweep), the full-covariance fallback tiles
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s36.json"
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
       run mmchain 150 python3 benchmarks/bench_mmchain.py --no-sweep --out "$out/mmchain_s36.json"
