@@ -64,19 +64,10 @@ def sass(kernel):
     return _cuobjdump(kernel, "--dump-sass")
 
 
-def local_memory_in_loops(sass_text):
-    """Local-memory instructions (``LDL`` / ``STL``: register spills) inside the kernel's loops.
-
-    A loop is the address range from a conditional backward branch's target to the branch (its
-    latch); unconditional backward branches are the returns of out-of-line code (divergent paths)
-    and do not open a range. A spill around a loop (saved before, restored after) costs a few
-    instructions per program; one inside a loop costs them per iteration.
-
-    Returns
-    -------
-    int
-        The number of ``LDL`` / ``STL`` instructions inside some loop.
-    """
+def _loops(sass_text):
+    """``(instructions, loops)``: ``[(address, text)]`` and the ``(first, latch)`` address ranges from
+    each conditional backward branch's target to the branch. Unconditional backward branches are
+    the returns of out-of-line code (divergent paths) and do not open a range."""
     import re
 
     insts = [(int(a, 16), body) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass_text)]
@@ -85,8 +76,42 @@ def local_memory_in_loops(sass_text):
         m = re.match(r"@!?U?P\w+\s+BRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", body.strip())
         if m and int(m.group(1), 16) <= addr:
             loops.append((int(m.group(1), 16), addr))
+    return insts, loops
+
+
+def local_memory_in_loops(sass_text):
+    """Local-memory instructions (``LDL`` / ``STL``: register spills) inside the kernel's loops.
+
+    A spill around a loop (saved before, restored after) costs a few instructions per program; one
+    inside a loop costs them per iteration.
+
+    Returns
+    -------
+    int
+        The number of ``LDL`` / ``STL`` instructions inside some loop.
+    """
+    import re
+
+    insts, loops = _loops(sass_text)
     return sum(1 for addr, body in insts if re.search(r"\b(LDL|STL)\b", body)
                and any(lo <= addr <= hi for lo, hi in loops))
+
+
+def innermost_loop_opcodes(sass_text):
+    """Opcode counts (``"FFMA"``, ``"LDS"``, ... without modifiers) over the instructions of the
+    kernel's innermost loops (those that contain no other loop): the per-iteration work."""
+    import collections
+    import re
+
+    insts, loops = _loops(sass_text)
+    inner = [(lo, hi) for lo, hi in loops if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in loops)]
+    ops = collections.Counter()
+    for addr, body in insts:
+        if any(lo <= addr <= hi for lo, hi in inner):
+            m = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", body.strip())
+            if m:
+                ops[m.group(1)] += 1
+    return ops
 
 
 def compile_sm90(fn, types, consts, values=None, divisible=None, **options):
@@ -247,7 +272,7 @@ def compile_descriptor(d):
     -------
     dict
         ``kernel``, ``regs``, ``stack`` (bytes), ``loop_spills`` (local-memory instructions inside
-        loops), ``shared`` (bytes); or ``kernel`` and ``error`` when the compile fails (``error``
+        loops), ``inner_ops`` (:func:`innermost_loop_opcodes`), ``shared`` (bytes); or ``kernel`` and ``error`` when the compile fails (``error``
         also when the kernel needs more shared memory than an sm_90 block may use).
     """
     import importlib
@@ -260,8 +285,9 @@ def compile_descriptor(d):
     except Exception as e:  # a launch the H200's Triton cannot compile
         return dict(kernel=tag, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
     regs, stack = resource_usage(k)
-    out = dict(kernel=tag, regs=regs, stack=stack, loop_spills=local_memory_in_loops(sass(k)),
-               shared=k.metadata.shared)
+    text = sass(k)
+    out = dict(kernel=tag, regs=regs, stack=stack, loop_spills=local_memory_in_loops(text),
+               inner_ops=dict(innermost_loop_opcodes(text)), shared=k.metadata.shared)
     if k.metadata.shared > SM90_MAX_SHARED:  # compiles, but the launch fails (out of resources)
         out["error"] = f"shared memory {k.metadata.shared} B > {SM90_MAX_SHARED} B per block"
     return out

@@ -278,3 +278,25 @@ def test_unrolled_loss_block_n_fits_without_spilling():
     (b,) = _launch.first_fitting_tile([(d["origin"],) for d in variants], lambda b: stack[b])
     print(f"loss pass {N}x{D} m={m}: plan {bn} rows, takes {b} ({stack})")
     assert stack[b] <= _launch.LOCAL_BYTES_OK, stack
+
+
+def test_matvec_small_mode_loop_is_m_fmas_per_element():
+    """The matvec's ``mode="small"`` (one accumulator per right-hand side) compiles for sm_90 into an
+    inner loop of exactly m FFMAs per element of X a thread holds, with no shared-memory staging,
+    barrier or spill; the padded FMA ``tl.dot`` the model runs on such rows (2M x 256, m = 5) does
+    16 per element and stages its operands through shared memory."""
+    require_tools()
+    N, D, m, (bn, bd, warps) = 2_000_000, 256, 5, (16, 64, 4)
+    launches = []
+    for cfg in (None, dict(mode="small", block_n=bn, block_d=bd, num_warps=warps)):
+        with record_launches(execute=False) as rec:
+            fusedml.matvec(torch.empty(N, D), torch.zeros(D + 1, m), intercept=True, backend="fused", config=cfg)
+        launches.append(rec.launches[-1])
+    dot, small = compile_descriptors(launches)
+    assert "error" not in dot and "error" not in small, (dot, small)
+    per_thread = bn * bd // (32 * warps)
+    ops = small["inner_ops"]
+    assert ops.get("FFMA") == m * per_thread, ops
+    assert not any(ops.get(k) for k in ("LDS", "STS", "BAR", "LDL", "STL")), ops
+    assert small["stack"] == 0
+    assert dot["inner_ops"].get("LDS", 0) > 0 and dot["inner_ops"].get("FFMA", 0) >= 16 * per_thread, dot
