@@ -212,6 +212,17 @@ def draw_mmchain(seed):
         c["layout"] = str(rng.choice(["contiguous", "contiguous", "colmajor", "rowstride", "colstride", "numpy"]))
         c["config"] = _draw_dense_config(rng, c) if c["backend"] == "fused" and rng.random() < 0.35 else None
     c["bind"] = bool(rng.random() < 0.25)  # bind_mmchain: two calls, operands changed in place between them
+    # the matvec [X, 1] y of the same operands (its own stream: earlier seeds draw the same cases)
+    mrng = np.random.default_rng([3, seed])
+    c["matvec_config"] = None
+    if not sparse and c["backend"] == "fused" and not c["y_none"] and mrng.random() < 0.8:
+        m = c["m"] or 1
+        if 2 <= m <= 8 and mrng.random() < 0.8:  # one accumulator per right-hand side
+            c["matvec_config"] = {"mode": "small", "block_n": int(mrng.choice([4, 16, 32, 64])),
+                                  "block_d": int(mrng.choice([16, 32, 64, 128])), "num_warps": int(mrng.choice([2, 4, 8])),
+                                  "num_programs": int(mrng.integers(1, 9))}
+        else:
+            c["matvec_config"] = {"block_n": int(mrng.choice([16, 32, 64])), "num_programs": int(mrng.integers(1, 9))}
     return c
 
 
@@ -316,6 +327,12 @@ def run_mmchain(c, device="cpu"):
     if c["deterministic"] and c["backend"] == "fused":
         if not torch.equal(w, run()):
             raise FuzzFailure(f"mmchain deterministic=True differs between two calls ({_describe(c)})")
+    if c.get("matvec_config") is not None:
+        t = fusedml.matvec(X, y, intercept=c["intercept"], backend="fused", config=c["matvec_config"])
+        _check_unchanged(snap)
+        yv = _np(y).reshape(Dx, mcols)
+        bound = (_gamma(Dx + 16, acc) + 8 * _half_ops(c)) * (np.abs(Xa) @ np.abs(yv)) + 1e-30
+        _close("matvec", _np(t).reshape(N, mcols), Xa @ yv, bound, _describe(c))
     if c["bind"]:  # the bound product reads its operands' current contents
         for a in (y, v, z):
             if a is not None:
