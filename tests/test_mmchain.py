@@ -215,7 +215,15 @@ def test_dense_dot_precision_default_and_bad_value(rng):
         cfg16 = launch.dense_config(10_000, D, 5, torch.bfloat16, gpu)
         assert cfg16.mode == "dot" and cfg16.dot_precision == "ieee", (D, cfg16)
     assert launch.dense_config(10_000, 100, 8, torch.bfloat16, gpu).dot_precision == "tf32x3"
-    assert launch.matvec_config(10_000, 256, 5, torch.float32, gpu).block_n == 64
+    # the matvec: one accumulator per right-hand side on fp32 rows over 128 values up to m = 5
+    # (matvec_probe-H100-2026-12-06-s36), the padded FMA dot beyond
+    mv = launch.matvec_config(10_000, 256, 5, torch.float32, gpu)
+    assert (mv.mode, mv.block_n, mv.block_d, mv.num_warps, mv.num_programs) == ("small", 64, 32, 4, 157)
+    assert launch.matvec_config(10_000, 256, 3, torch.float32, gpu).block_n == 32
+    for m, dtype in ((6, torch.float32), (3, torch.bfloat16)):
+        mv = launch.matvec_config(10_000, 256, m, dtype, gpu)
+        assert (mv.mode, mv.dot_precision) == ("dot", "ieee") and mv.block_n == 64, (m, dtype, mv)
+    assert launch.matvec_config(10_000, 100, 3, torch.float32, gpu).mode == "dot"  # tensor cores (tf32x3)
     X = _dense(rng, 40, 200, torch.float32)
     y, v, z = _operands(rng, 40, 200, 6, intercept=True)
     w = fusedml.mmchain(X, y, v, z, 1.0, 0.5, intercept=True, backend="fused")

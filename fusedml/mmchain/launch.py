@@ -634,6 +634,11 @@ def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
                    prefetch=False, dot_precision="tf32x3" if narrow else "ieee")
 
 
+#: the matvec's one-accumulator-per-right-hand-side kernel: the model takes it on fp32 rows over 128
+#: values up to this many right-hand sides (timed at m = 3 and 5; m = 8 on par with the padded dot)
+MATVEC_SMALL_M_PICK = 5
+
+
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
     """Launch parameters of the dense ``X y`` kernel: the mmchain model's tile, one program per tile.
 
@@ -649,9 +654,19 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     Returns
     -------
     DenseConfig
-        ``num_programs``: the persistent grid (at most ``ceil(N / block_n)``).
+        ``num_programs``: the persistent grid (at most ``ceil(N / block_n)``). fp32 rows over 128
+        values with 2 <= m <= :data:`MATVEC_SMALL_M_PICK`: ``mode="small"`` (one register accumulator
+        per right-hand side across 32-64-column chunks, one program per row tile).
     """
     cfg = dense_config(N, D, m, dtype, gpu)
+    if dtype == torch.float32 and 2 <= m <= MATVEC_SMALL_M_PICK and D > 128 and cfg.strategy == "onchip":
+        # rows the padded tl.dot would run as fp32 FMAs (16 per element, operands through shared
+        # memory): one accumulator per right-hand side, one program per tile. H100, 2M x 256
+        # (matvec_probe-H100-2026-12-06-s36): m = 3 0.688 ms at 32 x 64 (padded dot 1.00, cuBLAS
+        # 0.929), m = 5 0.792 at 64 x 32 (0.984, 0.939); m = 8 at 1M x 512 1.16 against 1.15: kept
+        bn, bd = (32, 64) if m <= 4 else (64, 32)
+        return replace(cfg, mode="small", m_pad=1 << (m - 1).bit_length(), block_n=bn, block_d=bd, num_warps=4,
+                       num_stages=3, num_programs=-(-N // bn), prefetch=False, chunk=None)
     if cfg.mode == "vector" and cfg.strategy == "onchip":
         # t only (no accumulator): twice the programs per SM (H200 sweeps, solver_ops-H200-2026-12-03-s4-*:
         # 1M x 100 0.107 ms against 0.13, 2M x 256 0.485 against 0.557, 4M x 64 0.257 against 0.285)
