@@ -386,6 +386,13 @@ for p in $parts; do
       grep -E "^\| [0-9]+ \| [0-9]+ \| [0-9] \| [0-9]" "$log/matvec-probe.log" | cut -c1-260
       run tile-ab 180 python3 benchmarks/tile_ab.py --out "$out/tile_ab_s36.json"
       grep -E "^\| " "$log/tile-ab.log" | cut -c1-220 ;;
+    s36c)  # session 36: the matvec's one accumulator per right-hand side as the model's pick (fp32 rows > 128
+           # values, m = 2..5): float64 checks of mmchain and loss_gradient, the solver passes at 2M x 256, m = 5 / 3
+      run check 200 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s36c.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x5 2000000x256x3 \
+        --out "$out/solver_ops_s36c.json"
+      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200 ;;
     s36b)  # session 36, after s36: the GMM E-step and mmchain tables (no sweep), the full-covariance fallback tiles
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s36.json"
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
