@@ -215,12 +215,15 @@ def test_dense_dot_precision_default_and_bad_value(rng):
         cfg16 = launch.dense_config(10_000, D, 5, torch.bfloat16, gpu)
         assert cfg16.mode == "dot" and cfg16.dot_precision == "ieee", (D, cfg16)
     assert launch.dense_config(10_000, 100, 8, torch.bfloat16, gpu).dot_precision == "tf32x3"
-    # the matvec: one accumulator per right-hand side on fp32 rows over 128 values up to m = 5
-    # (matvec_probe-H100-2026-12-06-s36), the padded FMA dot beyond
+    # the matvec: one accumulator per right-hand side on rows over 128 values up to m = 6 (fp32) / 5
+    # (bf16, fp16), the padded FMA dot beyond (matvec_probe- / matvec_small_ab-H100-2026-12-06-s36)
     mv = launch.matvec_config(10_000, 256, 5, torch.float32, gpu)
     assert (mv.mode, mv.block_n, mv.block_d, mv.num_warps, mv.num_programs) == ("small", 64, 32, 4, 157)
-    assert launch.matvec_config(10_000, 256, 3, torch.float32, gpu).block_n == 32
-    for m, dtype in ((6, torch.float32), (3, torch.bfloat16)):
+    for m, dtype, tile in ((3, torch.float32, (32, 64)), (6, torch.float32, (64, 64)), (3, torch.bfloat16, (32, 64)),
+                           (5, torch.float16, (64, 64))):
+        mv = launch.matvec_config(10_000, 256, m, dtype, gpu)
+        assert (mv.mode, mv.block_n, mv.block_d) == ("small",) + tile, (m, dtype, mv)
+    for m, dtype in ((7, torch.float32), (6, torch.bfloat16)):
         mv = launch.matvec_config(10_000, 256, m, dtype, gpu)
         assert (mv.mode, mv.dot_precision) == ("dot", "ieee") and mv.block_n == 64, (m, dtype, mv)
     assert launch.matvec_config(10_000, 100, 3, torch.float32, gpu).mode == "dot"  # tensor cores (tf32x3)
@@ -1156,3 +1159,13 @@ def test_matvec_probe_benchmark_smoke(tmp_path):
     assert mod.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 5 * len(mod.CASES) and all(r["rel_err"] < 1e-5 for r in rows)
+
+
+def test_matvec_small_ab_benchmark_smoke(tmp_path):
+    """``benchmarks/matvec_small_ab.py --quick``: the model's matvec and the small kernel at each tile,
+    checked against float64 (bf16 under the interpreter: its fp32 products of exact bf16 values)."""
+    mod = _benchmark_module("matvec_small_ab")
+    out = tmp_path / "ab.json"
+    assert mod.main(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == (1 + len(mod.TILES)) * len(mod.CASES) and all(r["rel_err"] < 1e-5 for r in rows)

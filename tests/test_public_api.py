@@ -166,7 +166,7 @@ def test_dense_config_invariants(N, D, m, dtype):
     # The matvec launch reuses the same tile, except fp32 rows over 128 values with a few right-hand
     # sides (one accumulator each over short column chunks); overrides replace only known fields.
     mv = launch.matvec_config(N, D, m, dtype)
-    if dtype == torch.float32 and 2 <= m <= launch.MATVEC_SMALL_M_PICK and D > 128:
+    if dtype == torch.float32 and 2 <= m <= launch.MATVEC_SMALL_M_PICK[0] and D > 128:
         assert mv.mode == "small" and mv.block_d < D and mv.num_programs == -(-N // mv.block_n)
     else:
         assert mv.block_d == c.block_d and mv.block_n >= c.block_n and mv.mode != "small"

@@ -634,9 +634,10 @@ def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
                    prefetch=False, dot_precision="tf32x3" if narrow else "ieee")
 
 
-#: the matvec's one-accumulator-per-right-hand-side kernel: the model takes it on fp32 rows over 128
-#: values up to this many right-hand sides (timed at m = 3 and 5; m = 8 on par with the padded dot)
-MATVEC_SMALL_M_PICK = 5
+#: the matvec's one-accumulator-per-right-hand-side kernel: the model takes it on rows over 128 values
+#: up to this many right-hand sides, ``[fp32, bf16 / fp16]`` (H100: fp32 faster up to m = 6, m = 7 a
+#: tie, m = 8 slower; bf16 timed at m = 3 and 5, 2.2-2.6x the padded dot; fp16 takes the same path)
+MATVEC_SMALL_M_PICK = (6, 5)
 
 
 def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | None = None) -> DenseConfig:
@@ -654,17 +655,20 @@ def matvec_config(N: int, D: int, m: int, dtype: torch.dtype, gpu: GPUInfo | Non
     Returns
     -------
     DenseConfig
-        ``num_programs``: the persistent grid (at most ``ceil(N / block_n)``). fp32 rows over 128
-        values with 2 <= m <= :data:`MATVEC_SMALL_M_PICK`: ``mode="small"`` (one register accumulator
-        per right-hand side across 32-64-column chunks, one program per row tile).
+        ``num_programs``: the persistent grid (at most ``ceil(N / block_n)``). Rows over 128 values
+        with 2 <= m <= :data:`MATVEC_SMALL_M_PICK` (fp32 / 2-byte storage): ``mode="small"`` (one
+        register accumulator per right-hand side across 32-64-column chunks, one program per tile).
     """
     cfg = dense_config(N, D, m, dtype, gpu)
-    if dtype == torch.float32 and 2 <= m <= MATVEC_SMALL_M_PICK and D > 128 and cfg.strategy == "onchip":
+    two_byte = dtype in (torch.bfloat16, torch.float16)
+    if (dtype == torch.float32 or two_byte) and 2 <= m <= MATVEC_SMALL_M_PICK[two_byte] and D > 128 \
+            and cfg.strategy == "onchip":
         # rows the padded tl.dot would run as fp32 FMAs (16 per element, operands through shared
         # memory): one accumulator per right-hand side, one program per tile. H100, 2M x 256
-        # (matvec_probe-H100-2026-12-06-s36): m = 3 0.688 ms at 32 x 64 (padded dot 1.00, cuBLAS
-        # 0.929), m = 5 0.792 at 64 x 32 (0.984, 0.939); m = 8 at 1M x 512 1.16 against 1.15: kept
-        bn, bd = (32, 64) if m <= 4 else (64, 32)
+        # (matvec_probe- / matvec_small_ab-H100-2026-12-06-s36): fp32 m = 3 0.688 ms at 32 x 64 (padded
+        # dot 1.00, cuBLAS 0.929), m = 5 0.792 at 64 x 32 (0.984), m = 6 0.787 at 64 x 64 (0.977), m = 7
+        # 0.988 (0.973: kept); bf16 m = 3 0.442 (1.14), m = 5 0.578 at 64 x 64 (1.27)
+        bn, bd = (32, 64) if m <= 4 else (64, 64) if two_byte or m == 6 else (64, 32)
         return replace(cfg, mode="small", m_pad=1 << (m - 1).bit_length(), block_n=bn, block_d=bd, num_warps=4,
                        num_stages=3, num_programs=-(-N // bn), prefetch=False, chunk=None)
     if cfg.mode == "vector" and cfg.strategy == "onchip":
