@@ -228,14 +228,15 @@ def test_matvec_block_d_fits_without_spilling():
     """The multinomial loss pass's ``[X, 1] W`` at rows of 256 and 1024 values: the columns per tile
     ``dense.fitting_block_d`` takes (the plan's, halved while the compile spills more than
     LOCAL_BYTES_OK) compile within it for sm_90 (Triton 3.9 spilled 5.4 KB at 2M x 256, m = 5 and
-    4.6 KB at 1M x 1024, m = 16 at the plan's tile; 3.6 keeps it)."""
+    4.6 KB at 1M x 1024, m = 16 at the plan's tile; 3.6 keeps it). m = 8 here: up to m = 6 these rows
+    take the one-accumulator-per-right-hand-side kernel since session 36."""
     import copy
 
     from fusedml import _launch
 
     require_tools()
     variants = []
-    for N, D, m in ((2_000_000, 256, 5), (1_000_000, 1024, 16)):
+    for N, D, m in ((2_000_000, 256, 8), (1_000_000, 1024, 16)):
         plan = _loss_pass_launch(N, D, m, "_matvec_kernel")
         bd = plan["consts"]["BLOCK_D"]
         for b in (bd >> i for i in range(bd.bit_length()) if bd >> i >= 128):
@@ -283,12 +284,13 @@ def test_unrolled_loss_block_n_fits_without_spilling():
 def test_matvec_small_mode_loop_is_m_fmas_per_element():
     """The matvec's ``mode="small"`` (one accumulator per right-hand side) compiles for sm_90 into an
     inner loop of exactly m FFMAs per element of X a thread holds, with no shared-memory staging,
-    barrier or spill; the padded FMA ``tl.dot`` the model runs on such rows (2M x 256, m = 5) does
-    16 per element and stages its operands through shared memory."""
+    barrier or spill; the padded FMA ``tl.dot`` the model ran on such rows until session 36 (2M x 256,
+    m = 5) does 16 per element and stages its operands through shared memory."""
     require_tools()
     N, D, m, (bn, bd, warps) = 2_000_000, 256, 5, (16, 64, 4)
     launches = []
-    for cfg in (None, dict(mode="small", block_n=bn, block_d=bd, num_warps=warps)):
+    for cfg in (dict(mode="dot", m_pad=16, block_n=64, dot_precision="ieee"),
+                dict(mode="small", block_n=bn, block_d=bd, num_warps=warps)):
         with record_launches(execute=False) as rec:
             fusedml.matvec(torch.empty(N, D), torch.zeros(D + 1, m), intercept=True, backend="fused", config=cfg)
         launches.append(rec.launches[-1])
