@@ -147,7 +147,6 @@ def main(argv=None):
             best_rows.append(dict(base, best=best["kernel"], best_ms=best["ms"], best_pct=100 * floor_ms / best["ms"],
                                   library_ms=lib_ms, library_pct=100 * floor_ms / lib_ms, ops_ms=ops_ms,
                                   vs_library=lib_ms / best["ms"], vs_ops=ops_ms / best["ms"], rel_err=best["rel_err"]))
-        del X, W, want
     for r in rows:
         if r["ms"]:
             r["%floor"] = 100 * r["floor_ms"] / r["ms"]

@@ -40,7 +40,6 @@ def main(argv=None):
             ms = None if args.quick else _common.bench_ms(fn)
             rows.append(dict(N=N, D=D, m=m, dtype=str(dtype)[6:], launch=name, ms=ms, floor_ms=floor_ms,
                              rel_err=float((got.double() - want).norm() / want.norm())))
-        del X, W, want
     print(_common.markdown_table(rows, ["N", "D", "m", "dtype", "launch", "ms", "floor_ms", "rel_err"]))
     print("wrote", _common.write_json("matvec_small_ab", rows, out=args.out))
     return 1 if any(r["rel_err"] > 1e-5 for r in rows) else 0
