@@ -102,9 +102,10 @@ class DenseConfig:
         right-hand sides unrolled, one accumulator shaped as the tile each (2 m FMAs per element of
         X; see :func:`small_config`); larger m, fp32/bf16/fp16:
         ``tl.dot`` with m padded to 16 (``dot_precision``); fp64 with m > 4: 3-D broadcast +
-        ``tl.sum`` (no fp64 tl.dot). The ``matvec`` kernel's "small" (through ``config``, 2 <= m <= 8):
-        one ``[block_n, block_d]`` accumulator per right-hand side across the column chunks,
-        reduced along the row once per tile.
+        ``tl.sum`` (no fp64 tl.dot). The ``matvec`` kernel's "small" (2 <= m <= 8; the model's pick
+        on rows over 128 values with a few right-hand sides, :func:`matvec_config`): one
+        ``[block_n, block_d]`` accumulator per right-hand side across the column chunks, reduced
+        along the row once per tile.
     m_pad : int
         Padded number of right-hand sides (1; 2, 4 or 8 for "small"; 16 for "dot"; next power of two).
     num_warps : int
