@@ -92,6 +92,18 @@ def matvec_rhs(X, W, bn, bk, warps, stages=3):
     return T
 
 
+def operands(N, D, m, dtype, dev, gen):
+    """``(X [N, D] in dtype, W [D + 1, m] fp32, float64 [X, 1] W, floor ms of one read of X)``."""
+    X = torch.randn(N, D, generator=gen, device=dev).to(dtype)
+    W = 0.1 * torch.randn(D + 1, m, generator=gen, device=dev)
+    want = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1) @ W.double()
+    return X, W, want, X.numel() * X.element_size() / _common.H200_BANDWIDTH * 1e3
+
+
+def rel_err(got, want) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
 CASES = [(2_000_000, 256, 3), (2_000_000, 256, 5), (1_000_000, 512, 8), (4_000_000, 64, 3), (1_000_000, 100, 5)]
 
 
@@ -106,13 +118,10 @@ def main(argv=None):
     for N, D, m in CASES:
         if args.quick:
             N = 100
-        X = torch.randn(N, D, generator=gen, device=dev)
-        W = 0.1 * torch.randn(D + 1, m, generator=gen, device=dev)
-        want = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1) @ W.double()
-        floor_ms = X.numel() * 4 / _common.H200_BANDWIDTH * 1e3
+        X, W, want, floor_ms = operands(N, D, m, torch.float32, dev, gen)
 
         def err(got):
-            return float((got.double() - want).norm() / want.norm())
+            return rel_err(got, want)
 
         base = {"N": N, "D": D, "m": m, "floor_ms": floor_ms}
         lib = lambda: fusedml.matvec(X, W, intercept=True, backend="fused")  # noqa: E731

@@ -13,6 +13,7 @@ import torch
 
 import _common
 import fusedml
+from matvec_probe import operands, rel_err
 
 CASES = [(2_000_000, 256, 3, torch.bfloat16), (2_000_000, 256, 5, torch.bfloat16), (2_000_000, 256, 6, torch.float32),
          (2_000_000, 256, 7, torch.float32), (2_000_000, 256, 8, torch.float32), (1_000_000, 512, 3, torch.float32)]
@@ -29,17 +30,14 @@ def main(argv=None):
     rows = []
     for N, D, m, dtype in CASES:
         N = 100 if args.quick else N
-        X = torch.randn(N, D, generator=gen, device=dev).to(dtype)
-        W = 0.1 * torch.randn(D + 1, m, generator=gen, device=dev)
-        want = torch.cat([X.double(), torch.ones(N, 1, dtype=torch.float64, device=dev)], 1) @ W.double()
-        floor_ms = X.numel() * X.element_size() / _common.H200_BANDWIDTH * 1e3
+        X, W, want, floor_ms = operands(N, D, m, dtype, dev, gen)
         for name, cfg in [("model", None)] + [(f"small {bn} x {bd}", dict(mode="small", block_n=bn, block_d=bd,
                                                 num_warps=4, num_stages=3, num_programs=-(-N // bn))) for bn, bd in TILES]:
             fn = lambda: fusedml.matvec(X, W, intercept=True, backend="fused", config=cfg)  # noqa: E731
             got = fn()
             ms = None if args.quick else _common.bench_ms(fn)
             rows.append(dict(N=N, D=D, m=m, dtype=str(dtype)[6:], launch=name, ms=ms, floor_ms=floor_ms,
-                             rel_err=float((got.double() - want).norm() / want.norm())))
+                             rel_err=rel_err(got, want)))
     print(_common.markdown_table(rows, ["N", "D", "m", "dtype", "launch", "ms", "floor_ms", "rel_err"]))
     print("wrote", _common.write_json("matvec_small_ab", rows, out=args.out))
     return 1 if any(r["rel_err"] > 1e-5 for r in rows) else 0
