@@ -380,6 +380,14 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37)  # session 37: the wide-row Hessian passes on the unrolled kernel (column chunks, warps, m exact for
+          # X^T V and the plain product), the points sm_90 compiles without spills (hessian_probe --compile-only)
+      run hessian-probe 420 python3 benchmarks/hessian_probe.py --cases softmax5 softmax3 xtv5 mul5 --only \
+        "padded dot" "library exact=1" "4x256/128 w4" "8x256/64 w4" "8x256/128 w4" "8x256/128 w8" "16x256/64 w8" \
+        "16x256/128 w8" "16x256/64 w4" "4x256/128 w4 exact=1" "8x256/128 w8 exact=1" "8x256/64 w8 exact=1" \
+        "16x256/64 w8 exact=1" "8x256/64 w4 exact=1" "4x256/32 w4 exact=1" "8x256/256 w8 exact=1" \
+        "4x256/128 w4 exact=0" --out "$out/hessian_probe_s37.json"
+      grep -E "^\| (softmax|xtv|mul)" "$log/hessian-probe.log" | cut -c1-200 ;;
     s36)  # session 36: a matvec with one register accumulator per right-hand side (matvec_probe); the
           # compile-checked tiles beside the planned ones (tile_ab, with the m = 1 loss tiles that spill on 3.9)
       run matvec-probe 240 python3 benchmarks/matvec_probe.py --out "$out/matvec_probe_s36.json"

@@ -1129,6 +1129,36 @@ def test_fitting_block_n_halves_a_spilling_tile(monkeypatch, rng):
     assert len(halved) >= 2 and all(n == -(-203 // (bn // 2)) for bn, n in halved), halved
 
 
+@pytest.mark.parametrize("N,D,m,chunk,bn,dtype,v_op", [
+    (61, 64, 5, 16, 8, torch.float32, "softmax"), (45, 100, 3, None, 4, torch.float32, "mul"),
+    (37, 40, 7, 8, 4, torch.float64, "mul"), (50, 128, 6, 32, 8, torch.bfloat16, "softmax")])
+def test_dense_small_exact_m(rng, poison, N, D, m, chunk, bn, dtype, v_op):
+    """``exact_m``: the unrolled kernel with m right-hand sides unrolled exactly (True) or padded to
+    m_pad (False) gives every product and X^T V as float64, with and without the intercept,
+    deterministic bit-repeatable; a value other than None / True / False raises."""
+    X = _dense(rng, N, D, dtype, "row")
+    X64 = X.double() if dtype != torch.float64 else X
+    base = {"mode": "small", "m_pad": 1 << (m - 1).bit_length(), "block_n": bn, "num_programs": 3,
+            "prefetch": 2, "chunk": chunk, "block_d": 1 << (D - 1).bit_length(), "strategy": "onchip"}
+    for intercept in (False, True):
+        y, v, z = _operands(rng, N, D, m, intercept=intercept)
+        ref = mmchain_reference(X64, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op)
+        refx = mmchain_reference(X64, None, v, z, 1.5, 0.5, intercept=intercept)
+        for exact in (True, False):
+            cfg = dict(base, exact_m=exact)
+            w = fusedml.mmchain(X, y, v, z, 0.7, -0.4, intercept=intercept, v_op=v_op, backend="fused", config=cfg)
+            assert rel(w, ref) < TOL[dtype], (intercept, exact)
+            wx = fusedml.mmchain(X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg)
+            assert rel(wx, refx) < TOL[dtype], (intercept, exact)
+            wd = fusedml.mmchain(X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg,
+                                 deterministic=True)
+            assert rel(wd, refx) < TOL[dtype] and torch.equal(wd, fusedml.mmchain(
+                X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg, deterministic=True))
+    y, v, _ = _operands(rng, N, D, m)
+    with pytest.raises(ValueError, match="config: exact_m must be None, True or False"):
+        fusedml.mmchain(X, y, v, backend="fused", config=dict(base, exact_m="yes"))
+
+
 def _benchmark_module(name):
     import importlib.util
 
@@ -1159,6 +1189,17 @@ def test_matvec_probe_benchmark_smoke(tmp_path):
     assert mod.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 5 * len(mod.CASES) and all(r["rel_err"] < 1e-5 for r in rows)
+
+
+def test_hessian_probe_benchmark_smoke(tmp_path):
+    """``benchmarks/hessian_probe.py --quick``: the library's launch and unrolled-kernel points (m exact
+    and padded for X^T V) of each case, checked against float64."""
+    mod = _benchmark_module("hessian_probe")
+    out = tmp_path / "hp.json"
+    assert mod.main(["--quick", "--cases", "softmax5", "xtv5", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["point"].split()[-1] for r in rows] == ["library", "w4", "w4", "library", "exact=0", "exact=1"]
+    assert all(r["rel_err"] < 1e-5 for r in rows)
 
 
 def test_matvec_small_ab_benchmark_smoke(tmp_path):

@@ -1260,6 +1260,8 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
         raise ValueError(f"strategy='coop' serves m = 1 only (got m={P.m})")
     if cfg.mode == "small" and not (cfg.m_pad in (2, 4, 8) and P.m <= cfg.m_pad):
         raise ValueError(f"mode='small' needs m <= m_pad in (2, 4, 8); got m={P.m}, m_pad={cfg.m_pad}")
+    if not (cfg.exact_m is None or isinstance(cfg.exact_m, (bool, np.bool_))):
+        raise ValueError(f"config: exact_m must be None, True or False, got {cfg.exact_m!r}")
     if cfg.chunk is not None and not (cfg.mode == "small" and 4 <= cfg.chunk <= cfg.block_d
                                       and cfg.chunk & (cfg.chunk - 1) == 0):
         raise ValueError(f"chunk must be a power of two in [4, block_d = {cfg.block_d}] with mode='small', "
@@ -1483,8 +1485,9 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
             kernel, extra, code, power, c, eta, hw = _mmchain_chunked_kernel, {}, 0, 0.0, None, None, w
         else:
             kernel = _mmchain_small_kernel if cfg.mode == "small" else _mmchain_onchip_kernel
-            if (kernel is _mmchain_small_kernel and 2 <= M < cfg.m_pad and _EXACT_UNROLL
-                    and (loss is not None or P.v_op == "softmax")):
+            exact = cfg.exact_m if cfg.exact_m is not None else (
+                _EXACT_UNROLL and (loss is not None or P.v_op == "softmax"))
+            if kernel is _mmchain_small_kernel and 2 <= M < cfg.m_pad and exact:
                 # unrolled exactly: no padding column's FMAs and reductions. Not the plain product,
                 # whose m = 3 compile ptxas schedules with the prefetch's loads late in the loop
                 # (H200, 16M x 64: 2.34 ms against 1.25 padded; softmax 1.20 against 1.33;

@@ -129,6 +129,10 @@ class DenseConfig:
         values of a row spread over the ``block_d / chunk`` column chunks (a row's dot products
         then reduce across ``chunk / 4`` threads instead of ``block_d / 4``: fewer shuffles per
         element). None: ``block_d`` (one chunk: the 2-D tile).
+    exact_m : bool, optional
+        "small" only: unroll exactly m right-hand sides (True) or ``m_pad`` (False: the padding
+        columns' FMAs run on zeros). None: the rule (exact for the softmax product and the loss
+        pass; see :func:`fusedml.mmchain.dense.dense_mmchain_fused`).
     max_registers : int, optional
         "onchip" / "small": ptxas's register limit (Triton's ``maxnreg``); None: ptxas's choice
         (session 17's m = 3 passes: 128 changed nothing, 80 was slower; ``m3_probe-*-s17-f``).
@@ -154,6 +158,7 @@ class DenseConfig:
     dot_precision: str = "tf32x3"
     max_registers: int | None = None
     chunk: int | None = None
+    exact_m: bool | None = None
 
     def with_overrides(self, overrides: dict | None) -> "DenseConfig":
         """Return a copy with the fields named in ``overrides`` replaced (unknown keys ignored).
