@@ -380,6 +380,30 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37b)  # session 37, after s37: the 256-value-row launches as the model's pick (chunks of 64, 16 values on 4
+           # warps, m exact): the library's launch of the probed forms, the forms not yet probed, float64
+           # checks, the solver passes and the 5-class fit at 2M x 256 against .ab-base (7703021), interleaved
+      run probe-lib 120 python3 benchmarks/hessian_probe.py --cases softmax5 mul5 xtv5 --only --out "$out/hessian_probe_s37b_lib.json"
+      grep -E "^\| (softmax|xtv|mul)" "$log/probe-lib.log" | cut -c1-200
+      run probe-more 420 python3 benchmarks/hessian_probe.py --cases softmax6 mul6 mul3 loss5 loss3 xtv8 xtv5-512 --only \
+        "padded dot" "library exact=1" "4x256/128 w4" "4x256/64 w4" "8x256/64 w4" "8x256/128 w4" "8x256/128 w8" \
+        "16x256/64 w8" "4x256/64 w4 exact=1" "8x256/64 w4 exact=1" "8x256/64 w4 exact=0" "16x256/64 w4 exact=1" \
+        "16x256/64 w8 exact=1" "16x256/64 w8 exact=0" "8x256/128 w8 exact=0" "4x512/64 w4 exact=1" \
+        "8x512/64 w8 exact=1" "4x512/128 w4 exact=1" --out "$out/hessian_probe_s37b.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-more.log" | cut -c1-200
+      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37b.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x5 2000000x256x3 \
+        --out "$out/solver_ops_s37b.json"
+      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run e2e-$side-$r 200 python3 $root/benchmarks/bench_end_to_end.py --parts large --large 2000000x256 \
+            --algorithms logistic-multinomial --repeat 3 --backends fused --no-plots --out "$out/e2e_mult_${side}_$r.json"
+          grep -E "^\| " "$log/e2e-$side-$r.log" | cut -c1-200 | tail -3
+        done
+      done ;;
     s37)  # session 37: the wide-row Hessian passes on the unrolled kernel (column chunks, warps, m exact for
           # X^T V and the plain product), the points sm_90 compiles without spills (hessian_probe --compile-only)
       run hessian-probe 420 python3 benchmarks/hessian_probe.py --cases softmax5 softmax3 xtv5 mul5 --only \

@@ -31,8 +31,14 @@ CASES = {
     "softmax5": ((2_000_000, 256, 5), "hessian softmax"),
     "softmax3": ((2_000_000, 256, 3), "hessian softmax"),
     "mul5": ((2_000_000, 256, 5), "hessian X^T(h*(Xs))"),
-    "mul3": ((2_000_000, 256, 3), "hessian X^T(h*(Xs))"),
     "xtv5": ((2_000_000, 256, 5), "X^T v"),
+    "xtv8": ((2_000_000, 256, 8), "X^T v"),
+    "xtv5-512": ((1_000_000, 512, 5), "X^T v"),
+    "loss5": ((2_000_000, 256, 5), "loss+grad (multinomial)"),
+    "loss3": ((2_000_000, 256, 3), "loss+grad (multinomial)"),
+    "softmax6": ((2_000_000, 256, 6), "hessian softmax"),
+    "mul6": ((2_000_000, 256, 6), "hessian X^T(h*(Xs))"),
+    "mul3": ((2_000_000, 256, 3), "hessian X^T(h*(Xs))"),
 }
 
 
@@ -94,7 +100,7 @@ def main(argv=None):
         fused, ref = bench_solver_ops.passes(X, w, y, h, m)[pas]
         want = None if args.compile_only else ref()
         floor_ms = N * D * 4 / _common.H200_BANDWIDTH * 1e3
-        pts = points(D, m, "softmax" not in pas)
+        pts = points(D, m, "softmax" not in pas and "loss" not in pas)
         if args.only is not None:
             pts = [p for p in pts if p[0] == "library" or p[0] in args.only]
         if args.quick:

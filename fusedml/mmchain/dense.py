@@ -1230,7 +1230,14 @@ def _config_uncached(P: Problem, config: dict | None, loss: bool) -> DenseConfig
     cfg = dense_config(P.N, P.D, P.m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
     if loss:  # the loss pass's launch, then the caller's overrides on top
-        cfg = loss_launch(cfg, P.D, P.m, X, P.acc_dtype)
+        try:
+            cfg = loss_launch(cfg, P.D, P.m, X, P.acc_dtype)
+        except NotImplementedError:
+            if not (config and config.get("mode") == "small" and cfg.strategy == "onchip"):
+                raise
+            # rows the model composes from two reads: the unrolled one-read pass on request
+            cfg = small_config(cfg, P.D, P.m, X.dtype, xtv=False, intercept=True, gpu=gpu_info(X.device),
+                               stride_xn=X.stride(0), loss=True)
         cfg = loss_config(_overridden(cfg, config), P.acc_dtype, tuned=True)
     elif P.intercept and cfg.mode == "vector" and cfg.strategy == "onchip" and not cfg.prefetch:
         # the solvers' Hessian products (intercept, row weights, beta * z): H200 sweeps of 1M x 100,

@@ -259,6 +259,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
         return bd <= max(256, SMALL_WIDE_M_D[form])
     if form == "loss" and m == 5 and dtype == torch.float32:  # the column-chunked launch (small_config)
         return bd <= max(128, SMALL_WIDE_M_D[form])
+    if form == "mul" and m <= 6 and dtype == torch.float32 and bd == 256:  # chunked, m exact (small_config)
+        return True
     return bd <= SMALL_WIDE_M_D[form]
 
 
@@ -608,6 +610,12 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             ept, warps, chunk = (16, 4, 16) if bd == 64 else (16, 4, 32)
         elif not loss and not softmax and not intercept and bd == 128 and m_pad == 4:
             ept, warps, chunk, prefetch = 8, 8, 64, 1
+    exact = None
+    if (dtype == torch.float32 and stride_xn != 1 and bd == 256 and not loss
+            and ((softmax and m <= 6) or (not softmax and m_pad > 4 and m <= (8 if xtv else 6)))):
+        # 256-value rows (H100, hessian_probe-H100-2026-12-06-s37): chunks of 64, 16 values on 4 warps,
+        # m unrolled exactly
+        ept, warps, chunk, prefetch, exact = 16, 4, 64, 2, True
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
@@ -615,7 +623,7 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
     bn = max(32 if stride_xn == 1 else 1, ept * 32 * warps // bd)
     programs = gpu.sm_count * max(1, gpu.max_threads_per_sm // (32 * warps))
     return replace(cfg, strategy="onchip", mode="small", m_pad=m_pad, block_n=int(bn), block_d=bd, num_warps=warps,
-                   num_programs=int(programs), prefetch=prefetch, chunk=chunk)
+                   num_programs=int(programs), prefetch=prefetch, chunk=chunk, exact_m=exact)
 
 
 def padded_dot(cfg: DenseConfig, rows: int | None = None) -> DenseConfig:
