@@ -380,6 +380,21 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37c)  # session 37, after s37b: the final 256-value-row rules (softmax m = 6 in chunks of 128, the plain
+           # product m <= 4 / 6, the m <= 4 loss pass's one read, X^T V on 512-value rows): the library's launch
+           # of each probed form, float64 checks, the solver passes, the 5-class fit beside ops and scikit-learn
+      run probe-lib 150 python3 benchmarks/hessian_probe.py --cases softmax5 softmax6 mul3 mul6 loss3 xtv8 xtv5-512 \
+        --only --out "$out/hessian_probe_s37c_lib.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
+      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37c.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x3 2000000x256x6 \
+        --out "$out/solver_ops_s37c.json"
+      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
+      run e2e-mult-wide 200 python3 benchmarks/bench_end_to_end.py --parts large --large 2000000x256 \
+        --algorithms logistic-multinomial --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_multinomial_2Mx256_s37c.json"
+      grep -E "^\| " "$log/e2e-mult-wide.log" | cut -c1-200 | tail -8 ;;
     s37b)  # session 37, after s37: the 256-value-row launches as the model's pick (chunks of 64, 16 values on 4
            # warps, m exact): the library's launch of the probed forms, the forms not yet probed, float64
            # checks, the solver passes and the 5-class fit at 2M x 256 against .ab-base (7703021), interleaved

@@ -166,15 +166,16 @@ def test_small_config_rules(rng):
     ahead; one for the plain product on rows of <= 128 values, 4 elements per thread on 16 warps;
     fp32 m = 4 there: 8 on 8 warps in chunks of 64),
     else 8 on 8 warps; X^T V
-    without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp64 half, 2-byte storage at least 8;
-    overrides still win."""
+    without prefetch, 16 per thread (8 on 16 warps for m = 5..8); fp32 rows of 256 values: 16 on 4
+    warps in chunks of 64, two tiles ahead (hessian_probe-*-s37); fp64 half, 2-byte storage at least
+    8; overrides still win."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     cases = [  # D, m, intercept, xtv, dtype -> warps, elements per thread, prefetch, m_pad
         (100, 4, False, False, torch.float32, 8, 8, 1, 4), (100, 3, True, False, torch.float32, 8, 8, 2, 4),
         (100, 4, False, False, torch.float64, 16, 2, 1, 4),
-        (256, 4, False, False, torch.float32, 8, 8, 2, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
-        (256, 5, True, True, torch.float32, 16, 8, False, 8), (64, 2, False, False, torch.float64, 16, 2, 1, 2),
+        (256, 4, False, False, torch.float32, 4, 16, 2, 4), (128, 3, True, True, torch.float32, 8, 16, False, 4),
+        (256, 5, True, True, torch.float32, 4, 16, 2, 8), (64, 2, False, False, torch.float64, 16, 2, 1, 2),
         (600, 8, False, True, torch.float64, 16, 4, False, 8), (128, 4, False, False, torch.bfloat16, 16, 8, 1, 4)]
     for D, m, intercept, xtv, dtype, warps, ept, pf, m_pad in cases:
         X = _dense(rng, 64, D, dtype)
@@ -186,8 +187,10 @@ def test_small_config_rules(rng):
         assert (cfg.mode, cfg.num_warps, cfg.block_n * bd // (32 * warps), cfg.prefetch, cfg.m_pad) == (
             "small", warps, ept, pf, m_pad), (D, m, intercept, xtv, cfg)
         assert cfg.num_programs == 132 * (2048 // (32 * warps))  # an upper bound: the launcher caps it
-        # column chunks (chunk_probe-*-s18-e): fp32, m = 4 without the intercept on 128-value rows
-        assert cfg.chunk == (64 if (D, m, intercept, dtype) == (100, 4, False, torch.float32) else None)
+        # column chunks (chunk_probe-*-s18-e): fp32, m = 4 without the intercept on 128-value rows; fp32
+        # 256-value rows (hessian_probe-*-s37)
+        assert cfg.chunk == (64 if (D, m, intercept, dtype) == (100, 4, False, torch.float32)
+                             or (D, dtype) == (256, torch.float32) else None)
         assert dense_mod._config(P, {"prefetch": not pf}).prefetch == (not pf)
     with pytest.raises(ValueError, match="m <= 8"):
         launch.small_config(launch.dense_config(10, 8, 9, torch.float32), 8, 9, torch.float32, xtv=False,
@@ -195,6 +198,45 @@ def test_small_config_rules(rng):
     with pytest.raises(ValueError, match="1024"):
         launch.small_config(launch.dense_config(10, 2000, 3, torch.float32), 2000, 3, torch.float32, xtv=True,
                             intercept=False)
+
+
+@pytest.mark.parametrize("form,m,D,want", [  # want: values per thread, warps, chunk, exact_m
+    ("softmax", 5, 256, (16, 4, 64, True)), ("softmax", 6, 200, (16, 4, 128, True)),
+    ("mul", 3, 256, (16, 4, 64, True)), ("mul", 5, 256, (16, 4, 64, True)), ("mul", 6, 256, (8, 8, 128, False)),
+    ("xtv", 5, 256, (16, 4, 64, True)), ("xtv", 8, 512, (16, 4, 128, True)), ("loss", 3, 256, (8, 4, 128, None))])
+def test_small_config_256_value_rows(rng, poison, form, m, D, want):
+    """fp32 rows of 256 values (X^T V: also 512) take the unrolled kernel in column chunks, two tiles
+    ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b: the multinomial
+    Hessian product at 2M x 256, m = 5 0.736 ms against 1.41); the model's launch gives the float64
+    result (the loss pass: its one read, gradient, loss and Hessian weights)."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    X = _dense(rng, 40, D, torch.float32)
+    y, v, z = _operands(rng, 40, D, m, intercept=True)
+    if form == "loss":
+        Y = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, m, 40)), m).float()
+        W = 0.3 * torch.as_tensor(rng.standard_normal((D + 1, m)), dtype=torch.float32)
+        P = prepare_mmchain(X, W, None, None, 1.0, 0.0, intercept=True, v_op="mul", check_finite=False)
+        cfg = dense_mod._config(P, None, loss=True)
+        r = fusedml.loss_gradient(X, W, Y, loss="multinomial", intercept=True, backend="fused")
+        ref = fusedml.loss_gradient(X.double(), W.double(), Y.double(), loss="multinomial", intercept=True,
+                                    backend="cpu")
+        assert rel(r.grad, ref.grad) < TOL[torch.float32] and rel(r.loss, ref.loss) < 1e-5
+        assert rel(r.hess, ref.hess) < 1e-5
+    else:
+        yy = None if form == "xtv" else y
+        vop = "softmax" if form == "softmax" else "mul"
+        P = prepare_mmchain(X, yy, v, z, 1.0, 0.5, intercept=True, v_op=vop, check_finite=False)
+        cfg = dense_mod._config(P, None)
+        w = fusedml.mmchain(X, yy, v, z, 1.0, 0.5, intercept=True, v_op=vop, backend="fused")
+        assert rel(w, mmchain_reference(X, yy, v, z, 1.0, 0.5, intercept=True, v_op=vop)) < TOL[torch.float32]
+    ept = cfg.block_n * cfg.block_d // (32 * cfg.num_warps)
+    assert (cfg.mode, ept, cfg.num_warps, cfg.chunk, cfg.exact_m, cfg.prefetch) == ("small",) + want + (2,), cfg
+    # other dtypes and column-major X keep their launches
+    Xc = X.T.contiguous().T
+    Pc = prepare_mmchain(Xc, None if form == "xtv" else y, v, z, 1.0, 0.5, intercept=True, v_op="mul",
+                         check_finite=False)
+    assert dense_mod._config(Pc, None, loss=form == "loss").chunk is None
 
 
 def test_dense_dot_precision_default_and_bad_value(rng):

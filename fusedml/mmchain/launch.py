@@ -611,11 +611,20 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         elif not loss and not softmax and not intercept and bd == 128 and m_pad == 4:
             ept, warps, chunk, prefetch = 8, 8, 64, 1
     exact = None
-    if (dtype == torch.float32 and stride_xn != 1 and bd == 256 and not loss
-            and ((softmax and m <= 6) or (not softmax and m_pad > 4 and m <= (8 if xtv else 6)))):
-        # 256-value rows (H100, hessian_probe-H100-2026-12-06-s37): chunks of 64, 16 values on 4 warps,
-        # m unrolled exactly
-        ept, warps, chunk, prefetch, exact = 16, 4, 64, 2, True
+    if dtype == torch.float32 and stride_xn != 1 and bd in (256, 512):
+        # column chunks on rows of 256 (X^T V: also 512) values, two tiles ahead; H100 sweeps
+        # (hessian_probe-H100-2026-12-06-s37, -s37b), ms at 2M x 256 (the previous launch in brackets)
+        if xtv and m_pad > 4:  # 16 values on 4 warps, m exact: m = 5 0.697 (0.803), 8 0.747; 1M x 512, m = 5 0.695 (0.791)
+            ept, warps, chunk, prefetch, exact = 16, 4, bd // 4, 2, True
+        elif bd == 256 and loss and m <= 4:  # 8 values on 4 warps, chunks of 128: m = 3 0.880 (1.30)
+            ept, warps, chunk, prefetch = 8, 4, 128, 2
+        elif bd == 256 and not xtv and not loss and m <= 6:
+            # the Hessian products, 16 values on 4 warps, m exact: softmax m = 3 0.693 (0.966), m = 5 0.736
+            # (1.41), m = 6 in chunks of 128 0.895 (1.02 in 64: spills); plain m = 3 0.691 (1.14), m = 5 0.736
+            # (1.54, padded dot); plain m = 6 8 values on 8 warps, padded to 8, in chunks of 128: 1.12 (1.65)
+            ept, warps, chunk, prefetch, exact = 16, 4, 64 if m <= 5 else 128, 2, True
+            if m == 6 and not softmax:
+                ept, warps, exact = 8, 8, False
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
