@@ -742,10 +742,11 @@ def _record_small_launches(monkeypatch, *keys):
 @pytest.mark.parametrize("D,m,form,ept,warps,chunk", [
     (64, 3, "softmax", 16, 4, 16), (100, 3, "softmax", 8, 8, None), (100, 5, "softmax", 16, 4, 32),
     (64, 5, "softmax", 16, 4, 16), (64, 3, "loss", 8, 4, 32), (100, 3, "loss", 16, 4, 32), (100, 5, "loss", 8, 8, 64),
-    (64, 6, "loss", 4, 8, None), (200, 3, "loss", 8, 4, None), (64, 3, "mul", 8, 8, None)])
+    (64, 6, "loss", 4, 8, None), (200, 3, "loss", 8, 4, 128), (64, 3, "mul", 8, 8, None)])
 def test_column_chunk_picks(rng, D, m, form, ept, warps, chunk):
     """The model's column-chunked launches (chunk_probe-H200-2026-12-04-s18-e): fp32, m <= 5, the
-    loss pass and the softmax product on 64 / 128-value rows; float64 never chunks."""
+    loss pass and the softmax product on 64 / 128-value rows (256: hessian_probe-*-s37); float64 never
+    chunks."""
     from fusedml.mmchain._checks import prepare_mmchain
 
     for dtype in (torch.float32, torch.float64):
