@@ -380,6 +380,18 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37d)  # session 37, after s37c: bench_mmchain's matrix-y case (2M x 128, m = 4, 74 % on the H200) swept on the
+           # unrolled kernel; where the 5-class fit's time goes at 2M x 256; the 2M x 256 fits of every estimator
+      run probe-plain4 200 python3 benchmarks/hessian_probe.py --cases plain4-128 --only "16x128/32 w4 pf1" \
+        "16x128/32 w4 pf2" "32x128/32 w8 pf1" "32x128/32 w8 pf2" "16x128/64 w4 pf1" "16x128/64 w4 pf2" "8x128/64 w4 pf1" \
+        "8x128/64 w4 pf2" "16x128/64 w8 pf2" "32x128/64 w8 pf1" "16x128/16 w4 pf1" --out "$out/hessian_probe_s37d_plain4.json"
+      grep -E "^\| plain" "$log/probe-plain4.log" | cut -c1-200
+      run profile-mult 150 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo multinomial \
+        --out "$out/profile_fit_mult_s37d.json"
+      tail -40 "$log/profile-mult.log" | cut -c1-200
+      run e2e-256 400 python3 benchmarks/bench_end_to_end.py --parts large --large 2000000x256 --repeat 3 \
+        --sklearn-budget 1 --no-plots --out "$out/end_to_end_2Mx256_s37d.json"
+      grep -E "^\| " "$log/e2e-256.log" | cut -c1-200 | tail -16 ;;
     s37c)  # session 37, after s37b: the final 256-value-row rules (softmax m = 6 in chunks of 128, the plain
            # product m <= 4 / 6, the m <= 4 loss pass's one read, X^T V on 512-value rows): the library's launch
            # of each probed form, float64 checks, the solver passes, the 5-class fit beside ops and scikit-learn

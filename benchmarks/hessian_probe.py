@@ -22,11 +22,26 @@ import torch
 
 import _common
 import bench_solver_ops
+import fusedml
 from tile_ab import _operands
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-#: name -> ((N, D, m), bench_solver_ops pass)
+_PLAIN = "X^T(V*(XY))"
+
+
+def _plain(X, w, h):
+    """bench_mmchain's matrix-y product ``X^T (V ⊙ (X Y))``: (callable(backend, config), float64 reference)."""
+    Y = w[:-1]
+
+    def ref():
+        X64 = X.double()
+        return X64.T @ (h.double() * (X64 @ Y.double()))
+
+    return (lambda be, cfg: fusedml.mmchain(X, Y, v=h, backend=be, config=cfg)), ref
+
+
+#: name -> ((N, D, m), bench_solver_ops pass or _PLAIN)
 CASES = {
     "softmax5": ((2_000_000, 256, 5), "hessian softmax"),
     "softmax3": ((2_000_000, 256, 3), "hessian softmax"),
@@ -39,10 +54,12 @@ CASES = {
     "softmax6": ((2_000_000, 256, 6), "hessian softmax"),
     "mul6": ((2_000_000, 256, 6), "hessian X^T(h*(Xs))"),
     "mul3": ((2_000_000, 256, 3), "hessian X^T(h*(Xs))"),
+    # bench_mmchain's matrix-y case: X^T (V * (X Y)), no intercept, no z (two prefetch depths)
+    "plain4-128": ((2_000_000, 128, 4), _PLAIN),
 }
 
 
-def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, None)):
+def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, None), prefetch=(2,)):
     """The library's launch, the padded ``tl.dot`` and the unrolled kernel's grid (``config`` dicts);
     ``padded``: a form the rule pads to m_pad (``X^T V``, the plain product), also timed exact."""
     from fusedml.mmchain import launch
@@ -60,10 +77,12 @@ def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, 
                 if ch is not None and ch >= bd:
                     continue
                 for exact in ((False, True) if padded else (None,)):
-                    cfg = {"mode": "small", "strategy": "onchip", "block_n": bn, "block_d": bd, "num_warps": w,
-                           "chunk": ch, "prefetch": 2, "m_pad": 1 << (m - 1).bit_length(), "exact_m": exact}
-                    name = f"{bn}x{bd}/{ch or bd} w{w}" + ("" if exact is None else f" exact={int(exact)}")
-                    pts.append((name, cfg))
+                    for pf in prefetch:
+                        cfg = {"mode": "small", "strategy": "onchip", "block_n": bn, "block_d": bd, "num_warps": w,
+                               "chunk": ch, "prefetch": pf, "m_pad": 1 << (m - 1).bit_length(), "exact_m": exact}
+                        name = (f"{bn}x{bd}/{ch or bd} w{w}" + ("" if exact is None else f" exact={int(exact)}")
+                                + ("" if len(prefetch) == 1 else f" pf{pf}"))
+                        pts.append((name, cfg))
     return pts
 
 
@@ -97,10 +116,13 @@ def main(argv=None):
         if args.quick or args.compile_only:
             N = 256
         X, w, y, h = _operands(N, D, m, torch.float32, dev, gen)
-        fused, ref = bench_solver_ops.passes(X, w, y, h, m)[pas]
+        fused, ref = _plain(X, w, h) if pas == _PLAIN else bench_solver_ops.passes(X, w, y, h, m)[pas]
         want = None if args.compile_only else ref()
         floor_ms = N * D * 4 / _common.H200_BANDWIDTH * 1e3
-        pts = points(D, m, "softmax" not in pas and "loss" not in pas)
+        if pas == _PLAIN:  # m <= 4: the padded form is the m_pad = 4 unroll; one and two tiles ahead
+            pts = points(D, m, False, ept=(8, 16), chunks=(16, 32, 64, None), prefetch=(1, 2))
+        else:
+            pts = points(D, m, "softmax" not in pas and "loss" not in pas)
         if args.only is not None:
             pts = [p for p in pts if p[0] == "library" or p[0] in args.only]
         if args.quick:

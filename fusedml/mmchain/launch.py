@@ -206,7 +206,8 @@ SMALL_M_XTV = 8
 #: (m = 5..8 on rows up to ``SMALL_WIDE_M_D`` values; see :func:`unrolled_wide_m`).
 SMALL_M_WIDE = 8
 #: Row lengths (block_d) up to which m = 5..8 takes the unrolled kernel: the softmax product (m <= 6:
-#: 256), the loss pass (m = 5 in fp32: 128), the plain product ``X^T (V ⊙ [X, 1] Y)`` (m padded to 8).
+#: 256), the loss pass (m = 5 in fp32: 128), the plain product ``X^T (V ⊙ [X, 1] Y)`` (m padded to 8;
+#: fp32 m <= 6 also on 256-value rows, in column chunks).
 SMALL_WIDE_M_D = {"softmax": 128, "loss": 64, "mul": 64}
 
 
@@ -216,7 +217,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     ``form`` is ``"softmax"`` (the multinomial Hessian product ``X^T (h ⊙ (T - rowsum(h ⊙ T)))``),
     ``"loss"`` (the multinomial loss-gradient pass), both with m unrolled exactly, or ``"mul"``
     (the plain product ``X^T (V ⊙ [X, 1] Y)``, m padded to 8: its exact compile issues the
-    prefetch's loads late in the loop, as at m = 3). Elsewhere, and for fp64, the padded ``tl.dot``
+    prefetch's loads late in the loop, as at m = 3; on fp32 256-value rows chunked, m = 5 exact,
+    see :func:`small_config`). Elsewhere, and for fp64, the padded ``tl.dot``
     (fp64: 3-D elementwise). Measured on the H200
     (``benchmarks/m3_probe.py``, ``results/m3_probe-H200-2026-12-04-s18-a`` and ``m58_probe-*-s18-b``,
     every point against float64), with the intercept, ms at 16M x 64 / 4M x 64 / 1M x 100:
@@ -235,7 +237,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     m = 6 and 7 take the launch of the neighbour whose registers they are closer to (sm_90 compiles,
     Triton 3.6 ptxas, ``benchmarks/sass_probe.py``): softmax m = 6 on 4 x 8 (167 registers: three
     programs per SM, as m = 5), loss m = 6 on 8 x 4 (126: two per SM, as m = 5); m = 7 as m = 8.
-    The softmax product on 256-value rows only for m <= 6 (measured at m = 5). With the
+    The softmax product on 256-value rows only for m <= 6; the plain product there too, m exact
+    (session 37, :func:`small_config`: 0.736 ms at 2M x 256, m = 5, against 1.54). With the
     column-chunked tiles (:func:`small_config`, ``results/chunk_probe-H200-2026-12-04-s18-e``) the
     m = 5 loss pass also beats the padded ``tl.dot`` on 100-value rows (1M x 100: 0.417 against
     0.450 ms), so fp32 m = 5 takes it on rows of <= 128 values.
@@ -540,6 +543,24 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         unchanged, 0.159-0.167 either way);
       - plain product without the intercept, m = 4 on 128-value rows: 8 values on 8 warps, chunks
         of 64, one tile ahead (2M x 128 0.323 ms, 74 % (0.344)).
+
+    * Session 37, **rows of 256 values** (fp32; H100, ``benchmarks/hessian_probe.py``,
+      ``results/hessian_probe-H100-2026-12-06-s37``, ``-s37b``; the sm_90 compile of every point
+      first, ``--compile-only``): the unchunked tile reduced each row over 64 lanes, 55 shuffles
+      for 88 FFMAs per thread and tile at m = 5, so the multinomial Hessian product was
+      issue-bound at 1.41 ms (2M x 256). Chunks of 64 (a row over 16 lanes), 16 values per thread
+      on 4 warps, two tiles ahead, m unrolled exactly (``DenseConfig.exact_m``; 253 registers, no
+      spill on 3.6), ms at 2M x 256 (before in brackets):
+
+      - softmax product m = 3 0.693 (0.966), m = 5 **0.736** (1.41), m = 6 in chunks of 128
+        0.895 (1.02; chunks of 64 spill); plain product m = 3 0.691 (1.14), m = 5 0.736 (1.54,
+        the padded ``tl.dot``), m = 6 8 values on 8 warps, padded to 8, chunks of 128 1.12 (1.65);
+      - the loss pass, m <= 4: 8 values on 4 warps, chunks of 128: m = 3 0.880 (1.30; matvec +
+        ``X^T V`` 1.36); m = 5 stays two reads (its best one read, 1.50 ms, spilled);
+      - ``X^T V``, m = 5..8, 16 values on 4 warps, chunks of a quarter row, m exact: m = 5
+        0.697 (0.803), m = 8 0.747; 1M x 512, m = 5 0.695 (0.791). The padded ``tl.dot`` ran
+        0.677 / 0.684 / 0.683 there on the H100, the unrolled kernel 6 % ahead of it on the H200
+        (session 12): kept.
 
     fp64 holds half as many elements per thread (two registers each), 2-byte storage at least 8
     (one 16-byte load); neither was part of the probes, and neither takes column chunks.
