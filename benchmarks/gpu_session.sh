@@ -380,6 +380,13 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37f)  # session 37: 2-byte storage on 256-value rows (bf16), the points sm_90 compiles without spills or
+           # layout conversions (hessian_probe --compile-only)
+      run probe-bf16 300 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
+        loss3-bf16 --only "padded dot" "library exact=1" "8x256/128 w4" "16x256/128 w8" "8x256/128 w4 exact=1" \
+        "16x256/128 w8 exact=1" "8x256/256 w8 exact=1" "4x256/128 w4 exact=1" "8x256/64 w4 exact=1" \
+        "4x256/256 w4 exact=1" --out "$out/hessian_probe_s37f_bf16.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-bf16.log" | cut -c1-200 ;;
     s37d)  # session 37, after s37c: bench_mmchain's matrix-y case (2M x 128, m = 4, 74 % on the H200) swept on the
            # unrolled kernel; where the 5-class fit's time goes at 2M x 256; the 2M x 256 fits of every estimator
       run probe-plain4 200 python3 benchmarks/hessian_probe.py --cases plain4-128 --only "16x128/32 w4 pf1" \

@@ -54,17 +54,24 @@ CASES = {
     "softmax6": ((2_000_000, 256, 6), "hessian softmax"),
     "mul6": ((2_000_000, 256, 6), "hessian X^T(h*(Xs))"),
     "mul3": ((2_000_000, 256, 3), "hessian X^T(h*(Xs))"),
+    # 2-byte storage on 256-value rows (the chunked fp32 launches above were not timed for it)
+    "softmax5-bf16": ((2_000_000, 256, 5), "hessian softmax", torch.bfloat16),
+    "softmax3-bf16": ((2_000_000, 256, 3), "hessian softmax", torch.bfloat16),
+    "mul5-bf16": ((2_000_000, 256, 5), "hessian X^T(h*(Xs))", torch.bfloat16),
+    "xtv5-bf16": ((2_000_000, 256, 5), "X^T v", torch.bfloat16),
+    "loss3-bf16": ((2_000_000, 256, 3), "loss+grad (multinomial)", torch.bfloat16),
     # bench_mmchain's matrix-y case: X^T (V * (X Y)), no intercept, no z (two prefetch depths)
     "plain4-128": ((2_000_000, 128, 4), _PLAIN),
 }
 
 
-def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, None), prefetch=(2,)):
+def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, None), prefetch=(2,),
+           dtype=torch.float32):
     """The library's launch, the padded ``tl.dot`` and the unrolled kernel's grid (``config`` dicts);
     ``padded``: a form the rule pads to m_pad (``X^T V``, the plain product), also timed exact."""
     from fusedml.mmchain import launch
 
-    base = launch.dense_config(1 << 20, D, m, torch.float32, launch.gpu_info())
+    base = launch.dense_config(1 << 20, D, m, dtype, launch.gpu_info())
     dot = dataclasses.asdict(launch.padded_dot(base))
     pts = [("library", None), ("padded dot", dot)] + ([("library exact=1", {"exact_m": True})] if padded else [])
     bd = 1 << (D - 1).bit_length()
@@ -112,17 +119,19 @@ def main(argv=None):
     gen = torch.Generator(device=dev).manual_seed(37)
     rows, launches, seen = [], [], set()
     for case in args.cases:
-        (N, D, m), pas = CASES[case]
+        (N, D, m), pas, *rest = CASES[case]
+        dtype = rest[0] if rest else torch.float32
         if args.quick or args.compile_only:
             N = 256
-        X, w, y, h = _operands(N, D, m, torch.float32, dev, gen)
+        X, w, y, h = _operands(N, D, m, dtype, dev, gen)
         fused, ref = _plain(X, w, h) if pas == _PLAIN else bench_solver_ops.passes(X, w, y, h, m)[pas]
         want = None if args.compile_only else ref()
-        floor_ms = N * D * 4 / _common.H200_BANDWIDTH * 1e3
+        floor_ms = N * D * X.element_size() / _common.H200_BANDWIDTH * 1e3
         if pas == _PLAIN:  # m <= 4: the padded form is the m_pad = 4 unroll; one and two tiles ahead
             pts = points(D, m, False, ept=(8, 16), chunks=(16, 32, 64, None), prefetch=(1, 2))
         else:
-            pts = points(D, m, "softmax" not in pas and "loss" not in pas)
+            pts = points(D, m, "softmax" not in pas and "loss" not in pas, dtype=dtype,
+                         ept=(8, 16, 32) if dtype == torch.float32 else (8, 16))
         if args.only is not None:
             pts = [p for p in pts if p[0] == "library" or p[0] in args.only]
         if args.quick:
