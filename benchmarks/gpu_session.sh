@@ -380,6 +380,13 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37g)  # session 37, after s37f: the 2-byte launches as the model's pick: the library's launch of each bf16 /
+           # fp16 form (and the fp32 ones again), float64 checks
+      run probe-lib 200 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
+        loss3-bf16 softmax5-fp16 xtv5-fp16 softmax5 mul5 xtv5 --only "padded dot" --out "$out/hessian_probe_s37g_lib.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
+      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37g.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8 ;;
     s37f)  # session 37: 2-byte storage on 256-value rows (bf16), the points sm_90 compiles without spills or
            # layout conversions (hessian_probe --compile-only)
       run probe-bf16 300 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \

@@ -60,6 +60,8 @@ CASES = {
     "mul5-bf16": ((2_000_000, 256, 5), "hessian X^T(h*(Xs))", torch.bfloat16),
     "xtv5-bf16": ((2_000_000, 256, 5), "X^T v", torch.bfloat16),
     "loss3-bf16": ((2_000_000, 256, 3), "loss+grad (multinomial)", torch.bfloat16),
+    "softmax5-fp16": ((2_000_000, 256, 5), "hessian softmax", torch.float16),
+    "xtv5-fp16": ((2_000_000, 256, 5), "X^T v", torch.float16),
     # bench_mmchain's matrix-y case: X^T (V * (X Y)), no intercept, no z (two prefetch depths)
     "plain4-128": ((2_000_000, 128, 4), _PLAIN),
 }

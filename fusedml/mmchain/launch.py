@@ -262,8 +262,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
         return bd <= max(256, SMALL_WIDE_M_D[form])
     if form == "loss" and m == 5 and dtype == torch.float32:  # the column-chunked launch (small_config)
         return bd <= max(128, SMALL_WIDE_M_D[form])
-    if form == "mul" and m <= 6 and dtype == torch.float32 and bd == 256:  # chunked, m exact (small_config)
-        return True
+    if form == "mul" and bd == 256 and (m <= 6 if dtype == torch.float32 else m <= 5):  # chunked, m exact
+        return True  # (small_config; fp32, bf16 / fp16)
     return bd <= SMALL_WIDE_M_D[form]
 
 
@@ -646,6 +646,13 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             ept, warps, chunk, prefetch, exact = 16, 4, 64 if m <= 5 else 128, 2, True
             if m == 6 and not softmax:
                 ept, warps, exact = 8, 8, False
+    elif dtype in (torch.bfloat16, torch.float16) and stride_xn != 1 and bd == 256 and not loss and (
+            m <= 5 if not xtv else m_pad > 4):
+        # 2-byte storage (8 values per 16-byte load): 16 values on 4 warps in chunks of 128, m exact; H100, bf16
+        # 2M x 256 (hessian_probe_bf16-H100-2026-12-06-s37f): softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782);
+        # plain m = 5 0.646 (2.14, padded dot); X^T V m = 5 0.491 (0.643). The m = 3 loss pass keeps its launch
+        # (0.744; chunked 0.760). fp16 takes the same launches, untimed
+        ept, warps, chunk, prefetch, exact = 16, 4, 128, 2, True
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
         ept = max(1, ept // 2)
