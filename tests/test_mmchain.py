@@ -200,18 +200,22 @@ def test_small_config_rules(rng):
                             intercept=False)
 
 
-@pytest.mark.parametrize("form,m,D,want", [  # want: values per thread, warps, chunk, exact_m
-    ("softmax", 5, 256, (16, 4, 64, True)), ("softmax", 6, 200, (16, 4, 128, True)),
-    ("mul", 3, 256, (16, 4, 64, True)), ("mul", 5, 256, (16, 4, 64, True)), ("mul", 6, 256, (8, 8, 128, False)),
-    ("xtv", 5, 256, (16, 4, 64, True)), ("xtv", 8, 512, (16, 4, 128, True)), ("loss", 3, 256, (8, 4, 128, None))])
-def test_small_config_256_value_rows(rng, poison, form, m, D, want):
-    """fp32 rows of 256 values (X^T V: also 512) take the unrolled kernel in column chunks, two tiles
+@pytest.mark.parametrize("form,m,D,dtype,want", [  # want: values per thread, warps, chunk, exact_m
+    ("softmax", 5, 256, torch.float32, (16, 4, 64, True)), ("softmax", 6, 200, torch.float32, (16, 4, 128, True)),
+    ("mul", 3, 256, torch.float32, (16, 4, 64, True)), ("mul", 5, 256, torch.float32, (16, 4, 64, True)),
+    ("mul", 6, 256, torch.float32, (8, 8, 128, False)), ("xtv", 5, 256, torch.float32, (16, 4, 64, True)),
+    ("xtv", 8, 512, torch.float32, (16, 4, 128, True)), ("loss", 3, 256, torch.float32, (8, 4, 128, None)),
+    ("softmax", 5, 256, torch.bfloat16, (16, 4, 128, True)), ("mul", 4, 256, torch.float16, (16, 4, 128, True)),
+    ("xtv", 6, 256, torch.bfloat16, (16, 4, 128, True)), ("loss", 3, 256, torch.bfloat16, (8, 4, None, None))])
+def test_small_config_256_value_rows(rng, poison, form, m, D, dtype, want):
+    """Rows of 256 values (fp32 X^T V: also 512) take the unrolled kernel in column chunks, two tiles
     ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b: the multinomial
-    Hessian product at 2M x 256, m = 5 0.736 ms against 1.41); the model's launch gives the float64
+    Hessian product at 2M x 256, m = 5 0.736 ms against 1.41; 2-byte storage in chunks of 128, -s37f:
+    bf16 0.657 against 0.782; its loss pass keeps its launch); the model's launch gives the float64
     result (the loss pass: its one read, gradient, loss and Hessian weights)."""
     from fusedml.mmchain._checks import prepare_mmchain
 
-    X = _dense(rng, 40, D, torch.float32)
+    X = _dense(rng, 40, D, dtype)
     y, v, z = _operands(rng, 40, D, m, intercept=True)
     if form == "loss":
         Y = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, m, 40)), m).float()
@@ -232,7 +236,7 @@ def test_small_config_256_value_rows(rng, poison, form, m, D, want):
         assert rel(w, mmchain_reference(X, yy, v, z, 1.0, 0.5, intercept=True, v_op=vop)) < TOL[torch.float32]
     ept = cfg.block_n * cfg.block_d // (32 * cfg.num_warps)
     assert (cfg.mode, ept, cfg.num_warps, cfg.chunk, cfg.exact_m, cfg.prefetch) == ("small",) + want + (2,), cfg
-    # other dtypes and column-major X keep their launches
+    # column-major X keeps its launch (no chunks)
     Xc = X.T.contiguous().T
     Pc = prepare_mmchain(Xc, None if form == "xtv" else y, v, z, 1.0, 0.5, intercept=True, v_op="mul",
                          check_finite=False)

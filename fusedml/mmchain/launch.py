@@ -562,8 +562,14 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         0.677 / 0.684 / 0.683 there on the H100, the unrolled kernel 6 % ahead of it on the H200
         (session 12): kept.
 
+      bf16 / fp16 on 256-value rows (``hessian_probe_bf16-H100-*-s37f``): chunks of 128 (8 values
+      per load; chunks of 32 / 64 compile to layout conversions through shared memory), 16 values
+      on 4 warps, m exact: softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782); plain m = 5 0.646
+      (2.14); ``X^T V`` m = 5 0.491 (0.643); the m = 3 loss pass keeps its launch (0.744 against
+      0.760).
+
     fp64 holds half as many elements per thread (two registers each), 2-byte storage at least 8
-    (one 16-byte load); neither was part of the probes, and neither takes column chunks.
+    (one 16-byte load); fp64 takes no column chunks.
 
     Parameters
     ----------
