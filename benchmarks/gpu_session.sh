@@ -380,6 +380,13 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37h)  # session 37: rows of 512 values (1M x 512; m <= 4 takes the unrolled kernel unchunked, m = 5 the padded
+           # dot), the points sm_90 compiles without spills or layout conversions
+      run probe-512 300 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 --only \
+        "padded dot" "library exact=1" "4x512/128 w4" "8x512/128 w8" "8x512/128 w4" "4x512/128 w4 exact=1" \
+        "8x512/128 w4 exact=1" "8x512/128 w8 exact=1" "2x512/256 w4" "2x512/256 w4 exact=1" "4x512/256 w8" \
+        "4x512/256 w8 exact=1" --out "$out/hessian_probe_s37h_512.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-512.log" | cut -c1-200 ;;
     s37g)  # session 37, after s37f: the 2-byte launches as the model's pick: the library's launch of each bf16 /
            # fp16 form (and the fp32 ones again), float64 checks
       run probe-lib 200 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \

@@ -54,6 +54,14 @@ CASES = {
     "softmax6": ((2_000_000, 256, 6), "hessian softmax"),
     "mul6": ((2_000_000, 256, 6), "hessian X^T(h*(Xs))"),
     "mul3": ((2_000_000, 256, 3), "hessian X^T(h*(Xs))"),
+    # rows of 512 and 1024 values (m <= 4 takes the unrolled kernel's unchunked tile there)
+    "softmax5-512": ((1_000_000, 512, 5), "hessian softmax"),
+    "softmax3-512": ((1_000_000, 512, 3), "hessian softmax"),
+    "mul3-512": ((1_000_000, 512, 3), "hessian X^T(h*(Xs))"),
+    "loss3-512": ((1_000_000, 512, 3), "loss+grad (multinomial)"),
+    "softmax3-1024": ((500_000, 1024, 3), "hessian softmax"),
+    "mul3-1024": ((500_000, 1024, 3), "hessian X^T(h*(Xs))"),
+    "loss3-1024": ((500_000, 1024, 3), "loss+grad (multinomial)"),
     # 2-byte storage on 256-value rows (the chunked fp32 launches above were not timed for it)
     "softmax5-bf16": ((2_000_000, 256, 5), "hessian softmax", torch.bfloat16),
     "softmax3-bf16": ((2_000_000, 256, 3), "hessian softmax", torch.bfloat16),
@@ -67,8 +75,7 @@ CASES = {
 }
 
 
-def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, None), prefetch=(2,),
-           dtype=torch.float32):
+def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=None, prefetch=(2,), dtype=torch.float32):
     """The library's launch, the padded ``tl.dot`` and the unrolled kernel's grid (``config`` dicts);
     ``padded``: a form the rule pads to m_pad (``X^T V``, the plain product), also timed exact."""
     from fusedml.mmchain import launch
@@ -77,6 +84,8 @@ def points(D, m, padded, *, warps=(4, 8), ept=(8, 16, 32), chunks=(32, 64, 128, 
     dot = dataclasses.asdict(launch.padded_dot(base))
     pts = [("library", None), ("padded dot", dot)] + ([("library exact=1", {"exact_m": True})] if padded else [])
     bd = 1 << (D - 1).bit_length()
+    if chunks is None:  # 32 .. bd / 2, and the whole row
+        chunks = tuple(1 << k for k in range(5, bd.bit_length() - 1)) + (None,)
     for w in warps:
         for e in ept:
             bn = e * 32 * w // bd
