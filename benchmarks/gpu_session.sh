@@ -380,6 +380,12 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37i)  # session 37, after s37h: the 512-value-row launches as the model's pick, float64 checks
+      run probe-lib 150 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 xtv5-512 \
+        --only --out "$out/hessian_probe_s37i_lib.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
+      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37i.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8 ;;
     s37h)  # session 37: rows of 512 values (1M x 512; m <= 4 takes the unrolled kernel unchunked, m = 5 the padded
            # dot), the points sm_90 compiles without spills or layout conversions
       run probe-512 300 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 --only \

@@ -206,10 +206,12 @@ def test_small_config_rules(rng):
     ("mul", 6, 256, torch.float32, (8, 8, 128, False)), ("xtv", 5, 256, torch.float32, (16, 4, 64, True)),
     ("xtv", 8, 512, torch.float32, (16, 4, 128, True)), ("loss", 3, 256, torch.float32, (8, 4, 128, None)),
     ("softmax", 5, 256, torch.bfloat16, (16, 4, 128, True)), ("mul", 4, 256, torch.float16, (16, 4, 128, True)),
-    ("xtv", 6, 256, torch.bfloat16, (16, 4, 128, True)), ("loss", 3, 256, torch.bfloat16, (8, 4, None, None))])
+    ("xtv", 6, 256, torch.bfloat16, (16, 4, 128, True)), ("loss", 3, 256, torch.bfloat16, (8, 4, None, None)),
+    ("softmax", 5, 512, torch.float32, (16, 4, 128, True)), ("mul", 3, 400, torch.float32, (8, 4, 256, True)),
+    ("softmax", 4, 512, torch.float32, (8, 4, 256, True))])
 def test_small_config_256_value_rows(rng, poison, form, m, D, dtype, want):
-    """Rows of 256 values (fp32 X^T V: also 512) take the unrolled kernel in column chunks, two tiles
-    ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b: the multinomial
+    """Rows of 256 values (fp32: also 512) take the unrolled kernel in column chunks, two tiles
+    ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b / -s37h: the multinomial
     Hessian product at 2M x 256, m = 5 0.736 ms against 1.41; 2-byte storage in chunks of 128, -s37f:
     bf16 0.657 against 0.782; its loss pass keeps its launch); the model's launch gives the float64
     result (the loss pass: its one read, gradient, loss and Hessian weights)."""
@@ -833,7 +835,8 @@ def test_dense_softmax_and_loss_m5_8_default_to_unrolled(rng, poison, monkeypatc
         assert cfg.prefetch == 2 and cfg.chunk == (32 if chunked else None)
     assert launch.unrolled_wide_m(128, m, torch.float32, "softmax")
     assert launch.unrolled_wide_m(256, m, torch.float32, "softmax") == (m <= 6)
-    assert not launch.unrolled_wide_m(257, m, torch.float32, "softmax")
+    assert launch.unrolled_wide_m(257, m, torch.float32, "softmax") == (m == 5)  # chunked on 512 (s37h)
+    assert not launch.unrolled_wide_m(513, m, torch.float32, "softmax")
     assert not launch.unrolled_wide_m(100, m, torch.float64, "softmax")
     assert launch.unrolled_wide_m(100, m, torch.float32, "loss") == (m == 5)  # m = 5: the chunked launch
     assert launch.unrolled_wide_m(64, m, torch.float32, "loss") and not launch.unrolled_wide_m(64, 9, torch.float32,

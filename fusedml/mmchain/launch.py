@@ -258,8 +258,8 @@ def unrolled_wide_m(D: int, m: int, dtype: torch.dtype, form: str) -> bool:
     bd = _pow2_ceil(D)
     if not SMALL_M < m <= SMALL_M_WIDE or dtype == torch.float64:
         return False
-    if form == "softmax" and m <= 6:
-        return bd <= max(256, SMALL_WIDE_M_D[form])
+    if form == "softmax" and m <= 6:  # m = 5 in fp32 also on 512 (column chunks, small_config)
+        return bd <= max(256, SMALL_WIDE_M_D[form]) or (m == 5 and bd == 512 and dtype == torch.float32)
     if form == "loss" and m == 5 and dtype == torch.float32:  # the column-chunked launch (small_config)
         return bd <= max(128, SMALL_WIDE_M_D[form])
     if form == "mul" and bd == 256 and (m <= 6 if dtype == torch.float32 else m <= 5):  # chunked, m exact
@@ -652,6 +652,11 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             ept, warps, chunk, prefetch, exact = 16, 4, 64 if m <= 5 else 128, 2, True
             if m == 6 and not softmax:
                 ept, warps, exact = 8, 8, False
+        elif bd == 512 and not xtv and not loss and (m <= 4 or (softmax and m == 5)):
+            # 1M x 512 (hessian_probe_512-H100-2026-12-06-s37h): m <= 4 8 values on 4 warps in chunks of 256, m exact:
+            # softmax m = 3 0.765 (0.907), plain m = 3 0.763 (2.07; 32 values in chunks of 128 ran 0.69 but
+            # spill on 3.9); the softmax product m = 5 16 values in chunks of 128: 0.764 (1.72, the padded dot)
+            ept, warps, chunk, prefetch, exact = (8, 4, 256, 2, True) if m <= 4 else (16, 4, 128, 2, True)
     elif dtype in (torch.bfloat16, torch.float16) and stride_xn != 1 and bd == 256 and not loss and (
             m <= 5 if not xtv else m_pad > 4):
         # 2-byte storage (8 values per 16-byte load): 16 values on 4 warps in chunks of 128, m exact; H100, bf16
