@@ -562,6 +562,9 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         0.677 / 0.684 / 0.683 there on the H100, the unrolled kernel 6 % ahead of it on the H200
         (session 12): kept.
 
+      Rows of 512 values (1M x 512, ``hessian_probe_512-H100-*-s37h``): m <= 4 8 values on 4 warps
+      in chunks of 256 (softmax m = 3 0.765 (0.907), plain 0.763 (2.07)); the softmax product m = 5
+      16 values in chunks of 128 0.764 (1.72, the padded ``tl.dot``).
       bf16 / fp16 on 256-value rows (``hessian_probe_bf16-H100-*-s37f``): chunks of 128 (8 values
       per load; chunks of 32 / 64 compile to layout conversions through shared memory), 16 values
       on 4 warps, m exact: softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782); plain m = 5 0.646
