@@ -223,6 +223,19 @@ def draw_mmchain(seed):
                                   "num_programs": int(mrng.integers(1, 9))}
         else:
             c["matvec_config"] = {"block_n": int(mrng.choice([16, 32, 64])), "num_programs": int(mrng.integers(1, 9))}
+    # the same product on the unrolled kernel at a forced launch: column chunks, m exact or padded
+    # (its own stream too)
+    srng = np.random.default_rng([4, seed])
+    c["small_config"] = None
+    if not sparse and c["backend"] == "fused" and c["m"] and 2 <= c["m"] <= 8 and c["D"] <= 1024:
+        bd = 1 << max(0, c["D"] - 1).bit_length()
+        chunks = [1 << k for k in range(2, bd.bit_length())]
+        chunk = None if srng.random() < 0.3 or not chunks else chunks[int(srng.integers(0, len(chunks)))]
+        c["small_config"] = {
+            "mode": "small", "strategy": "onchip", "block_d": bd, "m_pad": 1 << (c["m"] - 1).bit_length(),
+            "block_n": int(srng.choice([1, 2, 4, 8, 16])), "num_warps": int(srng.choice([1, 2, 4])),
+            "chunk": chunk, "prefetch": int(srng.integers(0, 3)),
+            "exact_m": [None, True, False][int(srng.integers(0, 3))], "num_programs": int(srng.integers(1, 9))}
     return c
 
 
@@ -333,6 +346,11 @@ def run_mmchain(c, device="cpu"):
         yv = _np(y).reshape(Dx, mcols)
         bound = (_gamma(Dx + 16, acc) + 8 * _half_ops(c)) * (np.abs(Xa) @ np.abs(yv)) + 1e-30
         _close("matvec", _np(t).reshape(N, mcols), Xa @ yv, bound, _describe(c))
+    if c.get("small_config") is not None:
+        ws = fusedml.mmchain(X, y, v, z, **dict(kw, config=c["small_config"]))
+        _check_unchanged(snap)
+        ref, bound = _mmchain_reference(c, Xa, y, v, z, acc, mcols)
+        _close("mmchain (unrolled, forced launch)", _np(ws).reshape(Dx, mcols), ref, bound, _describe(c))
     if c["bind"]:  # the bound product reads its operands' current contents
         for a in (y, v, z):
             if a is not None:

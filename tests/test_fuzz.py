@@ -66,6 +66,8 @@ def test_fuzz_draws_cover_the_options():
     assert any(c.get("config") and c["config"].get("strategy") == "coop" for c in mm)
     assert any(c.get("config") and c["config"].get("strategy") == "chunked" for c in mm)
     assert any(c["v_op"] == "softmax" for c in mm) and any(c["y_none"] for c in mm)
+    small = [c["small_config"] for c in mm if c.get("small_config")]  # the unrolled kernel's forced launches
+    assert {s["exact_m"] for s in small} == {None, True, False} and {s["chunk"] is None for s in small} == {True, False}
     lg = [draw_loss_gradient(s) for s in range(200)]
     assert {c["loss"] for c in lg} == {"logistic", "squared_hinge", "multinomial", "poisson", "gamma", "tweedie",
                                        "squared_error"}
