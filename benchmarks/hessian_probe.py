@@ -1,7 +1,9 @@
 """The wide-row solver passes on the unrolled ("small") kernel, swept: tiles, column chunks (``chunk``),
-warps, and for ``X^T V`` m unrolled exactly or padded (``exact_m``), beside the library's launch and
-the padded ``tl.dot``. The passes are the solvers'
-(``bench_solver_ops.passes``: intercept, L2 term); each point is checked against float64.
+warps, and for ``X^T V`` and the plain product m unrolled exactly or padded (``exact_m``), beside the
+library's launch and the padded ``tl.dot``, on rows of 256 (fp32, bf16, fp16), 512 and 1024 values.
+The passes are the solvers' (``bench_solver_ops.passes``: intercept, L2 term; ``plain4-128`` is
+bench_mmchain's matrix-y product); each point is checked against float64. ``--only NAME...`` keeps
+those points and the library's (``--only`` alone: the library's launch only).
 
 On the GPU: ms (``do_bench`` median), % of the read-once floor, registers / spills of the compile.
 ``--compile-only`` (no GPU, under ``TRITON_INTERPRET=1``): every point's sm_90 compile with this

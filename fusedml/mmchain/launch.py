@@ -642,9 +642,10 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             ept, warps, chunk, prefetch = 8, 8, 64, 1
     exact = None
     if dtype == torch.float32 and stride_xn != 1 and bd in (256, 512):
-        # column chunks on rows of 256 (X^T V: also 512) values, two tiles ahead; H100 sweeps
-        # (hessian_probe-H100-2026-12-06-s37, -s37b), ms at 2M x 256 (the previous launch in brackets)
-        if xtv and m_pad > 4:  # 16 values on 4 warps, m exact: m = 5 0.697 (0.803), 8 0.747; 1M x 512, m = 5 0.695 (0.791)
+        # column chunks on rows of 256 and 512 values, two tiles ahead; H100 sweeps (hessian_probe-H100-
+        # 2026-12-06-s37, -s37b, -s37h), ms at 2M x 256 / 1M x 512 (the previous launch in brackets)
+        if xtv and m_pad > 4:
+            # 16 values on 4 warps, m exact: m = 5 0.697 (0.803), m = 8 0.747; 1M x 512, m = 5 0.695 (0.791)
             ept, warps, chunk, prefetch, exact = 16, 4, bd // 4, 2, True
         elif bd == 256 and loss and m <= 4:  # 8 values on 4 warps, chunks of 128: m = 3 0.880 (1.30)
             ept, warps, chunk, prefetch = 8, 4, 128, 2
@@ -656,16 +657,16 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             if m == 6 and not softmax:
                 ept, warps, exact = 8, 8, False
         elif bd == 512 and not xtv and not loss and (m <= 4 or (softmax and m == 5)):
-            # 1M x 512 (hessian_probe_512-H100-2026-12-06-s37h): m <= 4 8 values on 4 warps in chunks of 256, m exact:
+            # 1M x 512 (hessian_probe_512-*-s37h): m <= 4 8 values on 4 warps in chunks of 256, m exact:
             # softmax m = 3 0.765 (0.907), plain m = 3 0.763 (2.07; 32 values in chunks of 128 ran 0.69 but
             # spill on 3.9); the softmax product m = 5 16 values in chunks of 128: 0.764 (1.72, the padded dot)
             ept, warps, chunk, prefetch, exact = (8, 4, 256, 2, True) if m <= 4 else (16, 4, 128, 2, True)
     elif dtype in (torch.bfloat16, torch.float16) and stride_xn != 1 and bd == 256 and not loss and (
             m <= 5 if not xtv else m_pad > 4):
-        # 2-byte storage (8 values per 16-byte load): 16 values on 4 warps in chunks of 128, m exact; H100, bf16
-        # 2M x 256 (hessian_probe_bf16-H100-2026-12-06-s37f): softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782);
-        # plain m = 5 0.646 (2.14, padded dot); X^T V m = 5 0.491 (0.643). The m = 3 loss pass keeps its launch
-        # (0.744; chunked 0.760). fp16 takes the same launches, untimed
+        # 2-byte storage (8 values per 16-byte load): 16 values on 4 warps in chunks of 128, m exact; H100,
+        # bf16 2M x 256 (hessian_probe_bf16-*-s37f): softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782); plain
+        # m = 5 0.646 (2.14, padded dot); X^T V m = 5 0.491 (0.643). The m = 3 loss pass keeps its launch
+        # (0.744; chunked 0.760). fp16 (-s37g): softmax m = 5 0.667, X^T V m = 5 0.470
         ept, warps, chunk, prefetch, exact = 16, 4, 128, 2, True
     b = torch.empty((), dtype=dtype).element_size()
     if dtype == torch.float64:
