@@ -380,6 +380,14 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s37j)  # session 37: rows of 1024 values (500k x 1024, m = 3; every tile reduces a row across warps there), and
+           # the fuzz's forced unrolled launches (chunks, exact m) on compiled kernels
+      run probe-1024 200 python3 benchmarks/hessian_probe.py --cases softmax3-1024 mul3-1024 --only "library exact=1" \
+        "2x1024/256 w4" "2x1024/256 w4 exact=1" "4x1024/256 w8" "4x1024/256 w8 exact=1" "2x1024/512 w4" \
+        "1x1024/512 w4 exact=1" --out "$out/hessian_probe_s37j_1024.json"
+      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-1024.log" | cut -c1-200
+      run fuzz-small 240 python3 tests/fuzz.py --device cuda --n 40 --seed 38000 --ops mmchain --with small_config
+      grep -E "^FAIL|cases passed" "$log/fuzz-small.log" | cut -c1-400 ;;
     s37i)  # session 37, after s37h: the 512-value-row launches as the model's pick, float64 checks
       run probe-lib 150 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 xtv5-512 \
         --only --out "$out/hessian_probe_s37i_lib.json"

@@ -974,14 +974,23 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--case", nargs="+", help="replay these cases, OP:SEED ...")
     ap.add_argument("--stop", action="store_true", help="stop at the first failure")
+    ap.add_argument("--with", dest="with_key", default=None, metavar="KEY",
+                    help="only the drawn cases whose KEY is set (e.g. small_config): the first --n such seeds")
     ap.add_argument("--aot", action="store_true",
                     help="also compile every distinct kernel launch of the cases for sm_90 (CPU only): a launch "
                          "that fails to compile is a failure; spills inside a loop are listed (AOT SPILL)")
     a = ap.parse_args(argv)
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    todo = [(c.split(":")[0], int(c.split(":")[1])) for c in a.case] if a.case else \
-        [(op, s) for s in range(a.seed, a.seed + a.n) for op in a.ops]
+    if a.case:
+        todo = [(c.split(":")[0], int(c.split(":")[1])) for c in a.case]
+    elif a.with_key:  # scan seeds for cases that draw the key
+        todo = []
+        for op in a.ops:
+            hits = (s for s in range(a.seed, a.seed + 1000 * a.n) if DRAW[op](s).get(a.with_key))
+            todo += [(op, s) for s, _ in zip(hits, range(a.n))]
+    else:
+        todo = [(op, s) for s in range(a.seed, a.seed + a.n) for op in a.ops]
     fails, tags, t0 = [], {}, time.time()
     if a.aot:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
