@@ -208,7 +208,7 @@ def test_small_config_rules(rng):
     ("softmax", 5, 256, torch.bfloat16, (16, 4, 128, True)), ("mul", 4, 256, torch.float16, (16, 4, 128, True)),
     ("xtv", 6, 256, torch.bfloat16, (16, 4, 128, True)), ("loss", 3, 256, torch.bfloat16, (8, 4, None, None)),
     ("softmax", 5, 512, torch.float32, (16, 4, 128, True)), ("mul", 3, 400, torch.float32, (8, 4, 256, True)),
-    ("softmax", 4, 512, torch.float32, (8, 4, 256, True))])
+    ("softmax", 4, 512, torch.float32, (8, 4, 256, True)), ("mul", 3, 1000, torch.float32, (16, 4, 256, True))])
 def test_small_config_256_value_rows(rng, poison, form, m, D, dtype, want):
     """Rows of 256 values (fp32: also 512) take the unrolled kernel in column chunks, two tiles
     ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b / -s37h: the multinomial

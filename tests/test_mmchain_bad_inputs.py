@@ -261,3 +261,24 @@ def test_inputs_never_modified(data):
             fusedml.mmchain(X, y, v, z, 2.0, 3.0, backend=backend, deterministic=det)
     for a, b in zip((X, y, v, z), copies):
         assert torch.equal(a, b)
+
+
+def test_forced_launch_beyond_the_gpu_is_a_config_error(monkeypatch):
+    """A caller's ``config`` whose launch the GPU cannot hold (triton's ``OutOfResources`` at launch: a
+    GPU fuzz case, ``block_n=64`` on the padded ``tl.dot`` of 1024-value tiles, needs 324 KB of shared
+    memory) raises a ValueError naming the config; the model's own launch lets the error through."""
+    from triton.runtime.errors import OutOfResources
+
+    from fusedml.mmchain import dense
+
+    def full(*a, **k):
+        raise OutOfResources(331776, 232448, "shared memory")
+
+    monkeypatch.setattr(dense, "launch", full)
+    X, Y = torch.rand(40, 30), torch.rand(30, 6)
+    with pytest.raises(ValueError, match=r"config: the launch \{'block_n': 64\} does not fit the GPU"):
+        fusedml.mmchain(X, Y, torch.rand(40), backend="fused", config={"block_n": 64})
+    with pytest.raises(ValueError, match="config: the launch"):
+        fusedml.matvec(X, Y, backend="fused", config={"block_n": 64})
+    with pytest.raises(OutOfResources):
+        fusedml.mmchain(X, Y, torch.rand(40), backend="fused")

@@ -45,6 +45,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from triton.runtime.errors import OutOfResources
+
 from .._dispatch import interpret_mode
 from .._launch import (FP_FUSION, TRITON_VERSION, _key, bind as bind_launch, call, compiled_local_bytes,
                        first_fitting_tile, launch, stand_in)
@@ -1426,6 +1428,23 @@ def _launch_coop(P: Problem, cfg: DenseConfig, y, v, w, deterministic, a_hi, a_l
     return (part, R) if deterministic else (None, R)
 
 
+def _forced(fn):
+    """A caller's ``config`` whose launch the GPU cannot hold (shared memory, registers) raises a
+    ValueError naming the config, not triton's ``OutOfResources`` from inside the launch (a GPU
+    fuzz case: ``block_n=64`` on the padded ``tl.dot`` of 1024-value tiles needs 324 KB)."""
+    @functools.wraps(fn)
+    def run(P, *args, config=None, **kw):
+        try:
+            return fn(P, *args, config=config, **kw)
+        except OutOfResources as e:
+            if not config:
+                raise
+            raise ValueError(f"config: the launch {config} does not fit the GPU ({e}); ask for smaller tiles "
+                             "or leave the launch to the model") from e
+    return run
+
+
+@_forced
 def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict | None = None,
                         loss: tuple | None = None, out: torch.Tensor | None = None, bind: bool = False):
     """Fused dense ``w = alpha * [X,1]^T p + beta * z`` reading X once.
@@ -1562,6 +1581,7 @@ def dense_mmchain_fused(P: Problem, *, deterministic: bool = False, config: dict
     return (w, lpart) if loss is not None else w
 
 
+@_forced
 def dense_matvec_fused(P: Problem, *, config: dict | None = None) -> torch.Tensor:
     """Fused dense ``t = [X,1] y``: persistent programs over row tiles, D walked in chunks.
 

@@ -564,7 +564,9 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
 
       Rows of 512 values (1M x 512, ``hessian_probe_512-H100-*-s37h``): m <= 4 8 values on 4 warps
       in chunks of 256 (softmax m = 3 0.765 (0.907), plain 0.763 (2.07)); the softmax product m = 5
-      16 values in chunks of 128 0.764 (1.72, the padded ``tl.dot``).
+      16 values in chunks of 128 0.764 (1.72, the padded ``tl.dot``). Rows of 1024 (500k x 1024,
+      ``-s37j``), m <= 4: 16 values on 4 warps in chunks of 256 (softmax m = 3 0.778 (0.923), plain
+      0.777 (1.11)).
       bf16 / fp16 on 256-value rows (``hessian_probe_bf16-H100-*-s37f``): chunks of 128 (8 values
       per load; chunks of 32 / 64 compile to layout conversions through shared memory), 16 values
       on 4 warps, m exact: softmax m = 3 0.474 (1.04), m = 5 0.657 (0.782); plain m = 5 0.646
@@ -641,9 +643,9 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
         elif not loss and not softmax and not intercept and bd == 128 and m_pad == 4:
             ept, warps, chunk, prefetch = 8, 8, 64, 1
     exact = None
-    if dtype == torch.float32 and stride_xn != 1 and bd in (256, 512):
-        # column chunks on rows of 256 and 512 values, two tiles ahead; H100 sweeps (hessian_probe-H100-
-        # 2026-12-06-s37, -s37b, -s37h), ms at 2M x 256 / 1M x 512 (the previous launch in brackets)
+    if dtype == torch.float32 and stride_xn != 1 and bd in (256, 512, 1024):
+        # column chunks on rows of 256, 512 and 1024 values, two tiles ahead; H100 sweeps (hessian_probe-H100-
+        # 2026-12-06-s37, -s37b, -s37h, -s37j), ms at 2M x 256 / 1M x 512 (the previous launch in brackets)
         if xtv and m_pad > 4:
             # 16 values on 4 warps, m exact: m = 5 0.697 (0.803), m = 8 0.747; 1M x 512, m = 5 0.695 (0.791)
             ept, warps, chunk, prefetch, exact = 16, 4, bd // 4, 2, True
@@ -661,6 +663,10 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
             # softmax m = 3 0.765 (0.907), plain m = 3 0.763 (2.07; 32 values in chunks of 128 ran 0.69 but
             # spill on 3.9); the softmax product m = 5 16 values in chunks of 128: 0.764 (1.72, the padded dot)
             ept, warps, chunk, prefetch, exact = (8, 4, 256, 2, True) if m <= 4 else (16, 4, 128, 2, True)
+        elif bd == 1024 and not xtv and not loss and m <= 4:
+            # 500k x 1024 (hessian_probe_1024-*-s37j): 16 values on 4 warps in chunks of 256 (a row still
+            # across two warps), m exact: softmax m = 3 0.778 (0.923), plain m = 3 0.777 (1.11)
+            ept, warps, chunk, prefetch, exact = 16, 4, 256, 2, True
     elif dtype in (torch.bfloat16, torch.float16) and stride_xn != 1 and bd == 256 and not loss and (
             m <= 5 if not xtv else m_pad > 4):
         # 2-byte storage (8 values per 16-byte load): 16 values on 4 warps in chunks of 128, m exact; H100,
