@@ -210,8 +210,8 @@ def test_small_config_rules(rng):
     ("softmax", 5, 512, torch.float32, (16, 4, 128, True)), ("mul", 3, 400, torch.float32, (8, 4, 256, True)),
     ("softmax", 4, 512, torch.float32, (8, 4, 256, True)), ("mul", 3, 1000, torch.float32, (16, 4, 256, True))])
 def test_small_config_256_value_rows(rng, poison, form, m, D, dtype, want):
-    """Rows of 256 values (fp32: also 512) take the unrolled kernel in column chunks, two tiles
-    ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b / -s37h: the multinomial
+    """Rows of 256 values (fp32: also 512 and 1024) take the unrolled kernel in column chunks, two tiles
+    ahead, m unrolled exactly (H100, hessian_probe-H100-2026-12-06-s37 / -s37b / -s37h / -s37j: the multinomial
     Hessian product at 2M x 256, m = 5 0.736 ms against 1.41; 2-byte storage in chunks of 128, -s37f:
     bf16 0.657 against 0.782; its loss pass keeps its launch); the model's launch gives the float64
     result (the loss pass: its one read, gradient, loss and Hessian weights)."""
@@ -243,6 +243,27 @@ def test_small_config_256_value_rows(rng, poison, form, m, D, dtype, want):
     Pc = prepare_mmchain(Xc, None if form == "xtv" else y, v, z, 1.0, 0.5, intercept=True, v_op="mul",
                          check_finite=False)
     assert dense_mod._config(Pc, None, loss=form == "loss").chunk is None
+
+
+def test_loss_pass_one_read_on_request_on_wide_rows(rng, monkeypatch):
+    """On rows the model composes from two reads (m = 5 on 256 values) the caller can still ask for the
+    unrolled one-read loss pass (``config={"mode": "small", ...}``): same gradient, loss and Hessian
+    weights as float64."""
+    from fusedml.mmchain._checks import prepare_mmchain
+
+    X = _dense(rng, 30, 256, torch.float32)
+    Y = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, 5, 30)), 5).float()
+    W = 0.3 * torch.as_tensor(rng.standard_normal((257, 5)), dtype=torch.float32)
+    P = prepare_mmchain(X, W, None, None, 1.0, 0.0, intercept=True, v_op="mul", check_finite=False)
+    with pytest.raises(NotImplementedError):
+        dense_mod._config(P, None, loss=True)
+    cfg = {"mode": "small", "block_n": 8, "chunk": 64, "num_warps": 4}
+    assert dense_mod._config(P, cfg, loss=True).mode == "small"
+    launched = _record_small_launches(monkeypatch, "LOSS")
+    r = fusedml.loss_gradient(X, W, Y, loss="multinomial", intercept=True, backend="fused", config=cfg)
+    assert launched == [3]  # one launch of the unrolled kernel's multinomial loss pass
+    ref = fusedml.loss_gradient(X.double(), W.double(), Y.double(), loss="multinomial", intercept=True, backend="cpu")
+    assert rel(r.grad, ref.grad) < TOL[torch.float32] and rel(r.loss, ref.loss) < 1e-5 and rel(r.hess, ref.hess) < 1e-5
 
 
 def test_dense_dot_precision_default_and_bad_value(rng):
