@@ -46,6 +46,15 @@ def _mmchain_calls(rng):
     yield "mmchain intercept softmax", lambda: fusedml.mmchain(
         _dense(rng, 40, 5), _dense(rng, 6, 3), _dense(rng, 40, 3).abs(), intercept=True, v_op="softmax",
         backend="fused")
+    # the column-chunked launches of rows of 256-1024 values (launch.small_config, session 37)
+    for D, m, dtype, v_op in ((256, 5, torch.float32, "softmax"), (256, 6, torch.float32, "mul"),
+                              (256, 3, torch.bfloat16, "softmax"), (512, 5, torch.float32, "softmax"),
+                              (512, 3, torch.float32, "mul"), (1000, 3, torch.float32, "softmax")):
+        Xw = _dense(rng, 40, D, dtype)
+        yield f"mmchain {v_op} D={D} m={m} {dtype}", lambda Xw=Xw, D=D, m=m, v_op=v_op: fusedml.mmchain(
+            Xw, _dense(rng, D + 1, m), _dense(rng, 40, m).abs(), intercept=True, v_op=v_op, backend="fused")
+        yield f"X^T V D={D} m={m + 2} {dtype}", lambda Xw=Xw, m=m: fusedml.mmchain(
+            Xw, None, _dense(rng, 40, m + 2), intercept=True, backend="fused")
 
 
 def _loss_calls(rng):
@@ -53,6 +62,10 @@ def _loss_calls(rng):
     yield "loss logistic D=3", lambda: fusedml.loss_gradient(
         X, _dense(rng, 3, 1)[:, 0], torch.from_numpy(rng.integers(0, 2, 40)).float(), loss="logistic",
         backend="fused")
+    Xw = _dense(rng, 40, 256)
+    yield "loss multinomial D=256 m=3", lambda: fusedml.loss_gradient(  # chunks of 128 (session 37)
+        Xw, 0.1 * _dense(rng, 257, 3), torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, 3, 40)), 3).float(),
+        loss="multinomial", intercept=True, backend="fused")
     for m in (3, 5):
         yield f"loss multinomial m={m}", lambda m=m: fusedml.loss_gradient(
             X, _dense(rng, 3, m), torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, m, 40)), m).float(),
