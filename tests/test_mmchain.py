@@ -1226,8 +1226,9 @@ def test_dense_small_exact_m(rng, poison, N, D, m, chunk, bn, dtype, v_op):
             assert rel(wd, refx) < TOL[dtype] and torch.equal(wd, fusedml.mmchain(
                 X, None, v, z, 1.5, 0.5, intercept=intercept, backend="fused", config=cfg, deterministic=True))
     y, v, _ = _operands(rng, N, D, m)
-    with pytest.raises(ValueError, match="config: exact_m must be None, True or False"):
-        fusedml.mmchain(X, y, v, backend="fused", config=dict(base, exact_m="yes"))
+    for bad in ("yes", 1):  # 1 after True: the launch memo keys on the values' types too
+        with pytest.raises(ValueError, match="config: exact_m must be None, True or False"):
+            fusedml.mmchain(X, y, v, backend="fused", config=dict(base, exact_m=bad))
 
 
 def _benchmark_module(name):

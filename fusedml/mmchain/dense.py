@@ -1207,7 +1207,8 @@ def _config(P: Problem, config: dict | None, loss: bool = False) -> DenseConfig:
     X = P.X
     try:
         key = (P.N, P.D, P.m, X.dtype, X.device, X.stride(), P.acc_dtype, P.intercept, P.y is None, P.v_op, loss,
-               None if not config else tuple(sorted(config.items())))
+               # the values' types too: 1 == True, but only the bool passes a flag's check
+               None if not config else tuple(sorted((k, type(v).__name__, v) for k, v in config.items())))
         hash(key)
     except TypeError:  # unhashable override values: no memo
         return _config_uncached(P, config, loss)
