@@ -553,7 +553,7 @@ def small_config(cfg: DenseConfig, D: int, m: int, dtype: torch.dtype, *, xtv: b
       spill on 3.6), ms at 2M x 256 (before in brackets):
 
       - softmax product m = 3 0.693 (0.966), m = 5 **0.736** (1.41), m = 6 in chunks of 128
-        0.895 (1.02; chunks of 64 spill); plain product m = 3 0.691 (1.14), m = 5 0.736 (1.54,
+        0.895 (chunks of 64 spill: 1.02); plain product m = 3 0.691 (1.14), m = 5 0.736 (1.54,
         the padded ``tl.dot``), m = 6 8 values on 8 warps, padded to 8, chunks of 128 1.12 (1.65);
       - the loss pass, m <= 4: 8 values on 4 warps, chunks of 128: m = 3 0.880 (1.30; matvec +
         ``X^T V`` 1.36); m = 5 stays two reads (its best one read, 1.50 ms, spilled);
