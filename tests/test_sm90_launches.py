@@ -338,3 +338,34 @@ def test_wide_row_hessian_chunks_cut_the_row_shuffles():
     assert new["stack"] == 0 and new["loop_spills"] == 0, new
     assert new["inner_ops"].get("SHFL") == 4 * m, new["inner_ops"]
     assert old["inner_ops"].get("SHFL", 0) >= 10 * m, old["inner_ops"]
+
+
+def test_chunked_wide_row_launches_compile_without_loop_spills():
+    """Each column-chunked launch the model takes on rows of 256-1024 values (``launch.small_config``,
+    session 37: Hessian products, ``X^T V``, the m <= 4 loss pass; fp32 and bf16), recorded at its
+    benchmark shape, compiles for sm_90 with no local-memory traffic inside its loops: those launches
+    were timed spill-free on Triton 3.6, and a compile that spills in the loop would lose their gain
+    (3.9 at 32 values per thread spilled, which is why 512-value rows take 8)."""
+    require_tools()
+    cases = [  # N, D, m, dtype, form
+        (2_000_000, 256, 5, torch.float32, "softmax"), (2_000_000, 256, 6, torch.float32, "softmax"),
+        (2_000_000, 256, 5, torch.float32, "mul"), (2_000_000, 256, 6, torch.float32, "mul"),
+        (2_000_000, 256, 8, torch.float32, "xtv"), (2_000_000, 256, 3, torch.float32, "loss"),
+        (2_000_000, 256, 5, torch.bfloat16, "softmax"), (2_000_000, 256, 5, torch.bfloat16, "xtv"),
+        (1_000_000, 512, 5, torch.float32, "softmax"), (1_000_000, 512, 3, torch.float32, "mul"),
+        (500_000, 1024, 3, torch.float32, "softmax")]
+    launches = []
+    for N, D, m, dtype, form in cases:
+        X, W = torch.empty(N, D, dtype=dtype), torch.zeros(D + 1, m)
+        with record_launches(execute=False) as rec:
+            if form == "loss":
+                fusedml.loss_gradient(X, W, torch.zeros(N, m), loss="multinomial", intercept=True, backend="fused")
+            else:
+                fusedml.mmchain(X, None if form == "xtv" else W, v=torch.empty(N, m), intercept=True,
+                                v_op="softmax" if form == "softmax" else "mul", backend="fused")
+        small = [d for d in rec.launches if d["name"] == "_mmchain_small_kernel"]
+        assert len(small) == 1 and small[0]["consts"]["CHUNK"] < small[0]["consts"]["BLOCK_D"], (form, D, m, small)
+        launches.append(dict(small[0], origin=(form, D, m, str(dtype))))
+    results = compile_descriptors(launches)
+    bad = [(d["origin"], r) for d, r in zip(launches, results) if "error" in r or r["loop_spills"]]
+    assert not bad, bad
