@@ -44,6 +44,20 @@ fuzz_cuda() {  # seconds cases-per-operator seed: a fuzz campaign on the GPU's c
   run fuzz "$1" python3 tests/fuzz.py --device cuda --n "$2" --seed "$3"
   grep -E "^FAIL|cases passed" "$log/fuzz.log" | cut -c1-400 | tail -8
 }
+check_mm() {  # tag [seconds]: check_gpu.py of mmchain and loss_gradient on compiled kernels against float64
+  run check "${2:-300}" python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_$1.json"
+  grep -E "^FAIL|passed" "$log/check.log" | tail -8
+}
+solver_ops() {  # tag NxDxm...: bench_solver_ops.py at these shapes, its table's rows
+  local tag=$1; shift
+  run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes "$@" --out "$out/solver_ops_$tag.json"
+  grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
+}
+hessian_probe() {  # log seconds out-tag hessian_probe.py arguments...: the probe, its table's rows
+  local name=$1 secs=$2 tag=$3; shift 3
+  run "$name" "$secs" python3 benchmarks/hessian_probe.py "$@" --out "$out/hessian_probe_$tag.json"
+  grep -E "^\| (softmax|xtv|mul|loss|plain)" "$log/$name.log" | cut -c1-200
+}
 check_counts() {  # log name: a probe's float64 checks passed / failed (its table's ok column)
   echo "checks ok: $(grep -c "| True |" "$log/$1.log"), failed: $(grep -c "| False |" "$log/$1.log")"
 }
@@ -382,45 +396,36 @@ for p in $parts; do
       done ;;
     s37j)  # session 37: rows of 1024 values (500k x 1024, m = 3; every tile reduces a row across warps there), and
            # the fuzz's forced unrolled launches (chunks, exact m) on compiled kernels
-      run probe-1024 200 python3 benchmarks/hessian_probe.py --cases softmax3-1024 mul3-1024 --only "library exact=1" \
+      hessian_probe probe-1024 200 s37j_1024 --cases softmax3-1024 mul3-1024 --only "library exact=1" \
         "2x1024/256 w4" "2x1024/256 w4 exact=1" "4x1024/256 w8" "4x1024/256 w8 exact=1" "2x1024/512 w4" \
-        "1x1024/512 w4 exact=1" --out "$out/hessian_probe_s37j_1024.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-1024.log" | cut -c1-200
+        "1x1024/512 w4 exact=1"
       run fuzz-small 240 python3 tests/fuzz.py --device cuda --n 40 --seed 38000 --ops mmchain --with small_config
       grep -E "^FAIL|cases passed" "$log/fuzz-small.log" | cut -c1-400 ;;
     s37i)  # session 37, after s37h: the 512-value-row launches as the model's pick, float64 checks
-      run probe-lib 150 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 xtv5-512 \
-        --only --out "$out/hessian_probe_s37i_lib.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
-      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37i.json"
-      grep -E "^FAIL|passed" "$log/check.log" | tail -8 ;;
+      hessian_probe probe-lib 150 s37i_lib --cases softmax3-512 softmax5-512 mul3-512 xtv5-512 --only
+      check_mm s37i ;;
     s37h)  # session 37: rows of 512 values (1M x 512; m <= 4 takes the unrolled kernel unchunked, m = 5 the padded
            # dot), the points sm_90 compiles without spills or layout conversions
-      run probe-512 300 python3 benchmarks/hessian_probe.py --cases softmax3-512 softmax5-512 mul3-512 --only \
+      hessian_probe probe-512 300 s37h_512 --cases softmax3-512 softmax5-512 mul3-512 --only \
         "padded dot" "library exact=1" "4x512/128 w4" "8x512/128 w8" "8x512/128 w4" "4x512/128 w4 exact=1" \
         "8x512/128 w4 exact=1" "8x512/128 w8 exact=1" "2x512/256 w4" "2x512/256 w4 exact=1" "4x512/256 w8" \
-        "4x512/256 w8 exact=1" --out "$out/hessian_probe_s37h_512.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-512.log" | cut -c1-200 ;;
+        "4x512/256 w8 exact=1" ;;
     s37g)  # session 37, after s37f: the 2-byte launches as the model's pick: the library's launch of each bf16 /
            # fp16 form (and the fp32 ones again), float64 checks
-      run probe-lib 200 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
-        loss3-bf16 softmax5-fp16 xtv5-fp16 softmax5 mul5 xtv5 --only "padded dot" --out "$out/hessian_probe_s37g_lib.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
-      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37g.json"
-      grep -E "^FAIL|passed" "$log/check.log" | tail -8 ;;
+      hessian_probe probe-lib 200 s37g_lib --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
+        loss3-bf16 softmax5-fp16 xtv5-fp16 softmax5 mul5 xtv5 --only "padded dot"
+      check_mm s37g ;;
     s37f)  # session 37: 2-byte storage on 256-value rows (bf16), the points sm_90 compiles without spills or
            # layout conversions (hessian_probe --compile-only)
-      run probe-bf16 300 python3 benchmarks/hessian_probe.py --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
+      hessian_probe probe-bf16 300 s37f_bf16 --cases softmax5-bf16 softmax3-bf16 mul5-bf16 xtv5-bf16 \
         loss3-bf16 --only "padded dot" "library exact=1" "8x256/128 w4" "16x256/128 w8" "8x256/128 w4 exact=1" \
         "16x256/128 w8 exact=1" "8x256/256 w8 exact=1" "4x256/128 w4 exact=1" "8x256/64 w4 exact=1" \
-        "4x256/256 w4 exact=1" --out "$out/hessian_probe_s37f_bf16.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-bf16.log" | cut -c1-200 ;;
+        "4x256/256 w4 exact=1" ;;
     s37d)  # session 37, after s37c: bench_mmchain's matrix-y case (2M x 128, m = 4, 74 % on the H200) swept on the
            # unrolled kernel; where the 5-class fit's time goes at 2M x 256; the 2M x 256 fits of every estimator
-      run probe-plain4 200 python3 benchmarks/hessian_probe.py --cases plain4-128 --only "16x128/32 w4 pf1" \
+      hessian_probe probe-plain4 200 s37d_plain4 --cases plain4-128 --only "16x128/32 w4 pf1" \
         "16x128/32 w4 pf2" "32x128/32 w8 pf1" "32x128/32 w8 pf2" "16x128/64 w4 pf1" "16x128/64 w4 pf2" "8x128/64 w4 pf1" \
-        "8x128/64 w4 pf2" "16x128/64 w8 pf2" "32x128/64 w8 pf1" "16x128/16 w4 pf1" --out "$out/hessian_probe_s37d_plain4.json"
-      grep -E "^\| plain" "$log/probe-plain4.log" | cut -c1-200
+        "8x128/64 w4 pf2" "16x128/64 w8 pf2" "32x128/64 w8 pf1" "16x128/16 w4 pf1"
       run profile-mult 150 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo multinomial \
         --out "$out/profile_fit_mult_s37d.json"
       tail -40 "$log/profile-mult.log" | cut -c1-200
@@ -430,14 +435,9 @@ for p in $parts; do
     s37c)  # session 37, after s37b: the final 256-value-row rules (softmax m = 6 in chunks of 128, the plain
            # product m <= 4 / 6, the m <= 4 loss pass's one read, X^T V on 512-value rows): the library's launch
            # of each probed form, float64 checks, the solver passes, the 5-class fit beside ops and scikit-learn
-      run probe-lib 150 python3 benchmarks/hessian_probe.py --cases softmax5 softmax6 mul3 mul6 loss3 xtv8 xtv5-512 \
-        --only --out "$out/hessian_probe_s37c_lib.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-lib.log" | cut -c1-200
-      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37c.json"
-      grep -E "^FAIL|passed" "$log/check.log" | tail -8
-      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x3 2000000x256x6 \
-        --out "$out/solver_ops_s37c.json"
-      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
+      hessian_probe probe-lib 150 s37c_lib --cases softmax5 softmax6 mul3 mul6 loss3 xtv8 xtv5-512 --only
+      check_mm s37c
+      solver_ops s37c 2000000x256x3 2000000x256x6
       run e2e-mult-wide 200 python3 benchmarks/bench_end_to_end.py --parts large --large 2000000x256 \
         --algorithms logistic-multinomial --repeat 3 --sklearn-budget 1 --no-plots \
         --out "$out/end_to_end_multinomial_2Mx256_s37c.json"
@@ -445,19 +445,14 @@ for p in $parts; do
     s37b)  # session 37, after s37: the 256-value-row launches as the model's pick (chunks of 64, 16 values on 4
            # warps, m exact): the library's launch of the probed forms, the forms not yet probed, float64
            # checks, the solver passes and the 5-class fit at 2M x 256 against .ab-base (7703021), interleaved
-      run probe-lib 120 python3 benchmarks/hessian_probe.py --cases softmax5 mul5 xtv5 --only --out "$out/hessian_probe_s37b_lib.json"
-      grep -E "^\| (softmax|xtv|mul)" "$log/probe-lib.log" | cut -c1-200
-      run probe-more 420 python3 benchmarks/hessian_probe.py --cases softmax6 mul6 mul3 loss5 loss3 xtv8 xtv5-512 --only \
+      hessian_probe probe-lib 120 s37b_lib --cases softmax5 mul5 xtv5 --only
+      hessian_probe probe-more 420 s37b --cases softmax6 mul6 mul3 loss5 loss3 xtv8 xtv5-512 --only \
         "padded dot" "library exact=1" "4x256/128 w4" "4x256/64 w4" "8x256/64 w4" "8x256/128 w4" "8x256/128 w8" \
         "16x256/64 w8" "4x256/64 w4 exact=1" "8x256/64 w4 exact=1" "8x256/64 w4 exact=0" "16x256/64 w4 exact=1" \
         "16x256/64 w8 exact=1" "16x256/64 w8 exact=0" "8x256/128 w8 exact=0" "4x512/64 w4 exact=1" \
-        "8x512/64 w8 exact=1" "4x512/128 w4 exact=1" --out "$out/hessian_probe_s37b.json"
-      grep -E "^\| (softmax|xtv|mul|loss)" "$log/probe-more.log" | cut -c1-200
-      run check 300 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s37b.json"
-      grep -E "^FAIL|passed" "$log/check.log" | tail -8
-      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x5 2000000x256x3 \
-        --out "$out/solver_ops_s37b.json"
-      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
+        "8x512/64 w8 exact=1" "4x512/128 w4 exact=1"
+      check_mm s37b
+      solver_ops s37b 2000000x256x5 2000000x256x3
       for r in 1 2; do
         for side in base new; do
           root=.; [ $side = base ] && root=.ab-base
@@ -468,12 +463,11 @@ for p in $parts; do
       done ;;
     s37)  # session 37: the wide-row Hessian passes on the unrolled kernel (column chunks, warps, m exact for
           # X^T V and the plain product), the points sm_90 compiles without spills (hessian_probe --compile-only)
-      run hessian-probe 420 python3 benchmarks/hessian_probe.py --cases softmax5 softmax3 xtv5 mul5 --only \
+      hessian_probe hessian-probe 420 s37 --cases softmax5 softmax3 xtv5 mul5 --only \
         "padded dot" "library exact=1" "4x256/128 w4" "8x256/64 w4" "8x256/128 w4" "8x256/128 w8" "16x256/64 w8" \
         "16x256/128 w8" "16x256/64 w4" "4x256/128 w4 exact=1" "8x256/128 w8 exact=1" "8x256/64 w8 exact=1" \
         "16x256/64 w8 exact=1" "8x256/64 w4 exact=1" "4x256/32 w4 exact=1" "8x256/256 w8 exact=1" \
-        "4x256/128 w4 exact=0" --out "$out/hessian_probe_s37.json"
-      grep -E "^\| (softmax|xtv|mul)" "$log/hessian-probe.log" | cut -c1-200 ;;
+        "4x256/128 w4 exact=0" ;;
     s36)  # session 36: a matvec with one register accumulator per right-hand side (matvec_probe); the
           # compile-checked tiles beside the planned ones (tile_ab, with the m = 1 loss tiles that spill on 3.9)
       run matvec-probe 240 python3 benchmarks/matvec_probe.py --out "$out/matvec_probe_s36.json"
@@ -482,11 +476,8 @@ for p in $parts; do
       grep -E "^\| " "$log/tile-ab.log" | cut -c1-220 ;;
     s36c)  # session 36: the matvec's one accumulator per right-hand side as the model's pick (fp32 rows > 128
            # values, m = 2..5): float64 checks of mmchain and loss_gradient, the solver passes at 2M x 256, m = 5 / 3
-      run check 200 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s36c.json"
-      grep -E "^FAIL|passed" "$log/check.log" | tail -8
-      run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes 2000000x256x5 2000000x256x3 \
-        --out "$out/solver_ops_s36c.json"
-      grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200 ;;
+      check_mm s36c 200
+      solver_ops s36c 2000000x256x5 2000000x256x3 ;;
     s36b)  # session 36, after s36: the GMM E-step and mmchain tables (no sweep), the full-covariance fallback tiles
       run gmm 90 python3 benchmarks/bench_gmm.py --out "$out/gmm_s36.json"
       grep -E "^\| [0-9]" "$log/gmm.log" | cut -d"|" -f2-12
