@@ -50,6 +50,13 @@ def environment() -> dict:
     }
 
 
+def compiled_kernels(fn) -> list:
+    """The compiled kernels of the ``@triton.jit`` function ``fn`` (each with ``n_regs``, ``n_spills``,
+    ``asm``), from Triton's JIT cache on every device; none under the interpreter."""
+    return [k for cache in getattr(fn, "device_caches", {}).values() for k in cache[0].values()
+            if hasattr(k, "n_regs")]
+
+
 def bench_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     """Median milliseconds of ``fn()``: ``triton.testing.do_bench`` on CUDA, wall clock on the CPU.
 

@@ -110,13 +110,9 @@ def _new_kernels(seen):
     """Compiled kernels of the unrolled / dot kernels not in ``seen`` (adds them)."""
     from fusedml.mmchain import dense
 
-    out = []
-    for fn in (dense._mmchain_small_kernel, dense._mmchain_onchip_kernel):
-        for cache in getattr(fn, "device_caches", {}).values():  # none under the interpreter
-            for k in cache[0].values():
-                if hasattr(k, "n_regs") and id(k) not in seen:
-                    seen.add(id(k))
-                    out.append(k)
+    out = [k for fn in (dense._mmchain_small_kernel, dense._mmchain_onchip_kernel)
+           for k in _common.compiled_kernels(fn) if id(k) not in seen]
+    seen.update(id(k) for k in out)
     return out
 
 

@@ -18,18 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from _common import bench_ms  # noqa: E402
+from _common import bench_ms, compiled_kernels  # noqa: E402
 from _sm90 import sass  # noqa: E402
 from sass_probe import loop_report  # noqa: E402
-
-
-def compiled(fn):
-    out = []
-    for v in fn.device_caches.values():
-        for k in v[0].values():
-            if hasattr(k, "n_regs"):
-                out.append(k)
-    return out
 
 
 def main(argv=None):
@@ -66,7 +57,7 @@ def main(argv=None):
         print(name, "ms", round(bench_ms(f), 4), flush=True)
     for name, mod in (("s16", old), ("new", new)):
         print(name, "resident", list(mod._RESIDENT.values()))
-        for k in compiled(mod._mmchain_small_kernel):
+        for k in compiled_kernels(mod._mmchain_small_kernel):
             n, ldg, ops = loop_report(sass(k))
             print(name, "regs", k.n_regs, "spills", k.n_spills, "shared", k.metadata.shared, "loop", n,
                   "ldg128 at", ldg)
