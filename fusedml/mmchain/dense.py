@@ -44,7 +44,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-
 from triton.runtime.errors import OutOfResources
 
 from .._dispatch import interpret_mode
