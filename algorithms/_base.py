@@ -241,16 +241,56 @@ class DataInfo:
         Compute dtype (float64 for float64 X, float32 otherwise).
     kind : {"numpy", "torch"}
         Output type for arrays derived from this input.
+    finite_check : FiniteCheck or None
+        The design matrix's NaN / inf check, when :func:`as_design_matrix` was asked to defer it.
     """
 
-    __slots__ = ("n_samples", "n_features", "device", "dtype", "kind")
+    __slots__ = ("n_samples", "n_features", "device", "dtype", "kind", "finite_check")
 
-    def __init__(self, n_samples, n_features, device, dtype, kind):
+    def __init__(self, n_samples, n_features, device, dtype, kind, finite_check=None):
         self.n_samples = n_samples
         self.n_features = n_features
         self.device = device
         self.dtype = dtype
         self.kind = kind
+        self.finite_check = finite_check
+
+
+class FiniteCheck:
+    """A NaN / inf check of a large input, queued on the device when a solver starts and read with
+    the solver's first host copy (its start objective), instead of a read of X and a sync of its own.
+
+    The check's reduction then runs on the GPU while the host binds the solver's launches, and a
+    bad X is reported by the exact check's error (with the NaN and inf counts) before any result
+    that X produced is used.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        The values to check (a dense X, or a CSR matrix's values); never modified.
+    name : str
+        The argument's name, used in the error message.
+    """
+
+    def __init__(self, t, name):
+        self.t, self.name, self.flag = t, name, None
+
+    def queue(self):
+        """Queue the reduction (no sync); return its [1] float64 flag (1: finite), also kept as
+        :attr:`flag`. NaN and +-inf propagate into the sum (see :func:`check_finite_fast`)."""
+        t = self.t
+        if not t.is_floating_point() or t.numel() == 0:
+            self.flag = torch.ones(1, dtype=torch.float64, device=t.device)
+        else:
+            acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+            self.flag = torch.isfinite(t.sum(dtype=acc)).to(torch.float64).reshape(1)
+        return self.flag
+
+    def resolve(self, value):
+        """Given the flag's host value, raise the exact check's ``ValueError`` for a non-finite input
+        (a non-finite sum of finite values, an overflow, passes)."""
+        if not value > 0.5:
+            check_finite(self.t, self.name)
 
 
 def _is_dask(X) -> bool:
@@ -278,8 +318,9 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         Only used to pick the device of a dask input (``"cpu"`` keeps it on the host).
     name : str
         Argument name for error messages.
-    check : bool
-        Reject NaN / infinity.
+    check : bool or "defer"
+        Reject NaN / infinity: here (True), or (``"defer"``) through ``info.finite_check``, a
+        :class:`FiniteCheck` that a solver queues and reads with its first host copy.
 
     Returns
     -------
@@ -312,9 +353,9 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         n, d = M.shape
         if n == 0 or d == 0:
             raise ValueError(f"{name} is empty: shape {tuple(M.shape)}")
-        if check:
-            check_finite_fast(M.val, name)
-        return M, DataInfo(n, d, M.device, compute_dtype(M.dtype), kind)
+        info = DataInfo(n, d, M.device, compute_dtype(M.dtype), kind)
+        _check_design(M.val, name, check, info)
+        return M, info
     if isinstance(X, torch.Tensor):
         kind = "torch"
         T = X if X.is_floating_point() else X.to(torch.float64)
@@ -339,9 +380,16 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         )
     if T.shape[0] == 0 or T.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {tuple(T.shape)}")
-    if check:
-        check_finite_fast(T, name)
-    return T, DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
+    info = DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
+    _check_design(T, name, check, info)
+    return T, info
+
+
+def _check_design(t, name, check, info):
+    if check == "defer":
+        info.finite_check = FiniteCheck(t, name)
+    elif check:
+        check_finite_fast(t, name)
 
 
 def check_finite_fast(t: torch.Tensor, name: str) -> None:
@@ -574,7 +622,7 @@ def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
     return per if sample_weight is None else per * sample_weight
 
 
-def classification_data(X, y, sample_weight, class_weight, backend):
+def classification_data(X, y, sample_weight, class_weight, backend, check=True):
     """Validate a classifier's ``fit`` inputs.
 
     Parameters
@@ -585,6 +633,8 @@ def classification_data(X, y, sample_weight, class_weight, backend):
     sample_weight : array-like, shape [N], or None
     class_weight : None, "balanced" or dict
     backend : str
+    check : bool or "defer"
+        X's NaN / inf check (see :func:`as_design_matrix`).
 
     Returns
     -------
@@ -595,7 +645,7 @@ def classification_data(X, y, sample_weight, class_weight, backend):
     sw : torch.Tensor [N] or None
         Sample weights times class weights (None: all 1).
     """
-    M, info = as_design_matrix(X, backend=backend)
+    M, info = as_design_matrix(X, backend=backend, check=check)
     classes, y_idx = encode_labels(y, info)
     sw = as_sample_weight(sample_weight, info)
     sw = class_weights(class_weight, classes, y_idx, sw, info)

@@ -565,6 +565,7 @@ class LinearObjective:
         self.n_xtv = 0  # ... with y=None (X^T v: one read of X on every backend); the others read X
         # once on "fused" and twice on "ops" (X y, then X^T p)
         self.n_lossgrad = 0  # fused loss-and-gradient passes (one read of X; fused backend only)
+        self.finite_check = None  # X's deferred NaN / inf check (a FiniteCheck), for the solver to queue and read
 
     # -- reductions over the problem axis --------------------------------------------------
     def dot(self, A, B):

@@ -676,6 +676,8 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         max_cg = max(W0.numel() if obj.coupled else W0.shape[0], 1)
     thr = _precision(W0.dtype)
 
+    check = getattr(obj, "finite_check", None)  # X's NaN / inf check: read with the start's objective
+    flag = None if check is None else check.queue()
     step = getattr(obj, "evaluate_gradient_step", None)  # trial points into buffers st does not use
     st, g, hs = step({"W": W0}) if step is not None else obj.evaluate_gradient(W0)
     f_dev = st["f"].reshape(-1)
@@ -688,10 +690,12 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
         conv = stop(g, gn, gn if gnorm0_dev is None else gnorm0_dev)
         parts = [gn.double(), conv.double()]
         v = _host(torch.cat(parts if first is None else [first.double()] + parts))  # one sync: norms and the test
-        head, v = ([], v) if first is None else (v[:P], v[P:])
+        head, v = ([], v) if first is None else (v[:first.numel()], v[first.numel():])
         return v[:P], [x > 0.5 for x in v[P:]], gg, gn, head
 
-    gnorm, conv, gg, gnorm0_dev, f = grad_info(g, first=f_dev)  # the start's objective in the same copy
+    gnorm, conv, gg, gnorm0_dev, f = grad_info(g, first=f_dev if flag is None else torch.cat([f_dev.double(), flag]))
+    if flag is not None:
+        check.resolve(f.pop())
     if not all(math.isfinite(x) for x in f):
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
     gnorm0 = list(gnorm)
@@ -915,8 +919,14 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
     if ftol is None:
         ftol = 64 * torch.finfo(torch.float64).eps
 
+    check = getattr(obj, "finite_check", None)  # X's NaN / inf check: read with the start's objective
+    flag = None if check is None else check.queue()
     st, g, _ = obj.evaluate_gradient(W0)
-    f = _host(st["f"])[0]
+    if flag is None:
+        f = _host(st["f"])[0]
+    else:
+        f, ok = _host(torch.cat([st["f"].reshape(-1).double(), flag]))
+        check.resolve(ok)
     if not math.isfinite(f):
         raise ValueError("the objective is not finite at the starting point")
     gnorm = torch.sqrt(dot(g, g))
@@ -992,7 +1002,8 @@ def lbfgs(obj, W0, *, max_iter, stop, history=None, memory=10, max_ls=25, ftol=N
 # --------------------------------------------------------------------------------------------
 # linear CG (SystemDS lmCG)
 # --------------------------------------------------------------------------------------------
-def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, graphs=False, sparse=False):
+def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, graphs=False, sparse=False,
+                       check=None):
     """Conjugate gradient for ``A P = B`` with ``A`` symmetric positive (semi-)definite.
 
     Columns of ``B`` are independent systems sharing ``A``'s structure (each ``apply_A`` call is
@@ -1021,6 +1032,9 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     sparse : bool
         ``apply_A`` multiplies by a CSR matrix: with ``graphs``, the capture comes after
         ``_Replay.capture_after_sparse`` eager steps instead of ``_Replay.capture_after``.
+    check : algorithms._base.FiniteCheck, optional
+        A queued input check, read with the first host copy (``||b||^2``) and resolved (raised)
+        before anything else.
 
     Returns
     -------
@@ -1030,7 +1044,11 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     cdot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
     m = B.shape[1]
     rr_dev = cdot(B, B)
-    rr = _host(rr_dev)  # the one sync before the loop
+    if check is None:
+        rr = _host(rr_dev)  # the one sync before the loop
+    else:  # with the input check's flag
+        rr = _host(torch.cat([rr_dev.double(), check.flag]))
+        check.resolve(rr.pop())
     bnorm = [math.sqrt(max(x, 0.0)) for x in rr]
     dd = list(rr)
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column

@@ -59,7 +59,7 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         if solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         family, link = self._family_link()
-        M, info = as_design_matrix(X, backend=self.backend)
+        M, info = as_design_matrix(X, backend=self.backend, check="defer")
         yt = as_target(y, info)
         family.check_target(yt)
         sw = as_sample_weight(sample_weight, info)
@@ -68,6 +68,7 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         obj = LinearObjective(M, loss, yt.unsqueeze(1), weights, alpha, n_cols=1,
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
+        obj.finite_check = info.finite_check  # X's NaN / inf check, read with the solver's start
         W0 = obj.zeros()
         if self.fit_intercept:
             # scikit-learn's start: coefficients 0, intercept = link(weighted mean of y)

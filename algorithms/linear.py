@@ -59,7 +59,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         tol = check_positive(self.tol, "tol")
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
-        M, info = as_design_matrix(X, backend=self.backend)
+        M, info = as_design_matrix(X, backend=self.backend, check="defer")
         max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
         yt = as_target(y, info, allow_2d=True)
         one_d = yt.ndim == 1
@@ -82,6 +82,9 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         cscale = 1.0 / total if sw is None else 1.0
         alpha_s = alpha_t / total
         be = self.backend
+        check = info.finite_check
+        if check is not None:  # X's NaN / inf check: queued ahead of the products, read with CG's first copy
+            check.queue()
         ones = torch.ones(info.n_samples, 1, dtype=info.dtype, device=info.device)
         if self.fit_intercept:
             cw = ones if c is None else c[:, None]
@@ -108,7 +111,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
         yy = ((Yc.double() ** 2).sum(0) * cscale if c is None else (c[:, None].double() * Yc.double() ** 2).sum(0))
         res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist,
-                                 offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M))
+                                 offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M),
+                                 check=check)
         Wc = res.W  # [D, m]
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)

@@ -121,7 +121,8 @@ class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         check_verbose(self.verbose)
         if self.solver not in SOLVERS:
             raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
-        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)
+        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend,
+                                                          check="defer")
         K = len(classes)
         if K == 2:
             target = (y_idx == 1).to(info.dtype).unsqueeze(1)
@@ -133,6 +134,7 @@ class LogisticRegression(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         obj = LinearObjective(M, loss, target, weights, 1.0 / (C * total), n_cols=n_cols,
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
+        obj.finite_check = info.finite_check  # X's NaN / inf check, read with the solver's start
         hist = History(type(self).__name__, self.verbose)
         solve = tron if self.solver == "newton-cg" else lbfgs
         res = solve(obj, obj.zeros(), max_iter=max_iter, stop=max_abs_grad_stop(tol), history=hist)

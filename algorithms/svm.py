@@ -98,7 +98,8 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         max_iter = check_max_iter(self.max_iter)
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
-        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend)
+        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend,
+                                                          check="defer")
         K = len(classes)
         if K == 2:
             pos = (y_idx == 1).unsqueeze(1)
@@ -112,6 +113,7 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         obj = LinearObjective(M, SquaredHingeLoss(), target, weights, 1.0 / (C * total), n_cols=target.shape[1],
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
+        obj.finite_check = info.finite_check  # X's NaN / inf check, read with the solver's start
         hist = History(type(self).__name__, self.verbose)
         res = tron(obj, obj.zeros(), max_iter=max_iter, history=hist,
                    stop=relative_grad_norm_stop(tol_scale))

@@ -61,6 +61,19 @@ hessian_probe() {  # log seconds out-tag hessian_probe.py arguments...: the prob
 check_counts() {  # log name: a probe's float64 checks passed / failed (its table's ok column)
   echo "checks ok: $(grep -c "| True |" "$log/$1.log"), failed: $(grep -c "| False |" "$log/$1.log")"
 }
+fits_ab() {  # fits-a-side: the dense linear fits (1M x 100, 2M x 256, both backends) of .ab-base against this code,
+           # interleaved base / new / base / new
+  local r side root
+  for r in 1 2; do
+    for side in base new; do
+      root=.; [ $side = base ] && root=.ab-base
+      run e2e-$side-$r 300 python3 $root/benchmarks/bench_end_to_end.py --parts dense large --large 2000000x256 \
+        --algorithms logistic linearsvc poisson ridge --repeat "$1" --backends fused ops --no-plots \
+        --out "$out/end_to_end_ab${1}_${side}_$r.json"
+      grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -16
+    done
+  done
+}
 for p in $parts; do
   case $p in
     check) run check 150 python3 benchmarks/check_gpu.py --out "$out/check_gpu.json"
@@ -394,6 +407,34 @@ for p in $parts; do
           grep -E "^\| csr" "$log/csrm-$side-$r.log" | cut -c1-150
         done
       done ;;
+    s38b)  # session 38: the linear fits' X check read with the solver's start, the CG engine set up behind the start's
+           # pass: .ab-base (git archive 8458736) against this code, interleaved base / new / base / new, both backends
+      fits_ab 5 ;;
+    s38d)  # session 38: the final code's deferred X check against the up-front one, in one process, fit by fit
+      run finite-ab 300 python3 benchmarks/finite_check_ab.py --fits 21 --out "$out/finite_check_ab_s38d.json"
+      grep -E "^\| " "$log/finite-ab.log" | cut -c1-200 ;;
+    s38c)  # session 38, after s38b (5 fits a side: within the runs' noise but for logistic): 15 fits a side; the new
+           # code's trace of the 2M x 256 logistic fit
+      fits_ab 15
+      run trace 200 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo linearsvc \
+        --trace-dir "$out/traces" --out "$out/profile_fit_s38c.json"
+      grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
+      python3 benchmarks/trace_gaps.py "$out"/traces/trace-*-fused.json --top 16 > "$log/gaps.log" 2>&1
+      cat "$log/gaps.log"; { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
+      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
+    s38)  # session 38: the fuzz case mmchain:38138 replayed (its forced launch beyond the GPU now a ValueError); the
+          # 1024-value-row launches as the model's pick; where the 2M x 256 m = 1 fits' wall time goes (traces with
+          # Python stacks, their GPU idle gaps, cProfile)
+      run fuzz-replay 120 python3 tests/fuzz.py --device cuda --case mmchain:38138
+      tail -4 "$log/fuzz-replay.log" | cut -c1-400
+      hessian_probe probe-lib 150 s38_lib1024 --cases softmax3-1024 mul3-1024 --only
+      run trace 300 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo poisson --cprofile 45 \
+        --trace-dir "$out/traces" --trace-stacks --out "$out/profile_fit_s38.json"
+      grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
+      for f in "$out"/traces/trace-*-fused*.json; do echo "### $f"; python3 benchmarks/trace_gaps.py "$f" --top 25; done \
+        > "$log/gaps.log" 2>&1
+      { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
+      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
     s37j)  # session 37: rows of 1024 values (500k x 1024, m = 3; every tile reduces a row across warps there), and
            # the fuzz's forced unrolled launches (chunks, exact m) on compiled kernels
       hessian_probe probe-1024 200 s37j_1024 --cases softmax3-1024 mul3-1024 --only "library exact=1" \

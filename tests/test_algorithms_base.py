@@ -329,6 +329,68 @@ def test_check_finite_fast(dtype):
     check_finite_fast(torch.arange(5), "y")  # integers: unchecked
 
 
+def test_finite_check_deferred_to_the_solver():
+    """``as_design_matrix(check="defer")`` queues nothing and raises nothing; the FiniteCheck's flag
+    is 1 for finite values (also where their sum overflows) and its resolve raises the exact error."""
+    from algorithms._base import FiniteCheck, as_design_matrix
+
+    X = torch.ones(40, 3)
+    X[5, 1] = math.nan
+    M, info = as_design_matrix(X, check="defer")
+    assert M is X and isinstance(info.finite_check, FiniteCheck) and info.finite_check.flag is None
+    assert as_design_matrix(X.numpy(), check=False)[1].finite_check is None
+    assert info.finite_check.queue().tolist() == [0.0]
+    with pytest.raises(ValueError, match="X contains 1 NaN and 0 infinite"):
+        info.finite_check.resolve(0.0)
+    big = FiniteCheck(torch.full((4, 3), torch.finfo(torch.float32).max), "X")
+    assert big.queue().tolist() == [0.0]
+    big.resolve(0.0)  # the sum overflowed, the values are finite: no error
+    Xc = sp.random(30, 6, density=0.3, random_state=0, format="csr")
+    Xc.data[2] = np.inf
+    _, infoc = as_design_matrix(Xc, check="defer")
+    assert infoc.finite_check.queue().tolist() == [0.0]
+    with pytest.raises(ValueError, match="X contains 0 NaN and 1 infinite"):
+        infoc.finite_check.resolve(0.0)
+
+
+DEFERRED = [
+    (LogisticRegression, "class", {}), (LogisticRegression, "class", {"solver": "lbfgs"}),
+    (LinearSVC, "class", {}), (PoissonRegressor, "count", {}), (Ridge, "reg", {}),
+]
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("cls,target,kw", DEFERRED, ids=["logistic", "logistic-lbfgs", "svc", "poisson", "ridge"])
+def test_fit_reads_the_finite_check_with_the_solver_start(rng, monkeypatch, cls, target, kw, sparse):
+    """The linear fits check X for NaN / inf inside the solver's first host copy, not before (no
+    read of X and sync of its own): a finite X fits without the up-front check, a bad one raises
+    the exact check's error (not the solver's "objective is not finite") and is not modified."""
+    import algorithms._base as base
+
+    X, y = _xy(rng, target, n=48)
+    Xt = torch.tensor(X, dtype=torch.float32)
+    make = (lambda A: sp.csr_matrix(A.numpy())) if sparse else (lambda A: A)
+    up_front = []
+    real = base.check_finite_fast
+    monkeypatch.setattr(base, "check_finite_fast", lambda t, name: (up_front.append(name), real(t, name)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = cls(backend="fused", **kw).fit(make(Xt), y)
+    assert up_front == [] and np.isfinite(ref.score(make(Xt), y))
+    for bad, what in ((math.nan, "1 NaN and 0 infinite"), (math.inf, "0 NaN and 1 infinite")):
+        Xb = Xt.clone()
+        Xb[7, 1] = bad
+        Xin = make(Xb)
+        before = Xin.copy() if sparse else Xin.clone()
+        with pytest.raises(ValueError, match=f"X contains {what}"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's NaN arithmetic in the start's pass
+            cls(backend="fused", **kw).fit(Xin, y)
+        if sparse:
+            np.testing.assert_array_equal(Xin.data, before.data)
+        else:
+            assert torch.equal(Xin.isnan(), before.isnan()) and torch.equal(Xin.nan_to_num(), before.nan_to_num())
+
+
 ESTIMATORS = [
     (LogisticRegression, "class"), (LinearSVC, "class"), (Ridge, "reg"), (LinearRegression, "reg"),
     (PoissonRegressor, "count"), (GammaRegressor, "pos"), (TweedieRegressor, "count"),
@@ -629,3 +691,31 @@ def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
     cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
     assert np.abs(ig - ir).max() <= 1
     assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "svc", "poisson", "ridge", "logistic-csr"])
+def test_cuda_fits_read_the_finite_check_with_the_solver_start(backend, case):
+    """On the GPU (compiled kernels, the CG engine on the device) a bad X still raises the exact
+    check's error from the solver's first host copy, X unchanged; a clean X fits as before."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    X = torch.randn(5_000, 20, generator=g, device="cuda")
+    eta = X @ torch.randn(20, generator=g, device="cuda") / 4
+    make, y = {
+        "logistic": (lambda: LogisticRegression(backend=backend), (eta > 0).float()),
+        "logistic-csr": (lambda: LogisticRegression(backend=backend), (eta > 0).float()),
+        "svc": (lambda: LinearSVC(backend=backend), (eta > 0).float()),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, backend=backend), torch.poisson(torch.exp(eta))),
+        "ridge": (lambda: Ridge(alpha=1.0, backend=backend), eta),
+    }[case]
+    to_in = (lambda A: A.to_sparse_csr()) if case.endswith("-csr") else (lambda A: A)
+    assert np.isfinite(make().fit(to_in(X), y).score(to_in(X), y))
+    for bad, what in ((math.nan, "1 NaN and 0 infinite"), (-math.inf, "0 NaN and 1 infinite")):
+        Xb = X.clone()
+        Xb[123, 4] = bad
+        Xin = to_in(Xb)
+        with pytest.raises(ValueError, match=f"X contains {what}"):
+            make().fit(Xin, y)
+        dense = Xin.to_dense() if case.endswith("-csr") else Xin
+        assert torch.equal(dense.nan_to_num(), Xb.nan_to_num()) and bool(dense[123, 4].isnan()) == math.isnan(bad)

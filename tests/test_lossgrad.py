@@ -507,6 +507,27 @@ def test_host_overhead_ab_only_smoke(tmp_path, monkeypatch):
     assert "FUSEDML_CAPTURE_AFTER" not in os.environ
 
 
+def test_finite_check_ab_smoke(tmp_path, monkeypatch):
+    """benchmarks/finite_check_ab.py under the interpreter: both modes of each fit give a time; the
+    up-front mode runs the estimators' own check before the solver, the deferred one does not, and
+    the patched helper is restored."""
+    import json
+
+    import algorithms._base as base
+
+    mod = _bench_module("finite_check_ab")
+    seen = []
+    real = base.check_finite_fast
+    monkeypatch.setattr(base, "check_finite_fast", lambda t, name: (seen.append(name), real(t, name)))
+    out = tmp_path / "fc.json"
+    mod.main(["--algos", "logistic", "ridge", "--backends", "ops", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["algo"], r["backend"]) for r in rows] == [("logistic", "ops"), ("ridge", "ops")]
+    assert all(len(r["all_ms"]["up front"]) == len(r["all_ms"]["deferred"]) == 2 and r["deferred_ms"] > 0 for r in rows)
+    assert seen == ["X"] * 6  # the up-front fits only: one warm and two timed per fit
+    assert base._check_design is mod._DEFERRED
+
+
 def test_solver_ops_precision_points():
     """The sweep's m > 1 points: the padded tl.dot in both precisions; none for m = 1."""
     mod = _bench_module("bench_solver_ops")
