@@ -751,23 +751,30 @@ class LinearObjective:
     def _fused_loss(self):
         """``(name, power)`` of :func:`fusedml.loss_gradient` for this loss, or None.
 
-        None when the pass would not read X once here: not the fused backend, X not a dense
-        tensor whose rows fit the onchip kernel, more than 16 columns, or a loss (GLM link) the
-        kernel does not have.
+        None off the fused backend, for streamed X, more than 16 columns, or a loss (GLM link) the
+        kernels do not have. Otherwise the objective-and-gradient pass is ``loss_gradient``'s: one
+        read of X where the rows fit the onchip kernel (:attr:`one_read`), else (wide rows, CSR)
+        its two reads with the pointwise loss terms in one launch between them.
         """
         if not hasattr(self, "_fused_spec"):
+            self.one_read = False
             self._fused_spec = self._find_fused_loss()
         return self._fused_spec
 
     def _find_fused_loss(self):
-        if self.n_cols > MAX_COLS or not isinstance(self.X, torch.Tensor):
+        from fusedml import CSRMatrix
+
+        if self.n_cols > MAX_COLS or not isinstance(self.X, (torch.Tensor, CSRMatrix)):
             return None
         if fusedml.resolve_backend(self.backend, self.X.device) != "fused":
             return None
         from fusedml.mmchain.lossgrad import one_read
 
-        if not one_read(self.X, self.n_cols):
-            return None
+        spec = self._loss_spec()
+        self.one_read = spec is not None and one_read(self.X, self.n_cols)
+        return spec
+
+    def _loss_spec(self):
         loss = self.loss
         if isinstance(loss, BinomialLoss):
             return "logistic", None
@@ -827,7 +834,12 @@ class LinearObjective:
 
     def _fused_result(self, r, W, Wm, spec):
         """``(state, g, hstate)`` from a :class:`fusedml.LossGradient` at W (``Wm``: ``mask * W``)."""
-        self.n_lossgrad += 1
+        if self.one_read:
+            self.n_lossgrad += 1
+        else:  # counted as evaluate + gradient: a matvec and an X^T v
+            self.n_matvec += 1
+            self.n_mmchain += 1
+            self.n_xtv += 1
         eta = None if r.eta is None else r.eta.to(self.dtype)
         g = r.grad.to(self.dtype)
         if r.objective is not None:  # a bound pass's: weights * loss + const + l2/2 ||mask W||^2

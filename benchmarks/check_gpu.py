@@ -182,7 +182,7 @@ def check_mmchain(dev):
 def check_loss_gradient(dev):
     """Every loss of ``fusedml.loss_gradient`` on rows that are (D = 100, 101 with the intercept) and
     are not (D = 64) 16-byte multiples, m = 1 and m = 3 (multinomial also 5, 7, 8; D = 200: the unrolled
-    pass for m <= 4, two reads for more), with sample weights; deterministic repeat."""
+    pass for m <= 4, two reads for more), with sample weights; deterministic repeat; CSR X (two reads)."""
     from fusedml.mmchain.lossgrad import loss_terms
 
     cases = [("logistic", 1, None), ("squared_hinge", 3, None), ("multinomial", 3, None), ("poisson", 1, None),
@@ -225,6 +225,28 @@ def check_loss_gradient(dev):
         same = all(torch.equal(a, fusedml.loss_gradient(X, W, y, loss=loss, intercept=True, deterministic=True,
                                                         backend="fused").grad) for _ in range(3))
         record(f"loss_gradient deterministic bitwise repeat {n}x{d}", 0.0 if same else 1.0, 0.0)
+    # CSR X: two reads with the pointwise terms in one launch between them (session 38)
+    n, d = (100_003, 3_000) if dev.type == "cuda" else (503, 40)
+    Xc = torch.randn(n, d, device=dev) * (torch.rand(n, d, device=dev) < 0.006)
+    A = fusedml.as_csr(Xc.to_sparse_csr())
+    for loss, m, power in cases[:6] + [("multinomial", 5, None)]:
+        W = 0.2 * torch.randn(d + 1, m, device=dev)
+        y = {"logistic": lambda: (torch.rand(n, m, device=dev) < 0.4).float(),
+             "squared_hinge": lambda: torch.where(torch.rand(n, m, device=dev) < 0.5, -1.0, 1.0),
+             "multinomial": lambda: torch.nn.functional.one_hot(torch.randint(0, m, (n,), device=dev), m).float()
+             }.get(loss, lambda: 2 * torch.rand(n, m, device=dev) + 0.05)()
+        c = torch.rand(n, device=dev)
+        r = fusedml.loss_gradient(A, W, y, loss=loss, power=power, sample_weight=c, alpha=0.5, z=W, beta=0.1,
+                                  intercept=True, backend="fused")
+        X64 = torch.cat([Xc.double(), torch.ones(n, 1, dtype=torch.float64, device=dev)], 1)
+        eta = X64 @ W.double()
+        val, g, h = loss_terms(loss, eta, y.double(), power)
+        name = f"loss_gradient CSR {loss}{'' if power is None else power} m={m} {n}x{d}"
+        record(name + " grad", rel(r.grad, 0.5 * X64.T @ (g * c.double()[:, None]) + 0.1 * W.double()), TOL[torch.float32])
+        record(name + " loss", rel(r.loss, (val * c.double()[:, None]).sum(0), floor=1e-30), TOL[torch.float32])
+        keep = (1 - y.double() * eta).abs() >= 1e-5 if loss == "squared_hinge" else torch.ones_like(h, dtype=torch.bool)
+        record(name + " hess", rel(r.hess[keep], h[keep], floor=1e-30), TOL[torch.float32])
+    del Xc, A, X64
     # logistic margins up to ~40 on separable labels: every row's loss is log1p(exp(-|t|)), down
     # to ~1e-26, through the fp32 epilogue's hardware log2 / reciprocal and its log1p series
     for n, d, scale in ((300_000, 100, 0.6), (200_001, 64, 1.5)):

@@ -410,6 +410,27 @@ for p in $parts; do
     s38b)  # session 38: the linear fits' X check read with the solver's start, the CG engine set up behind the start's
            # pass: .ab-base (git archive 8458736) against this code, interleaved base / new / base / new, both backends
       fits_ab 5 ;;
+    s38f)  # session 38: the two-read loss pass with its pointwise terms in one launch (wide rows for m, CSR), float64
+           # checks, the pass at 2M x 256 m = 5, the 5-class fit at 2M x 256 and the CSR fits against .ab-base (f5036ac)
+      run check 240 python3 benchmarks/check_gpu.py --parts loss_gradient --out "$out/check_gpu_s38f.json"
+      grep -E "^FAIL|passed" "$log/check.log" | tail -8
+      solver_ops s38f 2000000x256x5
+      for r in 1 2; do
+        for side in base new; do
+          root=.; [ $side = base ] && root=.ab-base
+          run e2e-$side-$r 300 python3 $root/benchmarks/bench_end_to_end.py --parts large csr --large 2000000x256 \
+            --algorithms logistic-multinomial logistic poisson --repeat 5 --backends fused --no-plots \
+            --out "$out/end_to_end_terms_${side}_$r.json"
+          grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
+        done
+      done ;;
+    s38e)  # session 38 on the H200: the README's tables on the current code (mmchain with its sweep; the solver
+           # passes, m = 1 and m = 3 / 5); X^T V with m = 5 / 8, the unrolled kernel (the model) against the padded dot
+      run mmchain 150 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s38e.json"
+      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
+      solver_ops s38e_m1 1000000x100 2000000x256 4000000x64
+      solver_ops s38e_m3 1000000x100x3 4000000x64x3 16000000x64x3 2000000x256x3 2000000x256x5
+      hessian_probe probe-xtv 150 s38e_xtv --cases xtv5 xtv8 xtv5-512 --only "padded dot" ;;
     s38d)  # session 38: the final code's deferred X check against the up-front one, in one process, fit by fit
       run finite-ab 300 python3 benchmarks/finite_check_ab.py --fits 21 --out "$out/finite_check_ab_s38d.json"
       grep -E "^\| " "$log/finite-ab.log" | cut -c1-200 ;;

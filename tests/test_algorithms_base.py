@@ -269,6 +269,43 @@ def test_fused_newton_reads_X_once_per_iteration_plus_cg(rng, monkeypatch, case)
     np.testing.assert_allclose(est.coef_, ref.coef_, rtol=2e-3, atol=2e-4)
 
 
+@pytest.mark.parametrize("case", ["multinomial-wide", "logistic-csr", "svc-ovr-csr", "poisson-csr"])
+def test_fused_newton_two_read_pass_where_one_read_does_not_apply(rng, monkeypatch, case):
+    """Fused backend where the one-read pass does not apply (5 classes on rows of 136 values, CSR X):
+    each evaluation is loss_gradient's two reads (a matvec and an X^T v, the pointwise loss terms
+    between them in one launch), counted as such in ``_fit_info``; the model equals the ops fit's."""
+    sparse = case.endswith("-csr")
+    d = 12 if sparse else 136
+    X = rng.normal(size=(100, d)).astype(np.float32)
+    if sparse:
+        X[rng.random(X.shape) < 0.6] = 0.0
+    z = X[:, :5] @ np.array([1.0, -0.5, 0.3, 0.0, 0.8], dtype=np.float32)
+    y = {"multinomial-wide": np.digitize(z, [-0.8, -0.3, 0.3, 0.8]), "logistic-csr": (z > 0).astype(int),
+         "svc-ovr-csr": np.digitize(z, [-0.4, 0.4]), "poisson-csr": rng.poisson(np.exp(0.3 * z))}[case]
+    make = {"multinomial-wide": lambda: LogisticRegression(C=0.05, max_iter=2),  # interpreted Hessians: slow
+            "logistic-csr": lambda: LogisticRegression(tol=1e-6),
+            "svc-ovr-csr": lambda: LinearSVC(tol=1e-5), "poisson-csr": lambda: PoissonRegressor(alpha=1e-3, tol=1e-6)}[case]
+    Xin = sp.csr_matrix(X) if sparse else X
+    import importlib
+
+    lg = importlib.import_module("fusedml.mmchain.lossgrad")  # fusedml.mmchain is the function
+    calls = _count_operator_calls(monkeypatch)
+    terms = []
+    real = lg._fused_terms
+    monkeypatch.setattr(lg, "_fused_terms", lambda *a: (terms.append(1), real(*a))[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = make().set_params(backend="fused").fit(Xin, y)
+        ref = make().set_params(backend="ops").fit(Xin, y)
+    n_outer = len(est.history_) - 1
+    assert calls.count("lossgrad") >= 1 + n_outer and len(terms) == calls.count("lossgrad")
+    info = est._fit_info
+    # (a one-vs-rest fit whose problems accept apart takes a gradient of the merged state: one more X^T v)
+    assert info["n_lossgrad"] == 0 and info["n_matvec"] == len(terms) <= info["n_xtv"]
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=2e-3, atol=2e-4)
+    np.testing.assert_allclose(est.intercept_, ref.intercept_, rtol=2e-3, atol=2e-4)
+
+
 @pytest.mark.parametrize("intercept", [True, False], ids=["intercept", "no-intercept"])
 def test_ridge_reads_of_X_per_iteration(rng, monkeypatch, intercept):
     """Ridge/least-squares CG: ONE mmchain per CG step (``X^T (X p) + z`` with the penalty and the

@@ -507,6 +507,49 @@ def test_host_overhead_ab_only_smoke(tmp_path, monkeypatch):
     assert "FUSEDML_CAPTURE_AFTER" not in os.environ
 
 
+TWO_READ = [("csr",) + c for c in CASES] + [("wide",) + c for c in CASES if c[1] > 1]  # m = 1: one read to 16384
+
+
+@pytest.mark.parametrize("layout,loss,m,power", TWO_READ, ids=[f"{c[0]}-{c[1]}-m{c[2]}-p{c[3]}" for c in TWO_READ])
+def test_two_read_pass_terms_kernel_matches_float64(layout, loss, m, power):
+    """Where the one-read pass does not apply (CSR X; dense rows too wide for m), the fused backend's
+    loss_gradient reads X twice with its pointwise terms (loss sums, ``c * loss'``, the Hessian
+    weights) in one launch between the reads (``_terms_kernel``): every field against float64,
+    with and without weights, float32 and float64 storage."""
+    import importlib
+
+    lg = importlib.import_module("fusedml.mmchain.lossgrad")
+    g = torch.Generator().manual_seed(zlib.crc32(f"two-{loss}-{m}-{power}-{layout}".encode()))
+    N, D = 157, (9 if layout == "csr" else 300)
+    X = torch.randn(N, D, generator=g)
+    if layout == "csr":
+        X = X * (torch.rand(N, D, generator=g) < 0.4)
+        X[5] = 0.0  # an empty row
+    W = (0.3 if layout == "csr" else 0.05) * torch.randn(D + 1, m, generator=g)
+    y = _target(loss, N, m, g)
+    z = torch.randn(D + 1, m, generator=g)
+    for dtype in (torch.float32, torch.float64):
+        Xd = X.to(dtype)
+        Xin = fusedml.as_csr(Xd.to_sparse_csr()) if layout == "csr" else Xd
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        Wd, yd, zd = W.to(acc), y.to(acc), z.to(acc)
+        assert not one_read(Xin, m)
+        for c in (None, torch.rand(N, generator=g).to(acc)):
+            calls = []
+            real = lg._fused_terms
+            lg._fused_terms = lambda *a: (calls.append(1), real(*a))[1]
+            try:
+                r = fusedml.loss_gradient(Xin, Wd, yd, loss=loss, power=power, sample_weight=c, alpha=0.7, z=zd,
+                                          beta=0.3, intercept=True, backend="fused")
+            finally:
+                lg._fused_terms = real
+            assert calls == [1]
+            ref = _reference(Xd, Wd, yd, loss, power, c, 0.7, zd, 0.3, True)
+            for name, a, b in zip(r._fields, r, ref):
+                assert a.shape == b.shape and a.dtype in (acc, torch.float64), name
+                assert _rel(a, b) < (1e-12 if dtype == torch.float64 else 2e-6), (name, dtype, _rel(a, b))
+
+
 def test_finite_check_ab_smoke(tmp_path, monkeypatch):
     """benchmarks/finite_check_ab.py under the interpreter: both modes of each fit give a time; the
     up-front mode runs the estimators' own check before the solver, the deferred one does not, and

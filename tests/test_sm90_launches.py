@@ -73,6 +73,16 @@ def _loss_calls(rng):
     yield "loss poisson D=17", lambda: fusedml.loss_gradient(
         _dense(rng, 40, 17), 0.1 * _dense(rng, 18, 1)[:, 0], torch.from_numpy(rng.poisson(1.0, 40)).float(),
         loss="poisson", intercept=True, backend="fused")
+    # two reads, the pointwise terms in one launch between them: rows too wide for m = 5, CSR
+    yield "loss multinomial D=200 m=5 (two reads)", lambda: fusedml.loss_gradient(
+        _dense(rng, 40, 200), 0.1 * _dense(rng, 201, 5),
+        torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, 5, 40)), 5).float(), loss="multinomial",
+        intercept=True, backend="fused")
+    A = _csr(rng, 50, 30)
+    for loss, m, lo in (("logistic", 1, 0.0), ("squared_hinge", 16, -1.0)):  # targets {0, 1} / {-1, 1}
+        yield f"loss {loss} CSR m={m} (two reads)", lambda loss=loss, m=m, lo=lo: fusedml.loss_gradient(
+            A, 0.1 * _dense(rng, 30, m), torch.where(torch.from_numpy(rng.random((50, m))) < 0.5, lo, 1.0).float(),
+            loss=loss, sample_weight=torch.rand(50), backend="fused")
 
 
 def _csr_calls(rng):

@@ -30,9 +30,11 @@ import triton.language as tl
 
 from .._dispatch import resolve_backend
 from .._launch import bind as bind_launch
+from .._launch import call
 from .._validation import CSRMatrix
 from ._checks import _operand, _scalar, check_bindable, check_config, prepare_mmchain
-from .dense import _f64, _split
+from .dense import _TL, _f64, _loss_p, _split
+from .launch import gpu_info
 
 __all__ = ["LOSSES", "BoundLossGradient", "LossGradient", "bind_loss_gradient", "loss_gradient", "loss_terms",
            "one_read"]
@@ -490,7 +492,7 @@ def one_read(X, m: int = 1) -> bool:
     if m > int(os.environ.get("FUSEDML_LOSS_ONE_READ_M", "16") or 16):
         return False
     from .dense import loss_launch
-    from .launch import dense_config, gpu_info
+    from .launch import dense_config
 
     cfg = dense_config(int(X.shape[0]), int(X.shape[1]), m, X.dtype, gpu_info(X.device),
                        stride_xn=X.stride(0), stride_xd=X.stride(1))
@@ -537,15 +539,62 @@ def _dense_fused(P, code, p, c, return_eta, deterministic, config, bind=False, o
     return g, lpart.sum(0, dtype=torch.float64), eta, hess
 
 
+@triton.jit
+def _terms_kernel(ETA, Y, C, G, HW, LPART, N, M, n_tiles, stride_yn, stride_ym, power,
+                  LOSS: tl.constexpr, HAS_C: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+                  M_PAD: tl.constexpr):
+    # the two-read pass's pointwise part, one sweep of eta [N, M] (contiguous) and the targets:
+    # G = c * loss'(eta), HW = the Hessian weights (both [N, M] contiguous), LPART [programs, M]
+    # float64 = each program's sum of c * loss (the one-read kernels' _loss_p, reused)
+    pid = tl.program_id(0)
+    jm = tl.arange(0, M_PAD)
+    ls = tl.zeros([M_PAD], dtype=tl.float64)
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
+        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < N) & (jm[None, :] < M)
+        t = tl.load(ETA + rows[:, None] * M + jm[None, :], mask=mask, other=0.0).to(ACC)
+        yv = tl.load(Y + rows[:, None] * stride_yn + jm[None, :] * stride_ym, mask=mask, other=0.0).to(ACC)
+        g, val = _loss_p(t, yv, rows, jm, N, M, 1.0, power, C, ETA, HW, LOSS, HAS_C, False, ACC)
+        tl.store(G + rows[:, None] * M + jm[None, :], g, mask=mask)
+        ls += tl.sum(val, axis=0).to(tl.float64)
+    tl.store(LPART + pid * M + jm, ls, mask=jm < M)
+
+
+def _fused_terms(eta, target, code, power, c):
+    """``(loss sums [m] float64, c * loss' [N, m], Hessian weights [N, m])`` of eta in one launch:
+    :func:`loss_terms` (times ``c``) as the fused backend's two-read pass takes it (the torch form
+    is ~10 launches and as many sweeps of [N, m])."""
+    N, m = eta.shape
+    eta = eta.contiguous()
+    acc = eta.dtype
+    m_pad = triton.next_power_of_2(m)
+    block_n = max(16, 2048 // m_pad)
+    n_tiles = -(-N // block_n)
+    grid = max(1, min(n_tiles, 4 * gpu_info(eta.device).sm_count))
+    g = torch.empty_like(eta)
+    h = torch.empty_like(eta)
+    part = torch.empty((grid, m), dtype=torch.float64, device=eta.device)
+    call(_terms_kernel, (grid,), eta, target, eta if c is None else c, g, h, part, N, m, n_tiles,
+         target.stride(0), target.stride(1), float(power or 0.0),
+         LOSS=code, HAS_C=c is not None, ACC=_TL[acc], BLOCK_N=block_n, M_PAD=m_pad, num_warps=4)
+    return part.sum(0), g, h
+
+
 def _composed(P, loss, power, c, backend, deterministic):
-    # two reads of X: eta = [X, 1] W, then alpha * [X, 1]^T (c * l') + beta * z
+    # two reads of X: eta = [X, 1] W, then alpha * [X, 1]^T (c * l') + beta * z; on the fused
+    # backend the pointwise part in between is one launch
     from . import matvec, mmchain
 
     eta = matvec(P.X, P.y, intercept=P.intercept, backend=backend)
-    val, g, h = loss_terms(loss, eta, P.v, power)
-    if c is not None:
-        g = g * c[:, None]
-        val = val * c[:, None]
+    if backend == "fused":
+        code, p = _code(loss, power)
+        lsum, g, h = _fused_terms(eta, P.v, code, p, c)
+    else:
+        val, g, h = loss_terms(loss, eta, P.v, power)
+        if c is not None:
+            g = g * c[:, None]
+            val = val * c[:, None]
+        lsum = val.sum(0, dtype=torch.float64)
     grad = mmchain(P.X, None, v=g, z=P.z, alpha=P.alpha, beta=P.beta, intercept=P.intercept, backend=backend,
                    deterministic=deterministic)
-    return grad, val.sum(0, dtype=torch.float64), eta, h
+    return grad, lsum, eta, h
