@@ -410,6 +410,15 @@ for p in $parts; do
     s38b)  # session 38: the linear fits' X check read with the solver's start, the CG engine set up behind the start's
            # pass: .ab-base (git archive 8458736) against this code, interleaved base / new / base / new, both backends
       fits_ab 5 ;;
+    s38g)  # session 38: a fuzz campaign of loss_gradient and whole fits on the GPU's compiled kernels (the terms kernel)
+      run fuzz-lg 200 python3 tests/fuzz.py --device cuda --n 40 --seed 38100 --ops loss_gradient fit
+      grep -E "^FAIL|cases passed" "$log/fuzz-lg.log" | cut -c1-400 | tail -8 ;;
+    s38h)  # session 38, after s38g (loss_gradient:38103: the terms kernel's Tweedie power rounded to fp32, now an
+           # fp32 pair): the case replayed, the campaign again
+      run fuzz-replay 60 python3 tests/fuzz.py --device cuda --case loss_gradient:38103
+      tail -1 "$log/fuzz-replay.log" | cut -c1-300
+      run fuzz-lg 200 python3 tests/fuzz.py --device cuda --n 40 --seed 38100 --ops loss_gradient fit
+      grep -E "^FAIL|cases passed" "$log/fuzz-lg.log" | cut -c1-400 | tail -8 ;;
     s38f)  # session 38: the two-read loss pass with its pointwise terms in one launch (wide rows for m, CSR), float64
            # checks, the pass at 2M x 256 m = 5, the 5-class fit at 2M x 256 and the CSR fits against .ab-base (f5036ac)
       run check 240 python3 benchmarks/check_gpu.py --parts loss_gradient --out "$out/check_gpu_s38f.json"

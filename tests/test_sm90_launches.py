@@ -210,6 +210,9 @@ def _float64_calls(rng):
     counts4 = torch.from_numpy(rng.poisson(1.0, (40, 4))).double()
     yield "loss tweedie m=4 float64", lambda: fusedml.loss_gradient(
         X, 0.1 * _dense(rng, 5, 4, torch.float64), counts4, loss="tweedie", power=1.2, alpha=1 / 3, backend="fused")
+    # the two-read pass's terms kernel (CSR X; GPU fuzz case loss_gradient:38103, session 38)
+    yield "loss tweedie CSR float64", lambda: fusedml.loss_gradient(
+        A64, 0.1 * y, counts, loss="tweedie", power=1.2, alpha=1 / 3, z=z, beta=0.7, backend="fused")
     for ct in ("full", "diag"):
         p = _gmm_params(rng, 3, 5, ct)
         yield f"gmm_estep {ct} float64", lambda p=p, ct=ct: fusedml.gmm_estep(X, *p, ct, backend="fused")

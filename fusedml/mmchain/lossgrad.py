@@ -540,12 +540,13 @@ def _dense_fused(P, code, p, c, return_eta, deterministic, config, bind=False, o
 
 
 @triton.jit
-def _terms_kernel(ETA, Y, C, G, HW, LPART, N, M, n_tiles, stride_yn, stride_ym, power,
+def _terms_kernel(ETA, Y, C, G, HW, LPART, N, M, n_tiles, stride_yn, stride_ym, power_hi, power_lo,
                   LOSS: tl.constexpr, HAS_C: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
                   M_PAD: tl.constexpr):
     # the two-read pass's pointwise part, one sweep of eta [N, M] (contiguous) and the targets:
     # G = c * loss'(eta), HW = the Hessian weights (both [N, M] contiguous), LPART [programs, M]
     # float64 = each program's sum of c * loss (the one-read kernels' _loss_p, reused)
+    power = tl.cast(power_hi, ACC) + tl.cast(power_lo, ACC)  # Tweedie power: an fp32 pair (the GPU passes fp32)
     pid = tl.program_id(0)
     jm = tl.arange(0, M_PAD)
     ls = tl.zeros([M_PAD], dtype=tl.float64)
@@ -575,7 +576,7 @@ def _fused_terms(eta, target, code, power, c):
     h = torch.empty_like(eta)
     part = torch.empty((grid, m), dtype=torch.float64, device=eta.device)
     call(_terms_kernel, (grid,), eta, target, eta if c is None else c, g, h, part, N, m, n_tiles,
-         target.stride(0), target.stride(1), float(power or 0.0),
+         target.stride(0), target.stride(1), *_split(float(power or 0.0)),
          LOSS=code, HAS_C=c is not None, ACC=_TL[acc], BLOCK_N=block_n, M_PAD=m_pad, num_warps=4)
     return part.sum(0), g, h
 
