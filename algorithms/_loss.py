@@ -812,9 +812,10 @@ class LinearObjective:
     def evaluate_gradient(self, W):
         """:meth:`evaluate` and :meth:`gradient` at W: ``(state, g, hstate)``.
 
-        On the fused backend with dense X, ONE read of X (:func:`fusedml.loss_gradient`: the
-        margins, the loss, the Hessian weights and ``X^T (c * loss')`` from the same on-chip row
-        tile); otherwise the two passes (``matvec``, then ``X^T v``), as the ``"ops"`` baseline.
+        On the fused backend :func:`fusedml.loss_gradient`: with dense rows that fit on chip ONE
+        read of X (the margins, the loss, the Hessian weights and ``X^T (c * loss')`` from the same
+        row tile), else (wider rows, CSR) its two reads with the pointwise terms in one launch;
+        elsewhere the two passes (``matvec``, then ``X^T v``), as the ``"ops"`` baseline.
         """
         spec = self._fused_loss()
         if spec is None:

@@ -176,7 +176,7 @@ def loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, alpha=1
         As for :func:`fusedml.mmchain`. The one-read pass serves dense X whose rows fit on chip
         (the mmchain "onchip" strategy; for m > 1 the rows :func:`one_read` accepts);
         CSR and wider rows are composed from :func:`fusedml.matvec` and :func:`fusedml.mmchain`
-        (two reads).
+        (two reads; on the fused backend the pointwise terms between them are one launch).
     W : array-like [D(+1)] or [D(+1), m] (m <= 16)
         Coefficients (with the intercept in the last row when ``intercept``).
     target : array-like [N] or [N, m]
@@ -567,6 +567,7 @@ def _fused_terms(eta, target, code, power, c):
     is ~10 launches and as many sweeps of [N, m])."""
     N, m = eta.shape
     eta = eta.contiguous()
+    c = None if c is None else c.contiguous()  # read as C + row
     acc = eta.dtype
     m_pad = triton.next_power_of_2(m)
     block_n = max(16, 2048 // m_pad)
