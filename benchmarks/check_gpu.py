@@ -179,6 +179,41 @@ def check_mmchain(dev):
                 csr.L1_VECTOR_BYTES = l1
 
 
+def _lg_target(loss, n, m, dev):
+    """Random targets of ``loss`` [n, m]: 0/1, -1/+1, one-hot rows, normal or positive observations."""
+    if loss == "logistic":
+        return (torch.rand(n, m, device=dev) < 0.4).float()
+    if loss == "squared_hinge":
+        return torch.where(torch.rand(n, m, device=dev) < 0.5, -1.0, 1.0)
+    if loss == "multinomial":
+        return torch.nn.functional.one_hot(torch.randint(0, m, (n,), device=dev), m).float()
+    if loss == "squared_error":
+        return torch.randn(n, m, device=dev)
+    return 2 * torch.rand(n, m, device=dev) + 0.05
+
+
+def _check_lg(name, M, X, W, y, loss, power, dev, with_eta):
+    """One weighted ``loss_gradient`` of ``M`` (dense, or X as CSR) with the intercept and ``z = W``
+    against float64 from the dense X: grad, loss, Hessian weights (and eta)."""
+    from fusedml.mmchain.lossgrad import loss_terms
+
+    n = X.shape[0]
+    c = torch.rand(n, device=dev)
+    r = fusedml.loss_gradient(M, W, y, loss=loss, power=power, sample_weight=c, alpha=0.5, z=W, beta=0.1,
+                              intercept=True, backend="fused")
+    A = torch.cat([X.double(), torch.ones(n, 1, dtype=torch.float64, device=dev)], 1)
+    eta = A @ W.double()
+    val, g, h = loss_terms(loss, eta, y.double(), power)
+    record(name + " grad", rel(r.grad, 0.5 * A.T @ (g * c.double()[:, None]) + 0.1 * W.double()), TOL[torch.float32])
+    record(name + " loss", rel(r.loss, (val * c.double()[:, None]).sum(0), floor=1e-30), TOL[torch.float32])
+    # the squared hinge's l'' is a step at y eta = 1: an eta within fp32 rounding of the kink
+    # may land on either side, so those rows (|1 - y eta| < 1e-5) are left out of the check
+    keep = (1 - y.double() * eta).abs() >= 1e-5 if loss == "squared_hinge" else torch.ones_like(h, dtype=torch.bool)
+    record(name + " hess", rel(r.hess[keep], h[keep], floor=1e-30), TOL[torch.float32])
+    if with_eta:
+        record(name + " eta", rel(r.eta, eta), TOL[torch.float32])
+
+
 def check_loss_gradient(dev):
     """Every loss of ``fusedml.loss_gradient`` on rows that are (D = 100, 101 with the intercept) and
     are not (D = 64) 16-byte multiples, m = 1 and m = 3 (multinomial also 5, 7, 8; D = 200: the unrolled
@@ -192,31 +227,9 @@ def check_loss_gradient(dev):
         X = torch.randn(n, d, device=dev)
         for loss, m, power in cases:
             W = 0.2 * torch.randn(d + 1, m, device=dev)
-            if loss == "logistic":
-                y = (torch.rand(n, m, device=dev) < 0.4).float()
-            elif loss == "squared_hinge":
-                y = torch.where(torch.rand(n, m, device=dev) < 0.5, -1.0, 1.0)
-            elif loss == "multinomial":
-                y = torch.nn.functional.one_hot(torch.randint(0, m, (n,), device=dev), m).float()
-            elif loss == "squared_error":
-                y = torch.randn(n, m, device=dev)
-            else:
-                y = 2 * torch.rand(n, m, device=dev) + 0.05
-            c = torch.rand(n, device=dev)
-            r = fusedml.loss_gradient(X, W, y, loss=loss, power=power, sample_weight=c, alpha=0.5, z=W, beta=0.1,
-                                      intercept=True, backend="fused")
-            A = torch.cat([X.double(), torch.ones(n, 1, dtype=torch.float64, device=dev)], 1)
-            eta = A @ W.double()
-            val, g, h = loss_terms(loss, eta, y.double(), power)
-            grad = 0.5 * A.T @ (g * c.double()[:, None]) + 0.1 * W.double()
-            name = f"loss_gradient {loss}{'' if power is None else power} m={m} {n}x{d}"
-            record(name + " grad", rel(r.grad, grad), TOL[torch.float32])
-            record(name + " loss", rel(r.loss, (val * c.double()[:, None]).sum(0), floor=1e-30), TOL[torch.float32])
-            # the squared hinge's l'' is a step at y eta = 1: an eta within fp32 rounding of the kink
-            # may land on either side, so those rows (|1 - y eta| < 1e-5) are left out of the check
-            keep = (1 - y.double() * eta).abs() >= 1e-5 if loss == "squared_hinge" else torch.ones_like(h, dtype=torch.bool)
-            record(name + " hess", rel(r.hess[keep], h[keep], floor=1e-30), TOL[torch.float32])
-            record(name + " eta", rel(r.eta, eta), TOL[torch.float32])
+            y = _lg_target(loss, n, m, dev)
+            _check_lg(f"loss_gradient {loss}{'' if power is None else power} m={m} {n}x{d}", X, X, W, y, loss, power,
+                      dev, with_eta=True)
         for m in (1, 3):
             Y = torch.randn(d + 1, m, device=dev)
             record(f"matvec intercept m={m} {n}x{d}", rel(fusedml.matvec(X, Y, intercept=True, backend="fused"),
@@ -231,22 +244,9 @@ def check_loss_gradient(dev):
     A = fusedml.as_csr(Xc.to_sparse_csr())
     for loss, m, power in cases[:6] + [("multinomial", 5, None)]:
         W = 0.2 * torch.randn(d + 1, m, device=dev)
-        y = {"logistic": lambda: (torch.rand(n, m, device=dev) < 0.4).float(),
-             "squared_hinge": lambda: torch.where(torch.rand(n, m, device=dev) < 0.5, -1.0, 1.0),
-             "multinomial": lambda: torch.nn.functional.one_hot(torch.randint(0, m, (n,), device=dev), m).float()
-             }.get(loss, lambda: 2 * torch.rand(n, m, device=dev) + 0.05)()
-        c = torch.rand(n, device=dev)
-        r = fusedml.loss_gradient(A, W, y, loss=loss, power=power, sample_weight=c, alpha=0.5, z=W, beta=0.1,
-                                  intercept=True, backend="fused")
-        X64 = torch.cat([Xc.double(), torch.ones(n, 1, dtype=torch.float64, device=dev)], 1)
-        eta = X64 @ W.double()
-        val, g, h = loss_terms(loss, eta, y.double(), power)
-        name = f"loss_gradient CSR {loss}{'' if power is None else power} m={m} {n}x{d}"
-        record(name + " grad", rel(r.grad, 0.5 * X64.T @ (g * c.double()[:, None]) + 0.1 * W.double()), TOL[torch.float32])
-        record(name + " loss", rel(r.loss, (val * c.double()[:, None]).sum(0), floor=1e-30), TOL[torch.float32])
-        keep = (1 - y.double() * eta).abs() >= 1e-5 if loss == "squared_hinge" else torch.ones_like(h, dtype=torch.bool)
-        record(name + " hess", rel(r.hess[keep], h[keep], floor=1e-30), TOL[torch.float32])
-    del Xc, A, X64
+        _check_lg(f"loss_gradient CSR {loss}{'' if power is None else power} m={m} {n}x{d}", A, Xc, W,
+                  _lg_target(loss, n, m, dev), loss, power, dev, with_eta=False)
+    del Xc, A
     # logistic margins up to ~40 on separable labels: every row's loss is log1p(exp(-|t|)), down
     # to ~1e-26, through the fp32 epilogue's hardware log2 / reciprocal and its log1p series
     for n, d, scale in ((300_000, 100, 0.6), (200_001, 64, 1.5)):
