@@ -282,8 +282,7 @@ class FiniteCheck:
         if not t.is_floating_point() or t.numel() == 0:
             self.flag = torch.ones(1, dtype=torch.float64, device=t.device)
         else:
-            acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-            self.flag = torch.isfinite(t.sum(dtype=acc)).to(torch.float64).reshape(1)
+            self.flag = _sum_is_finite(t).to(torch.float64).reshape(1)
         return self.flag
 
     def resolve(self, value):
@@ -409,9 +408,13 @@ def check_finite_fast(t: torch.Tensor, name: str) -> None:
     """
     if not t.is_floating_point() or t.numel() == 0:
         return
-    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-    if not torch.isfinite(t.sum(dtype=acc)).item():
+    if not _sum_is_finite(t).item():
         check_finite(t, name)
+
+
+def _sum_is_finite(t):
+    """Whether the sum of the floating tensor ``t`` (fp32 or fp64 accumulation) is finite, a device bool."""
+    return torch.isfinite(t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32))
 
 
 def _to_numpy(a):
