@@ -511,7 +511,7 @@ TWO_READ = [("csr",) + c for c in CASES] + [("wide",) + c for c in CASES if c[1]
 
 
 @pytest.mark.parametrize("layout,loss,m,power", TWO_READ, ids=[f"{c[0]}-{c[1]}-m{c[2]}-p{c[3]}" for c in TWO_READ])
-def test_two_read_pass_terms_kernel_matches_float64(layout, loss, m, power):
+def test_two_read_pass_terms_kernel_matches_float64(monkeypatch, layout, loss, m, power):
     """Where the one-read pass does not apply (CSR X; dense rows too wide for m), the fused backend's
     loss_gradient reads X twice with its pointwise terms (loss sums, ``c * loss'``, the Hessian
     weights) in one launch between the reads (``_terms_kernel``): every field against float64,
@@ -519,6 +519,9 @@ def test_two_read_pass_terms_kernel_matches_float64(layout, loss, m, power):
     import importlib
 
     lg = importlib.import_module("fusedml.mmchain.lossgrad")
+    calls = []
+    real = lg._fused_terms
+    monkeypatch.setattr(lg, "_fused_terms", lambda *a: (calls.append(1), real(*a))[1])
     g = torch.Generator().manual_seed(zlib.crc32(f"two-{loss}-{m}-{power}-{layout}".encode()))
     N, D = 157, (9 if layout == "csr" else 300)
     X = torch.randn(N, D, generator=g)
@@ -535,14 +538,9 @@ def test_two_read_pass_terms_kernel_matches_float64(layout, loss, m, power):
         Wd, yd, zd = W.to(acc), y.to(acc), z.to(acc)
         assert not one_read(Xin, m)
         for c in (None, torch.rand(N, generator=g).to(acc)):
-            calls = []
-            real = lg._fused_terms
-            lg._fused_terms = lambda *a: (calls.append(1), real(*a))[1]
-            try:
-                r = fusedml.loss_gradient(Xin, Wd, yd, loss=loss, power=power, sample_weight=c, alpha=0.7, z=zd,
-                                          beta=0.3, intercept=True, backend="fused")
-            finally:
-                lg._fused_terms = real
+            calls.clear()
+            r = fusedml.loss_gradient(Xin, Wd, yd, loss=loss, power=power, sample_weight=c, alpha=0.7, z=zd,
+                                      beta=0.3, intercept=True, backend="fused")
             assert calls == [1]
             ref = _reference(Xd, Wd, yd, loss, power, c, 0.7, zd, 0.3, True)
             for name, a, b in zip(r._fields, r, ref):
