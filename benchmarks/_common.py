@@ -133,3 +133,22 @@ def markdown_table(rows: list, columns: list) -> str:
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def linear_fit_cases(N: int, D: int, dev) -> tuple:
+    """``(X, {name: (make(backend) -> estimator, y)})``: the whole-fit A/B cases of
+    ``host_overhead.py`` and ``finite_check_ab.py`` (logistic, 5-class multinomial, LinearSVC,
+    Poisson, Ridge) on one seeded N x D Gaussian X on ``dev``."""
+    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
+
+    g = torch.Generator(device=dev).manual_seed(1)
+    X = torch.randn(N, D, generator=g, device=dev)
+    eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
+    lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
+    cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
+                          torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
+    return X, {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
+               "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
+               "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
+               "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
+               "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}

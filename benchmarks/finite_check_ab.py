@@ -29,7 +29,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import algorithms._base as base  # noqa: E402
-from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge  # noqa: E402
 
 _DEFERRED = base._check_design
 
@@ -70,14 +69,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     for spec in args.shapes:
         N, D = (int(s) for s in spec.split("x"))
-        g = torch.Generator(device=dev).manual_seed(1)
-        X = torch.randn(N, D, generator=g, device=dev)
-        eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
-        lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
-        cases = {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
-                 "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
-                 "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
-                 "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+        X, cases = _common.linear_fit_cases(N, D, dev)
         for algo in args.algos:
             for be in args.backends:
                 make, y = cases[algo][0], cases[algo][1]

@@ -97,23 +97,11 @@ def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "lin
     "1" / "0": the CG steps replayed from CUDA graphs, or the vector half of each CG step in one
     launch; FUSEDML_CAPTURE_AFTER: eager CG steps before the capture), same data, both backends:
     median wall time of ``reps`` fits."""
-    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
-
     what = AB_VARS[var]
     rows = []
     for spec in shapes:
         N, D = (int(s) for s in spec.split("x"))
-        g = torch.Generator(device=dev).manual_seed(1)
-        X = torch.randn(N, D, generator=g, device=dev)
-        eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
-        lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
-        cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
-                              torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
-        cases = {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
-                 "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
-                 "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
-                 "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
-                 "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+        X, cases = _common.linear_fit_cases(N, D, dev)
         for algo in algos:
             make, y = cases[algo]
             for be in ("fused", "ops"):
