@@ -339,6 +339,18 @@ class _CGEngine:
         """A new device-decided solve from ``S = 0``, residual ``R`` (``-R`` with ``negate``);
         ``control`` the host list of :func:`fusedml.cg.cg_control` (one asynchronous H2D copy)."""
         self._restart(R, negate)
+        self.set_control(control)
+
+    def start_ahead(self, R, negate=False):
+        """A decided solve's restart and first product, queued before its control block is known
+        (the host reads the values it needs behind them): returns the product, which
+        :func:`_decided_steps` takes as ``first`` after :meth:`set_control`."""
+        self._restart(R, negate)
+        Ad = self.apply(self.Dv)  # the direction R formed by the restart
+        return Ad.to(self.S.dtype) if Ad.dtype != self.S.dtype else Ad
+
+    def set_control(self, control):
+        """The solve's control block (see :meth:`reset_decided`)."""
         if self.ctl.is_cuda:  # the previous solve's copy from the staging buffer was read behind
             self.snaps.stage_np[:] = control  # written through numpy: no torch op on the host
             self.ctl.copy_(self.snaps.stage, non_blocking=True)
@@ -473,8 +485,9 @@ def _likely_continues(seen, control0, P, tr):
     return False
 
 
-def _decided_steps(eng, max_steps, tr):
-    """Up to ``max_steps`` device-decided CG steps of ``eng``, the host ``_lag()`` steps behind.
+def _decided_steps(eng, max_steps, tr, first=None):
+    """Up to ``max_steps`` device-decided CG steps of ``eng``, the host ``_lag()`` steps behind;
+    ``first``: the first step's product, queued ahead (:meth:`_CGEngine.start_ahead`).
 
     Returns
     -------
@@ -488,7 +501,10 @@ def _decided_steps(eng, max_steps, tr):
     run = control_slice("run", P)
     pending, seen, issued = deque(), [], 0
     while issued < max_steps:
-        eng.step()
+        if issued == 0 and first is not None:
+            eng._update(first)
+        else:
+            eng.step()
         issued += 1
         pending.append(eng.snaps.take())
         while pending and (len(pending) > lag or not _likely_continues(seen, eng.control0, P, tr)):
@@ -523,6 +539,82 @@ def _tron_engine(obj, g, hstate, P):
     return eng
 
 
+def _ahead_enabled():
+    """Whether the solvers start a solve before reading what it decides with
+    (``FUSEDML_SOLVE_AHEAD``, default 1; 0 reads first, as before)."""
+    return os.environ.get("FUSEDML_SOLVE_AHEAD", "1") != "0"
+
+
+class _Ahead:
+    """A TRON solve started before the host read what it decides with: its engine, the gradient
+    and Hessian state it started from, and its first product (see :func:`_solve_ahead`)."""
+
+    __slots__ = ("eng", "g", "hstate", "Ad")
+
+    def __init__(self, eng, g, hstate, Ad):
+        self.eng, self.g, self.hstate, self.Ad = eng, g, hstate, Ad
+
+
+def _solve_ahead(obj, g, hstate, P):
+    """Queue the next TRON solve's restart (``S = 0``, ``R = D = -g``) and first Hessian product
+    before the host reads the trial point's sums: the product needs neither the trust radius nor
+    the accept test, so the GPU runs it while the host decides (the ~0.1-0.3 ms between that read
+    and the next launch otherwise leaves it idle, per outer iteration). Returns None where it does
+    not apply: the CG steps decided on the host, X streamed from the host, or
+    ``FUSEDML_SOLVE_AHEAD=0``. A solve that does not follow (converged, rejected) leaves one
+    product unused."""
+    from fusedml import CSRMatrix
+
+    if (not _ahead_enabled() or not cg_update_applies(g, P)
+            or not isinstance(getattr(obj, "X", None), (torch.Tensor, CSRMatrix))):
+        return None
+    eng = _tron_engine(obj, g, hstate, P)
+    if not eng.decide:
+        return None
+    return _Ahead(eng, g, hstate, eng.start_ahead(g, negate=True))
+
+
+def _likely_unconverged(host_stop, rtr, gnorm0, active, n):
+    """Whether some active problem will probably NOT pass the stop rule at the trial point: its
+    gradient predicted by the CG's last residual (``||g_t|| ~ ||g + H S||``), halved for margin,
+    the largest entry bounded below by ``||g_t|| / sqrt(n)``."""
+    if host_stop is None or not rtr:
+        return False
+    gn = [0.5 * math.sqrt(max(r, 0.0)) for r in rtr]
+    conv = host_stop([x / math.sqrt(max(n, 1)) for x in gn], gn, gnorm0)
+    conv = conv * len(gn) if len(conv) == 1 else conv
+    return any(a and not c for a, c in zip(active, conv))
+
+
+class _Reader:
+    """Reads of small device vectors behind which the host queues more work: on CUDA an
+    asynchronous copy into a pinned buffer and an event (the read waits for that copy only);
+    elsewhere read at once."""
+
+    def __init__(self):
+        self.bufs, self.stream = {}, None
+
+    def take(self, t):
+        """Queue the copy of ``t``; return ``read() -> list of float``."""
+        t = t.reshape(-1)
+        if not t.is_cuda:
+            v = _host(t)
+            return lambda: v
+        if self.stream is None:  # looked up once (~30 us of Python per lookup on the H200 host)
+            self.stream = torch.cuda.current_stream(t.device)
+        buf = self.bufs.get((t.numel(), t.dtype))
+        if buf is None:
+            buf = self.bufs[t.numel(), t.dtype] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+
+        def read():
+            ev.synchronize()
+            return [float(x) for x in buf.tolist()]
+        return read
+
+
 # --------------------------------------------------------------------------------------------
 # TRON
 # --------------------------------------------------------------------------------------------
@@ -536,7 +628,7 @@ def _boundary(std, sts, dtd, dsq):
     return _finite_or(a, 0.0)
 
 
-def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
+def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None, ahead=None, ends=None):
     """Truncated CG for ``H s = -g`` inside ``||s|| <= delta`` (LIBLINEAR ``trcg``), per problem.
 
     One host sync per CG step. The device half of the step (:class:`_CGEngine`: the direction
@@ -558,6 +650,12 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     active : list of bool
     gg : [P] tensor, optional
         ``g^T g`` on the device (computed here if not given).
+    ahead : _Ahead, optional
+        This solve's restart and first product, queued by :func:`_solve_ahead` before the host
+        read ``gnorm`` and ``delta`` (used when made from this ``g`` and ``hstate``).
+    ends : list, optional
+        Receives each problem's last ``r^T r`` (device-decided solves): ``||g + H S||^2``, the
+        quadratic model's prediction of the next gradient's squared norm.
 
     Returns
     -------
@@ -578,11 +676,20 @@ def _trcg(obj, hstate, g, gnorm, delta, active, eps_cg, max_cg, gg=None):
     reach = [False] * P
     if not any(run):
         return torch.zeros_like(g), torch.neg(g), 0, reach
-    eng = _tron_engine(obj, g, hstate, P)
-    if eng.decide:  # the decisions below, made on the device: the host queues a step ahead
-        eng.reset_decided(g, cg_control(rTr, [c * c for c in cgtol], run, dsq), negate=True)
-        seen, _ = _decided_steps(eng, max_cg, tr=True)
+    control = lambda: cg_control(rTr, [c * c for c in cgtol], run, dsq)  # noqa: E731
+    if ahead is not None and ahead.g is g and ahead.hstate is hstate:  # started before the host decided
+        eng = ahead.eng
+        eng.set_control(control())
+        seen, _ = _decided_steps(eng, max_cg, tr=True, first=ahead.Ad)
+    else:
+        eng = _tron_engine(obj, g, hstate, P)
+        if eng.decide:  # the decisions below, made on the device: the host queues a step ahead
+            eng.reset_decided(g, control(), negate=True)
+            seen, _ = _decided_steps(eng, max_cg, tr=True)
+    if eng.decide:
         last = seen[-1]
+        if ends is not None:
+            ends[:] = last[control_slice("rnew", P)]
         return (eng.S, eng.R, int(round(max(last[control_slice("steps", P)]))),
                 [x > 0.5 for x in last[control_slice("reach", P)]])
     eng.reset(torch.neg(g), gg if gg is not None else dot(g, g), run)  # problems not running: masked
@@ -642,7 +749,9 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     further ``gradient`` only when some, not all, of K independent problems reject), and one
     ``hessp`` (one mmchain) per CG step; ONE host sync at the outer level (trial objective,
     ``g^T S``, ``S^T R``, ``S^T S``, the new gradient norm and convergence test) besides the
-    one per CG step.
+    one per CG step. Where the CG steps are decided on the device, the next solve's restart and
+    first product are queued behind that sync's copy (:func:`_solve_ahead`) when the quadratic
+    model predicts another iteration: the GPU reads X while the host decides.
     The trust-region logic runs on the host in float64 Python floats, one per problem.
 
     Parameters
@@ -684,22 +793,34 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     P = f_dev.numel()
     gnorm0_dev = None
 
-    def grad_info(g, first=None):
+    reader = _Reader()
+
+    def grad_info(g, first=None, then=None):
         gg = dot(g, g)
         gn = torch.sqrt(gg)
         conv = stop(g, gn, gn if gnorm0_dev is None else gnorm0_dev)
         parts = [gn.double(), conv.double()]
-        v = _host(torch.cat(parts if first is None else [first.double()] + parts))  # one sync: norms and the test
+        packed = torch.cat(parts if first is None else [first.double()] + parts)
+        if then is None:
+            v, after = _host(packed), None  # one sync: norms and the test
+        else:  # ... with ``then()`` queued behind the copy
+            read = reader.take(packed)
+            after = then()
+            v = read()
         head, v = ([], v) if first is None else (v[:first.numel()], v[first.numel():])
-        return v[:P], [x > 0.5 for x in v[P:]], gg, gn, head
+        return v[:P], [x > 0.5 for x in v[P:]], gg, gn, head, after
 
-    gnorm, conv, gg, gnorm0_dev, f = grad_info(g, first=f_dev if flag is None else torch.cat([f_dev.double(), flag]))
+    # the first solve starts behind the start's copy (a start already converged leaves one product unused)
+    gnorm, conv, gg, gnorm0_dev, f, ahead = grad_info(
+        g, first=f_dev if flag is None else torch.cat([f_dev.double(), flag]),
+        then=(lambda: _solve_ahead(obj, g, hs, P)) if max_iter >= 1 else None)
     if flag is not None:
         check.resolve(f.pop())
     if not all(math.isfinite(x) for x in f):
         raise ValueError("the objective is not finite at the starting point (check the link/family and the targets)")
     gnorm0 = list(gnorm)
     host_stop = getattr(stop, "host", None)
+    n_unknowns = W0.numel() if P == 1 else W0.shape[0]
     active = [not c for c in conv]
     n_iter, stalled = [0] * P, [False] * P
     delta = list(gnorm)
@@ -709,7 +830,9 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
     for it in range(1, max_iter + 1):
         if not any(active):
             break
-        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg, gg=gg)
+        ends = []
+        S, R, n_cg, reach = _trcg(obj, hs, g, gnorm, delta, active, eps_cg, max_cg, gg=gg, ahead=ahead, ends=ends)
+        ahead = None
         # The gradient at the trial point is computed with its objective, before the accept test
         # (TRON rarely rejects; a rejected step wastes this X^T v, on every backend alike), so
         # ONE sync brings the trial objective, g^T S, S^T R, S^T S, ||g_new|| and the test.
@@ -727,7 +850,12 @@ def tron(obj, W0, *, max_iter, stop, history=None, eps_cg=0.1, max_cg=None):
                 sums = trial_sums(g, S, R, g_t, P, f=f_in)
             packed = sums if f_in is not None else torch.cat([f_t.to(torch.float64), sums])
             gg_t = packed[4 * P:5 * P]
-            v = _host(packed)
+            if it < max_iter and _likely_unconverged(host_stop, ends, gnorm0, active, n_unknowns):
+                read = reader.take(packed)  # the next solve starts behind the copy, from the trial point
+                ahead = _solve_ahead(obj, g_t, hs_t, P)
+                v = read()
+            else:
+                v = _host(packed)
             v[4 * P:5 * P] = [math.sqrt(max(x, 0.0)) if math.isfinite(x) else x for x in v[4 * P:5 * P]]
             conv_t = host_stop(v[5 * P:6 * P], v[4 * P:5 * P], gnorm0)
         else:
@@ -1011,7 +1139,8 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     Per step ONE ``apply_A`` and ONE host sync: the device half of the step (:class:`_CGEngine`:
     direction, ``apply_A``, ``alpha``, the updates, ``||r||^2``, ``beta``) runs in place, from a
     CUDA graph when ``graphs`` and B is on the GPU (one launch); the host reads ``d^T A d`` and
-    ``||r||^2`` in one copy and decides in float64. The recorded objective and step norm follow the
+    ``||r||^2`` in one copy and decides in float64 (decided on the device, the restart and first
+    product are queued behind the first copy, as TRON's, :func:`_solve_ahead`). The recorded objective and step norm follow the
     CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``, ``||D_new||^2 = ||r_new||^2 +
     beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
 
@@ -1044,22 +1173,31 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     cdot = lambda A, C: (A * C).sum(0)  # noqa: E731 - per-column inner products [m]
     m = B.shape[1]
     rr_dev = cdot(B, B)
-    if check is None:
-        rr = _host(rr_dev)  # the one sync before the loop
-    else:  # with the input check's flag
-        rr = _host(torch.cat([rr_dev.double(), check.flag]))
+    packed = rr_dev if check is None else torch.cat([rr_dev.double(), check.flag])  # with the input check's flag
+    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False, sparse=sparse, decide="plain")
+    first = None
+    if eng.decide and _ahead_enabled():  # the restart and first product queued behind the copy (as TRON's)
+        read = _Reader().take(packed)
+        first = eng.start_ahead(B)
+        rr = read()
+    else:
+        rr = _host(packed)  # the one sync before the loop
+    if check is not None:
         check.resolve(rr.pop())
     bnorm = [math.sqrt(max(x, 0.0)) for x in rr]
     dd = list(rr)
     q = [0.0] * m  # 0.5 p^T A p - b^T p per column
     run = [math.sqrt(max(r, 0.0)) > tol * b for r, b in zip(rr, bnorm)]
     n_iter = [0] * m
-    eng = _CGEngine(apply_A, cdot, B, m, graphs and B.is_cuda, keep_previous=False, sparse=sparse, decide="plain")
     if history is not None:
         history.add(0, float(offset), max(bnorm), 0.0)
     if eng.decide and any(run):  # decisions on the device, the host a step behind; history replayed
-        eng.reset_decided(B, cg_control(rr, [(tol * b) ** 2 for b in bnorm], run))
-        seen, it = _decided_steps(eng, max_iter, tr=False)
+        control = cg_control(rr, [(tol * b) ** 2 for b in bnorm], run)
+        if first is None:
+            eng.reset_decided(B, control)
+        else:
+            eng.set_control(control)
+        seen, it = _decided_steps(eng, max_iter, tr=False, first=first)
         steps = [0.0] * m
         f_steps, f_alpha, f_rnew = (control_slice(f, m).start for f in ("steps", "alpha", "rnew"))
         for k, v in enumerate(seen, 1):

@@ -152,3 +152,34 @@ def linear_fit_cases(N: int, D: int, dev) -> tuple:
                "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
                "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
                "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+
+
+def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
+    """Whole fits of ``make().fit(X, y)`` in each of ``modes``, alternating fit by fit (the order
+    flipped every other round, after one warm fit per mode), so the machine's drift cancels.
+
+    ``enter(mode)`` switches the mode on and returns a callable that switches it off. Returns
+    ``(ms, iters)``: per mode the list of wall times (ms, synchronised) and the last fit's
+    ``max(n_iter_)``."""
+    import numpy as np
+
+    def one(mode):
+        leave = enter(mode)
+        try:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            est = make().fit(X, y)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            return 1e3 * (time.perf_counter() - t0), int(np.max(est.n_iter_))
+        finally:
+            leave()
+    for m in modes:  # warm: compiles, caches
+        one(m)
+    ms, iters = {m: [] for m in modes}, {}
+    for i in range(fits):
+        for m in (modes if i % 2 == 0 else modes[::-1]):
+            t, iters[m] = one(m)
+            ms[m].append(t)
+    return ms, iters

@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import _common  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
@@ -37,18 +35,12 @@ def _up_front(t, name, check, info):
     return _DEFERRED(t, name, True if check == "defer" else check, info)
 
 
-def _fit_ms(make, X, y, mode, dev):
+def _enter(mode):
     base._check_design = _up_front if mode == "up front" else _DEFERRED
-    try:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        est = make().fit(X, y)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return 1e3 * (time.perf_counter() - t0), est
-    finally:
+
+    def leave():
         base._check_design = _DEFERRED
+    return leave
 
 
 def main(argv=None):
@@ -73,16 +65,8 @@ def main(argv=None):
         for algo in args.algos:
             for be in args.backends:
                 make, y = cases[algo][0], cases[algo][1]
-                mk = (lambda make=make, be=be: make(be))
-                ts = {m: [] for m in modes}
-                iters = {}
-                for m in modes:  # warm: compiles, caches
-                    _fit_ms(mk, X, y, m, dev)
-                for i in range(args.fits):
-                    for m in (modes if i % 2 == 0 else modes[::-1]):
-                        ms, est = _fit_ms(mk, X, y, m, dev)
-                        ts[m].append(ms)
-                        iters[m] = int(np.max(est.n_iter_))
+                ts, iters = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, modes, _enter,
+                                                   args.fits, dev)
                 med = {m: sorted(v)[len(v) // 2] for m, v in ts.items()}
                 rows.append({"shape": spec, "algo": algo, "backend": be, "fits": args.fits,
                              "up_front_ms": med["up front"], "deferred_ms": med["deferred"],

@@ -433,6 +433,20 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
+    s39)  # session 39: each solve's restart and first product queued behind the host's read (FUSEDML_SOLVE_AHEAD):
+          # the solvers' CUDA tests; reading first against starting ahead in one process, fit by fit (both backends,
+          # 1M x 100 and 2M x 256); the new code's traces of the 2M x 256 logistic and Poisson fits, their GPU gaps
+      run cuda-solvers 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      tail -3 "$log/cuda-solvers.log" | cut -c1-300
+      run ahead-ab 300 python3 benchmarks/env_ab.py --a FUSEDML_SOLVE_AHEAD=0 --b FUSEDML_SOLVE_AHEAD=1 \
+        --algos logistic multinomial linearsvc poisson ridge --fits 15 --out "$out/env_ab_ahead_s39.json"
+      grep -E "^\| " "$log/ahead-ab.log" | cut -c1-200
+      run trace 200 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo poisson \
+        --trace-dir "$out/traces" --out "$out/profile_fit_s39.json"
+      grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
+      python3 benchmarks/trace_gaps.py "$out"/traces/trace-*-fused.json --top 16 > "$log/gaps.log" 2>&1
+      cat "$log/gaps.log"; { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
+      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
     s38e)  # session 38 on the H200: the README's tables on the current code (mmchain with its sweep; the solver
            # passes, m = 1 and m = 3 / 5); X^T V with m = 5 / 8, the unrolled kernel (the model) against the padded dot
       run mmchain 150 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s38e.json"

@@ -756,3 +756,44 @@ def test_cuda_fits_read_the_finite_check_with_the_solver_start(backend, case):
             make().fit(Xin, y)
         dense = Xin.to_dense() if case.endswith("-csr") else Xin
         assert torch.equal(dense.nan_to_num(), Xb.nan_to_num()) and bool(dense[123, 4].isnan()) == math.isnan(bad)
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2", "logistic-csr"])
+def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
+    """On the GPU, each solve's restart and first product queued behind the host's read of the
+    values it decides with (the default) gives the fit of reading first (FUSEDML_SOLVE_AHEAD=0):
+    on "ops" the same iterations and coefficients to float32 rounding; on "fused" (float atomics)
+    within one outer iteration and 1e-3; the queued starts were taken."""
+    from algorithms import _solvers
+
+    g = torch.Generator(device="cuda").manual_seed(13)
+    X = torch.randn(20_000, 30, generator=g, device="cuda")
+    eta = X @ torch.randn(30, generator=g, device="cuda") / 4
+    cls = torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))
+    Xin = (X * (torch.rand(X.shape, generator=g, device="cuda") < 0.2)).to_sparse_csr() if case.endswith("-csr") else X
+    make, y = {
+        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
+        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
+        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), cls),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-5, backend=backend), cls),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-5, backend=backend), torch.poisson(torch.exp(eta))),
+        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
+    }[case]
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "0")
+    ref = make().fit(Xin, y)
+    starts = []
+    real = _solvers._CGEngine.start_ahead
+    monkeypatch.setattr(_solvers._CGEngine, "start_ahead", lambda *a, **k: starts.append(1) or real(*a, **k))
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "1")
+    got = make().fit(Xin, y)
+    assert starts, "no solve started ahead"
+    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
+    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
+    if backend == "ops":
+        assert np.array_equal(ig, ir)
+        assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
+    else:
+        assert np.abs(ig - ir).max() <= 1
+        assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)

@@ -562,3 +562,79 @@ def test_kernels_compile_for_sm90():
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot()
+
+
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
+def test_solve_ahead_same_fit(monkeypatch, case, backend):
+    """Each solve's restart and first product queued before the host reads the values the solve
+    decides with (``FUSEDML_SOLVE_AHEAD``, the default): bit for bit the fit, iterations and
+    history of reading first; the queued starts are taken (not redone); a start that is not
+    followed (the last iteration, mispredicted) adds at most one product."""
+    from algorithms import _solvers
+
+    monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
+    make, X, y = _solver_case(case)
+    fit = lambda: make().set_params(backend=backend).fit(X, y)  # noqa: E731
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "0")
+    ref = fit()
+    starts, resets = [], []
+    real_start, real_reset = _solvers._CGEngine.start_ahead, _solvers._CGEngine.reset_decided
+    monkeypatch.setattr(_solvers._CGEngine, "start_ahead", lambda *a, **k: starts.append(1) or real_start(*a, **k))
+    monkeypatch.setattr(_solvers._CGEngine, "reset_decided", lambda *a, **k: resets.append(1) or real_reset(*a, **k))
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "1")
+    got = fit()
+    assert starts, "no solve started ahead"
+    solves = 1 if case == "ridge-2" else sum(1 for r in ref.history_ if r["iter"] > 0)
+    assert len(starts) + len(resets) >= solves and len(starts) <= solves + 1
+    assert np.array_equal(np.asarray(got.coef_), np.asarray(ref.coef_))
+    assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    assert [r["objective"] for r in got.history_] == [r["objective"] for r in ref.history_]
+    key = "n_mmchain"
+    assert ref._fit_info[key] <= got._fit_info[key] <= ref._fit_info[key] + 1
+
+
+def test_solve_ahead_only_from_its_own_start(monkeypatch):
+    """A start queued from another gradient (a rejected trial point) is not used: the solve
+    restarts from its own ``g`` and gives the plain solve's step."""
+    from algorithms._loss import BinomialLoss, LinearObjective
+    from algorithms._solvers import _solve_ahead, _trcg
+
+    monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
+    rng = np.random.default_rng(8)
+    X = torch.from_numpy(rng.normal(size=(60, 5)))
+    T = torch.from_numpy((rng.uniform(size=(60, 1)) > 0.5) * 1.0)
+    obj = LinearObjective(X, BinomialLoss(), T, 1.0 / 60, 0.3, n_cols=1, fit_intercept=True, backend="cpu",
+                          dtype=torch.float64, device=X.device)
+    st, g, hs = obj.evaluate_gradient(obj.zeros())
+    gnorm = [float(torch.linalg.vector_norm(g))]
+    plain = [t.clone() for t in _trcg(obj, hs, g, gnorm, [10.0], [True], 0.1, 20)[:2]]
+    other_g = g * 3.0  # a start from another point, e.g. a rejected trial's
+    ahead = _solve_ahead(obj, other_g, hs, 1)
+    assert ahead is not None
+    S, R, _, _ = _trcg(obj, hs, g, gnorm, [10.0], [True], 0.1, 20, ahead=ahead)
+    assert torch.equal(S, plain[0]) and torch.equal(R, plain[1])
+    own = _solve_ahead(obj, g, hs, 1)
+    ends = []
+    S, R, _, _ = _trcg(obj, hs, g, gnorm, [10.0], [True], 0.1, 20, ahead=own, ends=ends)
+    assert torch.equal(S, plain[0]) and torch.equal(R, plain[1])
+    assert len(ends) == 1 and ends[0] == pytest.approx(float((R.double() ** 2).sum()), rel=1e-5)
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "0")
+    assert _solve_ahead(obj, g, hs, 1) is None
+
+
+def test_likely_unconverged_prediction():
+    """The solve-ahead prediction: the CG's last residual, halved, against each stop rule's host
+    form; only active problems count; no residuals or no host form: no prediction."""
+    from algorithms._solvers import _likely_unconverged, max_abs_grad_stop, relative_grad_norm_stop
+
+    rel = relative_grad_norm_stop(torch.tensor([1e-3, 1e-3])).host
+    assert _likely_unconverged(rel, [1e-4, 0.0], [1.0, 1.0], [True, True], 10)  # 0.5e-2 > 1e-3
+    assert not _likely_unconverged(rel, [1e-6, 0.0], [1.0, 1.0], [True, True], 10)  # 0.5e-3 <= 1e-3
+    assert not _likely_unconverged(rel, [1e-4, 1e-4], [1.0, 1.0], [False, False], 10)
+    mab = max_abs_grad_stop(1e-3).host
+    # max |g| >= ||g|| / sqrt(n): 0.5 * 1e-1 / sqrt(100) = 5e-3 > 1e-3
+    assert _likely_unconverged(mab, [1e-2], [1.0], [True], 100)
+    assert not _likely_unconverged(mab, [1e-2], [1.0], [True], 10 ** 6)
+    assert not _likely_unconverged(None, [1.0], [1.0], [True], 10)
+    assert not _likely_unconverged(rel, [], [1.0], [True], 10)

@@ -1,4 +1,5 @@
 """fusedml.loss_gradient: the one-read loss / gradient / Hessian-weights pass (interpreter on the CPU)."""
+import os
 import zlib
 
 import numpy as np
@@ -567,6 +568,31 @@ def test_finite_check_ab_smoke(tmp_path, monkeypatch):
     assert all(len(r["all_ms"]["up front"]) == len(r["all_ms"]["deferred"]) == 2 and r["deferred_ms"] > 0 for r in rows)
     assert seen == ["X"] * 6  # the up-front fits only: one warm and two timed per fit
     assert base._check_design is mod._DEFERRED
+
+
+def test_env_ab_smoke(tmp_path, monkeypatch):
+    """benchmarks/env_ab.py under the interpreter: each fit gets a time under both settings, each
+    fit runs under its own setting, and the environment is restored afterwards."""
+    import json
+
+    from algorithms import _solvers
+
+    mod = _bench_module("env_ab")
+    monkeypatch.setenv("FUSEDML_FUSED_CG", "1")  # the device-decided CG steps, as on the GPU
+    monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "7")
+    seen = []
+    real = _solvers._ahead_enabled
+    monkeypatch.setattr(_solvers, "_ahead_enabled", lambda: seen.append(os.environ.get("FUSEDML_SOLVE_AHEAD")) or real())
+    out = tmp_path / "env.json"
+    mod.main(["--a", "FUSEDML_SOLVE_AHEAD=0", "--b", "FUSEDML_SOLVE_AHEAD=", "--algos", "ridge", "--backends", "ops",
+              "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["algo"], r["backend"]) for r in rows] == [("ridge", "ops")]
+    assert len(rows[0]["all_ms"]["A"]) == len(rows[0]["all_ms"]["B"]) == 2 and rows[0]["b_ms"] > 0
+    assert seen.count("0") == 3 and seen.count(None) == 3  # one warm and two timed fits each
+    assert os.environ["FUSEDML_SOLVE_AHEAD"] == "7"
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        mod.parse_setting(["FUSEDML_SOLVE_AHEAD"])
 
 
 def test_solver_ops_precision_points():
