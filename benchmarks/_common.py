@@ -159,10 +159,8 @@ def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
     flipped every other round, after one warm fit per mode), so the machine's drift cancels.
 
     ``enter(mode)`` switches the mode on and returns a callable that switches it off. Returns
-    ``(ms, iters)``: per mode the list of wall times (ms, synchronised) and the last fit's
-    ``max(n_iter_)``."""
-    import numpy as np
-
+    ``(ms, last)``: per mode the list of wall times (ms, synchronised) and the last fitted
+    estimator."""
     def one(mode):
         leave = enter(mode)
         try:
@@ -172,14 +170,33 @@ def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
             est = make().fit(X, y)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            return 1e3 * (time.perf_counter() - t0), int(np.max(est.n_iter_))
+            return 1e3 * (time.perf_counter() - t0), est
         finally:
             leave()
     for m in modes:  # warm: compiles, caches
         one(m)
-    ms, iters = {m: [] for m in modes}, {}
+    ms, last = {m: [] for m in modes}, {}
     for i in range(fits):
         for m in (modes if i % 2 == 0 else modes[::-1]):
-            t, iters[m] = one(m)
+            t, last[m] = one(m)
             ms[m].append(t)
-    return ms, iters
+    return ms, last
+
+
+def set_env(setting: dict):
+    """Apply ``{NAME: VALUE}`` to ``os.environ`` (an empty VALUE unsets NAME); return the callable
+    that restores the previous values."""
+    old = {k: os.environ.get(k) for k in setting}
+    for k, v in setting.items():
+        if v:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
+
+    def restore():
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return restore

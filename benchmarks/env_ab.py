@@ -23,6 +23,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import _common  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
@@ -40,24 +41,6 @@ def parse_setting(items) -> dict:
             raise SystemExit(f"env_ab: a setting is NAME=VALUE, got {it!r}")
         out[name] = value
     return out
-
-
-def enter(setting: dict):
-    """Apply ``setting`` to ``os.environ``; return the callable that restores the old values."""
-    old = {k: os.environ.get(k) for k in setting}
-    for k, v in setting.items():
-        if v:
-            os.environ[k] = v
-        else:
-            os.environ.pop(k, None)
-
-    def leave():
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return leave
 
 
 def main(argv=None):
@@ -84,8 +67,9 @@ def main(argv=None):
         for algo in args.algos:
             for be in args.backends:
                 make, y = cases[algo]
-                ts, iters = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, ("A", "B"),
-                                                   lambda m: enter(settings[m]), args.fits, dev)
+                ts, last = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, ("A", "B"),
+                                                  lambda m: _common.set_env(settings[m]), args.fits, dev)
+                iters = {m: int(np.max(e.n_iter_)) for m, e in last.items()}
                 med = {m: sorted(v)[len(v) // 2] for m, v in ts.items()}
                 rows.append({"shape": spec, "algo": algo, "backend": be, "fits": args.fits, "a_ms": med["A"],
                              "b_ms": med["B"], "saved_ms": med["A"] - med["B"], "n_iter": iters, "all_ms": ts})

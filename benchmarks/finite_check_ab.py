@@ -21,6 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import _common  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
@@ -65,8 +66,9 @@ def main(argv=None):
         for algo in args.algos:
             for be in args.backends:
                 make, y = cases[algo][0], cases[algo][1]
-                ts, iters = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, modes, _enter,
-                                                   args.fits, dev)
+                ts, last = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, modes, _enter,
+                                                  args.fits, dev)
+                iters = {m: int(np.max(e.n_iter_)) for m, e in last.items()}
                 med = {m: sorted(v)[len(v) // 2] for m, v in ts.items()}
                 rows.append({"shape": spec, "algo": algo, "backend": be, "fits": args.fits,
                              "up_front_ms": med["up front"], "deferred_ms": med["deferred"],

@@ -433,6 +433,14 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
+    s39b)  # session 39: the pinned-buffer pool against a new buffer each time, in one process (FUSEDML_PINNED_POOL);
+           # the 2M x 256 logistic fit's host functions by cumulative time (cProfile, microseconds)
+      run pinned-ab 240 python3 benchmarks/env_ab.py --a FUSEDML_PINNED_POOL=0 --b FUSEDML_PINNED_POOL=1 \
+        --algos logistic linearsvc poisson ridge --fits 15 --out "$out/env_ab_pinned_s39b.json"
+      grep -E "^\| " "$log/pinned-ab.log" | cut -c1-200
+      run host-prof 150 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo poisson \
+        --backends fused --cprofile 80 --out "$out/profile_fit_s39b.json"
+      grep -A82 "cum us" "$log/host-prof.log" | cut -c1-160 ;;
     s39)  # session 39: each solve's restart and first product queued behind the host's read (FUSEDML_SOLVE_AHEAD):
           # the solvers' CUDA tests; reading first against starting ahead in one process, fit by fit (both backends,
           # 1M x 100 and 2M x 256); the new code's traces of the 2M x 256 logistic and Poisson fits, their GPU gaps

@@ -95,8 +95,8 @@ AB_VARS = {"FUSEDML_CUDA_GRAPHS": "CUDA graphs", "FUSEDML_FUSED_CG": "fused CG u
 def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "linearsvc", "ridge"), values=("1", "0")):
     """Whole fits with a solver switch at each of ``values`` (FUSEDML_CUDA_GRAPHS / FUSEDML_FUSED_CG
     "1" / "0": the CG steps replayed from CUDA graphs, or the vector half of each CG step in one
-    launch; FUSEDML_CAPTURE_AFTER: eager CG steps before the capture), same data, both backends:
-    median wall time of ``reps`` fits."""
+    launch; FUSEDML_CAPTURE_AFTER: eager CG steps before the capture), same data, both backends,
+    the values alternating fit by fit (``_common.alternate_fits``): median wall time of ``reps`` fits."""
     what = AB_VARS[var]
     rows = []
     for spec in shapes:
@@ -105,27 +105,19 @@ def env_ab(shapes, reps, dev, var="FUSEDML_CUDA_GRAPHS", algos=("logistic", "lin
         for algo in algos:
             make, y = cases[algo]
             for be in ("fused", "ops"):
+                all_ms, last = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, tuple(values),
+                                                      lambda flag: _common.set_env({var: flag}), reps, dev)
                 for flag in values:
-                    os.environ[var] = flag
-                    make(be).fit(X, y)
-                    ts = []
-                    for _ in range(reps):
-                        _sync(dev)
-                        t0 = time.perf_counter()
-                        est = make(be).fit(X, y)
-                        _sync(dev)
-                        ts.append(time.perf_counter() - t0)
-                    ms = 1e3 * sorted(ts)[len(ts) // 2]
+                    ts, est = all_ms[flag], last[flag]
+                    ms = sorted(ts)[len(ts) // 2]
                     info = getattr(est, "_fit_info", None) or {}
                     label = flag if var in ("FUSEDML_CAPTURE_AFTER", "FUSEDML_CG_LAG") else ("on" if flag == "1" else "off")
                     rows.append({"what": f"fit {algo} {spec}, {what} {label}",
                                  "backend": be, "us_per_call": 1e3 * ms, "n_iter": int(np.max(est.n_iter_)),
                                  "n_mmchain": info.get("n_mmchain"), "n_lossgrad": info.get("n_lossgrad"),
-                                 "fit_ms_all": [1e3 * t for t in ts]})
+                                 "fit_ms_all": ts})
                     print(f"{rows[-1]['what']:<52} {be:<6} {ms:8.2f} ms  n_iter={rows[-1]['n_iter']} "
-                          f"mmchain={rows[-1]['n_mmchain']} min={1e3 * min(ts):.2f} max={1e3 * max(ts):.2f}",
-                          flush=True)
-        os.environ.pop(var, None)
+                          f"mmchain={rows[-1]['n_mmchain']} min={min(ts):.2f} max={max(ts):.2f}", flush=True)
     return rows
 
 
