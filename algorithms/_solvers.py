@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections import deque
 
 import torch
@@ -430,25 +429,6 @@ def _lag():
     return max(0, int(os.environ.get("FUSEDML_CG_LAG", "1") or 1))
 
 
-_PINNED = threading.local()
-
-
-def _pinned(key, shape, dtype):
-    """This thread's pinned host buffer ``key`` of ``shape`` and ``dtype``, kept across solves and
-    fits: a new one costs a ``cudaHostAlloc`` (~0.1-0.2 ms of host time while the GPU idles), and a
-    solver's engine lives in a reference cycle until the garbage collector frees it. A solve reads
-    every copy it queues into one before it returns, so the next solve may reuse it
-    (``FUSEDML_PINNED_POOL=0``: a new buffer each time, as before)."""
-    if os.environ.get("FUSEDML_PINNED_POOL", "1") == "0":
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
-    pool = _PINNED.__dict__.setdefault("pool", {})
-    k = (key, tuple(shape), dtype)
-    buf = pool.get(k)
-    if buf is None:
-        buf = pool[k] = torch.empty(shape, dtype=dtype, pin_memory=True)
-    return buf
-
-
 class _Snapshots:
     """Copies of a CG control block that the host reads a step or two later: on CUDA into a ring of
     pinned buffers, one event each (reading one waits for its step only); elsewhere at once."""
@@ -457,11 +437,11 @@ class _Snapshots:
         self.ctl, self.i = ctl, 0
         self.cuda = ctl.is_cuda
         if self.cuda:
-            self.buf = _pinned("snapshots", (depth, ctl.numel()), ctl.dtype)
+            self.buf = torch.empty((depth, ctl.numel()), dtype=ctl.dtype, pin_memory=True)
             self.ev = [torch.cuda.Event() for _ in range(depth)]
             # the fit's stream, looked up once (~30 us of Python per lookup on the H200 host)
             self.stream = torch.cuda.current_stream(ctl.device)
-            self.stage = _pinned("stage", (ctl.numel(),), ctl.dtype)  # H2D staging
+            self.stage = torch.empty(ctl.numel(), dtype=ctl.dtype, pin_memory=True)  # H2D staging
             self.stage_np = self.stage.numpy()
 
     def take(self):
@@ -612,7 +592,7 @@ class _Reader:
     elsewhere read at once."""
 
     def __init__(self):
-        self.stream = None
+        self.bufs, self.stream = {}, None
 
     def take(self, t):
         """Queue the copy of ``t``; return ``read() -> list of float``."""
@@ -622,7 +602,9 @@ class _Reader:
             return lambda: v
         if self.stream is None:  # looked up once (~30 us of Python per lookup on the H200 host)
             self.stream = torch.cuda.current_stream(t.device)
-        buf = _pinned("read", (t.numel(),), t.dtype)
+        buf = self.bufs.get((t.numel(), t.dtype))
+        if buf is None:
+            buf = self.bufs[t.numel(), t.dtype] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
         buf.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record(self.stream)

@@ -433,8 +433,9 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
-    s39b)  # session 39: the pinned-buffer pool against a new buffer each time, in one process (FUSEDML_PINNED_POOL);
-           # the 2M x 256 logistic fit's host functions by cumulative time (cProfile, microseconds)
+    s39b)  # session 39: the pinned-buffer pool against a new buffer each time, in one process (FUSEDML_PINNED_POOL;
+           # within noise, so the pool was removed after this run: the switch no longer exists and both sides now run
+           # the same code); the 2M x 256 logistic and Poisson fits' host functions by cumulative time (cProfile, us)
       run pinned-ab 240 python3 benchmarks/env_ab.py --a FUSEDML_PINNED_POOL=0 --b FUSEDML_PINNED_POOL=1 \
         --algos logistic linearsvc poisson ridge --fits 15 --out "$out/env_ab_pinned_s39b.json"
       grep -E "^\| " "$log/pinned-ab.log" | cut -c1-200
