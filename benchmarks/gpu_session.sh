@@ -433,6 +433,14 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
+    s39c)  # session 39, final code: the README's end-to-end tables (dense 1M x 100 ... 16M x 64, medians of 5; CSR
+           # 1M x 100k power-law rows, medians of 3), both GPU backends and scikit-learn
+      run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \
+        --no-plots --out "$out/end_to_end_dense_s39c.json"
+      grep -E "^\| synthetic" "$log/e2e-dense.log" | cut -c1-200
+      run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 2 --no-plots \
+        --out "$out/end_to_end_csr_s39c.json"
+      grep -E "^\| synthetic" "$log/e2e-csr.log" | cut -c1-200 ;;
     s39b)  # session 39: the pinned-buffer pool against a new buffer each time, in one process (FUSEDML_PINNED_POOL;
            # within noise, so the pool was removed after this run: the switch no longer exists and both sides now run
            # the same code); the 2M x 256 logistic and Poisson fits' host functions by cumulative time (cProfile, us)
