@@ -433,6 +433,15 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
+    s39d)  # session 39: warm fits' host timelines, call by call (host_timeline.py): 1M x 100 logistic and Poisson on
+           # both backends, 2M x 256 logistic fused
+      for spec in logistic:1000000x100:fused logistic:1000000x100:ops poisson:1000000x100:fused \
+                  logistic:2000000x256:fused; do
+        IFS=: read -r algo shape be <<< "$spec"
+        run tl-$algo-$shape-$be 120 python3 benchmarks/host_timeline.py --algo $algo --shape $shape --backend $be \
+          --min-us 15 --out "$out/host_timeline_${algo}_${shape}_${be}_s39d.json"
+        head -3 "$log/tl-$algo-$shape-$be.log" | cut -c1-200
+      done ;;
     s39c)  # session 39, final code: the README's end-to-end tables (dense 1M x 100 ... 16M x 64, medians of 5; CSR
            # 1M x 100k power-law rows, medians of 3), both GPU backends and scikit-learn
       run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \

@@ -595,6 +595,25 @@ def test_env_ab_smoke(tmp_path, monkeypatch):
         mod.parse_setting(["FUSEDML_SOLVE_AHEAD"])
 
 
+def test_host_timeline_smoke(tmp_path):
+    """benchmarks/host_timeline.py under the interpreter: the fit's timeline starts with the
+    estimator's fit and nests the solver in it; every wrapped function is restored afterwards."""
+    import json
+
+    from algorithms import _solvers
+
+    real = _solvers._trcg
+    mod = _bench_module("host_timeline")
+    out = tmp_path / "ht.json"
+    rows = mod.main(["--algo", "ridge", "--backend", "ops", "--min-us", "0", "--out", str(out)])
+    assert rows[0]["name"] == "linear.Ridge.fit"
+    assert rows[0]["depth"] == 0 and all(r["depth"] >= 1 for r in rows[1:])
+    assert any("conjugate_gradient" in r["name"] for r in rows)
+    assert all(r["t_us"] + r["us"] <= rows[0]["t_us"] + rows[0]["us"] + 1 for r in rows)
+    assert json.loads(out.read_text())["rows"] == rows
+    assert _solvers._trcg is real and not hasattr(torch.Tensor.tolist, "__wrapped_by_timeline__")
+
+
 def test_solver_ops_precision_points():
     """The sweep's m > 1 points: the padded tl.dot in both precisions; none for m = 1."""
     mod = _bench_module("bench_solver_ops")
