@@ -606,7 +606,7 @@ def test_host_timeline_smoke(tmp_path):
     mod = _bench_module("host_timeline")
     out = tmp_path / "ht.json"
     rows = mod.main(["--algo", "ridge", "--backend", "ops", "--min-us", "0", "--out", str(out)])
-    assert rows[0]["name"] == "linear.Ridge.fit"
+    assert rows[0]["name"] == "linear._LeastSquaresBase.fit"
     assert rows[0]["depth"] == 0 and all(r["depth"] >= 1 for r in rows[1:])
     assert any("conjugate_gradient" in r["name"] for r in rows)
     assert all(r["t_us"] + r["us"] <= rows[0]["t_us"] + rows[0]["us"] + 1 for r in rows)
