@@ -442,6 +442,15 @@ for p in $parts; do
           --min-us 15 --out "$out/host_timeline_${algo}_${shape}_${be}_s39d.json"
         head -3 "$log/tl-$algo-$shape-$be.log" | cut -c1-200
       done ;;
+    s39e)  # session 39: the host timelines again with Python's garbage collections recorded (three runs of each)
+      for r in 1 2 3; do
+        for spec in logistic:1000000x100:fused linearsvc:1000000x100:fused logistic:2000000x256:fused; do
+          IFS=: read -r algo shape be <<< "$spec"
+          run tl-$algo-$shape-$be-$r 120 python3 benchmarks/host_timeline.py --algo $algo --shape $shape --backend $be \
+            --min-us 15 --out "$out/host_timeline_${algo}_${shape}_${be}_s39e_$r.json"
+          head -1 "$log/tl-$algo-$shape-$be-$r.log" | cut -c1-200; grep "GC gen" "$log/tl-$algo-$shape-$be-$r.log"
+        done
+      done ;;
     s39c)  # session 39, final code: the README's end-to-end tables (dense 1M x 100 ... 16M x 64, medians of 5; CSR
            # 1M x 100k power-law rows, medians of 3), both GPU backends and scikit-learn
       run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \

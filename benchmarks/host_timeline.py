@@ -3,7 +3,7 @@
 Every function and method of the ``algorithms`` and ``fusedml`` modules named in ``--match``
 (default: all of them) is wrapped to record its entry and exit (``perf_counter_ns``, no sync), and
 so are the host's waits on the GPU (``torch.cuda.Event.synchronize``, ``Tensor.tolist`` /
-``item``). One warm fit of the chosen estimator is then timed and printed as an indented timeline
+``item``) and Python's garbage collections (``gc.callbacks``). One warm fit of the chosen estimator is then timed and printed as an indented timeline
 (time since the fit's start, duration, the function), calls shorter than ``--min-us`` folded into
 their caller. Unlike cProfile (which inflates Python calls ~2x) the wrappers cost ~1 us a call, and
 unlike the profiler's Python-stack trace (~5x) the times are close to an unprofiled fit's. The
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import inspect
 import os
 import sys
@@ -102,6 +103,22 @@ def install(rec, prefixes=()):
     return restore
 
 
+def gc_recorder(rec):
+    """A ``gc.callbacks`` hook recording each collection as ``GC gen N`` at the current depth."""
+    open_ev = []
+
+    def cb(phase, info):
+        if not rec.on:
+            return
+        if phase == "start":
+            ev = [f"GC gen {info['generation']}", rec.depth, time.perf_counter_ns(), 0]
+            rec.events.append(ev)
+            open_ev.append(ev)
+        elif open_ev:
+            open_ev.pop()[3] = time.perf_counter_ns()
+    return cb
+
+
 def timeline(events, t_start, min_us):
     """Rows ``{t_us, us, depth, name}``: every call of at least ``min_us`` whose callers all were."""
     rows, keep_depth = [], 0
@@ -137,6 +154,8 @@ def main(argv=None):
         make(args.backend).fit(X, y)
     rec = Recorder()
     restore = install(rec, args.match)
+    hook = gc_recorder(rec)
+    gc.callbacks.append(hook)
     try:
         est = make(args.backend)
         if dev.type == "cuda":
@@ -149,16 +168,19 @@ def main(argv=None):
         t1 = time.perf_counter_ns()
         rec.on = False
     finally:
+        gc.callbacks.remove(hook)
         restore()
     rows = timeline(rec.events, t0, args.min_us)
     waits = sum((e[3] - e[2]) / 1e3 for e in rec.events if e[0].startswith("WAIT"))
+    gcs = [(e[3] - e[2]) / 1e3 for e in rec.events if e[0].startswith("GC")]
     print(f"{args.algo} {args.shape} {args.backend}: fit {(t1 - t0) / 1e3:.0f} us, {len(rec.events)} recorded calls, "
-          f"{waits:.0f} us in host reads (waiting on the GPU or copying)")
+          f"{waits:.0f} us in host reads (waiting on the GPU or copying), {len(gcs)} garbage collections "
+          f"({sum(gcs):.0f} us)")
     print(f"{'t us':>8} {'us':>8}  function")
     for r in rows:
         print(f"{r['t_us']:8.0f} {r['us']:8.0f}  {'  ' * r['depth']}{r['name']}")
     _common.write_json("host_timeline", rows, extra={"args": vars(args), "fit_us": (t1 - t0) / 1e3,
-                                                     "wait_us": waits}, out=args.out)
+                                                     "wait_us": waits, "gc_us": gcs}, out=args.out)
     return rows
 
 
