@@ -565,7 +565,8 @@ if __name__ == "__main__" and "--aot" in sys.argv:
 
 
 @pytest.mark.parametrize("backend", ["fused", "ops"])
-@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2"])
+@pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2", "logistic-csr",
+                                  "logistic-converged"])
 def test_solve_ahead_same_fit(monkeypatch, case, backend):
     """Each solve's restart and first product queued before the host reads the values the solve
     decides with (``FUSEDML_SOLVE_AHEAD``, the default): bit for bit the fit, iterations and
@@ -573,9 +574,16 @@ def test_solve_ahead_same_fit(monkeypatch, case, backend):
     followed (the last iteration, mispredicted) adds at most one product."""
     from algorithms import _solvers
 
+    import scipy.sparse as sp
+
     monkeypatch.setenv("FUSEDML_FUSED_CG", "1")
-    make, X, y = _solver_case(case)
-    fit = lambda: make().set_params(backend=backend).fit(X, y)  # noqa: E731
+    make, X, y = _solver_case(case.split("-")[0] if case.startswith("logistic") else case)
+    if case == "logistic-csr":
+        X = sp.csr_matrix(X * (np.abs(X) > 0.7))
+    params = {"backend": backend}
+    if case == "logistic-converged":  # converged at the start: the queued solve is not taken
+        params["tol"] = 1e3
+    fit = lambda: make().set_params(**params).fit(X, y)  # noqa: E731
     monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "0")
     ref = fit()
     starts, resets = [], []
@@ -586,6 +594,7 @@ def test_solve_ahead_same_fit(monkeypatch, case, backend):
     got = fit()
     assert starts, "no solve started ahead"
     solves = 1 if case == "ridge-2" else sum(1 for r in ref.history_ if r["iter"] > 0)
+    assert (solves == 0) == (case == "logistic-converged")
     assert len(starts) + len(resets) >= solves and len(starts) <= solves + 1
     assert np.array_equal(np.asarray(got.coef_), np.asarray(ref.coef_))
     assert np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
