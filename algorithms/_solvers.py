@@ -1140,9 +1140,9 @@ def conjugate_gradient(apply_A, B, *, tol, max_iter, history=None, offset=0.0, g
     direction, ``apply_A``, ``alpha``, the updates, ``||r||^2``, ``beta``) runs in place, from a
     CUDA graph when ``graphs`` and B is on the GPU (one launch); the host reads ``d^T A d`` and
     ``||r||^2`` in one copy and decides in float64 (decided on the device, the restart and first
-    product are queued behind the first copy, as TRON's, :func:`_solve_ahead`). The recorded objective and step norm follow the
-    CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``, ``||D_new||^2 = ||r_new||^2 +
-    beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
+    product are queued behind the first copy, as TRON's, :func:`_solve_ahead`). The recorded
+    objective and step norm follow the CG recurrences (``q(P + a D) = q(P) - a ||r||^2 / 2``,
+    ``||D_new||^2 = ||r_new||^2 + beta^2 ||D||^2``), so ``history`` costs no launch and no sync.
 
     Parameters
     ----------
