@@ -442,6 +442,13 @@ for p in $parts; do
           --min-us 15 --out "$out/host_timeline_${algo}_${shape}_${be}_s39d.json"
         head -3 "$log/tl-$algo-$shape-$be.log" | cut -c1-200
       done ;;
+    s39f)  # session 39: a fuzz campaign of whole fits on the GPU (the solves started ahead); the solve-ahead A/B again on
+           # another machine start (2M x 256, 21 fits a side)
+      run fuzz-fit 240 python3 tests/fuzz.py --device cuda --n 60 --seed 39100 --ops fit
+      grep -E "^FAIL|cases passed" "$log/fuzz-fit.log" | cut -c1-400 | tail -8
+      run ahead-ab2 240 python3 benchmarks/env_ab.py --a FUSEDML_SOLVE_AHEAD=0 --b FUSEDML_SOLVE_AHEAD=1 \
+        --shapes 2000000x256 --algos logistic linearsvc poisson --fits 21 --out "$out/env_ab_ahead_s39f.json"
+      grep -E "^\| " "$log/ahead-ab2.log" | cut -c1-200 ;;
     s39e)  # session 39: the host timelines again with Python's garbage collections recorded (three runs of each)
       for r in 1 2 3; do
         for spec in logistic:1000000x100:fused linearsvc:1000000x100:fused logistic:2000000x256:fused; do
