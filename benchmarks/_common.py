@@ -184,18 +184,34 @@ def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
 
 
 def set_env(setting: dict):
-    """Apply ``{NAME: VALUE}`` to ``os.environ`` (an empty VALUE unsets NAME); return the callable
+    """Apply ``{NAME: VALUE}`` to ``os.environ`` (an empty VALUE unsets NAME), or, for a NAME of the
+    form ``package.module:ATTRIBUTE``, set that module attribute to the Python literal VALUE (a
+    switch read once at import, e.g. ``fusedml._launch:SKIP_EMPTY_HOOKS=False``); return the callable
     that restores the previous values."""
-    old = {k: os.environ.get(k) for k in setting}
+    import ast
+    import importlib
+
+    undo = []
     for k, v in setting.items():
+        if ":" in k:
+            mod, attr = k.split(":", 1)
+            m = importlib.import_module(mod)
+            if not hasattr(m, attr):
+                raise ValueError(f"{mod} has no attribute {attr!r}")
+            undo.append((m, attr, getattr(m, attr)))
+            setattr(m, attr, ast.literal_eval(v))
+            continue
+        undo.append((None, k, os.environ.get(k)))
         if v:
             os.environ[k] = v
         else:
             os.environ.pop(k, None)
 
     def restore():
-        for k, v in old.items():
-            if v is None:
+        for m, k, v in reversed(undo):
+            if m is not None:
+                setattr(m, k, v)
+            elif v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v

@@ -4,7 +4,8 @@ The settings alternate fit by fit (``--fits`` each, after a warm fit each), so t
 between runs cancels: the A/B for host-side changes, whose ~0.1-1 ms effects drown in the
 +-1 ms that separate processes and machine starts move a fit by. Each setting is a list of
 ``NAME=VALUE`` (the switches are read at each fit: ``FUSEDML_SOLVE_AHEAD``, ``FUSEDML_CG_LAG``,
-``FUSEDML_CAPTURE_AFTER``, ``FUSEDML_FUSED_CG``, ...). Reports the median wall time per setting,
+``FUSEDML_CAPTURE_AFTER``, ``FUSEDML_FUSED_CG``, ...), or ``package.module:ATTRIBUTE=LITERAL`` for a
+switch read once at import (``fusedml._launch:SKIP_EMPTY_HOOKS=False``). Reports the median wall time per setting,
 fit and backend, and B's saving over A.
 
     python benchmarks/env_ab.py --a FUSEDML_SOLVE_AHEAD=0 --b FUSEDML_SOLVE_AHEAD=1 \\

@@ -442,6 +442,17 @@ for p in $parts; do
           --min-us 15 --out "$out/host_timeline_${algo}_${shape}_${be}_s39d.json"
         head -3 "$log/tl-$algo-$shape-$be.log" | cut -c1-200
       done ;;
+    s39g)  # session 39: repeated launches pass None for Triton's empty launch hooks and their metadata
+           # (fusedml._launch.SKIP_EMPTY_HOOKS): the solvers' CUDA tests; the A/B in one process, fit by fit; a timeline
+      run cuda-solvers 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      tail -1 "$log/cuda-solvers.log" | cut -c1-300
+      run hooks-ab 300 python3 benchmarks/env_ab.py --a fusedml._launch:SKIP_EMPTY_HOOKS=False \
+        --b fusedml._launch:SKIP_EMPTY_HOOKS=True --algos logistic multinomial linearsvc poisson ridge --fits 15 \
+        --out "$out/env_ab_hooks_s39g.json"
+      grep -E "^\| " "$log/hooks-ab.log" | cut -c1-200
+      run tl 120 python3 benchmarks/host_timeline.py --algo logistic --shape 1000000x100 --backend fused --min-us 15 \
+        --out "$out/host_timeline_logistic_1000000x100_fused_s39g.json"
+      head -1 "$log/tl.log" ;;
     s39f)  # session 39: a fuzz campaign of whole fits on the GPU (the solves started ahead); the solve-ahead A/B again on
            # another machine start (2M x 256, 21 fits a side)
       run fuzz-fit 240 python3 tests/fuzz.py --device cuda --n 60 --seed 39100 --ops fit

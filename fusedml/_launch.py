@@ -185,13 +185,33 @@ def _launch(kernel, grid, args, consts, options):
     return ck, hit
 
 
+#: Skip the launch hooks' metadata where no hook is registered (``FUSEDML_LAUNCH_HOOKS=always``:
+#: build and pass them on every launch, as Triton's own launch does; A/B benchmarks)
+SKIP_EMPTY_HOOKS = os.environ.get("FUSEDML_LAUNCH_HOOKS", "") != "always"
+
+
+def _no_hook(h) -> bool:
+    """Whether launch hook ``h`` calls nothing: None, or a Triton ``HookChain`` with no hook in it."""
+    return h is None or (type(h).__name__ == "HookChain" and not h.calls)
+
+
 def _run(ck, grid, g, vals):
-    """The compiled kernel ``ck`` through its launcher (what Triton's ``run`` ends with)."""
+    """The compiled kernel ``ck`` through its launcher (what Triton's ``run`` ends with).
+
+    Triton 3.6-3.9 keep its launch hooks as ``HookChain`` objects, never None, so its own launch
+    builds the hooks' metadata (a ``LazyDict``) and the launcher calls two empty chains on every
+    launch, ~4-6 us of host time. With no hook registered (checked at each launch: a profiler may
+    add one at any time) both go to the launcher as None, which it skips."""
     from triton import knobs
 
     stream = _stream()
-    ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
-           knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *vals)
+    rt = knobs.runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    if SKIP_EMPTY_HOOKS and _no_hook(enter) and _no_hook(leave):
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None, *vals)
+    else:
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *vals),
+               enter, leave, *vals)
 
 
 def bound_enabled() -> bool:

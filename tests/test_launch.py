@@ -131,3 +131,37 @@ def test_bind_under_the_interpreter_is_a_plain_launch(fast, monkeypatch):
     go()
     go()
     assert len(k.plain) == 2 and not k.compiled.runs
+
+
+def test_run_skips_empty_launch_hooks(fast, monkeypatch):
+    """With no launch hook registered (Triton's empty ``HookChain`` objects), a repeated launch
+    passes None for the hooks and their metadata (the launcher then skips them); a registered hook,
+    or ``SKIP_EMPTY_HOOKS`` off, gets Triton's own metadata and hooks."""
+    from triton import knobs
+
+    seen = []
+
+    class Compiled(_Compiled):
+        def launch_metadata(self, grid, stream, *vals):
+            return {"grid": grid}
+
+        def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit, *vals):
+            seen.append((meta, enter, exit))
+            super().run(g0, g1, g2, stream, function, packed, meta, enter, exit, *vals)
+
+    ck = Compiled()
+    rt = knobs.runtime
+    assert _launch._no_hook(None) and _launch._no_hook(rt.launch_enter_hook) == (not rt.launch_enter_hook.calls)
+    _launch._run(ck, (3,), (3, 1, 1), (1, 2))
+    assert seen[-1] == (None, None, None) and ck.runs[-1] == ((3, 1, 1), (1, 2))
+    hook = lambda meta: None  # noqa: E731
+    rt.launch_enter_hook.add(hook)
+    try:
+        _launch._run(ck, (3,), (3, 1, 1), (1, 2))
+        assert seen[-1] == ({"grid": (3,)}, rt.launch_enter_hook, rt.launch_exit_hook)
+    finally:
+        rt.launch_enter_hook.remove(hook)
+    monkeypatch.setattr(_launch, "SKIP_EMPTY_HOOKS", False)
+    _launch._run(ck, (3,), (3, 1, 1), (1, 2))
+    assert seen[-1] == ({"grid": (3,)}, rt.launch_enter_hook, rt.launch_exit_hook)
+    assert not _launch._no_hook(lambda meta: None)

@@ -593,6 +593,14 @@ def test_env_ab_smoke(tmp_path, monkeypatch):
     assert os.environ["FUSEDML_SOLVE_AHEAD"] == "7"
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         mod.parse_setting(["FUSEDML_SOLVE_AHEAD"])
+    from fusedml import _launch  # a module switch read at import: set as a Python literal, then restored
+
+    restore = mod._common.set_env(mod.parse_setting(["fusedml._launch:SKIP_EMPTY_HOOKS=False"]))
+    assert _launch.SKIP_EMPTY_HOOKS is False
+    restore()
+    assert _launch.SKIP_EMPTY_HOOKS is True
+    with pytest.raises(ValueError, match="no attribute"):
+        mod._common.set_env({"fusedml._launch:NO_SUCH_SWITCH": "1"})
 
 
 def test_host_timeline_smoke(tmp_path):
