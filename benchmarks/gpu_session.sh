@@ -453,6 +453,11 @@ for p in $parts; do
       run tl 120 python3 benchmarks/host_timeline.py --algo logistic --shape 1000000x100 --backend fused --min-us 15 \
         --out "$out/host_timeline_logistic_1000000x100_fused_s39g.json"
       head -1 "$log/tl.log" ;;
+    s39h)  # session 39: the host cost of one call of each operator, bound launches with and without Triton's launch
+           # hooks built (host_overhead.py; its fit A/B reduced to one tiny Ridge case)
+      run host-overhead 200 python3 benchmarks/host_overhead.py --calls 2000 --ab-shapes 100000x16 --ab-reps 3 \
+        --ab-algos ridge --cprofile 5 --out "$out/host_overhead_s39h.json"
+      grep -E " us$" "$log/host-overhead.log" | cut -c1-120 ;;
     s39f)  # session 39: a fuzz campaign of whole fits on the GPU (the solves started ahead); the solve-ahead A/B again on
            # another machine start (2M x 256, 21 fits a side)
       run fuzz-fit 240 python3 tests/fuzz.py --device cuda --n 60 --seed 39100 --ops fit
