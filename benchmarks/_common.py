@@ -135,6 +135,10 @@ def markdown_table(rows: list, columns: list) -> str:
     return "\n".join(lines)
 
 
+#: The names of :func:`linear_fit_cases`' fits (the A/B scripts' ``--algos`` choices)
+LINEAR_FIT_ALGOS = ("logistic", "multinomial", "linearsvc", "poisson", "ridge")
+
+
 def linear_fit_cases(N: int, D: int, dev) -> tuple:
     """``(X, {name: (make(backend) -> estimator, y)})``: the whole-fit A/B cases of
     ``host_overhead.py`` and ``finite_check_ab.py`` (logistic, 5-class multinomial, LinearSVC,

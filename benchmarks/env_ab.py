@@ -30,8 +30,6 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-ALGOS = ("logistic", "multinomial", "linearsvc", "poisson", "ridge")
-
 
 def parse_setting(items) -> dict:
     """``["NAME=VALUE", ...]`` -> ``{NAME: VALUE}`` (an empty VALUE unsets NAME)."""
@@ -49,7 +47,8 @@ def main(argv=None):
     ap.add_argument("--a", nargs="+", required=True, metavar="NAME=VALUE", help="setting A (the baseline)")
     ap.add_argument("--b", nargs="+", required=True, metavar="NAME=VALUE", help="setting B")
     ap.add_argument("--shapes", nargs="+", default=["1000000x100", "2000000x256"])
-    ap.add_argument("--algos", nargs="+", default=["logistic", "linearsvc", "poisson", "ridge"], choices=ALGOS)
+    ap.add_argument("--algos", nargs="+", default=["logistic", "linearsvc", "poisson", "ridge"],
+                    choices=_common.LINEAR_FIT_ALGOS)
     ap.add_argument("--backends", nargs="+", default=["fused", "ops"])
     ap.add_argument("--fits", type=int, default=21, help="fits per setting (alternating)")
     ap.add_argument("--out", default=None)

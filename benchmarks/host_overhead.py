@@ -132,7 +132,7 @@ def main(argv=None):
     ap.add_argument("--ab-var", default="FUSEDML_CUDA_GRAPHS", choices=sorted(AB_VARS),
                     help="the switch the fit comparison turns on and off")
     ap.add_argument("--ab-algos", nargs="+", default=["logistic", "linearsvc", "ridge"],
-                    choices=["logistic", "multinomial", "linearsvc", "poisson", "ridge"])
+                    choices=_common.LINEAR_FIT_ALGOS)
     ap.add_argument("--ab-values", nargs="+", default=["1", "0"], help="the switch's values")
     ap.add_argument("--ab-only", action="store_true", help="only the fit comparison")
     ap.add_argument("--out", default=None)

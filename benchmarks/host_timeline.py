@@ -3,9 +3,9 @@
 Every function and method of the ``algorithms`` and ``fusedml`` modules named in ``--match``
 (default: all of them) is wrapped to record its entry and exit (``perf_counter_ns``, no sync), and
 so are the host's waits on the GPU (``torch.cuda.Event.synchronize``, ``Tensor.tolist`` /
-``item``) and Python's garbage collections (``gc.callbacks``). One warm fit of the chosen estimator is then timed and printed as an indented timeline
-(time since the fit's start, duration, the function), calls shorter than ``--min-us`` folded into
-their caller. Unlike cProfile (which inflates Python calls ~2x) the wrappers cost ~1 us a call, and
+``item``) and Python's garbage collections (``gc.callbacks``). One warm fit of the chosen
+estimator is then timed and printed as an indented timeline (time since the fit's start,
+duration, the function), calls shorter than ``--min-us`` folded into their caller. Unlike cProfile (which inflates Python calls ~2x) the wrappers cost ~1 us a call, and
 unlike the profiler's Python-stack trace (~5x) the times are close to an unprofiled fit's. The
 GPU's side is in ``profile_fit.py --trace-dir``.
 
@@ -33,8 +33,6 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-ALGOS = ("logistic", "multinomial", "linearsvc", "poisson", "ridge")
 
 
 class Recorder:
@@ -137,7 +135,7 @@ def timeline(events, t_start, min_us):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="1000000x100")
-    ap.add_argument("--algo", default="logistic", choices=ALGOS)
+    ap.add_argument("--algo", default="logistic", choices=_common.LINEAR_FIT_ALGOS)
     ap.add_argument("--backend", default="fused")
     ap.add_argument("--min-us", type=float, default=20.0)
     ap.add_argument("--match", nargs="*", default=[], help="only functions whose label contains one of these")
