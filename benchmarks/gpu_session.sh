@@ -53,6 +53,16 @@ solver_ops() {  # tag NxDxm...: bench_solver_ops.py at these shapes, its table's
   run solver-ops 150 python3 benchmarks/bench_solver_ops.py --shapes "$@" --out "$out/solver_ops_$tag.json"
   grep -E "^\| [0-9]" "$log/solver-ops.log" | cut -c1-200
 }
+trace_fits() {  # tag algo...: profile_fit's traces of the 2M x 256 fits, their GPU gaps (into logs.txt), the traces packed
+  local tag=$1 a algos=(); shift
+  for a in "$@"; do algos+=(--algo "$a"); done
+  run trace 200 python3 benchmarks/profile_fit.py --shape 2000000x256 "${algos[@]}" \
+    --trace-dir "$out/traces" --out "$out/profile_fit_$tag.json"
+  grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
+  python3 benchmarks/trace_gaps.py "$out"/traces/trace-*-fused.json --top 16 > "$log/gaps.log" 2>&1
+  cat "$log/gaps.log"; { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
+  tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces"
+}
 hessian_probe() {  # log seconds out-tag hessian_probe.py arguments...: the probe, its table's rows
   local name=$1 secs=$2 tag=$3; shift 3
   run "$name" "$secs" python3 benchmarks/hessian_probe.py "$@" --out "$out/hessian_probe_$tag.json"
@@ -499,12 +509,7 @@ for p in $parts; do
       run ahead-ab 300 python3 benchmarks/env_ab.py --a FUSEDML_SOLVE_AHEAD=0 --b FUSEDML_SOLVE_AHEAD=1 \
         --algos logistic multinomial linearsvc poisson ridge --fits 15 --out "$out/env_ab_ahead_s39.json"
       grep -E "^\| " "$log/ahead-ab.log" | cut -c1-200
-      run trace 200 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo poisson \
-        --trace-dir "$out/traces" --out "$out/profile_fit_s39.json"
-      grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
-      python3 benchmarks/trace_gaps.py "$out"/traces/trace-*-fused.json --top 16 > "$log/gaps.log" 2>&1
-      cat "$log/gaps.log"; { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
-      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
+      trace_fits s39 logistic poisson ;;
     s38e)  # session 38 on the H200: the README's tables on the current code (mmchain with its sweep; the solver
            # passes, m = 1 and m = 3 / 5); X^T V with m = 5 / 8, the unrolled kernel (the model) against the padded dot
       run mmchain 150 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s38e.json"
@@ -518,12 +523,7 @@ for p in $parts; do
     s38c)  # session 38, after s38b (5 fits a side: within the runs' noise but for logistic): 15 fits a side; the new
            # code's trace of the 2M x 256 logistic fit
       fits_ab 15
-      run trace 200 python3 benchmarks/profile_fit.py --shape 2000000x256 --algo logistic --algo linearsvc \
-        --trace-dir "$out/traces" --out "$out/profile_fit_s38c.json"
-      grep -E "^\| 2000000" "$log/trace.log" | cut -c1-200
-      python3 benchmarks/trace_gaps.py "$out"/traces/trace-*-fused.json --top 16 > "$log/gaps.log" 2>&1
-      cat "$log/gaps.log"; { echo "#### gaps"; cat "$log/gaps.log"; } >> "$out/logs.txt"
-      tar -C "$out" -czf "$out/traces.tar.gz" traces && rm -rf "$out/traces" ;;
+      trace_fits s38c logistic linearsvc ;;
     s38)  # session 38: the fuzz case mmchain:38138 replayed (its forced launch beyond the GPU now a ValueError); the
           # 1024-value-row launches as the model's pick; where the 2M x 256 m = 1 fits' wall time goes (traces with
           # Python stacks, their GPU idle gaps, cProfile)
