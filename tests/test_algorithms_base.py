@@ -651,6 +651,39 @@ def test_sparse_cg_captures_early(monkeypatch):
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
+def _cuda_fit_case(case, backend, seed, tol=1e-5, ridge_tol=1e-8):
+    """``(X, make, y)``: the CUDA fit tests' data (20k x 30 on the GPU from ``seed``; a torch CSR
+    X with 20 % of the entries for ``*-csr``) and estimator of ``case``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    X = torch.randn(20_000, 30, generator=g, device="cuda")
+    eta = X @ torch.randn(30, generator=g, device="cuda") / 4
+    if case.endswith("-csr"):
+        X = (X * (torch.rand(X.shape, generator=g, device="cuda") < 0.2)).to_sparse_csr()
+    cls = torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))
+    make, y = {
+        "logistic": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
+        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
+        "multinomial": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), cls),
+        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=tol, backend=backend), cls),
+        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=tol, backend=backend), torch.poisson(torch.exp(eta))),
+        "ridge-2": (lambda: Ridge(alpha=1.0, tol=ridge_tol, backend=backend), torch.stack([eta, -eta + 1], 1)),
+    }[case]
+    return X, make, y
+
+
+def _assert_fits_match(got, ref, exact):
+    """``exact`` (deterministic "ops"): the same iterations, coefficients to float32 rounding; else
+    (float atomics) within one outer iteration and 1e-3."""
+    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
+    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
+    if exact:
+        assert np.array_equal(ig, ir)
+        assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
+    else:
+        assert np.abs(ig - ir).max() <= 1
+        assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
+
+
 @cuda
 @pytest.mark.parametrize("backend", ["fused", "ops"])
 @pytest.mark.parametrize("case", ["logistic", "multinomial", "svc-ovr", "poisson", "ridge-2", "logistic-csr"])
@@ -661,26 +694,8 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
     iteration and 1e-3; at least one graph captured."""
     from algorithms import _solvers
 
-    g = torch.Generator(device="cuda").manual_seed(7)
-    X = torch.randn(20_000, 30, generator=g, device="cuda")
-    w = torch.randn(30, generator=g, device="cuda")
-    eta = X @ w / 4
-    if case == "logistic-csr":
-        X = X * (torch.rand(X.shape, generator=g, device="cuda") < 0.2)
-        Xin = X.to_sparse_csr()  # torch CSR on the GPU
-    else:
-        Xin = X
-    tol = 1e-8 if backend == "ops" else 1e-5  # fused: stop before float32 noise decides the count
-    make, y = {
-        "logistic": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
-        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend), (eta > 0).float()),
-        "multinomial": (lambda: LogisticRegression(C=1.0, tol=tol, backend=backend),
-                        torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
-        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=tol, backend=backend),
-                    torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))),
-        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=tol, backend=backend), torch.poisson(torch.exp(eta))),
-        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-10, backend=backend), torch.stack([eta, -eta + 1], 1)),
-    }[case]
+    # fused: stop before float32 noise decides the count
+    Xin, make, y = _cuda_fit_case(case, backend, 7, tol=1e-8 if backend == "ops" else 1e-5, ridge_tol=1e-10)
     monkeypatch.setattr(_solvers._Replay, "capture_after", 1)  # capture at the second CG step
     monkeypatch.setenv("FUSEDML_CUDA_GRAPHS", "0")
     ref = make().fit(Xin, y)
@@ -688,16 +703,10 @@ def test_cuda_graph_fits_match_eager(monkeypatch, backend, case):
     n0 = _solvers._Replay.captures
     got = make().fit(Xin, y)
     assert _solvers._Replay.captures > n0, "no CUDA graph was captured"
-    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
-    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
+    _assert_fits_match(got, ref, exact=backend == "ops")
     if backend == "ops":
-        assert np.array_equal(ig, ir)
-        assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
         for k in ("n_mmchain", "n_matvec", "n_xtv", "n_lossgrad"):
             assert got._fit_info.get(k) == ref._fit_info.get(k), k
-    else:
-        assert np.abs(ig - ir).max() <= 1
-        assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
 
 
 @cuda
@@ -710,24 +719,11 @@ def test_cuda_fused_cg_update_fits_match_torch_form(monkeypatch, backend, case):
     float64); the kernels were used."""
     from _fused_cg import fit_torch_then_kernels
 
-    g = torch.Generator(device="cuda").manual_seed(11)
-    X = torch.randn(20_000, 30, generator=g, device="cuda")
-    eta = X @ torch.randn(30, generator=g, device="cuda") / 4
-    cls = torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))
-    make, y = {
-        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
-        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), cls),
-        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-5, backend=backend), cls),
-        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-5, backend=backend), torch.poisson(torch.exp(eta))),
-        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
-    }[case]
+    X, make, y = _cuda_fit_case(case, backend, 11)
     ref, got, n_update, n_trial = fit_torch_then_kernels(monkeypatch, make, X, y, None)
     assert n_update, "the fused CG update was not used"
     assert bool(n_trial) == (case != "ridge-2"), "TRON's accept-test sums did not take the kernel"
-    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
-    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
-    assert np.abs(ig - ir).max() <= 1
-    assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
+    _assert_fits_match(got, ref, exact=False)
 
 
 @cuda
@@ -768,19 +764,7 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
     within one outer iteration and 1e-3; the queued starts were taken."""
     from algorithms import _solvers
 
-    g = torch.Generator(device="cuda").manual_seed(13)
-    X = torch.randn(20_000, 30, generator=g, device="cuda")
-    eta = X @ torch.randn(30, generator=g, device="cuda") / 4
-    cls = torch.bucketize(eta, torch.tensor([-0.5, 0.5], device="cuda"))
-    Xin = (X * (torch.rand(X.shape, generator=g, device="cuda") < 0.2)).to_sparse_csr() if case.endswith("-csr") else X
-    make, y = {
-        "logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
-        "logistic-csr": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
-        "multinomial": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), cls),
-        "svc-ovr": (lambda: LinearSVC(C=1.0, tol=1e-5, backend=backend), cls),
-        "poisson": (lambda: PoissonRegressor(alpha=1e-3, tol=1e-5, backend=backend), torch.poisson(torch.exp(eta))),
-        "ridge-2": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), torch.stack([eta, -eta + 1], 1)),
-    }[case]
+    Xin, make, y = _cuda_fit_case(case, backend, 13)
     monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "0")
     ref = make().fit(Xin, y)
     starts = []
@@ -789,11 +773,4 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
     monkeypatch.setenv("FUSEDML_SOLVE_AHEAD", "1")
     got = make().fit(Xin, y)
     assert starts, "no solve started ahead"
-    ig, ir = np.asarray(got.n_iter_), np.asarray(ref.n_iter_)
-    cg, cr = (np.asarray(torch.as_tensor(a).cpu()) for a in (got.coef_, ref.coef_))
-    if backend == "ops":
-        assert np.array_equal(ig, ir)
-        assert np.abs(cg - cr).max() <= 1e-4 * max(np.abs(cr).max(), 1e-3)
-    else:
-        assert np.abs(ig - ir).max() <= 1
-        assert np.abs(cg - cr).max() <= 1e-3 * max(np.abs(cr).max(), 1e-3)
+    _assert_fits_match(got, ref, exact=backend == "ops")
