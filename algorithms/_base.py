@@ -21,12 +21,14 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 import time
 import warnings
 
 import numpy as np
 import torch
 
+import fusedml
 from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse
 
 __all__ = [
@@ -382,6 +384,45 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
     info = DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
     _check_design(T, name, check, info)
     return T, info
+
+
+def fit_design(M, backend):
+    """The design matrix a linear fit reads at every iteration.
+
+    On the fused backend a dense X whose rows are not whole 16-byte vectors (e.g. 55 fp32 values)
+    becomes an aligned view of a zero-padded copy (:func:`fusedml.aligned_rows`), which the
+    kernels read with full-width loads instead of scalar ones, when the copy takes at most half of
+    the device's free memory (rows of at most 64 KB; wider ones go to the cooperative kernel). The
+    copy is part of the fit's time; the fit is the same.
+    ``FUSEDML_ALIGN_ROWS=0`` keeps X as it is.
+
+    Parameters
+    ----------
+    M : torch.Tensor, CSRMatrix or StreamedMatrix
+        From :func:`as_design_matrix`; only dense tensors are ever copied.
+    backend : str
+        The estimator's backend.
+
+    Returns
+    -------
+    torch.Tensor, CSRMatrix or StreamedMatrix
+        ``M`` or its aligned copy (same shape and values).
+    """
+    if not isinstance(M, torch.Tensor) or M.layout != torch.strided \
+            or os.environ.get("FUSEDML_ALIGN_ROWS", "1").strip() == "0":
+        return M
+    try:
+        if fusedml.resolve_backend(backend, M.device) != "fused":
+            return M
+    except fusedml.BackendUnavailableError:
+        return M  # the fit raises it with its own message
+    if M.ndim != 2 or M.shape[1] * M.element_size() > 64 << 10:
+        return M  # rows over 64 KB: the cooperative kernel, which reads a row its own way
+    room = None
+    if M.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(M.device)
+        room = (free + torch.cuda.memory_reserved(M.device) - torch.cuda.memory_allocated(M.device)) // 2
+    return fusedml.aligned_rows(M, max_bytes=room)
 
 
 def _check_design(t, name, check, info):

@@ -30,6 +30,8 @@ from fusedml._launch import bound_enabled
 from fusedml.cg import bind_trial_point
 from fusedml.mmchain.lossgrad import logistic_value
 
+from ._base import fit_design
+
 MAX_COLS = 16  # mmchain's widest matrix y / v (api.md: m <= 16)
 
 __all__ = [
@@ -540,7 +542,7 @@ class LinearObjective:
     """
 
     def __init__(self, X, loss, target, weights, l2, *, n_cols, fit_intercept, backend, dtype, device):
-        self.X = X
+        self.X = fit_design(X, backend)  # unaligned dense rows: a padded copy on the fused backend
         self.loss = loss
         self.target = target
         self.weights = weights

@@ -13,6 +13,7 @@ from ._base import (
     LinearPredictMixin,
     RegressorMixin,
     as_design_matrix,
+    fit_design,
     as_sample_weight,
     as_target,
     check_flag,
@@ -60,6 +61,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
         M, info = as_design_matrix(X, backend=self.backend, check="defer")
+        M = fit_design(M, self.backend)  # unaligned dense rows: a padded copy on the fused backend
         max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
         yt = as_target(y, info, allow_2d=True)
         one_d = yt.ndim == 1

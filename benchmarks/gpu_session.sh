@@ -443,6 +443,29 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
+    s40)  # session 40, on an H200 only (FUSEDML_ANY_GPU=1 to run elsewhere): the README's tables on the current code,
+          # all on one GPU: the compiled kernels against float64 and the solvers' CUDA tests; mmchain with its sweep, the
+          # solver passes (m = 1, 3, 5), X^T V m = 5 / 8 unrolled against the padded dot; the end-to-end tables (dense
+          # medians of 5, CSR and GMM medians of 3 / 5)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+      if [[ "$gpu" != *H200* && "${FUSEDML_ANY_GPU:-0}" != 1 ]]; then echo "s40: $gpu is not an H200, skipped"; continue; fi
+      check_mm s40 200
+      run cuda-solvers 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      tail -1 "$log/cuda-solvers.log" | cut -c1-300
+      run mmchain 150 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s40.json"
+      grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
+      solver_ops s40_m1 1000000x100 2000000x256 4000000x64
+      solver_ops s40_m3 1000000x100x3 4000000x64x3 16000000x64x3 2000000x256x3 2000000x256x5
+      hessian_probe probe-xtv 150 s40_xtv --cases xtv5 xtv8 xtv5-512 --only "padded dot"
+      run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \
+        --no-plots --out "$out/end_to_end_dense_s40.json"
+      grep -E "^\| synthetic" "$log/e2e-dense.log" | cut -c1-200
+      run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 2 --no-plots \
+        --out "$out/end_to_end_csr_s40.json"
+      grep -E "^\| synthetic" "$log/e2e-csr.log" | cut -c1-200
+      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --sklearn-budget 5 --no-plots \
+        --out "$out/end_to_end_gmm_s40.json"
+      grep -E "^\| synthetic" "$log/e2e-gmm.log" | cut -c1-200 ;;
     s39d)  # session 39: warm fits' host timelines, call by call (host_timeline.py): 1M x 100 logistic and Poisson on
            # both backends, 2M x 256 logistic fused
       for spec in logistic:1000000x100:fused logistic:1000000x100:ops poisson:1000000x100:fused \

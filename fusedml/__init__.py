@@ -3,8 +3,8 @@ from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
 from ._validation import CSRMatrix, as_csr, as_matrix
 from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .kmeans import LloydStep, lloyd_step
-from .mmchain import (BoundLossGradient, BoundMMChain, LossGradient, bind_loss_gradient, bind_mmchain, loss_gradient,
-                      matvec, mmchain)
+from .mmchain import (BoundLossGradient, BoundMMChain, LossGradient, aligned_rows, bind_loss_gradient, bind_mmchain,
+                      loss_gradient, matvec, mmchain)
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,7 @@ __all__ = [
     "gmm_estep",
     "gmm_mstep",
     "gmm_score",
+    "aligned_rows",
     "as_csr",
     "as_matrix",
     "bind_loss_gradient",

@@ -428,6 +428,38 @@ def test_fit_reads_the_finite_check_with_the_solver_start(rng, monkeypatch, cls,
             assert torch.equal(Xin.isnan(), before.isnan()) and torch.equal(Xin.nan_to_num(), before.nan_to_num())
 
 
+ALIGNED = [(LogisticRegression, {}), (LogisticRegression, {"solver": "lbfgs"}), (LinearSVC, {}),
+           (PoissonRegressor, {}), (Ridge, {})]
+
+
+@pytest.mark.parametrize("cls,kw", ALIGNED, ids=["logistic", "logistic-lbfgs", "svc", "poisson", "ridge"])
+def test_fused_fits_read_unaligned_rows_from_an_aligned_copy(rng, monkeypatch, cls, kw):
+    """Rows of 7 fp32 values are not whole 16-byte vectors: a fused fit reads an aligned view of a
+    padded copy (``fit_design``) and fits the same model as from X itself (FUSEDML_ALIGN_ROWS=0);
+    X is not modified; the ops / cpu backends and CSR X are never copied."""
+    import fusedml
+    from algorithms._base import fit_design
+
+    X = torch.tensor(rng.normal(size=(90, 7)), dtype=torch.float32)
+    z = X @ torch.linspace(-1, 1, 7)
+    y = {Ridge: z, PoissonRegressor: torch.poisson(torch.exp(0.3 * z))}.get(cls, (z > 0).float())
+    before = X.clone()
+    made = []
+    real = fusedml.aligned_rows
+    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **k: made.append(real(M, **k)) or made[-1])
+    got = cls(backend="fused", **kw).fit(X, y)
+    assert len(made) == 1 and made[0].stride() == (8, 1) and torch.equal(X, before)
+    monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "0")
+    ref = cls(backend="fused", **kw).fit(X, y)
+    assert len(made) == 1 and np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    np.testing.assert_allclose(np.asarray(got.coef_), np.asarray(ref.coef_), rtol=1e-6, atol=1e-7)
+    monkeypatch.delenv("FUSEDML_ALIGN_ROWS")
+    for backend in ("ops", "cpu"):
+        assert fit_design(X, backend) is X
+    csr = fusedml.as_csr(X.to_sparse_csr())
+    assert fit_design(csr, "fused") is csr and fit_design(X, "fused").stride() == (8, 1)
+
+
 ESTIMATORS = [
     (LogisticRegression, "class"), (LinearSVC, "class"), (Ridge, "reg"), (LinearRegression, "reg"),
     (PoissonRegressor, "count"), (GammaRegressor, "pos"), (TweedieRegressor, "count"),

@@ -892,6 +892,60 @@ def test_dense_small_mode_rejects_large_m(rng):
 
 
 # ------------------------------------------------------------------------------------------------
+# Rows that are not whole 16-byte vectors: fusedml.aligned_rows's view of padded rows is read in
+# whole vectors (dense._vec negative), the padding zeroed after the load.
+# ------------------------------------------------------------------------------------------------
+def _poisoned_view(X):
+    """fusedml.aligned_rows(X) with its padding columns set to NaN (a view's padding is anything)."""
+    A = fusedml.aligned_rows(X)
+    assert A is not X and A.shape == X.shape and torch.equal(A, X)
+    A.as_strided((A.shape[0], A.stride(0)), (A.stride(0), 1))[:, X.shape[1]:] = float("nan")
+    return A
+
+
+def test_aligned_rows_copies_only_unaligned_rows():
+    X = torch.randn(10, 55)
+    A = fusedml.aligned_rows(X)
+    assert A.stride() == (56, 1) and torch.equal(A, X) and dense_mod._vec(A, 55) == -4 and dense_mod._vec(X, 55) == 1
+    assert fusedml.aligned_rows(A) is A  # already aligned
+    assert fusedml.aligned_rows(X, max_bytes=10 * 56 * 4 - 1) is X  # no room for the copy
+    for Y in (torch.randn(10, 56), torch.randn(10, 4), torch.randn(55, 10).T, torch.randn(10, 3, 2)):
+        assert fusedml.aligned_rows(Y) is Y
+    assert fusedml.aligned_rows(torch.randn(10, 137).bfloat16()).stride() == (144, 1)
+    # a view whose last row's padding lies past its storage keeps scalar loads
+    tight = torch.randn(9 * 56 + 55).as_strided((10, 55), (56, 1))
+    assert dense_mod._vec(tight, 55) == 1
+    assert dense_mod._vec(torch.randn(10 * 56).as_strided((10, 55), (56, 1)), 55) == -4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("N,D", [(70, 9), (33, 55)])
+def test_dense_aligned_rows_view_matches(rng, poison, dtype, N, D):
+    X = _dense(rng, N, D, dtype)
+    A = _poisoned_view(X)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    y, v, _ = _operands(rng, N, D, None, intercept=True)
+    Y, V, _ = _operands(rng, N, D, 3, intercept=True)
+    y, v, Y, V = (t.to(acc) for t in (y, v, Y, V))
+    lbl = (v > 0.5).to(acc)
+    onehot = torch.nn.functional.one_hot(torch.arange(N) % 3, 3).to(acc)
+    calls = [
+        lambda M: fusedml.mmchain(M, y, v, intercept=True, backend="fused"),
+        lambda M: fusedml.mmchain(M, Y, V, intercept=True, backend="fused"),
+        lambda M: fusedml.mmchain(M, Y, V, intercept=True, backend="fused", config={"mode": "small", "chunk": 4}),
+        lambda M: fusedml.mmchain(M, y, v, intercept=True, backend="fused",
+                                  config={"strategy": "chunked", "block_d": 4, "block_n": 8}),
+        lambda M: fusedml.matvec(M, y, intercept=True, backend="fused"),
+        lambda M: fusedml.matvec(M, Y, intercept=True, backend="fused"),
+        lambda M: fusedml.loss_gradient(M, y, lbl, loss="logistic", intercept=True, backend="fused").grad,
+        lambda M: fusedml.loss_gradient(M, Y, onehot, loss="multinomial", intercept=True, backend="fused").grad,
+    ]
+    for i, f in enumerate(calls):
+        want, got = f(X), f(A)
+        assert torch.isfinite(got).all() and rel(got, want.double()) < 1e-6, (i, rel(got, want.double()))
+
+
+# ------------------------------------------------------------------------------------------------
 # Ahead-of-time compilation for the H200 (sm_90) without a GPU (as in test_mmchain_csr.py): the new
 # dense variants compile, do not spill, and load X with 16-byte vector loads.
 # ------------------------------------------------------------------------------------------------
@@ -976,6 +1030,20 @@ def _aot_dense_variants():
         ("onchip m4 fp32 softmax dot tf32x3", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
          dict(base, **onchip, SOFTMAX=True, INTERCEPT=True, PREFETCH=False, MODE=4, BLOCK_N=16, BLOCK_D=128,
               M_PAD=16), 4),
+    ]
+    # rows that are not whole vectors, read from an aligned view of padded rows (VEC < -1: the stride
+    # and D unaligned as the launcher sees them; every load still a 16-byte vector)
+    variants += [
+        ("onchip m1 fp32 D=55 padded rows logistic loss", dense_mod._mmchain_onchip_kernel, "fp32", "fp32",
+         dict(base, LOSS=1, HAS_C=True, STORE_ETA=False, EVEN_D=False, VEC=-4, INTERCEPT=True, MODE=0, BLOCK_N=32,
+              BLOCK_D=64, M_PAD=1, stride_vm=0), 8, False),
+        ("onchip m1 bf16 D=137 padded rows", dense_mod._mmchain_onchip_kernel, "bf16", "fp32",
+         dict(base, EVEN_D=False, VEC=-8, MODE=0, BLOCK_N=32, BLOCK_D=256, M_PAD=1, stride_vm=0), 8, False),
+        ("small m3 fp32 D=55 padded rows multinomial loss intercept", dense_mod._mmchain_small_kernel, "fp32",
+         "fp32", dict(MODE=3, BLOCK_N=16, BLOCK_D=64, M_PAD=3, LOSS=3, INTERCEPT=True, EVEN_D=False, VEC=-4), 8,
+         False),
+        ("small m3 fp32 D=55 chunk 16 padded rows", dense_mod._mmchain_small_kernel, "fp32", "fp32",
+         dict(MODE=3, BLOCK_N=32, BLOCK_D=64, M_PAD=3, EVEN_D=False, VEC=-4, PREFETCH=2, CHUNK=16), 4, False),
     ]
     coop = dict(stride_xd=1, XTY=False, HAS_V=True, INTERCEPT=True, DETERMINISTIC=False, EVEN_D=True,
                 ACC=tl.float32, BLOCK_D=2048, G_PAD=32, PHASE=0, MAX_SPIN=1 << 20, AHEAD=3, WORDS=1)
@@ -1111,7 +1179,7 @@ def test_sass_probe_reports_the_prefetch_loads(tmp_path):
 def test_dense_kernels_compile_for_sm90():
     from _sm90 import run_aot
 
-    run_aot(__file__, 22)
+    run_aot(__file__, 26)
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:

@@ -18,7 +18,7 @@ from .._dispatch import resolve_backend
 from ._checks import Problem, check_bindable, check_config, prepare_matvec, prepare_mmchain
 from .reference import matvec_reference, mmchain_reference
 
-__all__ = ["mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "bind_loss_gradient",
+__all__ = ["aligned_rows", "mmchain", "bind_mmchain", "BoundMMChain", "matvec", "loss_gradient", "bind_loss_gradient",
            "LossGradient", "BoundLossGradient", "mmchain_reference", "matvec_reference"]
 
 
@@ -275,3 +275,4 @@ def matvec(X, y, *, intercept=False, backend="auto", config=None) -> torch.Tenso
 
 
 from .lossgrad import BoundLossGradient, LossGradient, bind_loss_gradient, loss_gradient  # noqa: E402  (uses matvec and mmchain above)
+from .dense import aligned_rows  # noqa: E402

@@ -95,6 +95,14 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
         # compiler can prove it and emits 16-byte loads (it only assumes that for multiples of 16)
         stride_xn = (stride_xn // VEC) * VEC
         D = (D // VEC) * VEC
+    if VEC < -1:
+        # row starts are multiples of -VEC elements and every row can be read up to D rounded up
+        # (an aligned view of padded rows, see _vec): whole vectors loaded, the padding zeroed after
+        stride_xn = (stride_xn // -VEC) * -VEC
+        DL = ((D - VEC - 1) // -VEC) * -VEC
+        ptrs = X + rows[:, None] * stride_xn + cols[None, :].to(tl.int64)
+        x = tl.load(ptrs, mask=(rows[:, None] < N) & (cols[None, :] < DL), other=0.0)
+        return tl.where(cols[None, :] < D, x, tl.zeros_like(x))
     ptrs = X + rows[:, None] * stride_xn + cols[None, :].to(tl.int64) * stride_xd
     if EVEN_D:
         mask = rows[:, None] < N
@@ -117,6 +125,11 @@ def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_
     else:
         r3 = rows[:, None, None]
         c3 = cols[None, :, :]
+    if VEC < -1:  # as _load_x_raw: padded rows read in whole vectors, the padding zeroed
+        stride_xn = (stride_xn // -VEC) * -VEC
+        DL = ((D - VEC - 1) // -VEC) * -VEC
+        x = tl.load(X + r3 * stride_xn + c3.to(tl.int64), mask=(r3 < N) & (c3 < DL), other=0.0)
+        return tl.where(c3 < D, x, tl.zeros_like(x)).to(ACC)
     ptrs = X + r3 * stride_xn + c3.to(tl.int64) * stride_xd
     if EVEN_D:
         mask = r3 < N
@@ -1171,17 +1184,72 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 
 def _vec(X: torch.Tensor, D: int) -> int:
-    """Elements per 16-byte load that X's row stride and D are multiples of (1: no claim).
+    """Elements per 16-byte load that X's row stride and D are multiples of (1: no claim); negated
+    where the stride is and D is not, but every row can be read up to D rounded up to it.
 
     Triton assumes 16-byte alignment only for integer arguments divisible by 16, so rows of e.g.
-    100 fp32 values would be read with 4-byte loads (H200, 1M x 100: 2.8x the floor).
+    100 fp32 values would be read with 4-byte loads (H200, 1M x 100: 2.8x the floor). Rows whose
+    length is not a multiple of the vector (55 fp32 values) are read in whole vectors only from an
+    aligned view of padded rows (:func:`aligned_rows`, or any view whose storage holds the
+    padding, even of the last row); the kernels zero the padding after the load.
     """
     if D > 1 and X.stride(1) != 1:
         return 1
     v = 16 // X.element_size()
-    while v > 1 and (X.stride(0) % v or D % v):
+    while v > 1 and X.stride(0) % v:
+        v //= 2
+    if v > 1 and D % v and D > v:
+        end = X.storage_offset() + (X.shape[0] - 1) * X.stride(0) + -(-D // v) * v
+        if end * X.element_size() <= X.untyped_storage().nbytes():
+            return -v
+    while v > 1 and D % v:
         v //= 2
     return v
+
+
+def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
+    """X itself, or an ``[N, D]`` view of a copy whose rows are padded to whole 16-byte vectors.
+
+    The dense kernels read rows whose length in bytes is a multiple of 16 with 16-byte loads and
+    other rows (e.g. 55 fp32 values) with scalar loads at a fraction of the bandwidth; on the
+    padded copy every row is read in whole vectors (the padding is never part of a result). The
+    copy costs about two reads of X once and ``D_pad / D`` times X's memory; the linear
+    estimators make it for their fits on the fused backend.
+
+    Parameters
+    ----------
+    X : torch.Tensor
+        ``[N, D]`` dense; never modified.
+    max_bytes : int, optional
+        Make no copy larger than this (then ``X`` is returned).
+
+    Returns
+    -------
+    torch.Tensor
+        ``X`` when its rows are already read in whole vectors (or it is not a 2-D row-major
+        tensor of a 2-, 4- or 8-byte dtype, or the copy would exceed ``max_bytes``); else a new
+        ``[N, D]`` view with row stride ``D_pad``.
+
+    Examples
+    --------
+    >>> import torch, fusedml
+    >>> A = fusedml.aligned_rows(torch.randn(1000, 55))
+    >>> A.shape, A.stride()
+    (torch.Size([1000, 55]), (56, 1))
+    """
+    if not isinstance(X, torch.Tensor) or X.ndim != 2 or X.layout != torch.strided or X.shape[0] == 0 \
+            or X.element_size() not in (2, 4, 8) or (X.shape[1] > 1 and X.stride(1) != 1):
+        return X
+    N, D = (int(s) for s in X.shape)
+    v = 16 // X.element_size()
+    if D <= v or abs(_vec(X, D)) == v:
+        return X
+    Dp = -(-D // v) * v
+    if max_bytes is not None and N * Dp * X.element_size() > max_bytes:
+        return X
+    Xp = torch.zeros((N, Dp), dtype=X.dtype, device=X.device)
+    Xp[:, :D] = X
+    return Xp[:, :D]
 
 
 @functools.lru_cache(maxsize=256)  # the solvers pass the same few scalars every call
