@@ -127,7 +127,6 @@ def main(argv=None):
                 rows.append({"N": N, "D": D, "dtype": dt, "pass": fit, "variant": variant,
                              "ms": statistics.median(ts), "n_iter": int(est.n_iter_[0]) if hasattr(est.n_iter_, "__len__")
                              else int(est.n_iter_), "floor_ms": floor_ms})
-        del X, Xp, Xf
     cols = ["N", "D", "dtype", "pass", "variant", "ms", "floor_pct", "padded_vs_plain_rel", "n_iter"]
     path = _common.write_json("odd_width_probe", rows, {"args": vars(args)}, out=args.out)
     print(_common.markdown_table(rows, cols))
