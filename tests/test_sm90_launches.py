@@ -41,6 +41,14 @@ def _mmchain_calls(rng):
                                                                                backend="fused")
             yield f"matvec D={D} m={m}", lambda X=X, y=y: fusedml.matvec(X, y, backend="fused")
             yield f"X^T V D={D} m={m}", lambda X=X, m=m: fusedml.mmchain(X, None, _dense(rng, 40, m), backend="fused")
+    # rows that are not whole 16-byte vectors, read from an aligned view of padded rows (VEC < -1)
+    for D, m, dtype in ((17, 1, torch.float32), (55, 3, torch.float32), (130, 1, torch.bfloat16),
+                        (137, 5, torch.float32)):
+        Xa = fusedml.aligned_rows(_dense(rng, 40, D, dtype))
+        yield f"mmchain aligned view D={D} m={m} {dtype}", lambda Xa=Xa, D=D, m=m: fusedml.mmchain(
+            Xa, _dense(rng, D + 1, m), _dense(rng, 40, m).abs(), intercept=True, backend="fused")
+        yield f"matvec aligned view D={D} m={m} {dtype}", lambda Xa=Xa, D=D, m=m: fusedml.matvec(
+            Xa, _dense(rng, D + 1, m), intercept=True, backend="fused")
     Xb = _dense(rng, 40, 3, torch.bfloat16)
     yield "mmchain bf16 D=3", lambda: fusedml.mmchain(Xb, _dense(rng, 3, 1)[:, 0], backend="fused")
     yield "mmchain intercept softmax", lambda: fusedml.mmchain(
@@ -70,6 +78,12 @@ def _loss_calls(rng):
         yield f"loss multinomial m={m}", lambda m=m: fusedml.loss_gradient(
             X, _dense(rng, 3, m), torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, m, 40)), m).float(),
             loss="multinomial", backend="fused")
+    for m in (1, 3):
+        Xa = fusedml.aligned_rows(_dense(rng, 40, 55))
+        yield f"loss multinomial aligned view D=55 m={m}", lambda Xa=Xa, m=m: fusedml.loss_gradient(
+            Xa, 0.1 * _dense(rng, 56, m), torch.nn.functional.one_hot(torch.from_numpy(rng.integers(0, m + 1, 40)),
+                                                                      m + 1)[:, :m].float(),
+            loss="logistic" if m == 1 else "multinomial", intercept=True, backend="fused")
     yield "loss poisson D=17", lambda: fusedml.loss_gradient(
         _dense(rng, 40, 17), 0.1 * _dense(rng, 18, 1)[:, 0], torch.from_numpy(rng.poisson(1.0, 40)).float(),
         loss="poisson", intercept=True, backend="fused")
