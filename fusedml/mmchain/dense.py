@@ -1213,7 +1213,7 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     The dense kernels read rows whose length in bytes is a multiple of 16 with 16-byte loads and
     other rows (e.g. 55 fp32 values) with scalar loads at a fraction of the bandwidth; on the
     padded copy every row is read in whole vectors (the padding is never part of a result). The
-    copy costs about two reads of X once and ``D_pad / D`` times X's memory; the linear
+    copy costs about two reads of X (a read and a write) once and ``D_pad / D`` times X's memory; the linear
     estimators make it for their fits on the fused backend.
 
     Parameters
@@ -1247,8 +1247,9 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     Dp = -(-D // v) * v
     if max_bytes is not None and N * Dp * X.element_size() > max_bytes:
         return X
-    Xp = torch.zeros((N, Dp), dtype=X.dtype, device=X.device)
-    Xp[:, :D] = X
+    Xp = torch.empty((N, Dp), dtype=X.dtype, device=X.device)
+    Xp[:, D:].zero_()  # never read into a result (the kernels zero it after the load), but defined
+    Xp[:, :D].copy_(X)
     return Xp[:, :D]
 
 
