@@ -386,15 +386,18 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
     return T, info
 
 
-def fit_design(M, backend):
+def fit_design(M, backend, m=1):
     """The design matrix a linear fit reads at every iteration.
 
     On the fused backend a dense X whose rows are not whole 16-byte vectors (e.g. 55 fp32 values)
-    becomes an aligned view of a zero-padded copy (:func:`fusedml.aligned_rows`), which the
-    kernels read with full-width loads instead of scalar ones, when the copy takes at most half of
-    the device's free memory (rows of at most 64 KB; wider ones go to the cooperative kernel). The
-    copy is part of the fit's time; the fit is the same.
-    ``FUSEDML_ALIGN_ROWS=0`` keeps X as it is.
+    is read with scalar loads; an aligned view of a zero-padded copy (:func:`fusedml.aligned_rows`)
+    is read with full-width ones. The fit makes that copy (part of its time; the fit is the same)
+    where it paid on the H100 (``env_ab_align-H100-*-s40``): for ``m > 1`` columns of
+    coefficients (multinomial, one-vs-rest, several targets: 2M x 27, 5 classes, 20.7 -> 12.6 ms),
+    not for one column, whose fits at a million rows are host-bound and lost the copy's ~0.5 ms.
+    Only when the copy takes at most half of the device's free memory, and for rows of at most
+    64 KB (wider ones go to the cooperative kernel). ``FUSEDML_ALIGN_ROWS``: ``auto`` (default,
+    as above), ``1`` (every m), ``0`` (never). An X that already is such a view is read as it is.
 
     Parameters
     ----------
@@ -402,14 +405,18 @@ def fit_design(M, backend):
         From :func:`as_design_matrix`; only dense tensors are ever copied.
     backend : str
         The estimator's backend.
+    m : int
+        Columns of the coefficients (the products' right-hand sides).
 
     Returns
     -------
     torch.Tensor, CSRMatrix or StreamedMatrix
         ``M`` or its aligned copy (same shape and values).
     """
-    if not isinstance(M, torch.Tensor) or M.layout != torch.strided \
-            or os.environ.get("FUSEDML_ALIGN_ROWS", "1").strip() == "0":
+    mode = os.environ.get("FUSEDML_ALIGN_ROWS", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"FUSEDML_ALIGN_ROWS must be auto, 0 or 1, got {mode!r}")
+    if mode == "0" or (mode == "auto" and m < 2) or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
         return M
     try:
         if fusedml.resolve_backend(backend, M.device) != "fused":

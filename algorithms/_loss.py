@@ -542,7 +542,7 @@ class LinearObjective:
     """
 
     def __init__(self, X, loss, target, weights, l2, *, n_cols, fit_intercept, backend, dtype, device):
-        self.X = fit_design(X, backend)  # unaligned dense rows: a padded copy on the fused backend
+        self.X = fit_design(X, backend, int(n_cols))  # unaligned rows: a padded copy where it pays
         self.loss = loss
         self.target = target
         self.weights = weights

@@ -61,12 +61,12 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
         M, info = as_design_matrix(X, backend=self.backend, check="defer")
-        M = fit_design(M, self.backend)  # unaligned dense rows: a padded copy on the fused backend
         max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
         yt = as_target(y, info, allow_2d=True)
         one_d = yt.ndim == 1
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
+        M = fit_design(M, self.backend, m)  # unaligned rows: a padded copy where it pays
         alpha = self._alpha()
         if isinstance(alpha, numbers.Real) or np.ndim(alpha) == 0:
             alpha_t = torch.full((m,), float(check_positive(float(alpha), "alpha", strict=False)),

@@ -428,36 +428,49 @@ def test_fit_reads_the_finite_check_with_the_solver_start(rng, monkeypatch, cls,
             assert torch.equal(Xin.isnan(), before.isnan()) and torch.equal(Xin.nan_to_num(), before.nan_to_num())
 
 
-ALIGNED = [(LogisticRegression, {}), (LogisticRegression, {"solver": "lbfgs"}), (LinearSVC, {}),
-           (PoissonRegressor, {}), (Ridge, {})]
+ALIGNED = [(LogisticRegression, {}, 2), (LogisticRegression, {"solver": "lbfgs"}, 2), (LogisticRegression, {}, 3),
+           (LinearSVC, {}, 3), (PoissonRegressor, {}, 1), (Ridge, {}, 1), (Ridge, {}, 2)]
 
 
-@pytest.mark.parametrize("cls,kw", ALIGNED, ids=["logistic", "logistic-lbfgs", "svc", "poisson", "ridge"])
-def test_fused_fits_read_unaligned_rows_from_an_aligned_copy(rng, monkeypatch, cls, kw):
+@pytest.mark.parametrize("cls,kw,k", ALIGNED, ids=["logistic", "logistic-lbfgs", "multinomial", "svc-ovr", "poisson",
+                                                  "ridge", "ridge-2"])
+@pytest.mark.parametrize("mode", ["auto", "1"])
+@pytest.mark.filterwarnings("ignore::algorithms.ConvergenceWarning")  # the small Poisson fit's precision stop
+def test_fused_fits_read_unaligned_rows_from_an_aligned_copy(rng, monkeypatch, cls, kw, k, mode):
     """Rows of 7 fp32 values are not whole 16-byte vectors: a fused fit reads an aligned view of a
-    padded copy (``fit_design``) and fits the same model as from X itself (FUSEDML_ALIGN_ROWS=0);
-    X is not modified; the ops / cpu backends and CSR X are never copied."""
+    padded copy (``fit_design``) when FUSEDML_ALIGN_ROWS=1, or by default ("auto") when the
+    coefficients have several columns (classes, one-vs-rest problems, targets), and fits the same
+    model as from X itself (FUSEDML_ALIGN_ROWS=0); X is not modified; the ops / cpu backends and
+    CSR X are never copied; an X that already is an aligned view is read as it is."""
     import fusedml
     from algorithms._base import fit_design
 
     X = torch.tensor(rng.normal(size=(90, 7)), dtype=torch.float32)
     z = X @ torch.linspace(-1, 1, 7)
-    y = {Ridge: z, PoissonRegressor: torch.poisson(torch.exp(0.3 * z))}.get(cls, (z > 0).float())
+    y = {Ridge: z if k == 1 else torch.stack([z, 1 - z], 1), PoissonRegressor: torch.poisson(torch.exp(0.3 * z))}.get(
+        cls, torch.bucketize(z, torch.linspace(-1, 1, k - 1)).float() if k > 2 else (z > 0).float())
     before = X.clone()
     made = []
     real = fusedml.aligned_rows
-    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **k: made.append(real(M, **k)) or made[-1])
+    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **kw_: made.append(real(M, **kw_)) or made[-1])
+    monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
     got = cls(backend="fused", **kw).fit(X, y)
-    assert len(made) == 1 and made[0].stride() == (8, 1) and torch.equal(X, before)
+    aligned = mode == "1" or k > 2 or (cls is Ridge and k > 1)
+    assert [t.stride() for t in made] == ([(8, 1)] if aligned else []) and torch.equal(X, before)
     monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "0")
     ref = cls(backend="fused", **kw).fit(X, y)
-    assert len(made) == 1 and np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
+    assert len(made) == int(aligned) and np.array_equal(np.asarray(got.n_iter_), np.asarray(ref.n_iter_))
     np.testing.assert_allclose(np.asarray(got.coef_), np.asarray(ref.coef_), rtol=1e-6, atol=1e-7)
-    monkeypatch.delenv("FUSEDML_ALIGN_ROWS")
+    monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "1")
     for backend in ("ops", "cpu"):
-        assert fit_design(X, backend) is X
+        assert fit_design(X, backend, 2) is X
     csr = fusedml.as_csr(X.to_sparse_csr())
-    assert fit_design(csr, "fused") is csr and fit_design(X, "fused").stride() == (8, 1)
+    assert fit_design(csr, "fused", 2) is csr and fit_design(X, "fused", 2).stride() == (8, 1)
+    view = real(X)
+    assert fit_design(view, "fused", 2) is view
+    monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "sometimes")
+    with pytest.raises(ValueError, match="FUSEDML_ALIGN_ROWS"):
+        fit_design(X, "fused", 2)
 
 
 ESTIMATORS = [
