@@ -904,6 +904,8 @@ def _poisoned_view(X):
 
 
 def test_aligned_rows_copies_only_unaligned_rows():
+    """aligned_rows copies only 2-D row-major rows that are not whole vectors, within max_bytes; _vec
+    claims the padded read only where the storage holds it, even for the last row."""
     X = torch.randn(10, 55)
     A = fusedml.aligned_rows(X)
     assert A.stride() == (56, 1) and torch.equal(A, X) and dense_mod._vec(A, 55) == -4 and dense_mod._vec(X, 55) == 1
@@ -921,6 +923,8 @@ def test_aligned_rows_copies_only_unaligned_rows():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("N,D", [(70, 9), (33, 55)])
 def test_dense_aligned_rows_view_matches(rng, poison, dtype, N, D):
+    """Every dense pass (m = 1 and 3, chunked tiles, the chunked strategy, matvec, both loss passes)
+    reads an aligned view whose padding holds NaN and returns X's result, finite."""
     X = _dense(rng, N, D, dtype)
     A = _poisoned_view(X)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
