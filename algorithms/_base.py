@@ -392,8 +392,8 @@ def fit_design(M, backend, m=1):
     On the fused backend a dense X whose rows are not whole 16-byte vectors (e.g. 55 fp32 values)
     is read with scalar loads; an aligned view of a zero-padded copy (:func:`fusedml.aligned_rows`)
     is read with full-width ones. The fit makes that copy (part of its time; the fit is the same)
-    where it paid on the H100 (``env_ab_align-H100-*-s40``): for ``m > 1`` columns of
-    coefficients (multinomial, one-vs-rest, several targets: 2M x 27, 5 classes, 20.7 -> 12.6 ms),
+    where it paid on the H100 (``env_ab_align*-H100-*-s40*``): for ``m > 1`` columns of
+    coefficients (multinomial, one-vs-rest, several targets: 2M x 27, 5 classes, 18.7 -> 8.9 ms),
     not for one column, whose fits at a million rows are host-bound and lost the copy's ~0.5 ms.
     Only when the copy takes at most half of the device's free memory, and for rows of at most
     64 KB (wider ones go to the cooperative kernel). ``FUSEDML_ALIGN_ROWS``: ``auto`` (default,
