@@ -1213,8 +1213,9 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     The dense kernels read rows whose length in bytes is a multiple of 16 with 16-byte loads and
     other rows (e.g. 55 fp32 values) with scalar loads at a fraction of the bandwidth; on the
     padded copy every row is read in whole vectors (the padding is never part of a result). The
-    copy costs about two reads of X (a read and a write) once and ``D_pad / D`` times X's memory; the linear
-    estimators make it for their fits on the fused backend.
+    copy costs about two reads of X (a read and a write) once and ``D_pad / D`` times X's memory.
+    The linear estimators make it on the fused backend for fits with several columns of
+    coefficients (``algorithms._base.fit_design``); pass the view to reuse one copy across fits.
 
     Parameters
     ----------
