@@ -22,6 +22,7 @@ import inspect
 import math
 import numbers
 import os
+import sys
 import time
 import warnings
 
@@ -35,20 +36,75 @@ __all__ = [
     "BaseEstimator",
     "ClassifierMixin",
     "ConvergenceWarning",
+    "DataConversionWarning",
     "NotFittedError",
     "RegressorMixin",
 ]
 
 
-class NotFittedError(ValueError, AttributeError):
+class _SklearnTwin:
+    """Base of the exception / warning classes that scikit-learn also defines (same name).
+
+    Raised or warned through :func:`sklearn_class`, so that ``except sklearn.exceptions.X`` and
+    scikit-learn's warning filters also catch ours where scikit-learn is imported; pickles as the
+    class of the unpickling process.
+    """
+
+    def __reduce__(self):
+        cls = type(self)
+        if cls.__module__ == __name__ and cls.__name__ in _TWIN_CLASSES:  # ours or its twin
+            return _rebuild_twin, (cls.__name__, self.args)
+        return super().__reduce__()
+
+
+class NotFittedError(_SklearnTwin, ValueError, AttributeError):
     """Raised when a method needing a fitted model is called before ``fit``.
 
-    Subclasses ``ValueError`` and ``AttributeError`` like scikit-learn's exception of the same name.
+    Subclasses ``ValueError`` and ``AttributeError`` like scikit-learn's exception of the same name
+    (and that exception itself where scikit-learn is imported).
     """
 
 
-class ConvergenceWarning(UserWarning):
+class ConvergenceWarning(_SklearnTwin, UserWarning):
     """The solver stopped at ``max_iter`` (or at working precision) before reaching ``tol``."""
+
+
+class DataConversionWarning(_SklearnTwin, UserWarning):
+    """An input was converted to what the estimator reads (a column-vector ``y`` was raveled)."""
+
+
+_TWINS: dict = {}  # our class -> its subclass that also derives from scikit-learn's
+
+
+def sklearn_class(cls):
+    """``cls``, or, once scikit-learn is imported, a subclass of it and of scikit-learn's class of
+    the same name (``sklearn.exceptions.NotFittedError`` etc.). Never imports scikit-learn: code
+    that catches scikit-learn's class has imported it.
+
+    Parameters
+    ----------
+    cls : type
+        :class:`NotFittedError`, :class:`ConvergenceWarning` or :class:`DataConversionWarning`.
+
+    Returns
+    -------
+    type
+    """
+    sk = sys.modules.get("sklearn.exceptions")
+    other = getattr(sk, cls.__name__, None) if sk is not None else None
+    if other is None:
+        return cls
+    twin = _TWINS.get(cls)
+    if twin is None:
+        twin = _TWINS[cls] = type(cls.__name__, (cls, other), {"__module__": __name__, "__doc__": cls.__doc__})
+    return twin
+
+
+def _rebuild_twin(name, args):
+    return sklearn_class(_TWIN_CLASSES[name])(*args)
+
+
+_TWIN_CLASSES = {c.__name__: c for c in (NotFittedError, ConvergenceWarning, DataConversionWarning)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +201,7 @@ class BaseEstimator:
     # -- helpers for subclasses --------------------------------------------------------------
     def _check_is_fitted(self):
         if not hasattr(self, self._fitted_attr):
-            raise NotFittedError(
+            raise sklearn_class(NotFittedError)(
                 f"This {type(self).__name__} instance is not fitted yet; call 'fit' first."
             )
 
@@ -336,8 +392,7 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         device = "cuda" if (backend != "cpu" and torch.cuda.is_available()) else "cpu"
         M = streaming.StreamedMatrix(X, device=device)
         n, d = (int(s) for s in X.shape)
-        if n == 0 or d == 0:
-            raise ValueError(f"{name} is empty: shape {(n, d)}")
+        _check_not_empty((n, d), name)
         dev = torch.device(getattr(M, "device", device))
         return M, DataInfo(n, d, dev, compute_dtype(np.dtype(X.dtype)), "numpy")
     if is_sparse(X):
@@ -351,23 +406,29 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
                 X = X.copy()
                 X.sum_duplicates()
         M = as_csr(X, name)
+        _check_not_empty(tuple(M.shape), name)
         n, d = M.shape
-        if n == 0 or d == 0:
-            raise ValueError(f"{name} is empty: shape {tuple(M.shape)}")
         info = DataInfo(n, d, M.device, compute_dtype(M.dtype), kind)
         _check_design(M.val, name, check, info)
         return M, info
     if isinstance(X, torch.Tensor):
         kind = "torch"
+        if X.is_complex():
+            raise ValueError(f"{name}: Complex data not supported")
         T = X if X.is_floating_point() else X.to(torch.float64)
     else:
         kind = "numpy"
         arr = np.asarray(X)
-        if arr.dtype == object or arr.dtype.kind in "USO":
+        if arr.dtype.kind in "US":
             raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
+        if arr.dtype == object:  # numbers held as Python objects (e.g. from pandas): converted
+            try:
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"{name} must hold numbers (dtype object): {exc}") from None
         if arr.dtype.kind in "biuc":
             if arr.dtype.kind == "c":
-                raise TypeError(f"{name}: complex data is not supported")
+                raise ValueError(f"{name}: Complex data not supported")
             arr = arr.astype(np.float64)
         if arr.dtype not in (np.float32, np.float64, np.float16):
             arr = arr.astype(np.float64)
@@ -377,13 +438,21 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
     if T.ndim != 2:
         raise ValueError(
             f"{name} must be 2-D [n_samples, n_features], got shape {tuple(T.shape)}"
-            + ("; reshape a single feature with X.reshape(-1, 1)" if T.ndim == 1 else "")
+            + ("; Reshape your data: X.reshape(-1, 1) for a single feature, X.reshape(1, -1) for a "
+               "single sample" if T.ndim == 1 else "")
         )
-    if T.shape[0] == 0 or T.shape[1] == 0:
-        raise ValueError(f"{name} is empty: shape {tuple(T.shape)}")
+    _check_not_empty(tuple(T.shape), name)
     info = DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
     _check_design(T, name, check, info)
     return T, info
+
+
+def _check_not_empty(shape, name):
+    """Reject a design matrix without samples or features (scikit-learn's wording)."""
+    for size, what in ((shape[0], "sample"), (shape[1], "feature")):
+        if size == 0:
+            raise ValueError(f"{name} is empty: found array with 0 {what}(s) (shape={shape}) while a "
+                             "minimum of 1 is required.")
 
 
 def fit_design(M, backend, m=1):
@@ -480,6 +549,26 @@ def _labels_to_numpy(y):
     return y
 
 
+def _require_y(y):
+    if y is None:
+        raise ValueError("This estimator requires y to be passed, but the target y is None")
+
+
+def _warn_column_vector(shape):
+    """scikit-learn's warning for a [N, 1] target where [N] is expected (the target is raveled)."""
+    if len(shape) == 2 and shape[1] == 1:
+        warnings.warn("A column-vector y was passed when a 1d array was expected; it is raveled to "
+                      "shape (n_samples,)", sklearn_class(DataConversionWarning), stacklevel=4)
+
+
+def _check_label_values(labels):
+    """Reject floating-point labels that are not integers (scikit-learn's 'continuous' target)."""
+    a = np.asarray(labels)
+    if a.dtype.kind == "f" and not bool(np.all(a == np.round(a))):
+        raise ValueError("Unknown label type: continuous. A classifier needs class labels (integers, "
+                         "integral floats or strings); use a regressor for a continuous target")
+
+
 def as_target(y, info: DataInfo, *, name="y", allow_2d=False, max_cols=None):
     """Convert a numeric regression target to a tensor on the data's device.
 
@@ -496,14 +585,19 @@ def as_target(y, info: DataInfo, *, name="y", allow_2d=False, max_cols=None):
     torch.Tensor
         [N] or [N, m], compute dtype, on ``info.device``.
     """
+    _require_y(y)
     if isinstance(y, torch.Tensor):
         t = y.detach()
     else:
         arr = _to_numpy(y)
-        if arr.dtype == object or arr.dtype.kind in "USO":
+        if arr.dtype.kind in "US":
             raise TypeError(f"{name} must be numeric for a regressor, got dtype {arr.dtype}")
-        t = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
+        try:  # an object array of numbers converts; anything else is an error
+            t = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be numeric for a regressor (dtype {arr.dtype}): {exc}") from None
     if t.ndim == 2 and t.shape[1] == 1 and not allow_2d:
+        _warn_column_vector(tuple(t.shape))
         t = t.reshape(-1)
     if t.ndim not in ((1, 2) if allow_2d else (1,)):
         raise ValueError(f"{name} must be 1-D [n_samples]{' or 2-D' if allow_2d else ''}, got shape {tuple(t.shape)}")
@@ -568,10 +662,10 @@ def normalised_weights(sw, info: DataInfo):
 
 
 def _two_labels(t: torch.Tensor):
-    """``(classes, y_idx)`` of a tensor of exactly two distinct finite labels, without the sort of
-    ``torch.unique`` (~25 launches and a radix sort over N values at a million rows): its min, max
-    and the count of other values in one host read. None otherwise (NaN or inf, one label, three
-    or more), for the general path and its errors."""
+    """``(classes, y_idx, [lo, hi] on the host)`` of a tensor of exactly two distinct finite labels,
+    without the sort of ``torch.unique`` (~25 launches and a radix sort over N values at a million
+    rows): its min, max and the count of other values in one host read. None otherwise (NaN or
+    inf, one label, three or more), for the general path and its errors."""
     if t.numel() == 0 or t.dtype == torch.bool or t.is_complex():
         return None
     lo, hi = torch.aminmax(t)
@@ -579,7 +673,7 @@ def _two_labels(t: torch.Tensor):
     v = torch.stack([lo.double(), hi.double(), other.double()]).tolist()
     if not (math.isfinite(v[0]) and math.isfinite(v[1])) or v[0] == v[1] or v[2] != 0:
         return None
-    return torch.stack([lo, hi]), (t == hi).to(torch.int64)
+    return torch.stack([lo, hi]), (t == hi).to(torch.int64), v[:2]
 
 
 def encode_labels(y, info: DataInfo):
@@ -597,23 +691,29 @@ def encode_labels(y, info: DataInfo):
     y_idx : torch.Tensor
         [N] int64 on the data's device.
     """
+    _require_y(y)
     if isinstance(y, torch.Tensor):
         t = y.detach()
+        _warn_column_vector(tuple(t.shape))
         if t.ndim == 2 and t.shape[1] == 1:
             t = t.reshape(-1)
         if t.ndim != 1:
             raise ValueError(f"y must be 1-D [n_samples], got shape {tuple(t.shape)}")
         two = _two_labels(t)
         if two is not None:  # binary labels: no sort
-            classes, y_idx = two
+            classes, y_idx, lo_hi = two
             y_idx = y_idx.to(info.device)
         else:
             if t.is_floating_point():
                 check_finite(t, "y")
             classes, inv = torch.unique(t, sorted=True, return_inverse=True)
             y_idx = inv.to(device=info.device, dtype=torch.int64)
+            lo_hi = classes.cpu().double().numpy() if classes.is_floating_point() else ()  # K values
+        _check_label_values(lo_hi)
     else:
-        arr = _labels_to_numpy(y)
+        arr = _to_numpy(y)
+        _warn_column_vector(arr.shape)
+        arr = _labels_to_numpy(arr)
         if arr.ndim != 1:
             raise ValueError(f"y must be 1-D [n_samples], got shape {arr.shape}")
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -627,6 +727,7 @@ def encode_labels(y, info: DataInfo):
             classes, inv = np.unique(arr, return_inverse=True)
         except TypeError as exc:
             raise TypeError(f"y labels are not mutually comparable: {exc}") from None
+        _check_label_values(classes)
         y_idx = torch.from_numpy(inv.reshape(-1).astype(np.int64)).to(info.device)
     if y_idx.shape[0] != info.n_samples:
         raise ValueError(f"y has {y_idx.shape[0]} samples but X has {info.n_samples}")
@@ -778,7 +879,7 @@ def warn_not_converged(name: str, max_iter: int, reason: str | None = None, *, s
         f"{name} did not converge within max_iter={max_iter} iterations; increase max_iter "
         "or loosen tol (the result is the last iterate)"
     )
-    warnings.warn(msg, ConvergenceWarning, stacklevel=stacklevel)
+    warnings.warn(msg, sklearn_class(ConvergenceWarning), stacklevel=stacklevel)
 
 
 def warn_solver_status(name: str, status, max_iter: int, tol: float, dtype):
@@ -842,10 +943,11 @@ def check_max_iter(value, name="max_iter"):
     return int(value)
 
 
-def check_n_features(info: DataInfo, n_features_in: int):
+def check_n_features(info: DataInfo, n_features_in: int, name: str):
     """Raise if a predict-time X has a different number of features than at fit time."""
     if info.n_features != n_features_in:
-        raise ValueError(f"X has {info.n_features} features, but the model was fitted with {n_features_in}")
+        raise ValueError(f"X has {info.n_features} features, but {name} is expecting {n_features_in} "
+                         "features as input")
 
 
 class LinearPredictMixin:
@@ -859,7 +961,7 @@ class LinearPredictMixin:
 
         self._check_is_fitted()
         M, info = as_design_matrix(X, backend=self.backend)
-        check_n_features(info, self.n_features_in_)
+        check_n_features(info, self.n_features_in_, type(self).__name__)
         # W from the public attributes (so coef_ set by hand or by fusedml.distributed is used)
         coef = torch.as_tensor(_to_numpy(self.coef_) if not isinstance(self.coef_, torch.Tensor) else self.coef_)
         coef = coef.reshape(-1, info.n_features).to(device=info.device, dtype=info.dtype)

@@ -36,6 +36,17 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     def _family_link(self):
         raise NotImplementedError
 
+    def __sklearn_tags__(self):
+        """scikit-learn's tags: ``positive_only`` targets where the family rejects ``y = -1``."""
+        tags = super().__sklearn_tags__()
+        try:
+            self._family_link()[0].check_target(torch.tensor([-1.0]))
+        except ValueError:
+            tags.target_tags.positive_only = True
+        except Exception:  # invalid parameters: fit reports them
+            pass
+        return tags
+
     def fit(self, X, y, sample_weight=None):
         """Fit the model.
 

@@ -44,6 +44,13 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     def _alpha(self):
         return 0.0
 
+    def __sklearn_tags__(self):
+        """scikit-learn's tags: ``y`` may be [N, m] (several targets)."""
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = True
+        return tags
+
     def fit(self, X, y, sample_weight=None):
         """Fit the model.
 

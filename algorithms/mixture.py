@@ -71,7 +71,7 @@ from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor
 
 from ._base import (BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight, check_flag,
-                    check_verbose)
+                    check_verbose, sklearn_class)
 
 __all__ = ["GaussianMixture", "KMeans"]
 
@@ -233,7 +233,7 @@ def _check_int(value, name, lo):
 def _check_fitted(estimator, name, fitted_attr):
     """Raise :class:`NotFittedError` unless ``estimator`` has ``fitted_attr``."""
     if not hasattr(estimator, fitted_attr):
-        raise NotFittedError(f"This {name} instance is not fitted yet; call 'fit' first.")
+        raise sklearn_class(NotFittedError)(f"This {name} instance is not fitted yet; call 'fit' first.")
 
 
 def _fitted_data(estimator, X, name, fitted_attr):
@@ -241,8 +241,8 @@ def _fitted_data(estimator, X, name, fitted_attr):
     _check_fitted(estimator, name, fitted_attr)
     X, info = _as_data(X, name, estimator.backend)
     if X.shape[1] != estimator.n_features_in_:
-        raise ValueError(f"X has {X.shape[1]} features, but {name} was fitted with "
-                         f"{estimator.n_features_in_} features")
+        raise ValueError(f"X has {X.shape[1]} features, but {name} is expecting "
+                         f"{estimator.n_features_in_} features as input")
     return X, info
 
 
@@ -1284,10 +1284,10 @@ class KMeans(BaseEstimator):
         n_distinct = int(torch.unique(labels).numel())
         if n_distinct < K:
             warnings.warn(f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters ({K}). "
-                          "Possibly due to duplicate points in X.", ConvergenceWarning, stacklevel=2)
+                          "Possibly due to duplicate points in X.", sklearn_class(ConvergenceWarning), stacklevel=2)
         if not converged:
             warnings.warn(f"KMeans did not converge within max_iter={self.max_iter} iterations; "
-                          "increase max_iter or tol.", ConvergenceWarning, stacklevel=2)
+                          "increase max_iter or tol.", sklearn_class(ConvergenceWarning), stacklevel=2)
         self.cluster_centers_ = _out(centers, info.kind, info.dtype)
         self.labels_ = _out(labels, info.kind)
         self.inertia_ = inertia
@@ -1659,8 +1659,8 @@ class GaussianMixture(BaseEstimator):
                 converged_best = converged
         if not converged_best and self.max_iter > 0:
             warnings.warn("Best performing initialization did not converge. Try different init parameters, "
-                          "or increase max_iter, tol, or check for degenerate data.", ConvergenceWarning,
-                          stacklevel=3)
+                          "or increase max_iter, tol, or check for degenerate data.",
+                          sklearn_class(ConvergenceWarning), stacklevel=3)
         w, m, cov, pc = (t.to(info.device) for t in best)
         kind, dt = info.kind, info.dtype
         self.weights_ = _out(w, kind, dt)
