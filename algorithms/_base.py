@@ -301,17 +301,81 @@ class DataInfo:
         Output type for arrays derived from this input.
     finite_check : FiniteCheck or None
         The design matrix's NaN / inf check, when :func:`as_design_matrix` was asked to defer it.
+    feature_names : numpy.ndarray of str, or None
+        A DataFrame's column names (scikit-learn's ``feature_names_in_``).
     """
 
-    __slots__ = ("n_samples", "n_features", "device", "dtype", "kind", "finite_check")
+    __slots__ = ("n_samples", "n_features", "device", "dtype", "kind", "finite_check", "feature_names")
 
-    def __init__(self, n_samples, n_features, device, dtype, kind, finite_check=None):
+    def __init__(self, n_samples, n_features, device, dtype, kind, finite_check=None, feature_names=None):
         self.n_samples = n_samples
         self.n_features = n_features
         self.device = device
         self.dtype = dtype
         self.kind = kind
         self.finite_check = finite_check
+        self.feature_names = feature_names
+
+
+def feature_names(X):
+    """A DataFrame's column names as scikit-learn keeps them (``feature_names_in_``), or None.
+
+    Parameters
+    ----------
+    X : any input
+        Names are read from ``X.columns`` (pandas and other dataframes); other inputs have none.
+
+    Returns
+    -------
+    numpy.ndarray of object (str), or None
+        None also where every name is a non-string (e.g. a default ``RangeIndex``).
+    """
+    cols = getattr(X, "columns", None)
+    if cols is None or isinstance(X, torch.Tensor):
+        return None
+    names = np.asarray(list(cols), dtype=object)
+    is_str = [isinstance(c, str) for c in names]
+    if not any(is_str):
+        return None
+    if not all(is_str):
+        kinds = sorted({type(c).__name__ for c in names})
+        raise TypeError(f"Feature names are only supported if all input features have string names, but "
+                        f"your input has {kinds} as feature name / column name types. Convert them all "
+                        "to strings, e.g. X.columns = X.columns.astype(str)")
+    return names
+
+
+def record_features(estimator, info: DataInfo):
+    """Set ``n_features_in_`` and (for a DataFrame) ``feature_names_in_`` at the end of ``fit``."""
+    estimator.n_features_in_ = info.n_features
+    if info.feature_names is not None:
+        estimator.feature_names_in_ = info.feature_names
+    elif "feature_names_in_" in vars(estimator):  # refitted on data without names
+        del estimator.feature_names_in_
+
+
+def check_features(estimator, info: DataInfo, name: str):
+    """Check a predict-time X against ``fit``'s: the feature count (an error) and the names
+    (scikit-learn's rules: different names are an error, names on one side only a warning)."""
+    if info.n_features != estimator.n_features_in_:
+        raise ValueError(f"X has {info.n_features} features, but {name} is expecting "
+                         f"{estimator.n_features_in_} features as input")
+    fitted, given = getattr(estimator, "feature_names_in_", None), info.feature_names
+    if fitted is None and given is None:
+        return
+    if fitted is None:
+        warnings.warn(f"X has feature names, but {name} was fitted without feature names", UserWarning,
+                      stacklevel=4)
+    elif given is None:
+        warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature names",
+                      UserWarning, stacklevel=4)
+    elif len(fitted) != len(given) or bool((np.asarray(fitted) != given).any()):
+        unseen = [c for c in given if c not in set(fitted)]
+        missing = [c for c in fitted if c not in set(given)]
+        detail = (f"; unseen at fit time: {unseen[:5]}" if unseen else "") + (
+            f"; seen at fit time, now missing: {missing[:5]}" if missing else "")
+        raise ValueError("The feature names should match those that were passed during fit"
+                         + (detail or " (the same names in another order)"))
 
 
 class FiniteCheck:
@@ -442,7 +506,8 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
                "single sample" if T.ndim == 1 else "")
         )
     _check_not_empty(tuple(T.shape), name)
-    info = DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind)
+    info = DataInfo(int(T.shape[0]), int(T.shape[1]), T.device, compute_dtype(T.dtype), kind,
+                    feature_names=feature_names(X))
     _check_design(T, name, check, info)
     return T, info
 
@@ -943,13 +1008,6 @@ def check_max_iter(value, name="max_iter"):
     return int(value)
 
 
-def check_n_features(info: DataInfo, n_features_in: int, name: str):
-    """Raise if a predict-time X has a different number of features than at fit time."""
-    if info.n_features != n_features_in:
-        raise ValueError(f"X has {info.n_features} features, but {name} is expecting {n_features_in} "
-                         "features as input")
-
-
 class LinearPredictMixin:
     """Linear predictor ``[X, 1] W`` for fitted linear models, W built from ``coef_`` and ``intercept_``."""
 
@@ -961,7 +1019,7 @@ class LinearPredictMixin:
 
         self._check_is_fitted()
         M, info = as_design_matrix(X, backend=self.backend)
-        check_n_features(info, self.n_features_in_, type(self).__name__)
+        check_features(self, info, type(self).__name__)
         # W from the public attributes (so coef_ set by hand or by fusedml.distributed is used)
         coef = torch.as_tensor(_to_numpy(self.coef_) if not isinstance(self.coef_, torch.Tensor) else self.coef_)
         coef = coef.reshape(-1, info.n_features).to(device=info.device, dtype=info.dtype)
@@ -987,7 +1045,7 @@ class LinearPredictMixin:
         else:
             self.coef_ = to_output(coef, info.kind)
             self.intercept_ = to_output(icpt, info.kind)
-        self.n_features_in_ = D
+        record_features(self, info)
 
     def _store_linear_fit(self, obj, res, info: DataInfo, hist, *, vector=False, **fit_info):
         """Store what every solver-trained linear model keeps after ``fit``.

@@ -71,7 +71,7 @@ from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor
 
 from ._base import (BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight, check_flag,
-                    check_verbose, sklearn_class)
+                    check_features, check_verbose, record_features, sklearn_class)
 
 __all__ = ["GaussianMixture", "KMeans"]
 
@@ -240,9 +240,7 @@ def _fitted_data(estimator, X, name, fitted_attr):
     """Validate a predict-time ``X`` for a fitted ``estimator``; return ``(X, info)`` as ``_as_data``."""
     _check_fitted(estimator, name, fitted_attr)
     X, info = _as_data(X, name, estimator.backend)
-    if X.shape[1] != estimator.n_features_in_:
-        raise ValueError(f"X has {X.shape[1]} features, but {name} is expecting "
-                         f"{estimator.n_features_in_} features as input")
+    check_features(estimator, info, name)
     return X, info
 
 
@@ -1293,7 +1291,7 @@ class KMeans(BaseEstimator):
         self.inertia_ = inertia
         self.n_iter_ = n_iter
         self.converged_ = converged
-        self.n_features_in_ = D
+        record_features(self, info)
         self.history_ = hist
         return self
 
@@ -1673,7 +1671,7 @@ class GaussianMixture(BaseEstimator):
         self.lower_bound_ = max_lower_bound
         self.lower_bounds_ = best_lbs
         self.history_ = best_hist
-        self.n_features_in_ = D
+        record_features(self, info)
         return X, info, backend
 
     # -- inference -----------------------------------------------------------------------------

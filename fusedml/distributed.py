@@ -517,6 +517,7 @@ def _fit_logistic(est, design, spec_backend, verbose):
     est.intercept_ = icpt
     est.n_iter_ = np.array([int(res.nit)])
     est.n_features_in_ = d
+    vars(est).pop("feature_names_in_", None)  # dask arrays carry no column names
     est.history_ = history
     if not res.success and res.nit >= max_iter:
         import warnings
@@ -597,6 +598,7 @@ def _fit_gmm(est, design, verbose, init_sample):
     est.precisions_ = _precisions_from_cholesky(prec_chol, cov)
     est.converged_, est.n_iter_, est.lower_bound_ = converged, it, lower
     est.n_features_in_ = d
+    vars(est).pop("feature_names_in_", None)  # dask arrays carry no column names
     est.history_ = history
     return est
 

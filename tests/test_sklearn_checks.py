@@ -132,3 +132,31 @@ def test_object_arrays_of_numbers_are_converted():
     for est in (Ridge(backend="cpu"), LogisticRegression(backend="cpu")):
         with pytest.raises(ValueError, match="requires y to be passed"):
             est.fit(np.ones((4, 2)), None)
+
+
+def test_dataframe_feature_names_are_kept_and_checked(rng):
+    """A DataFrame's column names become ``feature_names_in_``; predict checks them as scikit-learn
+    does (other names or order: an error; names on one side only: a warning); a refit on an array
+    drops them; non-string names are not names; mixed name types are an error."""
+    pd = pytest.importorskip("pandas")
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    df = pd.DataFrame(X, columns=["a", "b", "c"])
+    for est, fit_args in ((LogisticRegression(backend="cpu"), (df, y)), (Ridge(backend="cpu"), (df, X[:, 0])),
+                          (GaussianMixture(2, backend="cpu"), (df,)), (KMeans(2, backend="cpu"), (df,))):
+        est.fit(*fit_args)
+        assert list(est.feature_names_in_) == ["a", "b", "c"]
+        np.testing.assert_array_equal(est.predict(df), est.predict(df.to_numpy()))
+        with pytest.warns(UserWarning, match="does not have valid feature names"):
+            est.predict(X)
+        with pytest.raises(ValueError, match="feature names should match.*another order"):
+            est.predict(df[["b", "a", "c"]])
+        with pytest.raises(ValueError, match=r"unseen at fit time: \['z'\]"):
+            est.predict(df.rename(columns={"c": "z"}))
+        est.fit(*((X,) + fit_args[1:]))
+        assert not hasattr(est, "feature_names_in_")
+        with pytest.warns(UserWarning, match="X has feature names, but"):
+            est.predict(df)
+    assert not hasattr(LogisticRegression(backend="cpu").fit(pd.DataFrame(X), y), "feature_names_in_")
+    with pytest.raises(TypeError, match="string names"):
+        LogisticRegression(backend="cpu").fit(pd.DataFrame(X, columns=["a", 1, "c"]), y)
