@@ -232,7 +232,8 @@ for p in $parts; do
     e2e3) run e2e3 420 python3 benchmarks/bench_end_to_end.py --repeat 3 --sklearn-budget 5 --out "$out/end_to_end.json" ;;
     streaming) run streaming 60 python3 benchmarks/bench_streaming.py --scale 0.5 --reps 3 --out "$out/streaming.json" ;;
     cuda-tests) run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
-                  tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py ;;
+                  tests/test_algorithms_base.py tests/test_gmm.py tests/test_algorithms_mixture.py
+                tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
     solver-ops) run solver-ops 240 python3 benchmarks/bench_solver_ops.py --sweep --out "$out/solver_ops.json" ;;
     solver-ops-prec) run solver-ops-prec 240 python3 benchmarks/bench_solver_ops.py --sweep-precision \
                        --shapes 1000000x100x3 2000000x128x4 --out "$out/solver_ops_prec.json" ;;
@@ -443,15 +444,16 @@ for p in $parts; do
           grep -E "^\| synthetic" "$log/e2e-$side-$r.log" | cut -d"|" -f2-4,10 | tail -6
         done
       done ;;
-    s40)  # session 40, on an H200 only (FUSEDML_ANY_GPU=1 to run elsewhere): the README's tables on the current code,
-          # all on one GPU: the compiled kernels against float64 and the solvers' CUDA tests; mmchain with its sweep, the
-          # solver passes (m = 1, 3, 5), X^T V m = 5 / 8 unrolled against the padded dot; the end-to-end tables (dense
-          # medians of 5, CSR and GMM medians of 3 / 5)
+    s40|s41)  # session 40, on an H200 only (FUSEDML_ANY_GPU=1 to run elsewhere): the README's tables on the current
+          # code, all on one GPU: the compiled kernels against float64 (s40; s41 leaves this to the part cuda-tests
+          # before it) and the solvers' CUDA tests; mmchain with its sweep, the solver passes (m = 1, 3, 5), X^T V
+          # m = 5 / 8 unrolled against the padded dot; the end-to-end tables (dense medians of 5, CSR and GMM
+          # medians of 3 / 5)
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-      if [[ "$gpu" != *H200* && "${FUSEDML_ANY_GPU:-0}" != 1 ]]; then echo "s40: $gpu is not an H200, skipped"; continue; fi
-      check_mm s40 200
-      run cuda-solvers 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
-      tail -1 "$log/cuda-solvers.log" | cut -c1-300
+      if [[ "$gpu" != *H200* && "${FUSEDML_ANY_GPU:-0}" != 1 ]]; then echo "$p: $gpu is not an H200, skipped"; continue; fi
+      [ "$p" = s40 ] && check_mm s40 200
+      [ "$p" = s40 ] && run cuda-solvers 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      [ "$p" = s40 ] && tail -1 "$log/cuda-solvers.log" | cut -c1-300
       run mmchain 150 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s40.json"
       grep -E "^\| (dense|csr)" "$log/mmchain.log" | cut -c1-200
       solver_ops s40_m1 1000000x100 2000000x256 4000000x64
