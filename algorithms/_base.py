@@ -520,18 +520,26 @@ def _check_not_empty(shape, name):
                              "minimum of 1 is required.")
 
 
-def fit_design(M, backend, m=1):
+# one-column fits copy unaligned rows from this size of X: on the H100, Newton-type fits (logistic,
+# LinearSVC, Poisson) gained 0.6-2.8 ms from 0.66 GB and 0.2-8.4 ms at 1.6-1.8 GB, and were mixed
+# below 0.45 GB (-0.97..+2.07 ms); the CG least-squares fits (3 iterations) lost 0.8-1.2 ms at every
+# size timed (env_ab_align_{mid,large}-H100-*-s41)
+ONE_COLUMN_COPY_BYTES = 512 << 20
+
+
+def fit_design(M, backend, m=1, *, one_column_copy_bytes=None):
     """The design matrix a linear fit reads at every iteration.
 
     On the fused backend a dense X whose rows are not whole 16-byte vectors (e.g. 55 fp32 values)
     is read with scalar loads; an aligned view of a zero-padded copy (:func:`fusedml.aligned_rows`)
     is read with full-width ones. The fit makes that copy (part of its time; the fit is the same)
-    where it paid on the H100 (``env_ab_align*-H100-*-s40*``): for ``m > 1`` columns of
-    coefficients (multinomial, one-vs-rest, several targets: 2M x 27, 5 classes, 18.7 -> 8.9 ms),
-    not for one column, whose fits at a million rows are host-bound and lost the copy's ~0.5 ms.
-    Only when the copy takes at most half of the device's free memory, and for rows of at most
-    64 KB (wider ones go to the cooperative kernel). ``FUSEDML_ALIGN_ROWS``: ``auto`` (default,
-    as above), ``1`` (every m), ``0`` (never). An X that already is such a view is read as it is.
+    where it paid on the H100 (``env_ab_align*-H100-*-s40*``, ``-s41``): for ``m > 1`` columns of
+    coefficients (multinomial, one-vs-rest, several targets: 2M x 27, 5 classes, 18.7 -> 8.9 ms);
+    for one column only from ``one_column_copy_bytes`` of X (a fit at a million rows is host-bound
+    and lost the copy's ~0.5-1 ms; see :data:`ONE_COLUMN_COPY_BYTES`). Only when the copy takes at
+    most half of the device's free memory, and for rows of at most 64 KB (wider ones go to the
+    cooperative kernel). ``FUSEDML_ALIGN_ROWS``: ``auto`` (default, as above), ``1`` (every fit),
+    ``0`` (never). An X that already is such a view is read as it is.
 
     Parameters
     ----------
@@ -541,6 +549,8 @@ def fit_design(M, backend, m=1):
         The estimator's backend.
     m : int
         Columns of the coefficients (the products' right-hand sides).
+    one_column_copy_bytes : int or None
+        Size of X from which a one-column fit copies under ``auto``; None: never.
 
     Returns
     -------
@@ -550,7 +560,10 @@ def fit_design(M, backend, m=1):
     mode = os.environ.get("FUSEDML_ALIGN_ROWS", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1"):
         raise ValueError(f"FUSEDML_ALIGN_ROWS must be auto, 0 or 1, got {mode!r}")
-    if mode == "0" or (mode == "auto" and m < 2) or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
+    if mode == "0" or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
+        return M
+    if mode == "auto" and m < 2 and (one_column_copy_bytes is None
+                                     or M.numel() * M.element_size() < one_column_copy_bytes):
         return M
     try:
         if fusedml.resolve_backend(backend, M.device) != "fused":

@@ -30,7 +30,7 @@ from fusedml._launch import bound_enabled
 from fusedml.cg import bind_trial_point
 from fusedml.mmchain.lossgrad import logistic_value
 
-from ._base import fit_design
+from ._base import ONE_COLUMN_COPY_BYTES, fit_design
 
 MAX_COLS = 16  # mmchain's widest matrix y / v (api.md: m <= 16)
 
@@ -542,7 +542,8 @@ class LinearObjective:
     """
 
     def __init__(self, X, loss, target, weights, l2, *, n_cols, fit_intercept, backend, dtype, device):
-        self.X = fit_design(X, backend, int(n_cols))  # unaligned rows: a padded copy where it pays
+        # unaligned rows: a padded copy where it pays (these Newton-type fits read X ~10-30 times)
+        self.X = fit_design(X, backend, int(n_cols), one_column_copy_bytes=ONE_COLUMN_COPY_BYTES)
         self.loss = loss
         self.target = target
         self.weights = weights

@@ -473,6 +473,30 @@ def test_fused_fits_read_unaligned_rows_from_an_aligned_copy(rng, monkeypatch, c
         fit_design(X, "fused", 2)
 
 
+@pytest.mark.filterwarnings("ignore::algorithms.ConvergenceWarning")
+def test_one_column_fits_copy_unaligned_rows_from_a_size(rng, monkeypatch):
+    """Under ``auto`` a one-column Newton-type fit copies unaligned rows from
+    ``ONE_COLUMN_COPY_BYTES`` of X on; a one-column least-squares fit never does."""
+    import algorithms._loss as loss_mod
+    import fusedml
+    from algorithms._base import fit_design
+
+    X = torch.tensor(rng.normal(size=(90, 7)), dtype=torch.float32)
+    y = (X[:, 0] > 0).float()
+    made = []
+    real = fusedml.aligned_rows
+    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **kw_: made.append(real(M, **kw_)) or made[-1])
+    monkeypatch.delenv("FUSEDML_ALIGN_ROWS", raising=False)
+    nbytes = X.numel() * X.element_size()
+    for limit, copies in ((nbytes + 1, 0), (nbytes, 1)):
+        made.clear()
+        monkeypatch.setattr(loss_mod, "ONE_COLUMN_COPY_BYTES", limit)
+        LogisticRegression(backend="fused").fit(X, y)
+        Ridge(backend="fused").fit(X, X[:, 1])
+        assert [t.stride() for t in made] == [(8, 1)] * copies
+    assert fit_design(X, "fused", 1) is X and fit_design(X, "fused", 1, one_column_copy_bytes=nbytes).stride() == (8, 1)
+
+
 ESTIMATORS = [
     (LogisticRegression, "class"), (LinearSVC, "class"), (Ridge, "reg"), (LinearRegression, "reg"),
     (PoissonRegressor, "count"), (GammaRegressor, "pos"), (TweedieRegressor, "count"),
