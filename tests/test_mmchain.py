@@ -3,6 +3,7 @@ import gc
 import json
 import os
 import sys
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -918,6 +919,26 @@ def test_aligned_rows_copies_only_unaligned_rows():
     tight = torch.randn(9 * 56 + 55).as_strided((10, 55), (56, 1))
     assert dense_mod._vec(tight, 55) == 1
     assert dense_mod._vec(torch.randn(10 * 56).as_strided((10, 55), (56, 1)), 55) == -4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
+@pytest.mark.parametrize("N,D,stride", [(1, 9, 9), (37, 55, 55), (1000, 101, 103), (3, 137, 137), (2, 2049, 2049),
+                                      (2, 8193, 8195)])
+def test_aligned_rows_copy_kernel(dtype, N, D, stride):
+    """The padded copy (the one-pass kernel up to 8192 padded values per row, torch's copies past
+    it): X's values, zeros in every row's padding (the copy's memory poisoned first), from
+    contiguous X and from a view with a wider row stride; X unchanged."""
+    base = torch.randn(N, stride).to(dtype)
+    X = base[:, :D]
+    before = base.clone()
+    v = 16 // X.element_size()
+    Dp = -(-D // v) * v
+    real_empty = torch.empty
+    with patch.object(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))):
+        A = fusedml.aligned_rows(X)
+    assert A.shape == X.shape and A.stride() == (Dp, 1) and torch.equal(A, X) and torch.equal(base, before)
+    full = A.as_strided((N, Dp), (Dp, 1))
+    assert bool((full[:, D:] == 0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
