@@ -1282,7 +1282,8 @@ class KMeans(BaseEstimator):
         n_distinct = int(torch.unique(labels).numel())
         if n_distinct < K:
             warnings.warn(f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters ({K}). "
-                          "Possibly due to duplicate points in X.", sklearn_class(ConvergenceWarning), stacklevel=2)
+                          "Possibly due to duplicate points in X.", sklearn_class(ConvergenceWarning),
+                          stacklevel=2)
         if not converged:
             warnings.warn(f"KMeans did not converge within max_iter={self.max_iter} iterations; "
                           "increase max_iter or tol.", sklearn_class(ConvergenceWarning), stacklevel=2)
