@@ -57,8 +57,8 @@ def main(argv=None):
         A, B = fusedml.aligned_rows(X), torch_copy(X)
         ok = check(A, X) and check(B, X) and A.stride() == B.stride()
         moved = X.numel() * X.element_size() + N * A.stride(0) * X.element_size()
-        t_new = _common.bench_ms(lambda: fusedml.aligned_rows(X))
-        t_old = _common.bench_ms(lambda: torch_copy(X))
+        t_new = _common.bench_ms(lambda X=X: fusedml.aligned_rows(X))
+        t_old = _common.bench_ms(lambda X=X: torch_copy(X))
         row = {"shape": spec, "GB": round(moved / 1e9, 3), "torch_ms": round(t_old, 4), "kernel_ms": round(t_new, 4),
                "torch_TBs": round(moved / t_old / 1e9, 2), "kernel_TBs": round(moved / t_new / 1e9, 2),
                "kernel_pct_ceiling": round(100 * moved / t_new / 1e9 / CEILING_TBS, 1),
