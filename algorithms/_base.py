@@ -364,11 +364,9 @@ def check_features(estimator, info: DataInfo, name: str):
     if fitted is None and given is None:
         return
     if fitted is None:
-        warnings.warn(f"X has feature names, but {name} was fitted without feature names", UserWarning,
-                      stacklevel=4)
+        warn_user(f"X has feature names, but {name} was fitted without feature names", UserWarning)
     elif given is None:
-        warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature names",
-                      UserWarning, stacklevel=4)
+        warn_user(f"X does not have valid feature names, but {name} was fitted with feature names", UserWarning)
     elif len(fitted) != len(given) or bool((np.asarray(fitted) != given).any()):
         unseen = [c for c in given if c not in set(fitted)]
         missing = [c for c in fitted if c not in set(given)]
@@ -627,6 +625,14 @@ def _labels_to_numpy(y):
     return y
 
 
+def warn_user(message, category):
+    """``warnings.warn`` attributed to the first caller outside ``algorithms`` and ``fusedml``."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("algorithms", "fusedml"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 def _require_y(y):
     if y is None:
         raise ValueError("This estimator requires y to be passed, but the target y is None")
@@ -635,8 +641,8 @@ def _require_y(y):
 def _warn_column_vector(shape):
     """scikit-learn's warning for a [N, 1] target where [N] is expected (the target is raveled)."""
     if len(shape) == 2 and shape[1] == 1:
-        warnings.warn("A column-vector y was passed when a 1d array was expected; it is raveled to "
-                      "shape (n_samples,)", sklearn_class(DataConversionWarning), stacklevel=4)
+        warn_user("A column-vector y was passed when a 1d array was expected; it is raveled to shape "
+                  "(n_samples,)", sklearn_class(DataConversionWarning))
 
 
 def _check_label_values(labels):

@@ -146,9 +146,10 @@ def test_dataframe_feature_names_are_kept_and_checked(rng):
                           (GaussianMixture(2, backend="cpu"), (df,)), (KMeans(2, backend="cpu"), (df,))):
         est.fit(*fit_args)
         assert list(est.feature_names_in_) == ["a", "b", "c"]
-        np.testing.assert_array_equal(est.predict(df), est.predict(df.to_numpy()))
-        with pytest.warns(UserWarning, match="does not have valid feature names"):
-            est.predict(X)
+        with pytest.warns(UserWarning, match="does not have valid feature names") as rec:
+            ref = est.predict(X)
+        assert rec[0].filename == __file__  # attributed to the caller
+        np.testing.assert_array_equal(est.predict(df), ref)
         with pytest.raises(ValueError, match="feature names should match.*another order"):
             est.predict(df[["b", "a", "c"]])
         with pytest.raises(ValueError, match=r"unseen at fit time: \['z'\]"):

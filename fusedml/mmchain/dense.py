@@ -1254,7 +1254,8 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
         # one pass: each row read once, written whole with its zeroed padding (torch's strided
         # zero_ + copy_ ran at ~1.5 TB/s on the H100)
         br = _PAD_TILE // dpc
-        _pad_rows_kernel[(triton.cdiv(N, br),)](X, Xp, N, X.stride(0), D=D, DP=Dp, DPC=dpc, BR=br, num_warps=8)
+        call(_pad_rows_kernel, (triton.cdiv(N, br),), X, Xp, N, X.stride(0), D=D, DP=Dp, DPC=dpc, BR=br,
+             num_warps=8)
     else:
         Xp[:, D:].zero_()  # never read into a result (the kernels zero it after the load), but defined
         Xp[:, :D].copy_(X)
