@@ -1249,9 +1249,30 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     if max_bytes is not None and N * Dp * X.element_size() > max_bytes:
         return X
     Xp = torch.empty((N, Dp), dtype=X.dtype, device=X.device)
-    Xp[:, D:].zero_()  # never read into a result (the kernels zero it after the load), but defined
-    Xp[:, :D].copy_(X)
+    dpc = triton.next_power_of_2(Dp)
+    if (X.is_cuda or interpret_mode()) and dpc <= _PAD_TILE:
+        # one pass: each row read once, written whole with its zeroed padding (H100: 2.6-2.95 TB/s,
+        # 1.6-2.3x torch's zero_ + strided copy_; pad_copy_probe-H100-*-s41)
+        br = _PAD_TILE // dpc
+        call(_pad_rows_kernel, (triton.cdiv(N, br),), X, Xp, N, X.stride(0), D=D, DP=Dp, DPC=dpc, BR=br,
+             num_warps=8)
+    else:
+        Xp[:, D:].zero_()  # never read into a result (the kernels zero it after the load), but defined
+        Xp[:, :D].copy_(X)
     return Xp[:, :D]
+
+
+_PAD_TILE = 8192  # elements per program of the padded copy
+
+
+@triton.jit
+def _pad_rows_kernel(X, Y, N, sx, D: tl.constexpr, DP: tl.constexpr, DPC: tl.constexpr, BR: tl.constexpr):
+    """Y[n, :D] = X[n, :D], Y[n, D:DP] = 0 for a tile of BR rows (Y is [N, DP] contiguous)."""
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # [BR]
+    cols = tl.arange(0, DPC)  # [DPC]
+    rmask = rows < N
+    x = tl.load(X + rows[:, None] * sx + cols[None, :], mask=rmask[:, None] & (cols[None, :] < D), other=0.0)
+    tl.store(Y + rows[:, None] * DP + cols[None, :], x, mask=rmask[:, None] & (cols[None, :] < DP))
 
 
 @functools.lru_cache(maxsize=256)  # the solvers pass the same few scalars every call
