@@ -331,7 +331,7 @@ def feature_names(X):
         None also where every name is a non-string (e.g. a default ``RangeIndex``).
     """
     cols = getattr(X, "columns", None)
-    if cols is None or isinstance(X, torch.Tensor):
+    if cols is None:
         return None
     names = np.asarray(list(cols), dtype=object)
     is_str = [isinstance(c, str) for c in names]
@@ -368,8 +368,9 @@ def check_features(estimator, info: DataInfo, name: str):
     elif given is None:
         warn_user(f"X does not have valid feature names, but {name} was fitted with feature names", UserWarning)
     elif len(fitted) != len(given) or bool((np.asarray(fitted) != given).any()):
-        unseen = [c for c in given if c not in set(fitted)]
-        missing = [c for c in fitted if c not in set(given)]
+        seen, now = set(fitted), set(given)
+        unseen = [c for c in given if c not in seen]
+        missing = [c for c in fitted if c not in now]
         detail = (f"; unseen at fit time: {unseen[:5]}" if unseen else "") + (
             f"; seen at fit time, now missing: {missing[:5]}" if missing else "")
         raise ValueError("The feature names should match those that were passed during fit"

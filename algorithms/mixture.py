@@ -70,7 +70,7 @@ import torch
 from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor
 
-from ._base import (BaseEstimator, ConvergenceWarning, NotFittedError, as_design_matrix, as_sample_weight, check_flag,
+from ._base import (BaseEstimator, ConvergenceWarning, as_design_matrix, as_sample_weight, check_flag,
                     check_features, check_verbose, record_features, sklearn_class)
 
 __all__ = ["GaussianMixture", "KMeans"]
@@ -230,15 +230,9 @@ def _check_int(value, name, lo):
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
 
 
-def _check_fitted(estimator, name, fitted_attr):
-    """Raise :class:`NotFittedError` unless ``estimator`` has ``fitted_attr``."""
-    if not hasattr(estimator, fitted_attr):
-        raise sklearn_class(NotFittedError)(f"This {name} instance is not fitted yet; call 'fit' first.")
-
-
-def _fitted_data(estimator, X, name, fitted_attr):
+def _fitted_data(estimator, X, name):
     """Validate a predict-time ``X`` for a fitted ``estimator``; return ``(X, info)`` as ``_as_data``."""
-    _check_fitted(estimator, name, fitted_attr)
+    estimator._check_is_fitted()
     X, info = _as_data(X, name, estimator.backend)
     check_features(estimator, info, name)
     return X, info
@@ -1201,6 +1195,8 @@ class KMeans(BaseEstimator):
     [0.0, 10.0]
     """
 
+    _fitted_attr = "cluster_centers_"
+
     def __init__(self, n_clusters=8, *, init="k-means++", n_init=1, max_iter=300, tol=1e-4,
                  random_state=None, backend="auto", verbose=0):
         self.n_clusters = n_clusters
@@ -1313,7 +1309,7 @@ class KMeans(BaseEstimator):
         return self.fit(X, sample_weight=sample_weight).labels_
 
     def _check_fitted_X(self, X):
-        X, info = _fitted_data(self, X, "KMeans", "cluster_centers_")
+        X, info = _fitted_data(self, X, "KMeans")
         centers = _param_tensor(self.cluster_centers_, "cluster_centers_", info.device)
         return X, info, centers, resolve_backend(self.backend, info.device)
 
@@ -1439,6 +1435,8 @@ class GaussianMixture(BaseEstimator):
     >>> gm.means_.shape
     (2, 2)
     """
+
+    _fitted_attr = "means_"
 
     def __init__(self, n_components=1, *, covariance_type="full", tol=1e-3, reg_covar=1e-6,
                  max_iter=100, n_init=1, init_params="kmeans", weights_init=None, means_init=None,
@@ -1689,7 +1687,7 @@ class GaussianMixture(BaseEstimator):
         return w, m, pc
 
     def _check_fitted_X(self, X):
-        X, info = _fitted_data(self, X, "GaussianMixture", "means_")
+        X, info = _fitted_data(self, X, "GaussianMixture")
         return X, info, resolve_backend(self.backend, info.device)
 
     def _score(self, X):
@@ -1824,7 +1822,7 @@ class GaussianMixture(BaseEstimator):
         y : array of shape (n_samples,), int64
             Component of each sample.
         """
-        _check_fitted(self, "GaussianMixture", "means_")
+        self._check_is_fitted()
         if isinstance(n_samples, bool) or not isinstance(n_samples, numbers.Integral) or n_samples < 1:
             raise ValueError(f"Invalid value for 'n_samples': {n_samples!r}. "
                              "The sampling requires at least one sample.")
