@@ -470,6 +470,14 @@ for p in $parts; do
       run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --sklearn-budget 5 --no-plots \
         --out "$out/end_to_end_gmm_s40.json"
       grep -E "^\| synthetic" "$log/e2e-gmm.log" | cut -c1-200 ;;
+    s42)  # session 42: the GMM E-step and the Lloyd step at odd widths (as given / aligned view); the one-column copy
+          # (the kernel's) in whole fits at 0.3-0.6 GB of X, 15 fits a side
+      run gmm-odd 150 python3 benchmarks/gmm_odd_width_probe.py --out "$out/gmm_odd_width_probe_s42.json"
+      grep -E "^\| [0-9]" "$log/gmm-odd.log" | cut -c1-200
+      run align-ab 300 python3 benchmarks/env_ab.py --a FUSEDML_ALIGN_ROWS=0 --b FUSEDML_ALIGN_ROWS=1 \
+        --shapes 3000000x27 1500000x55 1000000x101 2000000x55 5000000x27 2500000x55 --algos logistic poisson linearsvc \
+        --backends fused --fits 15 --out "$out/env_ab_align_s42.json"
+      grep -E "^\| " "$log/align-ab.log" | cut -c1-200 ;;
     s39d)  # session 39: warm fits' host timelines, call by call (host_timeline.py): 1M x 100 logistic and Poisson on
            # both backends, 2M x 256 logistic fused
       for spec in logistic:1000000x100:fused logistic:1000000x100:ops poisson:1000000x100:fused \
