@@ -24,13 +24,12 @@ import numbers
 import os
 import sys
 import time
-import warnings
 
 import numpy as np
 import torch
 
 import fusedml
-from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse
+from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, warn_user
 
 __all__ = [
     "BaseEstimator",
@@ -626,14 +625,6 @@ def _labels_to_numpy(y):
     return y
 
 
-def warn_user(message, category):
-    """``warnings.warn`` attributed to the first caller outside ``algorithms`` and ``fusedml``."""
-    frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("algorithms", "fusedml"):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
-
-
 def _require_y(y):
     if y is None:
         raise ValueError("This estimator requires y to be passed, but the target y is None")
@@ -955,16 +946,13 @@ class History:
             )
 
 
-def warn_not_converged(name: str, max_iter: int, reason: str | None = None, *, stacklevel: int = 3):
-    """Emit a :class:`ConvergenceWarning` for an estimator.
-
-    ``stacklevel`` 3 points at the caller of the estimator method that calls this function.
-    """
+def warn_not_converged(name: str, max_iter: int, reason: str | None = None):
+    """Emit a :class:`ConvergenceWarning` for an estimator, attributed to the user's line (:func:`warn_user`)."""
     msg = reason or (
         f"{name} did not converge within max_iter={max_iter} iterations; increase max_iter "
         "or loosen tol (the result is the last iterate)"
     )
-    warnings.warn(msg, sklearn_class(ConvergenceWarning), stacklevel=stacklevel)
+    warn_user(msg, sklearn_class(ConvergenceWarning))
 
 
 def warn_solver_status(name: str, status, max_iter: int, tol: float, dtype):
@@ -985,11 +973,11 @@ def warn_solver_status(name: str, status, max_iter: int, tol: float, dtype):
     gives the working-precision one.
     """
     if "max_iter" in status:
-        warn_not_converged(name, max_iter, stacklevel=4)
+        warn_not_converged(name, max_iter)
     elif "stalled" in status:
         warn_not_converged(name, max_iter,
                            f"{name}: the solver stopped making progress at working "
-                           f"precision ({dtype}) before reaching tol={tol:g}", stacklevel=4)
+                           f"precision ({dtype}) before reaching tol={tol:g}")
 
 
 def check_positive(value, name, *, strict=True, allow_inf=False):

@@ -62,13 +62,12 @@ import math
 import numbers
 import os
 import time
-import warnings
 
 import numpy as np
 import torch
 
 from fusedml._dispatch import resolve_backend
-from fusedml._validation import check_finite, is_sparse, to_tensor
+from fusedml._validation import check_finite, is_sparse, to_tensor, warn_user
 
 from ._base import (BaseEstimator, ConvergenceWarning, as_design_matrix, as_sample_weight, check_flag,
                     check_features, check_verbose, record_features, sklearn_class)
@@ -853,8 +852,8 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=1
         return st.to("cpu") if host_mstep else st  # the log-likelihood and statistics in one copy
 
     def to_fp64(what):
-        warnings.warn(f"GaussianMixture: {what}; fp32 distances and second moments lose digits there, so "
-                      "the fit runs in float64 from here (slower)", RuntimeWarning, stacklevel=5)
+        warn_user(f"GaussianMixture: {what}; fp32 distances and second moments lose digits there, so "
+                  "the fit runs in float64 from here (slower)", RuntimeWarning)
         return "fp64"
 
     if quad and prec != "fp64" and not _fp32_quad(params, ct) <= FP32_QUAD_LIMIT:
@@ -1257,8 +1256,8 @@ class KMeans(BaseEstimator):
                                  f"got {tuple(init_centers.shape)}")
             check_finite(init_centers, "init")
             if n_init != 1:
-                warnings.warn(f"Explicit initial center position passed: performing only one init in "
-                              f"KMeans instead of n_init={n_init}.", RuntimeWarning, stacklevel=2)
+                warn_user(f"Explicit initial center position passed: performing only one init in "
+                          f"KMeans instead of n_init={n_init}.", RuntimeWarning)
                 n_init = 1
         tol_abs = _kmeans_tolerance(X, self.tol)
         t0 = time.perf_counter()
@@ -1277,12 +1276,11 @@ class KMeans(BaseEstimator):
         (centers, labels, inertia, n_iter, converged), hist = best
         n_distinct = int(torch.unique(labels).numel())
         if n_distinct < K:
-            warnings.warn(f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters ({K}). "
-                          "Possibly due to duplicate points in X.", sklearn_class(ConvergenceWarning),
-                          stacklevel=2)
+            warn_user(f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters ({K}). "
+                      "Possibly due to duplicate points in X.", sklearn_class(ConvergenceWarning))
         if not converged:
-            warnings.warn(f"KMeans did not converge within max_iter={self.max_iter} iterations; "
-                          "increase max_iter or tol.", sklearn_class(ConvergenceWarning), stacklevel=2)
+            warn_user(f"KMeans did not converge within max_iter={self.max_iter} iterations; "
+                      "increase max_iter or tol.", sklearn_class(ConvergenceWarning))
         self.cluster_centers_ = _out(centers, info.kind, info.dtype)
         self.labels_ = _out(labels, info.kind)
         self.inertia_ = inertia
@@ -1655,9 +1653,8 @@ class GaussianMixture(BaseEstimator):
                 best, best_n_iter, best_lbs, best_hist = (w, m, cov, pc), n_iter, lbs, hist
                 converged_best = converged
         if not converged_best and self.max_iter > 0:
-            warnings.warn("Best performing initialization did not converge. Try different init parameters, "
-                          "or increase max_iter, tol, or check for degenerate data.",
-                          sklearn_class(ConvergenceWarning), stacklevel=3)
+            warn_user("Best performing initialization did not converge. Try different init parameters, "
+                      "or increase max_iter, tol, or check for degenerate data.", sklearn_class(ConvergenceWarning))
         w, m, cov, pc = (t.to(info.device) for t in best)
         kind, dt = info.kind, info.dtype
         self.weights_ = _out(w, kind, dt)

@@ -4,6 +4,8 @@ Nothing here modifies its inputs: conversions copy when they must and return vie
 """
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -325,3 +327,17 @@ def as_matrix(X, name: str = "X", *, check_structure: bool = True):
     if n == 0 or d == 0:
         raise ValueError(f"{name} is empty: shape {tuple(M.shape)}")
     return M
+
+
+def warn_user(message, category=UserWarning):
+    """``warnings.warn`` attributed to the first caller outside ``algorithms`` and ``fusedml``.
+
+    Parameters
+    ----------
+    message : str
+    category : type of Warning, default UserWarning
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("algorithms", "fusedml"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

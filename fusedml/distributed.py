@@ -30,11 +30,15 @@ result.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import uuid
+import warnings
 
 import numpy as np
 import torch
+
+from ._validation import warn_user
 
 __all__ = ["DistributedDesign", "fit_distributed", "local_gpu_cluster"]
 
@@ -520,11 +524,24 @@ def _fit_logistic(est, design, spec_backend, verbose):
     vars(est).pop("feature_names_in_", None)  # dask arrays carry no column names
     est.history_ = history
     if not res.success and res.nit >= max_iter:
-        import warnings
-
-        warnings.warn(f"fit_distributed: LogisticRegression reached max_iter={max_iter} without converging",
-                      RuntimeWarning, stacklevel=3)
+        warn_user(f"fit_distributed: LogisticRegression reached max_iter={max_iter} without converging",
+                  _convergence_warning())
     return est
+
+
+def _convergence_warning():
+    """``algorithms.ConvergenceWarning`` (scikit-learn's subclass once scikit-learn is imported)."""
+    from algorithms._base import ConvergenceWarning, sklearn_class
+
+    return sklearn_class(ConvergenceWarning)
+
+
+def _convergence_warnings():
+    """The convergence warnings of fusedml's estimators and, once imported, scikit-learn's."""
+    from algorithms._base import ConvergenceWarning
+
+    sk = sys.modules.get("sklearn.exceptions")
+    return (ConvergenceWarning,) + ((sk.ConvergenceWarning,) if sk is not None else ())
 
 
 def _precisions_from_cholesky(pc, cov_type):
@@ -568,7 +585,10 @@ def _fit_gmm(est, design, verbose, init_sample):
         sample = design.sample_rows(max(init_sample, 10 * K), getattr(est, "random_state", None))
         params = est.get_params() if hasattr(est, "get_params") else {}
         sub = type(est)(**params)
-        sub.fit(sample)
+        with warnings.catch_warnings():  # the sample fit only starts EM; the full fit reports convergence
+            for category in _convergence_warnings():
+                warnings.simplefilter("ignore", category)
+            sub.fit(sample)
         weights = np.asarray(sub.weights_, dtype=np.float64)
         means = np.asarray(sub.means_, dtype=np.float64)
         prec_chol = np.asarray(sub.precisions_cholesky_, dtype=np.float64)
@@ -590,10 +610,8 @@ def _fit_gmm(est, design, verbose, init_sample):
             converged = True
             break
     if not converged:
-        import warnings
-
-        warnings.warn(f"fit_distributed: GaussianMixture did not converge in max_iter={max_iter}",
-                      RuntimeWarning, stacklevel=3)
+        warn_user(f"fit_distributed: GaussianMixture did not converge in max_iter={max_iter}",
+                  _convergence_warning())
     est.weights_, est.means_, est.covariances_, est.precisions_cholesky_ = weights, means, covs, prec_chol
     est.precisions_ = _precisions_from_cholesky(prec_chol, cov)
     est.converged_, est.n_iter_, est.lower_bound_ = converged, it, lower

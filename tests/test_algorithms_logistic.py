@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from algorithms import LogisticRegression
+from algorithms import LinearSVC, LogisticRegression
 
 sklm = pytest.importorskip("sklearn.linear_model")
 
@@ -173,9 +173,13 @@ def test_convergence_warning_and_verbose(rng, capsys):
     from algorithms import ConvergenceWarning
 
     X, y = _data(rng, k=2)
-    with pytest.warns(ConvergenceWarning, match="max_iter=1"):
+    with pytest.warns(ConvergenceWarning, match="max_iter=1") as rec:
         m = LogisticRegression(max_iter=1, tol=1e-12, backend="cpu").fit(X, y)
     assert m.n_iter_[0] == 1
+    assert all(r.filename == __file__ for r in rec)  # the caller's line, not the library's
+    with pytest.warns(ConvergenceWarning) as rec:  # one-vs-rest: warned from deeper in the library
+        LinearSVC(max_iter=1, tol=1e-12, backend="cpu").fit(*_data(rng, k=3))  # one-vs-rest, one fit per class
+    assert rec and all(r.filename == __file__ for r in rec)
     LogisticRegression(verbose=1, backend="cpu").fit(X, y)
     out = capsys.readouterr().out
     assert "LogisticRegression" in out and "objective" in out

@@ -10,6 +10,7 @@ da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 sklearn_lm = pytest.importorskip("sklearn.linear_model")
 sklearn_mix = pytest.importorskip("sklearn.mixture")
+sklearn_exc = pytest.importorskip("sklearn.exceptions")
 
 from fusedml.distributed import DistributedDesign, fit_distributed, local_gpu_cluster  # noqa: E402
 
@@ -109,6 +110,22 @@ def test_gaussian_mixture_matches_sklearn(client, cov):
     assert abs(est.lower_bound_ - ref.lower_bound_) < 1e-5 * abs(ref.lower_bound_)
     assert _rel(est.means_, ref.means_) < 1e-4 and _rel(est.covariances_, ref.covariances_) < 1e-4
     assert est.converged_
+
+
+def test_non_convergence_warns_at_the_callers_line(client):
+    """max_iter hit: a ConvergenceWarning (scikit-learn's class too) attributed to this file, both estimators."""
+    from algorithms import ConvergenceWarning
+
+    A, y = _classification(7, n=200, d=4)
+    X = da.from_array(A, chunks=(50, 4))
+    fits = [(_logistic_cls()(C=1e4, tol=1e-12, max_iter=1), y),
+            (_gmm_cls()(2, tol=1e-12, max_iter=1, random_state=0), None)]
+    for est, target in fits:
+        with pytest.warns(ConvergenceWarning) as rec:
+            fit_distributed(est, X, target, client=client)
+        w = [r for r in rec if issubclass(r.category, ConvergenceWarning)]
+        assert "max_iter=1" in str(w[0].message) and w[0].filename == __file__
+        assert issubclass(w[0].category, sklearn_exc.ConvergenceWarning)
 
 
 def test_worker_loss_mid_fit_gives_same_result(client, monkeypatch):

@@ -9,12 +9,11 @@ in one (:func:`upload`). The data matrix is only checked (shape, dtype, finitene
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
 
-from .._validation import CSRMatrix, as_matrix, check_finite as _check_finite, to_tensor
+from .._validation import CSRMatrix, as_matrix, check_finite as _check_finite, to_tensor, warn_user
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 PRECISIONS = ("fp32", "tf32x3", "tf32", "bf16")
@@ -291,9 +290,9 @@ def fp32_unsafe(prep: Prepared, where: str) -> bool:
     q = fp32_quad(prep)
     if q <= FP32_QUAD_LIMIT:
         return False
-    warnings.warn(f"fusedml.gmm: a component lies {math.sqrt(q):.3g} standard deviations (in its own precision) "
-                  f"from the mixture mean; fp32 distances expanded about it would be off by ~{q * 2.0 ** -24:.2g} "
-                  f"nats, so {where} runs in float64 (slower)", RuntimeWarning, stacklevel=4)
+    warn_user(f"fusedml.gmm: a component lies {math.sqrt(q):.3g} standard deviations (in its own precision) "
+              f"from the mixture mean; fp32 distances expanded about it would be off by ~{q * 2.0 ** -24:.2g} "
+              f"nats, so {where} runs in float64 (slower)", RuntimeWarning)
     return True
 
 

@@ -28,7 +28,6 @@ combined in float64 and the moments moved to the centres ``c_k`` analytically in
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -39,6 +38,7 @@ from triton.language.extra import libdevice
 from triton.runtime.errors import OutOfResources
 
 from .._dispatch import interpret_mode
+from .._validation import warn_user
 from .._launch import (FP_FUSION, _compiled_resources, _stream, call, compiled_local_bytes, first_fitting_tile,
                        launch, stand_in)
 from ..mmchain.dense import _FAST_MATH
@@ -1483,13 +1483,13 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
             try:
                 ck = mma._diag_mma_kernel.warmup(*args, grid=(1,), **consts, **opts, **FP_FUSION)
             except Exception as e:  # noqa: BLE001 -- e.g. an asm the toolchain rejects: the register form
-                warnings.warn(f"fusedml: the tensor-core GMM E-step did not compile ({e!r:.200}); using fp32 FMAs")
+                warn_user(f"fusedml: the tensor-core GMM E-step did not compile ({e!r:.200}); using fp32 FMAs")
                 ok = False
             else:
                 ok = mma.layouts_ok(ck.asm["ttgir"], plan.num_warps)
                 if not ok:
-                    warnings.warn("fusedml: Triton laid out the tensor-core GMM E-step's fragments differently "
-                                  "from what its inline assembly assumes; using fp32 FMAs")
+                    warn_user("fusedml: Triton laid out the tensor-core GMM E-step's fragments differently "
+                              "from what its inline assembly assumes; using fp32 FMAs")
         P = _grid(mma._diag_mma_kernel, args, {**consts, **opts}, dev, n_blocks, plan.programs,
                   max(1, (32 << 20) // (8 * K * D + 8))) if ok else 0
         if len(_MMA_OK) < 4096:
@@ -1590,8 +1590,8 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
     if plan is None:
         plan = plan_launch(N, K, D, ct, prep.X.dtype, dev, path=path, precision=precision)
     if plan.precision and plan.precision != precision:
-        warnings.warn(f"fusedml.gmm: no {precision} configuration fits the GPU for K={K}, D={D}; using fp32 "
-                      "products (more accurate)", RuntimeWarning, stacklevel=3)
+        warn_user(f"fusedml.gmm: no {precision} configuration fits the GPU for K={K}, D={D}; using fp32 "
+                  "products (more accurate)", RuntimeWarning)
         precision = plan.precision
     if ops is None:
         ops = _operands(prep)
@@ -1600,15 +1600,15 @@ def estep_fused(prep: Prepared, return_log_prob: bool, *, path="auto", precision
     except OutOfResources as err:
         first = err
     for alt in _fallbacks(plan, N, K, D, ct, dev, precision):
-        warnings.warn(f"fusedml.gmm: the fused E-step ({plan.path}, BN={plan.BN}, BK={plan.BK_tile}, "
-                      f"stages={plan.num_stages}) ran out of GPU resources ({first}); retrying with {alt.path}, "
-                      f"BN={alt.BN}, BK={alt.BK_tile}, stages={alt.num_stages}", RuntimeWarning, stacklevel=3)
+        warn_user(f"fusedml.gmm: the fused E-step ({plan.path}, BN={plan.BN}, BK={plan.BK_tile}, "
+                  f"stages={plan.num_stages}) ran out of GPU resources ({first}); retrying with {alt.path}, "
+                  f"BN={alt.BN}, BK={alt.BK_tile}, stages={alt.num_stages}", RuntimeWarning)
         try:
             return _estep_plan(prep, return_log_prob, precision, alt, ops)
         except OutOfResources as err:
             first, plan = err, alt
-    warnings.warn(f"fusedml.gmm: no fused configuration fits this GPU ({first}); using the operator-level E-step",
-                  RuntimeWarning, stacklevel=3)
+    warn_user(f"fusedml.gmm: no fused configuration fits this GPU ({first}); using the operator-level E-step",
+              RuntimeWarning)
     from .ops import estep_ops
 
     return estep_ops(prep, return_log_prob)
@@ -1634,10 +1634,10 @@ def score_fused(prep: Prepared, plan: Plan | None = None):
             return logp, labels
         except OutOfResources as e:
             err = e
-            warnings.warn(f"fusedml.gmm: scoring (BN={p.BN}, BK={p.BK_tile}) ran out of GPU resources ({e}); "
-                          "retrying with smaller blocks", RuntimeWarning, stacklevel=3)
-    warnings.warn(f"fusedml.gmm: no fused scoring configuration fits this GPU ({err}); using the operator-level path",
-                  RuntimeWarning, stacklevel=3)
+            warn_user(f"fusedml.gmm: scoring (BN={p.BN}, BK={p.BK_tile}) ran out of GPU resources ({e}); "
+                      "retrying with smaller blocks", RuntimeWarning)
+    warn_user(f"fusedml.gmm: no fused scoring configuration fits this GPU ({err}); using the operator-level path",
+              RuntimeWarning)
     from .ops import score_ops
 
     return score_ops(prep)
