@@ -518,11 +518,12 @@ def _check_not_empty(shape, name):
                              "minimum of 1 is required.")
 
 
-# one-column fits copy unaligned rows from this size of X: on the H100, Newton-type fits (logistic,
-# LinearSVC, Poisson) gained 0.6-2.8 ms from 0.66 GB and 0.2-8.4 ms at 1.6-1.8 GB, and were mixed
-# below 0.45 GB (-0.97..+2.07 ms); the CG least-squares fits (3 iterations) lost 0.8-1.2 ms at every
-# size timed (env_ab_align_{mid,large}-H100-*-s41)
-ONE_COLUMN_COPY_BYTES = 512 << 20
+# one-column fits copy unaligned rows from this size of X: on the H100 with the copy kernel, every
+# Newton-type fit timed (logistic, LinearSVC, Poisson) gained from 0.44 GB (+0.75..+2.67 ms at
+# 0.44-0.55 GB; 0.6-8.4 ms from 0.66 GB) and was mixed at 0.32-0.40 GB (-0.56..+1.52 ms); the CG
+# least-squares fits (3 iterations) lost 0.5-1.2 ms at every size timed
+# (env_ab_align_{mid,large,kernel}-H100-*-s41, env_ab_align_lowsizes-H100-*-s42)
+ONE_COLUMN_COPY_BYTES = 400 << 20
 
 
 def fit_design(M, backend, m=1, *, one_column_copy_bytes=None):
@@ -555,13 +556,41 @@ def fit_design(M, backend, m=1, *, one_column_copy_bytes=None):
     torch.Tensor, CSRMatrix or StreamedMatrix
         ``M`` or its aligned copy (same shape and values).
     """
+    mode = _align_mode()
+    if mode == "auto" and m < 2 and isinstance(M, torch.Tensor) and (
+            one_column_copy_bytes is None or M.numel() * M.element_size() < one_column_copy_bytes):
+        return M
+    return aligned_copy(M, backend)
+
+
+def _align_mode() -> str:
     mode = os.environ.get("FUSEDML_ALIGN_ROWS", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1"):
         raise ValueError(f"FUSEDML_ALIGN_ROWS must be auto, 0 or 1, got {mode!r}")
-    if mode == "0" or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
-        return M
-    if mode == "auto" and m < 2 and (one_column_copy_bytes is None
-                                     or M.numel() * M.element_size() < one_column_copy_bytes):
+    return mode
+
+
+def aligned_copy(M, backend):
+    """``M``, or its aligned-rows copy (:func:`fusedml.aligned_rows`) for the fused backend.
+
+    The copy is made only for a dense ``[N, D]`` tensor whose rows are not whole 16-byte vectors,
+    on the fused backend, with rows of at most 64 KB (wider ones go to the cooperative kernel), when
+    it takes at most half of the device's free memory, and unless ``FUSEDML_ALIGN_ROWS=0``. The
+    caller decides whether the fit reads X often enough to pay for it (:func:`fit_design`).
+
+    Parameters
+    ----------
+    M : torch.Tensor or any design matrix
+        Anything but a dense strided tensor is returned as it is.
+    backend : str
+        The estimator's backend.
+
+    Returns
+    -------
+    torch.Tensor or the input's type
+        ``M`` or the aligned copy (same shape and values).
+    """
+    if _align_mode() == "0" or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
         return M
     try:
         if fusedml.resolve_backend(backend, M.device) != "fused":

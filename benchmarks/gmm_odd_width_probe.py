@@ -6,15 +6,20 @@ stride is not a multiple of the 16-byte vector) and session 41 gave the linear f
 precision) and one fused ``lloyd_step`` on X as given and on its aligned view, beside the aligned
 width itself (e.g. 15 against 16), each against the read-once floor of the unpadded X, plus the
 copy; and the relative difference of the aligned view's statistics from X's (same data, so ~1e-7).
+With ``--fits N``: whole fused ``KMeans`` and ``GaussianMixture`` (k-means start) fits with
+``FUSEDML_ALIGN_ROWS=0`` (X as given) and ``auto`` (the fit's own copy where it reads it),
+alternating, medians of N, iterations and results side by side.
 
-    python benchmarks/gmm_odd_width_probe.py [--only 4194304x15x16:diag ...] [--out FILE]
+    python benchmarks/gmm_odd_width_probe.py [--only 4194304x15x16:diag ...] [--fits 7] [--out FILE]
     TRITON_INTERPRET=1 python benchmarks/gmm_odd_width_probe.py --quick   # CPU smoke run, tiny shapes
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 if "--quick" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -39,10 +44,45 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _fits(X, K, ct, n, base, dev):
+    """Whole fused fits with FUSEDML_ALIGN_ROWS=0 / auto, alternating; median ms, iterations, result."""
+    from algorithms import GaussianMixture, KMeans
+
+    makers = {"KMeans fit": lambda: KMeans(K, n_init=1, random_state=0, backend="fused"),
+              "GaussianMixture fit": lambda: GaussianMixture(K, covariance_type=ct, random_state=0, backend="fused")}
+    rows = []
+    for name, make in makers.items():
+        ts = {"0": [], "auto": []}
+        last = {}
+        for i in range(n + 1):
+            for mode in ts:
+                os.environ["FUSEDML_ALIGN_ROWS"] = mode
+                _sync(dev)
+                t0 = time.perf_counter()
+                est = make().fit(X)
+                _sync(dev)
+                if i:
+                    ts[mode].append(1e3 * (time.perf_counter() - t0))
+                last[mode] = est
+        os.environ.pop("FUSEDML_ALIGN_ROWS", None)
+        for mode, t in ts.items():
+            est = last[mode]
+            result = est.inertia_ if name.startswith("KMeans") else est.lower_bound_
+            rows.append(dict(base, **{"pass": name, "variant": f"FUSEDML_ALIGN_ROWS={mode}", "ms": statistics.median(t),
+                                      "n_iter": int(est.n_iter_), "result": float(result)}))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="NxDxK:covariance cases instead of the default list")
+    ap.add_argument("--fits", type=int, default=0, help="whole KMeans / GaussianMixture fits per setting (0: none)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = _common.device()
@@ -80,7 +120,9 @@ def main(argv=None):
             ms = _common.bench_ms(lambda: aligned_rows(X))
             rows.append(dict(base, **{"pass": "aligned_rows copy", "variant": f"to {Xv.stride(0)}", "ms": ms,
                                       "floor_pct": 100 * floor_ms / ms}))
-    cols = ["N", "D", "K", "cov", "pass", "variant", "ms", "floor_pct", "aligned_vs_plain_rel"]
+        if args.fits:
+            rows += _fits(X, K, ct, args.fits, base, dev)
+    cols = ["N", "D", "K", "cov", "pass", "variant", "ms", "floor_pct", "aligned_vs_plain_rel", "n_iter", "result"]
     path = _common.write_json("gmm_odd_width_probe", rows, {"args": vars(args)}, out=args.out)
     print(_common.markdown_table(rows, cols))
     print(f"wrote {path}", file=sys.stderr)

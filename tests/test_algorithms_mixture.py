@@ -561,6 +561,35 @@ def test_kmeans_backends_give_same_model():
         assert fits[be].n_iter_ == fits["cpu"].n_iter_
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypatch):
+    """Rows of 5 fp32 values are not whole 16-byte vectors: the fused KMeans fit and GaussianMixture's
+    k-means start read an aligned copy (stride 8) and give the same model as from X itself
+    (FUSEDML_ALIGN_ROWS=0); X is not modified; the EM steps and the cpu backend read X as it is."""
+    import fusedml
+
+    X = torch.tensor(np.concatenate([rng.normal(size=(40, 5)), rng.normal(size=(40, 5)) + 4.0]), dtype=torch.float32,
+                     device=device)
+    before = X.clone()
+    made = []
+    real = fusedml.aligned_rows
+    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **kw: made.append(real(M, **kw)) or made[-1])
+    fits = {}
+    for mode in ("auto", "0"):
+        monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
+        made.clear()
+        fits[mode] = (KMeans(2, random_state=0, n_init=2, backend="fused").fit(X),
+                      GaussianMixture(2, covariance_type="diag", random_state=0, backend="fused").fit(X))
+        assert [t.stride() for t in made] == ([(8, 1)] * 2 if mode == "auto" else [])
+        KMeans(2, random_state=0, backend="cpu").fit(X)
+        assert len(made) == (2 if mode == "auto" else 0)
+    (ka, ga), (k0, g0) = fits["auto"], fits["0"]
+    assert torch.equal(X, before) and torch.equal(ka.labels_, k0.labels_) and ka.n_iter_ == k0.n_iter_
+    assert ka.inertia_ == pytest.approx(k0.inertia_, rel=1e-12)
+    torch.testing.assert_close(ka.cluster_centers_, k0.cluster_centers_, rtol=0, atol=0)
+    assert ga.lower_bound_ == pytest.approx(g0.lower_bound_, rel=1e-12) and ga.n_iter_ == g0.n_iter_
+
+
 def test_gmm_float32_close_to_float64(iris):
     kw = dict(covariance_type="full", backend="cpu", tol=1e-6, max_iter=300, **_explicit_init(iris, "full"))
     m64 = GaussianMixture(3, **kw).fit(iris)

@@ -1215,7 +1215,7 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     padded copy every row is read in whole vectors (the padding is never part of a result). The
     copy costs about two reads of X (a read and a write) once and ``D_pad / D`` times X's memory.
     The linear estimators make it on the fused backend for fits with several columns of
-    coefficients, and for one-column Newton-type fits from 512 MiB of X
+    coefficients, and for one-column Newton-type fits from 400 MiB of X
     (``algorithms._base.fit_design``); pass the view to reuse one copy across fits.
 
     Parameters
