@@ -314,6 +314,13 @@ def test_tf32x3_tensor_core_form(rng, N, D, K):
     Xs = np.asfortranarray(X)
     check(gmm_estep(Xs, w, means, pc, "diag", backend="fused", precision="tf32x3"), reference(X, w, means, pc, "diag"),
           "diag")
+    # rows padded to whole 16-byte vectors, NaN in the padding: read in whole vectors, the padding zeroed
+    Dp = -(-D // 4) * 4
+    B = torch.full((N, Dp + 4 * (Dp == D)), float("nan"), dtype=torch.float32)
+    B[:, :D] = torch.as_tensor(X, dtype=torch.float32)
+    fused._MMA_OK.clear()
+    check(gmm_estep(B[:, :D], w, means, pc, "diag", backend="fused", precision="tf32x3"), ref, "diag")
+    assert [k[5] for k, v in fused._MMA_OK.items() if k[0].form == "mma" and v] == [-4 if D % 4 else 4]
 
 
 def test_mma_layout_check():

@@ -41,7 +41,7 @@ from .._dispatch import interpret_mode
 from .._validation import warn_user
 from .._launch import (FP_FUSION, _compiled_resources, _stream, call, compiled_local_bytes, first_fitting_tile,
                        launch, stand_in)
-from ..mmchain.dense import _FAST_MATH
+from ..mmchain.dense import _FAST_MATH, _vec
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
 
@@ -1468,9 +1468,11 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     (R,) = plan.reg
     n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
     off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
-    consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp)
+    vec = _vec(X, D)
+    consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp,
+                  VEC=vec if abs(vec) > 1 else 1)
     opts = dict(num_warps=plan.num_warps)
-    key = (plan, N, off32, sw is not None, want_logp, dev)
+    key = (plan, N, off32, sw is not None, want_logp, consts["VEC"], dev)
     P = _MMA_OK.get(key)
     if P == 0:
         return None

@@ -149,11 +149,21 @@ def _diag_mma_kernel(
     N, D, K, n_blocks,
     SW, LOGP,  # [N] fp32 row weights in / per-row log-likelihoods out (HAS_SW / WRITE_LOGP; else unused)
     WN: tl.constexpr, OFF32: tl.constexpr = False, R: tl.constexpr = 1,
-    HAS_SW: tl.constexpr = False, WRITE_LOGP: tl.constexpr = False,
+    HAS_SW: tl.constexpr = False, WRITE_LOGP: tl.constexpr = False, VEC: tl.constexpr = 1,
 ):
     """Single sweep, both products on the tensor cores (module docstring); row blocks of
-    ``8 R WN`` rows, R 8-row groups per warp."""
+    ``8 R WN`` rows, R 8-row groups per warp. ``VEC`` as the dense mmchain kernels'
+    (:func:`fusedml.mmchain.dense._vec`): > 1, row starts and D multiples of it; < -1, row starts
+    multiples of ``-VEC`` and every row readable up to D rounded up to it (an aligned view of
+    padded rows: whole vectors loaded, the padding zeroed after the load)."""
     BN: tl.constexpr = 8 * R * WN
+    DL = D
+    if VEC > 1:  # written so, the compiler can prove the multiples and emits 16-byte loads
+        stride_xn = (stride_xn // VEC) * VEC
+        DL = (D // VEC) * VEC
+    if VEC < -1:
+        stride_xn = (stride_xn // -VEC) * -VEC
+        DL = ((D - VEC - 1) // -VEC) * -VEC
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     # the operand tiles, written and read back by this program: loaded with unit-stride rows, they
@@ -206,7 +216,10 @@ def _diag_mma_kernel(
         else:
             xo = xr.to(tl.int64) * stride_xn
         # rows past N hold -g: finite, their responsibilities and normaliser masked below
-        z2 = tl.load(X + xo + cols, mask=(xr < N) & (cols < D), other=0.0) - g16  # [BN, 16]
+        x = tl.load(X + xo + cols, mask=(xr < N) & (cols < DL), other=0.0)  # [BN, 16]
+        if VEC < -1:
+            x = tl.where(cols < D, x, 0.0)
+        z2 = x - g16
         # (r, wn, g, t, a, b) -> feature 4 t + 2 a + b; k-step a of the logits takes slot b
         z6 = tl.reshape(z2, (R, WN, 8, 4, 2, 2))
         za, zb = tl.split(z6)  # b = 0 / 1: [R, WN, 8, 4, 2 (a)]
