@@ -1242,24 +1242,25 @@ def _aot_check_plans():
     # Triton 3.6 and 3.9 must give every mma / shuffle op (the launch checks it too, mma.layouts_ok)
     from fusedml.gmm import mma
 
-    for N, D, K in ((4 << 20, 16, 16), (1 << 20, 12, 10)):
+    # VEC: contiguous rows of 16 / 12 values (4), an aligned view of rows of 15 padded to 16 (-4)
+    for N, D, K, stride, vec in ((4 << 20, 16, 16, 16, 4), (1 << 20, 12, 10, 12, 4), (4 << 20, 15, 16, 16, -4)):
         plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision="tf32x3")
         assert plan.form == "mma", (N, D, K, plan.form)
         types = {a: ("i32" if a in ints else "*fp64" if a == "PLL" else "*fp32") for a in mma._diag_mma_kernel.arg_names}
         n_blocks = -(-N // plan.BN)
         k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True, HAS_SW=False,
-                                                           WRITE_LOGP=False),
-                         dict(stride_xn=D, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
+                                                           WRITE_LOGP=False, VEC=vec),
+                         dict(stride_xn=stride, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
         regs, stack = resource_usage(k)
-        tag = f"mma {N}x{D} K={K} W={plan.num_warps}"
+        tag = f"mma {N}x{D} K={K} W={plan.num_warps} VEC={vec}"
         print(f"AOT {tag}: regs={regs} stack={stack} hmma={sass(k).count('HMMA')}", flush=True)
         assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps), tag
         assert stack == 0 and regs <= 128, f"{tag}: {regs} registers, stack {stack} B (5 programs per SM need <= 96-128)"
         assert sass(k).count("HMMA") == 24, tag  # 8 products x 3 tf32 mma each, in the loop only
         # sample weights and per-row log-likelihoods: loads / stores in the accumulator slots' layout
         k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True, HAS_SW=True,
-                                                           WRITE_LOGP=True),
-                         dict(stride_xn=D, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
+                                                           WRITE_LOGP=True, VEC=vec),
+                         dict(stride_xn=stride, N=N, D=D, K=K, n_blocks=n_blocks), num_warps=plan.num_warps)
         regs, stack = resource_usage(k)
         print(f"AOT {tag} sw+logp: regs={regs} stack={stack}", flush=True)
         assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps) and stack == 0 and regs <= 128, (tag, regs, stack)
