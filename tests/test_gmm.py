@@ -1243,6 +1243,7 @@ def _aot_check_plans():
     from fusedml.gmm import mma
 
     # VEC: contiguous rows of 16 / 12 values (4), an aligned view of rows of 15 padded to 16 (-4)
+    loads = []
     for N, D, K, stride, vec in ((4 << 20, 16, 16, 16, 4), (1 << 20, 12, 10, 12, 4), (4 << 20, 15, 16, 16, -4)):
         plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision="tf32x3")
         assert plan.form == "mma", (N, D, K, plan.form)
@@ -1257,6 +1258,8 @@ def _aot_check_plans():
         assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps), tag
         assert stack == 0 and regs <= 128, f"{tag}: {regs} registers, stack {stack} B (5 programs per SM need <= 96-128)"
         assert sass(k).count("HMMA") == 24, tag  # 8 products x 3 tf32 mma each, in the loop only
+        # the X tile in one 16-byte load per thread and row, as at D = 16 (rows of 15 as given: four scalar loads)
+        loads.append(len(re.findall(r"LDG\.E\.128\b", sass(k))))
         # sample weights and per-row log-likelihoods: loads / stores in the accumulator slots' layout
         k = compile_sm90(mma._diag_mma_kernel, types, dict(WN=plan.num_warps, R=plan.reg[0], OFF32=True, HAS_SW=True,
                                                            WRITE_LOGP=True, VEC=vec),
@@ -1264,6 +1267,7 @@ def _aot_check_plans():
         regs, stack = resource_usage(k)
         print(f"AOT {tag} sw+logp: regs={regs} stack={stack}", flush=True)
         assert mma.layouts_ok(k.asm["ttgir"], plan.num_warps) and stack == 0 and regs <= 128, (tag, regs, stack)
+    assert len(set(loads)) == 1, loads
     # the tied single sweep and its pass 1 / scoring (rows whitened once) at the tied rule's tiles
     for N, D, K in TIED_AOT_SHAPES:
         plan = plan_launch(N, K, D, "tied", torch.float32, torch.device("cpu"), precision="fp32")
