@@ -478,9 +478,9 @@ for p in $parts; do
         --shapes 3000000x27 1500000x55 1000000x101 2000000x55 5000000x27 2500000x55 --algos logistic poisson linearsvc \
         --backends fused --fits 15 --out "$out/env_ab_align_s42.json"
       grep -E "^\| " "$log/align-ab.log" | cut -c1-200 ;;
-    s42b)  # session 42: KMeans, GaussianMixture's k-means start and its tensor-core E-steps read an aligned copy of
-           # odd-width rows: the passes and whole fused fits with FUSEDML_ALIGN_ROWS=0 / auto; the CUDA tests of the
-           # mixtures and k-means
+    s42b)  # session 42: KMeans and GaussianMixture's k-means start read an aligned copy of odd-width rows, the
+           # tensor-core E-step reads aligned views in whole vectors: the passes (view / as given / D = 16) and whole
+           # fused fits with FUSEDML_ALIGN_ROWS=0 / auto; the CUDA tests of the mixtures and k-means
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x16x16:diag 4194304x13x12:diag 2097152x31x32:diag --out "$out/gmm_odd_width_fits_s42b.json"
       grep -E "^\| [0-9]" "$log/gmm-odd-fits.log" | cut -c1-200
