@@ -1468,7 +1468,7 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     (R,) = plan.reg
     n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
     off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
-    vec = _vec(X, D)  # rows of 16: already whole vectors (D specialised as a multiple of 16), the kernel timed
+    vec = _vec(X, D)  # VEC 1 for rows of 16 (D is specialised as a multiple of 16): the launch as timed before
     consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp,
                   VEC=vec if vec < -1 or (vec > 1 and D % 16) else 1)
     opts = dict(num_warps=plan.num_warps)
