@@ -177,7 +177,7 @@ def test_convergence_warning_and_verbose(rng, capsys):
         m = LogisticRegression(max_iter=1, tol=1e-12, backend="cpu").fit(X, y)
     assert m.n_iter_[0] == 1
     assert all(r.filename == __file__ for r in rec)  # the caller's line, not the library's
-    with pytest.warns(ConvergenceWarning) as rec:  # one-vs-rest: warned from deeper in the library
+    with pytest.warns(ConvergenceWarning) as rec:  # warned from deeper in the library, the same line
         LinearSVC(max_iter=1, tol=1e-12, backend="cpu").fit(*_data(rng, k=3))  # one-vs-rest, one fit per class
     assert rec and all(r.filename == __file__ for r in rec)
     LogisticRegression(verbose=1, backend="cpu").fit(X, y)
