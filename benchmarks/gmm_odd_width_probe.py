@@ -7,6 +7,7 @@ precision) and one fused ``lloyd_step`` on X as given and on its aligned view, b
 width itself (e.g. 15 against 16), each against the read-once floor of the unpadded X (bytes / the
 H200's 4.28 TB/s, as every table here; on other GPUs only a scale), plus the
 copy; and the relative difference of the aligned view's statistics from X's (same data, so ~1e-7).
+The E-step also runs with its kernels' ``VEC`` forced to 1 ("VEC 1": row loads as before session 43).
 With ``--fits N``: whole fused ``KMeans`` and ``GaussianMixture`` (k-means start) fits with
 ``FUSEDML_ALIGN_ROWS=0`` (X as given) and ``auto`` (the fit's own copy where it reads it),
 alternating, medians of N, iterations and results side by side.
@@ -48,6 +49,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def _with_vec(on, run):
+    """``run()``, with the GMM E-step kernels' ``VEC`` forced to 1 unless ``on``."""
+    from fusedml.gmm import fused
+
+    real = fused._vec
+    if not on:
+        fused._vec = lambda X, D: 1
+    try:
+        return run()
+    finally:
+        fused._vec = real
 
 
 def _fits(X, K, ct, n, base, dev):
@@ -112,9 +126,12 @@ def main(argv=None):
                 err = max(_rel(getattr(got, f), getattr(want, f)) for f in ("nk", "s1", "s2"))
             else:
                 err = max(_rel(got.sums, want.sums), _rel(got.counts, want.counts))
-            variants = [("as given", X)] + ([(f"aligned view (stride {Xv.stride(0)})", Xv)] if Xv is not X else [])
-            for variant, A in variants:
-                ms = _common.bench_ms(lambda: fn(A))
+            variants = [("as given", X, True)] + ([(f"aligned view (stride {Xv.stride(0)})", Xv, True)]
+                                                  if Xv is not X else [])
+            if name == "gmm_estep":  # the E-step kernels' row loads without VEC (scalar where D is odd)
+                variants += [(f"{v}, VEC 1", A, False) for v, A, _ in variants]
+            for variant, A, vec in variants:
+                ms = _with_vec(vec, lambda: _common.bench_ms(lambda: fn(A)))
                 rows.append(dict(base, **{"pass": name, "variant": variant, "ms": ms, "floor_pct": 100 * floor_ms / ms,
                                           "aligned_vs_plain_rel": err if A is not X else None}))
         if Xv is not X:
