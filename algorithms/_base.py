@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import os
 import sys
 import time
 
@@ -30,6 +29,7 @@ import torch
 
 import fusedml
 from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, warn_user
+from fusedml.mmchain.dense import align_mode
 
 __all__ = [
     "BaseEstimator",
@@ -556,18 +556,11 @@ def fit_design(M, backend, m=1, *, one_column_copy_bytes=None):
     torch.Tensor, CSRMatrix or StreamedMatrix
         ``M`` or its aligned copy (same shape and values).
     """
-    mode = _align_mode()
+    mode = align_mode()
     if mode == "auto" and m < 2 and isinstance(M, torch.Tensor) and (
             one_column_copy_bytes is None or M.numel() * M.element_size() < one_column_copy_bytes):
         return M
     return aligned_copy(M, backend)
-
-
-def _align_mode() -> str:
-    mode = os.environ.get("FUSEDML_ALIGN_ROWS", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "0", "1"):
-        raise ValueError(f"FUSEDML_ALIGN_ROWS must be auto, 0 or 1, got {mode!r}")
-    return mode
 
 
 def aligned_copy(M, backend):
@@ -590,7 +583,7 @@ def aligned_copy(M, backend):
     torch.Tensor or the input's type
         ``M`` or the aligned copy (same shape and values).
     """
-    if _align_mode() == "0" or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
+    if align_mode() == "0" or not isinstance(M, torch.Tensor) or M.layout != torch.strided:
         return M
     try:
         if fusedml.resolve_backend(backend, M.device) != "fused":

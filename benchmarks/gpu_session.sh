@@ -479,18 +479,21 @@ for p in $parts; do
         --backends fused --fits 15 --out "$out/env_ab_align_s42.json"
       grep -E "^\| " "$log/align-ab.log" | cut -c1-200 ;;
     s43)  # session 43: the register-form E-step reads rows in whole vectors too (VEC, fused._reg_vec), GaussianMixture's
-          # EM reads an aligned copy where the tensor-core form runs: the passes (as given / aligned view, VEC on / 1),
-          # whole fused fits with FUSEDML_ALIGN_ROWS=0 / auto; the CUDA tests of the GMM, mixture and k-means modules
+          # EM reads an aligned copy where the tensor-core form runs, a streamed matrix keeps its resident rows padded
+          # (align_rows): the passes (as given / aligned view, VEC on / 1; streamed align_rows False / True), the CUDA
+          # tests of the GMM, mixture, k-means and streaming modules, whole fused fits with FUSEDML_ALIGN_ROWS=0 / auto
       run gmm-odd 240 python3 benchmarks/gmm_odd_width_probe.py --only 4194304x15x16:diag 4194304x16x16:diag \
         4194304x13x8:diag 4194304x12x8:diag 4194304x6x8:spherical 2097152x31x32:diag 1048576x61x64:diag \
         --out "$out/gmm_odd_width_probe_s43.json"
-      grep -E "^\| [0-9]" "$log/gmm-odd.log" | cut -c1-200
+      grep -E "^\| [0-9]" "$log/gmm-odd.log" | grep gmm_estep | cut -c1-200
+      run stream-align 180 python3 benchmarks/stream_align_probe.py --out "$out/stream_align_probe_s43.json"
+      grep -E "^\| [0-9]" "$log/stream-align.log" | cut -c1-200
+      run cuda-tests 300 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_kmeans.py tests/test_streaming.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s43.json"
-      grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200
-      run cuda-mix 240 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k cuda tests/test_gmm.py \
-        tests/test_algorithms_mixture.py tests/test_kmeans.py
-      tail -1 "$log/cuda-mix.log" | cut -c1-300 ;;
+      grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
     s42b)  # session 42: KMeans and GaussianMixture's k-means start read an aligned copy of odd-width rows, the
            # tensor-core E-step reads aligned views in whole vectors: the passes (view / as given / D = 16) and whole
            # fused fits with FUSEDML_ALIGN_ROWS=0 / auto; the CUDA tests of the mixtures and k-means

@@ -60,12 +60,13 @@ import torch
 
 from ._dispatch import resolve_backend
 from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
+from .mmchain.dense import align_mode, padded_width
 
 __all__ = ["StreamedMatrix", "is_dask_array", "options"]
 
 # Defaults for StreamedMatrix keyword arguments left unset (estimators build StreamedMatrix
 # themselves; ``options`` lets a caller choose the memory plan for them).
-_DEFAULTS = {"max_gpu_bytes": None, "host_cache": "auto", "n_buffers": 2, "block_bytes": 64 << 20}
+_DEFAULTS = {"max_gpu_bytes": None, "host_cache": "auto", "n_buffers": 2, "block_bytes": 64 << 20, "align_rows": "auto"}
 
 
 class options:
@@ -74,7 +75,7 @@ class options:
     Parameters
     ----------
     **kwargs
-        Any of ``max_gpu_bytes``, ``host_cache``, ``n_buffers``, ``block_bytes``.
+        Any of ``max_gpu_bytes``, ``host_cache``, ``n_buffers``, ``block_bytes``, ``align_rows``.
 
     Examples
     --------
@@ -212,6 +213,14 @@ class StreamedMatrix:
         Device slots for streamed blocks (2 = double buffering).
     block_bytes : int
         Largest row block moved in one copy; larger chunks are cut into blocks.
+    align_rows : bool or "auto"
+        Dense X whose rows are not whole 16-byte vectors (e.g. 55 float32 values): True keeps the
+        resident rows padded to whole vectors (``resident_matrix`` is then an ``[R, D]`` view with
+        row stride :func:`fusedml.mmchain.dense.padded_width`, as :func:`fusedml.aligned_rows`
+        gives), which the fused kernels read in 16-byte loads instead of scalar ones, for
+        ``D_pad / D`` of the memory (counted in the budget) and no extra pass (the upload writes
+        the padded rows). "auto": on CUDA devices, rows of at most 64 KB, unless
+        ``FUSEDML_ALIGN_ROWS=0``. Streamed blocks keep their rows as they are (bound by the transfer).
     dtype : torch.dtype, optional
         Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'.
     scheduler : str, optional
@@ -246,11 +255,12 @@ class StreamedMatrix:
 
     def __init__(self, dask_array, *, device=None, max_gpu_bytes=_UNSET, host_cache=_UNSET,
                  n_buffers=_UNSET, block_bytes=_UNSET, dtype=None, scheduler=None,
-                 check_finite=True):
+                 check_finite=True, align_rows=_UNSET):
         max_gpu_bytes = _DEFAULTS["max_gpu_bytes"] if max_gpu_bytes is _UNSET else max_gpu_bytes
         host_cache = _DEFAULTS["host_cache"] if host_cache is _UNSET else host_cache
         n_buffers = _DEFAULTS["n_buffers"] if n_buffers is _UNSET else n_buffers
         block_bytes = _DEFAULTS["block_bytes"] if block_bytes is _UNSET else block_bytes
+        align_rows = _DEFAULTS["align_rows"] if align_rows is _UNSET else align_rows
         if not is_dask_array(dask_array):
             raise TypeError(f"StreamedMatrix needs a dask.array.Array, got {type(dask_array).__name__}")
         X = dask_array
@@ -258,6 +268,8 @@ class StreamedMatrix:
             raise ValueError(f"X must be 2-D [N, D], got shape {X.shape}")
         if host_cache not in (True, False, "auto"):
             raise ValueError(f"host_cache must be True, False or 'auto', got {host_cache!r}")
+        if align_rows not in (True, False, "auto"):
+            raise ValueError(f"align_rows must be True, False or 'auto', got {align_rows!r}")
         if int(n_buffers) < 1:
             raise ValueError(f"n_buffers must be >= 1, got {n_buffers}")
         if int(block_bytes) < 1:
@@ -314,6 +326,12 @@ class StreamedMatrix:
             chunks.append(_Chunk(i, row0, int(r), nbytes))
             row0 += int(r)
         self._chunks = chunks
+        # the resident rows' length in elements: padded to whole 16-byte vectors where aligned
+        self._row_width = d
+        if not self.is_sparse and (align_rows is True or (
+                align_rows == "auto" and self.device.type == "cuda" and align_mode() != "0"
+                and d * self._val_bytes <= 64 << 10)):  # wider rows: the cooperative kernel reads them its own way
+            self._row_width = padded_width(d, self._val_bytes)
         if self.is_sparse:
             nnz = self._chunk_nnz()
             for c, z in zip(chunks, nnz):
@@ -338,8 +356,12 @@ class StreamedMatrix:
             meta=np.empty((0, 0), dtype=np.int64))
         return [int(z) for z in np.asarray(counts.compute(scheduler=self.scheduler)).ravel()]
 
+    def _resident_nbytes(self, c) -> int:
+        """Device bytes of chunk ``c`` when resident (its rows padded where they are aligned)."""
+        return c.nbytes if self.is_sparse else c.rows * self._row_width * self._val_bytes
+
     def _plan(self, max_gpu_bytes, host_cache):
-        total = self.nbytes
+        total = sum(self._resident_nbytes(c) for c in self._chunks)
         if max_gpu_bytes is None:
             budget = total
             if self.device.type == "cuda":
@@ -348,6 +370,8 @@ class StreamedMatrix:
         else:
             budget = int(max_gpu_bytes)
         self.max_gpu_bytes = budget
+        if total > budget >= self.nbytes:  # the padding alone would stream rows: keep them all, unpadded
+            self._row_width, total = self.shape[1], self.nbytes
         if total <= budget:
             reserve, room = 0, budget
         else:
@@ -361,13 +385,13 @@ class StreamedMatrix:
             room = budget - reserve
         used = 0
         for c in self._chunks:
-            if used + c.nbytes <= room:
+            if used + self._resident_nbytes(c) <= room:
                 c.resident = True
-                used += c.nbytes
+                used += self._resident_nbytes(c)
             else:
                 break  # resident chunks form a prefix: a simple, predictable plan
         self.resident_bytes = used
-        self.streamed_bytes = total - used
+        self.streamed_bytes = sum(c.nbytes for c in self._chunks if not c.resident)
         self._resident_rows = sum(c.rows for c in self._chunks if c.resident)
         # CSR: the fused operator's "gather" strategy caches a transposed copy of its matrix (2x
         # its bytes). The resident matrix may use it (as an in-memory matrix would) when the
@@ -420,7 +444,9 @@ class StreamedMatrix:
         """
         R, d = self._resident_rows, self.shape[1]
         if not self.is_sparse:
-            self._resident = torch.empty((R, d), dtype=self.dtype, device=self.device)
+            # [R, W] rows (W = D, or D padded to whole vectors: the resident matrix is its [R, D] view)
+            self._resident_store = torch.empty((R, self._row_width), dtype=self.dtype, device=self.device)
+            self._resident = self._resident_store[:, :d]
             return
         nnz = sum(c.nnz for c in self._chunks if c.resident)
         idx = torch.int32 if nnz < 2**31 and d < 2**31 else torch.int64
@@ -454,7 +480,11 @@ class StreamedMatrix:
         a = np.asarray(a)
         self._check_chunk(c, a)
         t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))
-        self._h2d(self._resident[r0:r1], t.to(self.dtype))
+        if self._row_width != a.shape[1]:  # padded rows, zeros in the padding: one contiguous upload
+            tp = torch.zeros((c.rows, self._row_width), dtype=self.dtype)
+            tp[:, :a.shape[1]] = t
+            t = tp
+        self._h2d(self._resident_store[r0:r1], t.to(self.dtype))
 
     # Pieces of the one-off resident upload: pinned staging keeps it at the pinned bandwidth.
     _UPLOAD_PIECE_BYTES = 32 << 20

@@ -119,6 +119,51 @@ def test_fused_backend_under_interpreter(rng):
     assert rel(mmchain(Sb, y6, v30, backend="fused"), B.T @ (v30 * (B @ y6))) < 1e-12
 
 
+@pytest.mark.parametrize("dtype,width", [(np.float32, 16), (np.float64, 14)])
+def test_resident_rows_padded_to_whole_vectors(rng, monkeypatch, dtype, width):
+    """``align_rows=True``: the resident rows of 13 values padded to whole 16-byte vectors (zeros in
+    the padding, counted in the budget), read by the fused kernels (interpreted) in whole vectors with
+    the in-memory results; the streamed rest as it is. "auto" pads on CUDA devices only; a budget
+    that holds X only unpadded keeps it all resident, unpadded."""
+    from fusedml.gmm import gmm_estep
+    from fusedml.mmchain.dense import _vec
+    from fusedml.streaming import options
+
+    n, d, esz = 200, 13, np.dtype(dtype).itemsize
+    A = rng.normal(size=(n, d)).astype(dtype)
+    X = da.from_array(A, chunks=(50, d))
+    y, v = rng.normal(size=d).astype(dtype), rng.random(n).astype(dtype)
+    Ad = A.astype(np.float64)
+    want = Ad.T @ (v * (Ad @ y))
+    K = 3
+    w, mu, pc = np.full(K, 1.0 / K), rng.normal(size=(K, d)), rng.uniform(0.5, 2.0, size=(K, d))
+    gref = gmm_estep(torch.from_numpy(Ad), w, mu, pc, "diag", backend="cpu")
+    S = StreamedMatrix(X, device="cpu", align_rows=True)
+    R = S.resident_matrix
+    assert S.resident_rows == n and R.shape == (n, d) and R.stride() == (width, 1) and _vec(R, d) == -(16 // esz)
+    assert torch.equal(R, torch.from_numpy(A)) and S.resident_bytes == n * width * esz
+    assert torch.all(torch.as_strided(R, (n, width), (width, 1))[:, d:] == 0)
+    assert rel(mmchain(S, y, v, backend="fused"), want) < 1e-5
+    g = gmm_estep(S, w, mu, pc, "diag", backend="fused")
+    assert rel(g.nk, gref.nk) < 1e-5 and rel(g.s1, gref.s1) < 1e-5 and rel(g.s2, gref.s2) < 1e-5
+    # part resident: 3 chunks of 50 unpadded rows fit beside the two 1000-byte slots, only 2 padded
+    budget = 2 * 1000 + 3 * 50 * d * esz
+    kw = dict(device="cpu", max_gpu_bytes=budget, block_bytes=1000, host_cache=True)
+    assert StreamedMatrix(X, align_rows=False, **kw).resident_chunks == 3
+    S = StreamedMatrix(X, align_rows=True, **kw)
+    assert S.resident_chunks == 2 and S.resident_matrix.stride() == (width, 1)
+    assert S.streamed_bytes == 2 * 50 * d * esz
+    assert rel(mmchain(S, y, v, backend="fused"), want) < 1e-5
+    # all of X fits only unpadded: all resident, unpadded
+    S = StreamedMatrix(X, device="cpu", max_gpu_bytes=n * d * esz + 8, align_rows=True)
+    assert S.resident_chunks == 4 and S.resident_matrix.stride() == (d, 1)
+    assert StreamedMatrix(X, device="cpu").resident_matrix.stride() == (d, 1)  # "auto": CUDA devices only
+    with options(align_rows=True):
+        assert StreamedMatrix(X, device="cpu").resident_matrix.stride() == (width, 1)
+    with pytest.raises(ValueError, match="align_rows"):
+        StreamedMatrix(X, device="cpu", align_rows="yes")
+
+
 def test_independent_of_chunking_and_scheduler(rng):
     A = dense_data(rng, n=500, d=6)
     y, v = rng.normal(size=6), rng.random(500)
@@ -501,6 +546,25 @@ def test_cuda_pipeline_matches_in_memory(rng, n_buffers):
             assert rel(g.nk.cpu(), gref.nk.cpu()) < 1e-5 and rel(g.s2.cpu(), gref.s2.cpu()) < 1e-4
         S.close()
         Ss.close()
+
+
+@cuda_only
+def test_cuda_resident_rows_aligned_by_default(rng, monkeypatch):
+    """On CUDA the resident rows of 13 float32 values are padded to 16 by default (``FUSEDML_ALIGN_ROWS=0``:
+    as they are); the compiled kernels' results equal the in-memory ones."""
+    dev = torch.device("cuda")
+    A = rng.normal(size=(30_000, 13)).astype(np.float32)
+    X = da.from_array(A, chunks=(7_000, 13))
+    At = torch.from_numpy(A).to(dev)
+    y, v = torch.randn(13, device=dev), torch.rand(30_000, device=dev)
+    ref = mmchain(At.double(), y.double(), v.double())
+    for mode, stride in (("auto", 16), ("0", 13)):
+        monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
+        S = StreamedMatrix(X, device=dev)
+        assert S.resident_matrix.stride() == (stride, 1) and torch.equal(S.resident_matrix, At)
+        assert rel(mmchain(S, y, v).double().cpu(), ref.cpu()) < 1e-5
+        assert rel(matvec(S, y).double().cpu(), (At.double() @ y.double()).cpu()) < 1e-5
+        S.close()
 
 
 @cuda_only

@@ -1207,6 +1207,22 @@ def _vec(X: torch.Tensor, D: int) -> int:
     return v
 
 
+def padded_width(D: int, element_size: int) -> int:
+    """Row length, in elements, of :func:`aligned_rows`' padded rows: D rounded up to whole 16-byte
+    vectors, or D itself where no padding applies (rows of at most one vector, 1-byte dtypes)."""
+    v = 16 // element_size if element_size in (2, 4, 8) else 1
+    return D if D <= v else -(-D // v) * v
+
+
+def align_mode() -> str:
+    """``FUSEDML_ALIGN_ROWS``: ``"auto"`` (default; the estimators' and the streamed matrices' own
+    rules), ``"1"`` (every fit copies odd-width rows), ``"0"`` (never: X is read as it is)."""
+    mode = os.environ.get("FUSEDML_ALIGN_ROWS", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"FUSEDML_ALIGN_ROWS must be auto, 0 or 1, got {mode!r}")
+    return mode
+
+
 def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     """X itself, or an ``[N, D]`` view of a copy whose rows are padded to whole 16-byte vectors.
 
@@ -1243,10 +1259,9 @@ def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
             or X.element_size() not in (2, 4, 8) or (X.shape[1] > 1 and X.stride(1) != 1):
         return X
     N, D = (int(s) for s in X.shape)
-    v = 16 // X.element_size()
-    if D <= v or abs(_vec(X, D)) == v:
+    Dp = padded_width(D, X.element_size())
+    if Dp == D or abs(_vec(X, D)) == 16 // X.element_size():
         return X
-    Dp = -(-D // v) * v
     if max_bytes is not None and N * Dp * X.element_size() > max_bytes:
         return X
     Xp = torch.empty((N, Dp), dtype=X.dtype, device=X.device)
