@@ -490,7 +490,8 @@ for p in $parts; do
       grep -E "^\| [0-9]" "$log/stream-align.log" | cut -c1-200
       run cuda-tests 300 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
         tests/test_algorithms_mixture.py tests/test_kmeans.py tests/test_streaming.py
-      tail -1 "$log/cuda-tests.log" | cut -c1-300
+      tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
+    s43b)  # session 43: whole fused KMeans / GaussianMixture fits with FUSEDML_ALIGN_ROWS=0 / auto
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s43.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
