@@ -481,7 +481,7 @@ for p in $parts; do
     s43)  # session 43: the register-form E-step reads rows in whole vectors too (VEC, fused._reg_vec), GaussianMixture's
           # EM reads an aligned copy where the tensor-core form runs, a streamed matrix keeps its resident rows padded
           # (align_rows): the passes (as given / aligned view, VEC on / 1; streamed align_rows False / True), the CUDA
-          # tests of the GMM, mixture, k-means and streaming modules, whole fused fits with FUSEDML_ALIGN_ROWS=0 / auto
+          # tests of the GMM, mixture, k-means and streaming modules
       run gmm-odd 240 python3 benchmarks/gmm_odd_width_probe.py --only 4194304x15x16:diag 4194304x16x16:diag \
         4194304x13x8:diag 4194304x12x8:diag 4194304x6x8:spherical 2097152x31x32:diag 1048576x61x64:diag \
         --out "$out/gmm_odd_width_probe_s43.json"
