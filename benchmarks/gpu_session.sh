@@ -482,10 +482,10 @@ for p in $parts; do
           # EM reads an aligned copy where the tensor-core form runs, a streamed matrix keeps its resident rows padded
           # (align_rows): the passes (as given / aligned view, VEC on / 1; streamed align_rows False / True), the CUDA
           # tests of the GMM, mixture, k-means and streaming modules
-      run gmm-odd 180 python3 benchmarks/gmm_odd_width_probe.py --only 4194304x15x16:diag 4194304x16x16:diag \
-        4194304x13x8:diag 4194304x12x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_probe_s43.json"
+      run gmm-odd 150 python3 benchmarks/gmm_odd_width_probe.py --only 4194304x15x16:diag 4194304x16x16:diag \
+        4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_probe_s43.json"
       grep -E "^\| [0-9]" "$log/gmm-odd.log" | grep gmm_estep | cut -c1-200
-      run stream-align 120 python3 benchmarks/stream_align_probe.py --shapes 2000000x55 4000000x13 2000000x56 \
+      run stream-align 120 python3 benchmarks/stream_align_probe.py --shapes 2000000x55 4000000x13 \
         --out "$out/stream_align_probe_s43.json"
       grep -E "^\| [0-9]" "$log/stream-align.log" | cut -c1-200
       run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
