@@ -735,23 +735,6 @@ def _lloyd_design(X, K, backend):
     return aligned_copy(X, backend)
 
 
-def _em_design(X, K, covariance_type, backend):
-    """``X``, or its aligned-rows copy where EM's E-step is the tensor-core form (:func:`_base.aligned_copy`).
-
-    The tensor-core diag E-step (8 < K, D <= 16, fp32; ``fusedml.gmm.model.auto_precision``) reads
-    odd-width rows with scalar loads (4M x 15, K = 16: 0.751 ms against D = 16's 0.568 on the H100)
-    and an aligned view in whole vectors. The other E-step forms gained nothing consistent on the
-    view (``gmm_odd_width_probe-H100-*-s42``), so they read X as it is.
-    """
-    if backend != "fused" or not isinstance(X, torch.Tensor) or X.dtype != torch.float32:
-        return X
-    from fusedml.gmm.model import auto_precision
-
-    if auto_precision(X.shape[0], K, X.shape[1], covariance_type, X.device, X.dtype) != "tf32x3":
-        return X
-    return aligned_copy(X, backend)
-
-
 def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=None, sample_weight=None,
            with_inertia=True):
     """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
@@ -1662,7 +1645,6 @@ class GaussianMixture(BaseEstimator):
         n_init = self.n_init if do_init else 1
         host_mstep = _host_mstep(info.device, ct, self.n_components, D)
         device_em = _device_em_applies(X, ct, backend)
-        X = _em_design(X, self.n_components, ct, backend)  # every E-step reads it; the same values
         rs = _check_random_state(self.random_state)
         t0 = time.perf_counter()
         max_lower_bound = -math.inf

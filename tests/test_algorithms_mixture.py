@@ -590,27 +590,6 @@ def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypat
     assert ga.lower_bound_ == pytest.approx(g0.lower_bound_, rel=1e-12) and ga.n_iter_ == g0.n_iter_
 
 
-def test_gmm_em_reads_an_aligned_copy_where_the_estep_is_the_tensor_core_form(rng, monkeypatch):
-    """Where ``auto_precision`` picks the tensor-core E-step (patched here: the interpreter's CPU device
-    never does), EM reads an aligned copy of odd-width rows, with the same model; elsewhere X as it is."""
-    import fusedml
-    import fusedml.gmm.model as gmm_model
-
-    X = torch.tensor(np.concatenate([rng.normal(size=(40, 5)), rng.normal(size=(40, 5)) + 4.0]), dtype=torch.float32)
-    made = []
-    real = fusedml.aligned_rows
-    monkeypatch.setattr(fusedml, "aligned_rows", lambda M, **kw: made.append(real(M, **kw)) or made[-1])
-    fits = {}
-    for tc in (False, True):
-        monkeypatch.setattr(gmm_model, "auto_precision", lambda *a, tc=tc: "tf32x3" if tc else "fp32")
-        made.clear()
-        fits[tc] = GaussianMixture(2, covariance_type="diag", init_params="random_from_data", random_state=0,
-                                   backend="fused").fit(X)
-        assert [t.stride() for t in made] == ([(8, 1)] if tc else [])
-    assert fits[True].lower_bound_ == pytest.approx(fits[False].lower_bound_, rel=1e-12)
-    assert fits[True].n_iter_ == fits[False].n_iter_
-
-
 def test_gmm_float32_close_to_float64(iris):
     kw = dict(covariance_type="full", backend="cpu", tol=1e-6, max_iter=300, **_explicit_init(iris, "full"))
     m64 = GaussianMixture(3, **kw).fit(iris)
