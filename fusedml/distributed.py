@@ -111,7 +111,9 @@ def _make_part(x, y, sw):
 
 def _get_part(part, key, design_id, backend):
     """The partition's device copy, cached on the worker; rebuilt after a worker restart."""
+    from ._dispatch import resolve_backend
     from ._validation import as_matrix
+    from .mmchain.dense import aligned_rows, pads_rows
 
     ck = (design_id, key)
     P = _CACHE.get(ck)
@@ -120,6 +122,9 @@ def _get_part(part, key, design_id, backend):
         dev = _worker_device()
         X = as_matrix(x, "X partition")
         X = X.to(dev) if not isinstance(X, torch.Tensor) else X.to(dev)
+        if isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2 \
+                and pads_rows(dev, X.shape[1] * X.element_size()) and resolve_backend(backend, dev) == "fused":
+            X = aligned_rows(X)  # read every iteration: rows in whole 16-byte vectors (one device pass)
         acc = torch.float64 if X.dtype == torch.float64 else torch.float32
         P = {"X": X, "dev": dev, "acc": acc, "backend": backend,
              "y": None if y is None else np.asarray(y),  # labels stay numpy (may be strings)

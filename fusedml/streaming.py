@@ -60,7 +60,7 @@ import torch
 
 from ._dispatch import resolve_backend
 from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
-from .mmchain.dense import align_mode, padded_width
+from .mmchain.dense import padded_width, pads_rows
 
 __all__ = ["StreamedMatrix", "is_dask_array", "options"]
 
@@ -219,8 +219,9 @@ class StreamedMatrix:
         row stride :func:`fusedml.mmchain.dense.padded_width`, as :func:`fusedml.aligned_rows`
         gives), which the fused kernels read in 16-byte loads instead of scalar ones, for
         ``D_pad / D`` of the memory (counted in the budget) and no extra pass (the upload writes
-        the padded rows). "auto": on CUDA devices, rows of at most 64 KB, unless
-        ``FUSEDML_ALIGN_ROWS=0``. Streamed blocks keep their rows as they are (bound by the transfer).
+        the padded rows). "auto": :func:`fusedml.mmchain.dense.pads_rows` (CUDA devices, rows of at
+        most 64 KB, unless ``FUSEDML_ALIGN_ROWS=0``; any device with ``1``). Streamed blocks keep
+        their rows as they are (bound by the transfer).
     dtype : torch.dtype, optional
         Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'.
     scheduler : str, optional
@@ -328,9 +329,7 @@ class StreamedMatrix:
         self._chunks = chunks
         # the resident rows' length in elements: padded to whole 16-byte vectors where aligned
         self._row_width = d
-        if not self.is_sparse and (align_rows is True or (
-                align_rows == "auto" and self.device.type == "cuda" and align_mode() != "0"
-                and d * self._val_bytes <= 64 << 10)):  # wider rows: the cooperative kernel reads them its own way
+        if not self.is_sparse and pads_rows(self.device, d * self._val_bytes, align_rows):
             self._row_width = padded_width(d, self._val_bytes)
         if self.is_sparse:
             nnz = self._chunk_nnz()

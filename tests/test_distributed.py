@@ -71,6 +71,40 @@ def test_loss_grad_hessp_match_in_memory(client):
     design.close()
 
 
+def test_worker_partitions_in_padded_rows(monkeypatch):
+    """A worker keeps its dense partition in rows padded to whole 16-byte vectors where
+    ``fusedml.mmchain.dense.pads_rows`` says so (CUDA by default; ``FUSEDML_ALIGN_ROWS=1`` here, on
+    the CPU under the interpreter) and the fused backend reads it: the loss, gradient, Hessian
+    product and GMM statistics equal those of the partition as it is (run in this process)."""
+    import torch
+
+    from fusedml import distributed as fd
+
+    A, y = _classification(2, n=90, d=5)
+    A = A.astype(np.float32)
+    spec = {"loss": "binomial", "classes": np.array([0, 1]), "fit_intercept": True, "backend": "fused"}
+    w, s = np.array([0.3, -0.2, 0.1, 0.5, -0.4, 0.2]), np.array([1.0, 2.0, -1.0, 0.5, 0.25, -0.3])
+    K = 2
+    gmm = (np.full(K, 0.5), A[:K].astype(np.float64), np.ones((K, 5)), "diag", A[:K].astype(np.float64))
+    out = {}
+    for mode, stride in (("0", 5), ("1", 8)):
+        monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
+        part, key = fd._make_part(A, y, None), f"test-{mode}"
+        P = fd._get_part(part, key, "padded-rows-test", "fused")
+        assert P["X"].stride() == (stride, 1) and torch.equal(P["X"], torch.from_numpy(A))
+        loss, grad = fd._part_loss_grad(part, key, "padded-rows-test", spec, w, 1)
+        out[mode] = (loss, grad, fd._part_hessp(part, key, "padded-rows-test", spec, w, 1, s),
+                     fd._part_gmm_estep(part, key, "padded-rows-test", "fused", *gmm)["s2"])
+        assert fd._get_part(part, key, "padded-rows-test", "cpu") is P  # cached per design and key
+    fd._drop_cache("padded-rows-test")
+    monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "1")
+    P = fd._get_part(fd._make_part(A, y, None), "cpu", "padded-rows-test", "cpu")
+    assert P["X"].stride() == (5, 1)  # the cpu backend reads X as it is
+    fd._drop_cache("padded-rows-test")
+    for a, b in zip(out["0"], out["1"]):
+        assert _rel(b, a) < 1e-6
+
+
 def test_logistic_binary_dense_and_csr(client):
     LR = _logistic_cls()
     A, y = _classification(2)

@@ -1223,6 +1223,20 @@ def align_mode() -> str:
     return mode
 
 
+def pads_rows(device, row_bytes: int, setting="auto") -> bool:
+    """Whether a dense matrix kept on ``device`` for many passes (a streamed matrix's resident rows, a
+    worker's partition) is kept in rows padded to whole 16-byte vectors (:func:`aligned_rows`).
+
+    ``setting`` True / False decides; ``"auto"`` follows ``FUSEDML_ALIGN_ROWS`` (:func:`align_mode`):
+    ``auto`` pads on CUDA devices, ``1`` on any, ``0`` never; rows over 64 KB never (the cooperative
+    kernel reads them its own way).
+    """
+    if setting != "auto":
+        return bool(setting)
+    mode = align_mode()
+    return mode != "0" and row_bytes <= 64 << 10 and (mode == "1" or torch.device(device).type == "cuda")
+
+
 def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
     """X itself, or an ``[N, D]`` view of a copy whose rows are padded to whole 16-byte vectors.
 
