@@ -41,7 +41,7 @@ from .._dispatch import interpret_mode
 from .._validation import warn_user
 from .._launch import (FP_FUSION, _compiled_resources, _stream, call, compiled_local_bytes, first_fitting_tile,
                        launch, stand_in)
-from ..mmchain.dense import _FAST_MATH, _vec
+from ..mmchain.dense import _FAST_MATH, _vec, _vec_rows
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
 
@@ -309,13 +309,7 @@ def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N,
     :func:`fusedml.mmchain.dense._vec`'s (< -1: an aligned view, read in whole vectors)."""
     if ON:
         rows = blk * BN + offs_n
-        DL = D
-        if VEC > 1:
-            stride_xn = (stride_xn // VEC) * VEC
-            DL = (D // VEC) * VEC
-        if VEC < -1:
-            stride_xn = (stride_xn // -VEC) * -VEC
-            DL = ((D - VEC - 1) // -VEC) * -VEC
+        stride_xn, DL = _vec_rows(stride_xn, D, VEC)
         m = (offs_d[:, None] < DL) & (rows[None, :] < N)
         if OFF32:
             x = tl.load(X + rows[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)

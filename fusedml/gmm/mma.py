@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from .._launch import interpret_mode
+from ..mmchain.dense import _vec_rows
 from .fused import _log_normaliser
 
 _EMULATE = tl.constexpr(interpret_mode())
@@ -157,13 +158,7 @@ def _diag_mma_kernel(
     multiples of ``-VEC`` and every row readable up to D rounded up to it (an aligned view of
     padded rows: whole vectors loaded, the padding zeroed after the load)."""
     BN: tl.constexpr = 8 * R * WN
-    DL = D
-    if VEC > 1:  # written so, the compiler can prove the multiples and emits 16-byte loads
-        stride_xn = (stride_xn // VEC) * VEC
-        DL = (D // VEC) * VEC
-    if VEC < -1:
-        stride_xn = (stride_xn // -VEC) * -VEC
-        DL = ((D - VEC - 1) // -VEC) * -VEC
+    stride_xn, DL = _vec_rows(stride_xn, D, VEC)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     # the operand tiles, written and read back by this program: loaded with unit-stride rows, they

@@ -88,6 +88,21 @@ def _load_x(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D
 
 
 @triton.jit
+def _vec_rows(stride_xn, D, VEC: tl.constexpr):
+    """``(row stride, load bound)`` for ``VEC`` (:func:`_vec`), written so the compiler can prove the
+    multiples and emit 16-byte loads: > 1, the bound is D (a multiple of VEC); < -1, D rounded up to
+    ``-VEC`` (an aligned view: the caller zeroes the padding after the load); else as given."""
+    DL = D
+    if VEC > 1:
+        stride_xn = (stride_xn // VEC) * VEC
+        DL = (D // VEC) * VEC
+    if VEC < -1:
+        stride_xn = (stride_xn // -VEC) * -VEC
+        DL = ((D - VEC - 1) // -VEC) * -VEC
+    return stride_xn, DL
+
+
+@triton.jit
 def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr):
     # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers)
     if VEC > 1:
