@@ -1394,7 +1394,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
         else:
-            gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, consts.get("VEC", 1) if not full_like else 1, dev)
+            gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, consts.get("VEC", 1), dev)
             P, cap = _GRIDS.get(gkey, (None, 0))
             if P is None:
                 args = ((X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"])
