@@ -104,17 +104,12 @@ def _vec_rows(stride_xn, D, VEC: tl.constexpr):
 
 @triton.jit
 def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr, VEC: tl.constexpr):
-    # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers)
-    if VEC > 1:
-        # row starts and D are multiples of VEC elements (checked on the host): written so, the
-        # compiler can prove it and emits 16-byte loads (it only assumes that for multiples of 16)
-        stride_xn = (stride_xn // VEC) * VEC
-        D = (D // VEC) * VEC
+    # the same tile in X's storage dtype (a prefetched bf16 tile holds half the registers). VEC > 1:
+    # row starts and D multiples of VEC (checked on the host), proven to the compiler (_vec_rows:
+    # it only assumes that for multiples of 16); < -1: an aligned view of padded rows, whole
+    # vectors loaded up to DL, the padding zeroed after the load
+    stride_xn, DL = _vec_rows(stride_xn, D, VEC)
     if VEC < -1:
-        # row starts are multiples of -VEC elements and every row can be read up to D rounded up
-        # (an aligned view of padded rows, see _vec): whole vectors loaded, the padding zeroed after
-        stride_xn = (stride_xn // -VEC) * -VEC
-        DL = ((D - VEC - 1) // -VEC) * -VEC
         ptrs = X + rows[:, None] * stride_xn + cols[None, :].to(tl.int64)
         x = tl.load(ptrs, mask=(rows[:, None] < N) & (cols[None, :] < DL), other=0.0)
         return tl.where(cols[None, :] < D, x, tl.zeros_like(x))
@@ -122,7 +117,7 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
     if EVEN_D:
         mask = rows[:, None] < N
     else:
-        mask = (rows[:, None] < N) & (cols[None, :] < D)
+        mask = (rows[:, None] < N) & (cols[None, :] < DL)
     return tl.load(ptrs, mask=mask, other=0.0)
 
 
@@ -130,26 +125,22 @@ def _load_x_raw(X, rows, cols, N, D, stride_xn, stride_xd, EVEN_D: tl.constexpr,
 def _load_x3(X, rows, cols, N, D, stride_xn, stride_xd, ACC: tl.constexpr, EVEN_D: tl.constexpr,
              VEC: tl.constexpr):
     # rows [BN] int64, cols [NCH, CH] -> tile [BN, NCH, CH] ([NCH, BN, CH] with _CHUNK_OUTER) in the
-    # accumulation dtype (zeros outside X)
-    if VEC > 1:  # as _load_x_raw: row starts and D multiples of VEC, written so
-        stride_xn = (stride_xn // VEC) * VEC
-        D = (D // VEC) * VEC
+    # accumulation dtype (zeros outside X); VEC as _load_x_raw's
+    stride_xn, DL = _vec_rows(stride_xn, D, VEC)
     if _CHUNK_OUTER:
         r3 = rows[None, :, None]
         c3 = cols[:, None, :]
     else:
         r3 = rows[:, None, None]
         c3 = cols[None, :, :]
-    if VEC < -1:  # as _load_x_raw: padded rows read in whole vectors, the padding zeroed
-        stride_xn = (stride_xn // -VEC) * -VEC
-        DL = ((D - VEC - 1) // -VEC) * -VEC
+    if VEC < -1:
         x = tl.load(X + r3 * stride_xn + c3.to(tl.int64), mask=(r3 < N) & (c3 < DL), other=0.0)
         return tl.where(c3 < D, x, tl.zeros_like(x)).to(ACC)
     ptrs = X + r3 * stride_xn + c3.to(tl.int64) * stride_xd
     if EVEN_D:
         mask = r3 < N
     else:
-        mask = (r3 < N) & (c3 < D)
+        mask = (r3 < N) & (c3 < DL)
     return tl.load(ptrs, mask=mask, other=0.0).to(ACC)
 
 
