@@ -320,7 +320,7 @@ def test_tf32x3_tensor_core_form(rng, N, D, K):
     B[:, :D] = torch.as_tensor(X, dtype=torch.float32)
     fused._MMA_OK.clear()
     check(gmm_estep(B[:, :D], w, means, pc, "diag", backend="fused", precision="tf32x3"), ref, "diag")
-    assert [k[5] for k, v in fused._MMA_OK.items() if k[0].form == "mma" and v] == [-4 if D % 4 else 4 if D % 16 else 1]
+    assert [k[5] for k, v in fused._MMA_OK.items() if k[0].form == "mma" and v] == [-4 if D % 4 else 4]
 
 
 def test_mma_layout_check():
@@ -613,7 +613,7 @@ def test_register_form_matches_reference(rng, N, D, K, ct, over, prefetch):
     (90, 16, 16, "diag", 20, 4),  # ... unless the row stride is no multiple of 16
 ])
 def test_register_form_reads_whole_vectors(rng, monkeypatch, N, D, K, ct, stride, vec):
-    """The register form's row loads (``VEC``, :func:`fusedml.gmm.fused._reg_vec`) on views of a
+    """The register form's row loads (``VEC``, :func:`fusedml.gmm.fused._estep_vec`) on views of a
     buffer with NaN beyond each row's D values: the float64 reference's statistics, log-likelihood
     and per-row log-probabilities, with sample weights too; the launch's ``VEC`` as expected."""
     from fusedml.gmm import fused
@@ -1273,9 +1273,11 @@ def _aot_check_plans():
     # Triton 3.6 and 3.9 must give every mma / shuffle op (the launch checks it too, mma.layouts_ok)
     from fusedml.gmm import mma
 
-    # VEC as the launch passes it: contiguous rows of 16 (1) / 12 values (4), an aligned view of rows of 15 (-4)
+    # VEC as the launch passes it (fused._estep_vec): contiguous rows of 16 (1) / 12 values (4), an aligned
+    # view of rows of 15 (-4), rows of 16 at a row stride of 20 (4)
     loads = []
-    for N, D, K, stride, vec in ((4 << 20, 16, 16, 16, 1), (1 << 20, 12, 10, 12, 4), (4 << 20, 15, 16, 16, -4)):
+    for N, D, K, stride, vec in ((4 << 20, 16, 16, 16, 1), (1 << 20, 12, 10, 12, 4), (4 << 20, 15, 16, 16, -4),
+                                 (4 << 20, 16, 16, 20, 4)):
         plan = plan_launch(N, K, D, "diag", torch.float32, torch.device("cpu"), precision="tf32x3")
         assert plan.form == "mma", (N, D, K, plan.form)
         types = {a: ("i32" if a in ints else "*fp64" if a == "PLL" else "*fp32") for a in mma._diag_mma_kernel.arg_names}
@@ -1386,7 +1388,7 @@ def _aot_check_plans():
         print(f"AOT one-launch {N}x{D} K={K} {ct}: regs={regs} stack={stack}", flush=True)
         assert re.search(r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", ptx) and "ld.global.cg" in ptx, ct
         assert stack == 0
-    # the register form's row loads (VEC, fused._reg_vec): per row block, in the loop, an aligned view of
+    # the register form's row loads (VEC, fused._estep_vec): per row block, in the loop, an aligned view of
     # rows of 15 as rows of 16; rows of 13 (stride 16) and contiguous rows of 12 one 16-byte load, not four
     for N, D, K, ct, stride, vec, want in ((4 << 20, 15, 16, "diag", 16, -4, {"LDG.E.64": 1}),
                                            (4 << 20, 16, 16, "diag", 16, 1, {"LDG.E.64": 1}),

@@ -1318,12 +1318,14 @@ def _counter(dev) -> torch.Tensor:
     return t
 
 
-def _reg_vec(X: torch.Tensor, D: int) -> int:
-    """The register form's ``VEC`` (:func:`fusedml.mmchain.dense._vec`), 1 where the JIT's own
-    specialisation already proves it (D and the row stride multiples of 16: the launch as before).
-    sm_90 compiles (Triton 3.9, 4M rows): an aligned view of rows of 15 (K = 16) loads as rows of 16
-    do, one 8-byte load per thread and block; rows of 13 (K = 8, stride 16) and contiguous rows of
-    12 one 16-byte load instead of four 4-byte ones; spherical rows of 6 (stride 8) two instead of eight."""
+def _estep_vec(X: torch.Tensor, D: int) -> int:
+    """The diag E-steps' ``VEC`` (register and tensor-core forms; :func:`fusedml.mmchain.dense._vec`),
+    1 where the JIT's own specialisation already proves it (D and the row stride multiples of 16: the
+    launch as before). sm_90 compiles (Triton 3.9, 4M rows), loads per thread and row block: register
+    form, an aligned view of rows of 15 (K = 16) one 8-byte load as rows of 16; rows of 13 (K = 8,
+    stride 16) and contiguous rows of 12 one 16-byte load instead of four 4-byte ones; spherical rows
+    of 6 (stride 8) two instead of eight; tensor-core form, rows of 16 at a row stride of 20 or 24
+    one 16-byte load instead of four."""
     v = _vec(X, D)
     return 1 if D % 16 == 0 and X.stride(0) % 16 == 0 else v
 
@@ -1333,7 +1335,7 @@ def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, o
     """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form;
     ``off32``: the register form's row offsets in int32 (:func:`offsets_fit_int32`); ``finish``:
     the register form's one-launch finish blocks (:func:`_one_launch`); ``vec``: the register form's
-    row loads (:func:`_reg_vec`)."""
+    row loads (:func:`_estep_vec`)."""
     kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.maxnreg > 0:
@@ -1389,7 +1391,7 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
             off32 = offsets_fit_int32(X, 3 * n_blocks * plan.BN, plan.BD)
-            vec = _reg_vec(X, D) if plan.form == "reg" else 1
+            vec = _estep_vec(X, D) if plan.form == "reg" else 1
             kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec, off32, vec=vec)
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
@@ -1487,9 +1489,8 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     (R,) = plan.reg
     n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
     off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
-    vec = _vec(X, D)  # VEC 1 for rows of 16 (D is specialised as a multiple of 16): the launch as timed before
     consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp,
-                  VEC=vec if vec < -1 or (vec > 1 and D % 16) else 1)
+                  VEC=_estep_vec(X, D))
     opts = dict(num_warps=plan.num_warps)
     key = (plan, N, off32, sw is not None, want_logp, consts["VEC"], dev)
     P = _MMA_OK.get(key)
