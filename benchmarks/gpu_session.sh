@@ -491,6 +491,15 @@ for p in $parts; do
       run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
         tests/test_algorithms_mixture.py tests/test_kmeans.py tests/test_streaming.py
       tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
+    s44)  # session 44: the register-form E-step without VEC again (its views gained nothing in s43), the tensor-core
+          # form's VEC from fused._mma_vec, the streamed upload's one host pass (odd chunk layouts); the CUDA tests of
+          # the GMM, mixture, k-means and streaming modules, then whole KMeans / GaussianMixture fits (ALIGN_ROWS 0 / auto)
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_kmeans.py tests/test_streaming.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300
+      run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
+        4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
+      grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
     s43b)  # session 43: whole fused KMeans / GaussianMixture fits with FUSEDML_ALIGN_ROWS=0 / auto
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s43.json"

@@ -50,6 +50,7 @@ import math
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +126,16 @@ def is_dask_array(X) -> bool:
     import dask.array as da
 
     return isinstance(X, da.Array)
+
+
+def _host_rows(a: np.ndarray) -> torch.Tensor:
+    """A torch view of the host array ``a``, read-only arrays too (only ever read); a native-order
+    copy where torch cannot view it (negative strides, byte-swapped dtypes)."""
+    if not a.dtype.isnative or any(st < 0 or st % a.itemsize for st in a.strides):
+        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's "not writable" warning
+        return torch.from_numpy(a)
 
 
 def _is_sparse_meta(meta) -> bool:
@@ -469,8 +480,8 @@ class StreamedMatrix:
                                  "(the Dask graph must give the same chunks on every compute)")
             crow = (M.crow.to(torch.int64) + s).to(R.crow.dtype)
             self._h2d(R.crow[r0:r1 + 1], crow)
-            self._h2d(R.col[s:s + M.nnz], M.col.to(R.col.dtype))
-            self._h2d(R.val[s:s + M.nnz], M.val.to(self.dtype))
+            self._h2d(R.col[s:s + M.nnz], M.col)
+            self._h2d(R.val[s:s + M.nnz], M.val)
             self._resident_filled = s + M.nnz
             return
         if _is_sparse_meta(a):
@@ -478,45 +489,45 @@ class StreamedMatrix:
                             "build X with CSR chunks and a sparse meta (only CSR is supported)")
         a = np.asarray(a)
         self._check_chunk(c, a)
-        t = torch.from_numpy(np.ascontiguousarray(a)) if a.flags.writeable else torch.from_numpy(np.array(a, order="C"))
-        if self._row_width != a.shape[1]:  # padded rows, zeros in the padding: one contiguous upload
-            tp = torch.zeros((c.rows, self._row_width), dtype=self.dtype)
-            tp[:, :a.shape[1]] = t
-            t = tp
-        self._h2d(self._resident_store[r0:r1], t.to(self.dtype))
+        self._h2d(self._resident_store[r0:r1], _host_rows(a))
 
     # Pieces of the one-off resident upload: pinned staging keeps it at the pinned bandwidth.
     _UPLOAD_PIECE_BYTES = 32 << 20
 
     def _h2d(self, dst, src):
-        """``dst.copy_(src)`` for a contiguous device slice ``dst`` and a host tensor ``src``.
+        """``dst[:, :D] = src`` and zeros in ``dst[:, D:]``, for contiguous device rows ``dst`` [r, W]
+        (or a 1-D slice) and host rows ``src`` [r, D] of any strides and dtype.
 
-        On CUDA through two pinned staging buffers (the host fills one while the other copies);
-        ``_finish_upload`` waits for the last copy.
+        On CUDA through two pinned staging buffers (the host fills one while the other copies): the
+        padding and the dtype conversion happen in that one host pass; ``_finish_upload`` waits for
+        the last copy.
         """
-        src = src.contiguous().reshape(-1)
-        dst = dst.reshape(-1)  # a contiguous slice: a view
+        if dst.ndim == 1:
+            dst, src = dst.view(-1, 1), src.reshape(-1, 1)
+        D, W = src.shape[1], dst.shape[1]
         if self.device.type != "cuda":
-            dst.copy_(src)
+            dst[:, :D].copy_(src)
+            dst[:, D:].zero_()
             return
         if self._upload is None:
             self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0}
         up = self._upload
-        per = max(1, self._UPLOAD_PIECE_BYTES // src.element_size())
-        for lo in range(0, src.numel(), per):
+        per = max(1, self._UPLOAD_PIECE_BYTES // (W * dst.element_size()))  # rows per piece
+        for lo in range(0, src.shape[0], per):
             piece = src[lo:lo + per]
             k = up["i"] % 2
             up["i"] += 1
             up["events"][k].synchronize()  # the staging buffer's previous copy is done
-            nbytes = piece.numel() * piece.element_size()
+            nbytes = piece.shape[0] * W * dst.element_size()
             buf = up["bufs"][k]
             if buf is None or buf.numel() < nbytes:
                 buf = torch.empty(max(nbytes, min(self._UPLOAD_PIECE_BYTES, self.resident_bytes)),
                                   dtype=torch.uint8, pin_memory=True)
                 up["bufs"][k] = buf
-            stage = buf[:nbytes].view(piece.dtype)
-            stage.copy_(piece)
-            dst[lo:lo + piece.numel()].copy_(stage, non_blocking=True)
+            stage = buf[:nbytes].view(dst.dtype).view(piece.shape[0], W)
+            stage[:, :D].copy_(piece)
+            stage[:, D:].zero_()
+            dst[lo:lo + piece.shape[0]].copy_(stage, non_blocking=True)
             up["events"][k].record(torch.cuda.current_stream(self.device))
 
     def _finish_upload(self):
@@ -597,8 +608,7 @@ class StreamedMatrix:
                 blocks.append(_HostBlock(hi - lo, self._stage(parts, pin),
                                          _host_csr_stats(parts["crow"].numpy(), self.shape[1])))
         else:
-            t = torch.from_numpy(np.ascontiguousarray(a_)) if a_.flags.writeable else torch.from_numpy(
-                np.array(a_, order="C"))
+            t = _host_rows(a_)
             for lo, hi in zip(cuts[:-1], cuts[1:]):
                 blocks.append(_HostBlock(hi - lo, self._stage({"val": t[lo:hi].to(self.dtype)}, pin)))
         return blocks

@@ -97,10 +97,9 @@ def local_memory_in_loops(sass_text):
                and any(lo <= addr <= hi for lo, hi in loops))
 
 
-def innermost_loop_opcodes(sass_text, full=False):
-    """Opcode counts (``"FFMA"``, ``"LDS"``, ... without modifiers; with ``full``, with them:
-    ``"LDG.E.128"``) over the instructions of the kernel's innermost loops (those that contain no
-    other loop): the per-iteration work."""
+def innermost_loop_opcodes(sass_text):
+    """Opcode counts (``"FFMA"``, ``"LDS"``, ... without modifiers) over the instructions of the
+    kernel's innermost loops (those that contain no other loop): the per-iteration work."""
     import collections
     import re
 
@@ -109,8 +108,7 @@ def innermost_loop_opcodes(sass_text, full=False):
     ops = collections.Counter()
     for addr, body in insts:
         if any(lo <= addr <= hi for lo, hi in inner):
-            m = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9]+)*)" if full else
-                         r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", body.strip())
+            m = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", body.strip())
             if m:
                 ops[m.group(1)] += 1
     return ops

@@ -581,7 +581,7 @@ def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypat
         fits[mode] = (KMeans(2, random_state=0, n_init=2, backend="fused").fit(X),
                       GaussianMixture(2, covariance_type="diag", random_state=0, backend="fused").fit(X))
         assert [t.stride() for t in made] == ([(8, 1)] * 2 if mode == "auto" else [])
-        KMeans(2, random_state=0, backend="cpu").fit(X)
+        KMeans(2, random_state=0, backend="cpu").fit(X.cpu())
         assert len(made) == (2 if mode == "auto" else 0)
     (ka, ga), (k0, g0) = fits["auto"], fits["0"]
     assert torch.equal(X, before) and torch.equal(ka.labels_, k0.labels_) and ka.n_iter_ == k0.n_iter_

@@ -164,6 +164,47 @@ def test_resident_rows_padded_to_whole_vectors(rng, monkeypatch, dtype, width):
         StreamedMatrix(X, device="cpu", align_rows="yes")
 
 
+def _odd_layout(b, block_info=None):
+    """Chunk i of X as read-only, column-major, byte-swapped or negatively strided rows (same values)."""
+    i = block_info[0]["chunk-location"][0] % 4
+    if i == 0:
+        b = b.copy()
+        b.flags.writeable = False
+        return b
+    if i == 1:
+        return np.asfortranarray(b)
+    if i == 2:
+        return b.astype(b.dtype.newbyteorder())
+    return np.flipud(np.flipud(b).copy())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+@pytest.mark.parametrize("align", [False, True])
+def test_chunks_of_any_layout(rng, align, device):
+    """Chunks that are read-only, column-major, byte-swapped or negatively strided, float64 stored as
+    float32: the resident rows (padded or not) and the streamed blocks hold their values, one host
+    pass per chunk; the chunks stay as they were."""
+    n, d = 160, 13
+    A = rng.normal(size=(n, d))
+    X = da.from_array(A, chunks=(20, d)).map_blocks(_odd_layout, dtype=A.dtype)
+    y, v = rng.normal(size=d), rng.random(n)
+    want = A.T @ (v * (A @ y))
+    budget = 2 * 1000 + 4 * 20 * 16 * 4  # four resident chunks (padded or not) beside two 1000-byte slots
+    for kw in (dict(), dict(max_gpu_bytes=budget, block_bytes=1000, host_cache=True),
+               dict(max_gpu_bytes=budget, block_bytes=1000, host_cache=False)):
+        S = StreamedMatrix(X, device=device, dtype=torch.float32, align_rows=align, **kw)
+        R = S.resident_matrix
+        assert R.dtype == torch.float32 and R.stride(0) == (16 if align else d)
+        assert torch.equal(R.cpu(), torch.from_numpy(A[:S.resident_rows].astype(np.float32)))
+        assert torch.all(torch.as_strided(R, (R.shape[0], R.stride(0)), (R.stride(0), 1))[:, d:] == 0)
+        assert S.resident_rows == (n if not kw else 80) and S.streamed_bytes == (n - S.resident_rows) * d * 4
+        be = "cpu" if device == "cpu" else "fused"
+        for _ in range(2):  # the second call re-reads the chunks not cached
+            yt, vt = (torch.tensor(a, dtype=torch.float32, device=device) for a in (y, v))
+            assert rel(mmchain(S, yt, vt, backend=be).cpu(), want) < 1e-5
+
+
 def test_independent_of_chunking_and_scheduler(rng):
     A = dense_data(rng, n=500, d=6)
     y, v = rng.normal(size=6), rng.random(500)

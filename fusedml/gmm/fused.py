@@ -41,7 +41,7 @@ from .._dispatch import interpret_mode
 from .._validation import warn_user
 from .._launch import (FP_FUSION, _compiled_resources, _stream, call, compiled_local_bytes, first_fitting_tile,
                        launch, stand_in)
-from ..mmchain.dense import _FAST_MATH, _vec, _vec_rows
+from ..mmchain.dense import _FAST_MATH, _vec
 from ._prep import LOG_ZERO, Prepared, diag_precisions_host, fp32_unsafe, upload
 from .model import Plan, _pow2, auto_precision, full_bd, gpu_info, plan_launch
 
@@ -302,41 +302,35 @@ def _reg_layout(BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.con
 
 @triton.jit
 def _reg_rows(X, stride_xn, stride_xd, blk, BN: tl.constexpr, offs_n, offs_d, N, D, ON: tl.constexpr,
-              OFF32: tl.constexpr, VEC: tl.constexpr = 1):
+              OFF32: tl.constexpr):
     """Row block ``blk`` of X as a [BD, BN] tile in X's dtype (0 outside [N, D]); zeros when not ON
     (an unused prefetch slot). OFF32: element offsets in int32 (every offset reached, the blocks
-    ahead included, is below 2^31: :func:`offsets_fit_int32`), int64 otherwise. VEC as
-    :func:`fusedml.mmchain.dense._vec`'s (< -1: an aligned view, read in whole vectors)."""
+    ahead included, is below 2^31: :func:`offsets_fit_int32`), int64 otherwise."""
     if ON:
         rows = blk * BN + offs_n
-        stride_xn, DL = _vec_rows(stride_xn, D, VEC)
-        m = (offs_d[:, None] < DL) & (rows[None, :] < N)
+        m = (offs_d[:, None] < D) & (rows[None, :] < N)
         if OFF32:
-            x = tl.load(X + rows[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
-        else:
-            x = tl.load(X + rows.to(tl.int64)[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
-        if VEC < -1:
-            x = tl.where(offs_d[:, None] < D, x, 0.0)
-        return x
+            return tl.load(X + rows[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
+        return tl.load(X + rows.to(tl.int64)[None, :] * stride_xn + offs_d[:, None] * stride_xd, mask=m, other=0.0)
     else:
         return tl.zeros((offs_d.shape[0], BN), dtype=X.dtype.element_ty)
 
 
 @triton.jit
 def _reg_next(X, stride_xn, stride_xd, blk, nprog, BN: tl.constexpr, offs_n, offs_d, N, D, x_a, x_b,
-              PREFETCH: tl.constexpr, OFF32: tl.constexpr, VEC: tl.constexpr = 1):
+              PREFETCH: tl.constexpr, OFF32: tl.constexpr):
     """``(tile of row block blk, x_a, x_b)`` for a persistent loop over blocks ``blk, blk + nprog,
     ...`` holding PREFETCH (0-2) blocks ahead in ``x_a`` / ``x_b`` (start them with :func:`_reg_rows`
     at ``pid`` and ``pid + nprog``): the next block ahead is loaded into the slot this one frees."""
     if PREFETCH == 0:
-        xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True, OFF32, VEC)
+        xt = _reg_rows(X, stride_xn, stride_xd, blk, BN, offs_n, offs_d, N, D, True, OFF32)
     elif PREFETCH == 1:
         xt = x_a
-        x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True, OFF32, VEC)
+        x_a = _reg_rows(X, stride_xn, stride_xd, blk + nprog, BN, offs_n, offs_d, N, D, True, OFF32)
     else:
         xt = x_a
         x_a = x_b
-        x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True, OFF32, VEC)
+        x_b = _reg_rows(X, stride_xn, stride_xd, blk + 2 * nprog, BN, offs_n, offs_d, N, D, True, OFF32)
     return xt, x_a, x_b
 
 
@@ -353,7 +347,6 @@ def _diag_reg_kernel(
     BN: tl.constexpr, BD: tl.constexpr, KI: tl.constexpr, KO: tl.constexpr,
     HAS_SW: tl.constexpr, WRITE_LOGP: tl.constexpr, PREFETCH: tl.constexpr = 2, SPH: tl.constexpr = False,
     OFF32: tl.constexpr = False, FINISH: tl.constexpr = False, FBP: tl.constexpr = 1, FBKD: tl.constexpr = 1,
-    VEC: tl.constexpr = 1,
 ):
     """Single sweep with register FMAs, for small K x D (``form="reg"``): tiles are
     [BD, KI, BN, KO]. Triton's default layout gives threads to the trailing axes first, so the
@@ -385,13 +378,13 @@ def _diag_reg_kernel(
     acc_s1 = tl.zeros((BD, KI, BN, KO), dtype=tl.float32)
     acc_nk = tl.zeros((KI, BN, KO), dtype=tl.float32)
     acc_ll = tl.zeros((BN, KO), dtype=tl.float32)  # row sums in the ko == 0 column: no layout change
-    x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1, OFF32, VEC)
-    x_b = _reg_rows(X, stride_xn, stride_xd, pid + nprog, BN, offs_n, offs_d, N, D, PREFETCH >= 2, OFF32, VEC)
+    x_a = _reg_rows(X, stride_xn, stride_xd, pid, BN, offs_n, offs_d, N, D, PREFETCH >= 1, OFF32)
+    x_b = _reg_rows(X, stride_xn, stride_xd, pid + nprog, BN, offs_n, offs_d, N, D, PREFETCH >= 2, OFF32)
     for blk in range(pid, n_blocks, nprog):
         rows = blk * BN + offs_n
         nmask = rows < N
         xt, x_a, x_b = _reg_next(X, stride_xn, stride_xd, blk, nprog, BN, offs_n, offs_d, N, D, x_a, x_b, PREFETCH,
-                                 OFF32, VEC)
+                                 OFF32)
         # rows past N hold -g: finite, and their responsibilities and normaliser are masked below
         xt = (xt.to(g.dtype) - g[:, None]).to(tl.float32)  # [BD, BN]
         x = xt[:, None, :, None]  # [BD, 1, BN, 1]
@@ -1318,24 +1311,21 @@ def _counter(dev) -> torch.Tensor:
     return t
 
 
-def _estep_vec(X: torch.Tensor, D: int) -> int:
-    """The diag E-steps' ``VEC`` (register and tensor-core forms; :func:`fusedml.mmchain.dense._vec`),
-    1 where the JIT's own specialisation already proves it (D and the row stride multiples of 16: the
-    launch as before). sm_90 compiles (Triton 3.9, 4M rows), loads per thread and row block: register
-    form, an aligned view of rows of 15 (K = 16) one 8-byte load as rows of 16; rows of 13 (K = 8,
-    stride 16) and contiguous rows of 12 one 16-byte load instead of four 4-byte ones; spherical rows
-    of 6 (stride 8) two instead of eight; tensor-core form, rows of 16 at a row stride of 20 or 24
-    one 16-byte load instead of four."""
-    v = _vec(X, D)
-    return 1 if D % 16 == 0 and X.stride(0) % 16 == 0 else v
+def _mma_vec(X: torch.Tensor, D: int) -> int:
+    """The tensor-core E-step's ``VEC`` (:func:`fusedml.mmchain.dense._vec`), 1 where the JIT's own
+    specialisation already proves it (D and the row stride multiples of 16: the launch as timed).
+    sm_90 (Triton 3.9): an aligned view of rows of 15 loads its X tile in one 16-byte load per thread
+    and row as rows of 16 do (four scalar loads as given; H100, 4M x 15, K = 16: 0.528 ms against
+    0.551 as given and 0.542 at D = 16), rows of 16 at a row stride of 20 or 24 likewise. The
+    register form keeps VEC 1: its views gained nothing measurable (s43)."""
+    return 1 if D % 16 == 0 and X.stride(0) % 16 == 0 else _vec(X, D)
 
 
 def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, off32: bool = False,
-                        finish: tuple | None = None, vec: int = 1):
+                        finish: tuple | None = None):
     """``(kernel, constexprs, launch options)`` of the diag single sweep in the plan's form;
     ``off32``: the register form's row offsets in int32 (:func:`offsets_fit_int32`); ``finish``:
-    the register form's one-launch finish blocks (:func:`_one_launch`); ``vec``: the register form's
-    row loads (:func:`_estep_vec`)."""
+    the register form's one-launch finish blocks (:func:`_one_launch`)."""
     kw = dict(BN=plan.BN, HAS_SW=has_sw, WRITE_LOGP=write_logp)
     opts = dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
     if plan.maxnreg > 0:
@@ -1344,7 +1334,7 @@ def _diag_single_launch(plan: Plan, has_sw: bool, write_logp: bool, prec: str, o
         bd, ki, ko = plan.reg
         fbp, fbkd = finish or (1, 1)
         return _diag_reg_kernel, dict(kw, BD=bd, KI=ki, KO=ko, PREFETCH=int(plan.prefetch), SPH=plan.sph,
-                                      OFF32=off32, FINISH=finish is not None, FBP=fbp, FBKD=fbkd, VEC=vec), opts
+                                      OFF32=off32, FINISH=finish is not None, FBP=fbp, FBKD=fbkd), opts
     return (_diag_single_kernel, dict(kw, BD=plan.BD, BK=plan.BK, PREC=prec, FORM=plan.form, PREFETCH=plan.prefetch),
             opts)
 
@@ -1391,12 +1381,11 @@ def _estep_plan(prep: Prepared, return_log_prob: bool, precision: str, plan: Pla
         n_blocks = -(-N // plan.BN)  # host arithmetic: triton.cdiv is a ~3 us JIT call per use
         if not full_like:  # blocks up to 2 * P past the last are formed (P <= n_blocks), masked
             off32 = offsets_fit_int32(X, 3 * n_blocks * plan.BN, plan.BD)
-            vec = _estep_vec(X, D) if plan.form == "reg" else 1
-            kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec, off32, vec=vec)
+            kern, consts, opts = _diag_single_launch(plan, has_sw, return_log_prob, prec, off32)
         if full_like or not plan.occupancy_grid:
             P = max(1, min(n_blocks, plan.programs))
         else:
-            gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, consts.get("VEC", 1), dev)
+            gkey = (plan, N, has_sw, return_log_prob, prec, X.dtype, dev)
             P, cap = _GRIDS.get(gkey, (None, 0))
             if P is None:
                 args = ((X, X.stride(0), X.stride(1), ops["G"], sw, ops["W1"], ops["W2"], ops["CONST"])
@@ -1490,7 +1479,7 @@ def _mma_estep(prep: Prepared, ops, plan: Plan, sw: torch.Tensor | None, want_lo
     n_blocks = -(-N // plan.BN)  # the plan's BN is 8 R num_warps rows
     off32 = offsets_fit_int32(X, n_blocks * plan.BN, 16)
     consts = dict(WN=plan.num_warps, R=R, OFF32=off32, HAS_SW=sw is not None, WRITE_LOGP=want_logp,
-                  VEC=_estep_vec(X, D))
+                  VEC=_mma_vec(X, D))
     opts = dict(num_warps=plan.num_warps)
     key = (plan, N, off32, sw is not None, want_logp, consts["VEC"], dev)
     P = _MMA_OK.get(key)
