@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import fusedml
-from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, warn_user
+from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, native_order, warn_user
 from fusedml.mmchain.dense import align_mode
 
 __all__ = [
@@ -456,7 +456,7 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         n, d = (int(s) for s in X.shape)
         _check_not_empty((n, d), name)
         dev = torch.device(getattr(M, "device", device))
-        return M, DataInfo(n, d, dev, compute_dtype(np.dtype(X.dtype)), "numpy")
+        return M, DataInfo(n, d, dev, compute_dtype(M.dtype), "numpy")
     if is_sparse(X):
         kind = "torch" if isinstance(X, torch.Tensor) else "numpy"
         if not isinstance(X, (CSRMatrix, torch.Tensor)):
@@ -480,7 +480,7 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         T = X if X.is_floating_point() else X.to(torch.float64)
     else:
         kind = "numpy"
-        arr = np.asarray(X)
+        arr = native_order(np.asarray(X))  # ">f4" stays float32
         if arr.dtype.kind in "US":
             raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
         if arr.dtype == object:  # numbers held as Python objects (e.g. from pandas): converted

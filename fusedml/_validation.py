@@ -23,6 +23,12 @@ def _is_scipy_sparse(a) -> bool:
     return sp.issparse(a)
 
 
+def native_order(arr: np.ndarray) -> np.ndarray:
+    """``arr`` in the machine's byte order: byte-swapped arrays (``">f4"`` from FITS, HDF5 or network
+    formats), which torch cannot hold, as a converted copy; every other array as it is."""
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
 def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=False) -> torch.Tensor:
     """Convert ``a`` (torch tensor, numpy array, scalar or sequence) to a dense torch tensor.
 
@@ -57,8 +63,7 @@ def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=Fal
             raise TypeError(f"{name} has dtype object; expected numbers")
         if arr.dtype.kind in "US":
             raise TypeError(f"{name} holds strings; expected numbers")
-        if arr.dtype.byteorder not in ("=", "|") and arr.dtype.byteorder != np.dtype("=f8").byteorder:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
+        arr = native_order(arr)
         if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
             arr = arr.copy()
         t = torch.from_numpy(arr) if arr.ndim else torch.tensor(arr)
@@ -262,7 +267,8 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
         idx_dtype = np.int64 if X.indptr.dtype == np.int64 or X.indices.dtype == np.int64 else np.int32
         crow = torch.from_numpy(np.ascontiguousarray(X.indptr, dtype=idx_dtype))
         col = torch.from_numpy(np.ascontiguousarray(X.indices, dtype=idx_dtype))
-        data = X.data if X.data.flags.writeable else X.data.copy()
+        data = native_order(X.data)
+        data = data if data.flags.writeable else data.copy()
         val = torch.from_numpy(np.ascontiguousarray(data))
         shape = tuple(int(s) for s in X.shape)
     else:

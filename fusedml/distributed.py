@@ -112,7 +112,7 @@ def _make_part(x, y, sw):
 def _get_part(part, key, design_id, backend):
     """The partition's device copy, cached on the worker; rebuilt after a worker restart."""
     from ._dispatch import resolve_backend
-    from ._validation import as_matrix
+    from ._validation import as_matrix, to_tensor
     from .mmchain.dense import aligned_rows, pads_rows
 
     ck = (design_id, key)
@@ -128,7 +128,7 @@ def _get_part(part, key, design_id, backend):
         acc = torch.float64 if X.dtype == torch.float64 else torch.float32
         P = {"X": X, "dev": dev, "acc": acc, "backend": backend,
              "y": None if y is None else np.asarray(y),  # labels stay numpy (may be strings)
-             "sw": None if sw is None else torch.as_tensor(np.asarray(sw)).to(device=dev, dtype=acc),
+             "sw": None if sw is None else to_tensor(sw, "sample_weight", dtype=acc, device=dev),
              "h_token": None}
         _CACHE[ck] = P
     return P

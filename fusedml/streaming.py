@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from ._dispatch import resolve_backend
-from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor
+from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor, native_order
 from .mmchain.dense import padded_width, pads_rows
 
 __all__ = ["StreamedMatrix", "is_dask_array", "options"]
@@ -131,8 +131,9 @@ def is_dask_array(X) -> bool:
 def _host_rows(a: np.ndarray) -> torch.Tensor:
     """A torch view of the host array ``a``, read-only arrays too (only ever read); a native-order
     copy where torch cannot view it (negative strides, byte-swapped dtypes)."""
-    if not a.dtype.isnative or any(st < 0 or st % a.itemsize for st in a.strides):
-        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
+    a = native_order(a)
+    if any(st < 0 or st % a.itemsize for st in a.strides):
+        a = np.ascontiguousarray(a)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's "not writable" warning
         return torch.from_numpy(a)
@@ -295,7 +296,7 @@ class StreamedMatrix:
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
         self.is_sparse = _is_sparse_meta(X._meta)
-        np_dtype = np.dtype(X.dtype)
+        np_dtype = np.dtype(X.dtype).newbyteorder("=")  # byte-swapped chunks are converted as they are read
         if np_dtype not in _TORCH_FROM_NP:
             raise TypeError(f"X must hold float16/float32/float64 values, got dtype {np_dtype}")
         self.dtype = dtype if dtype is not None else _TORCH_FROM_NP[np_dtype]
@@ -1102,7 +1103,7 @@ class StreamedMatrix:
         rows = self._dask[uniq].compute(scheduler=self.scheduler)
         if _is_sparse_meta(rows):
             rows = rows.toarray()
-        t = torch.from_numpy(np.asarray(rows)[inv]).to(self.device)
+        t = torch.from_numpy(native_order(np.asarray(rows)[inv])).to(self.device)
         return t.to(self.acc_dtype)
 
     def to_dask(self):

@@ -637,6 +637,33 @@ def test_integer_and_list_inputs_and_score_weights(rng):
     assert a.score(Xi, y, sample_weight=sw) == pytest.approx(((pred == y) * sw).sum() / sw.sum())
 
 
+@pytest.mark.parametrize("cls,target", ESTIMATORS, ids=[c.__name__ for c, _ in ESTIMATORS])
+def test_byte_swapped_inputs(rng, cls, target):
+    """Byte-swapped numpy X (dense ">f4" / ">f8", CSR), y and sample_weight: the native arrays' model
+    in their dtype (``">f4"`` fits in float32), and the same predictions and score; a Dask array of
+    byte-swapped chunks too."""
+    da = pytest.importorskip("dask.array")
+    X, y = _xy(rng, target)
+    sw = rng.uniform(0.5, 2.0, size=len(y))
+    sw_ = lambda a: a.astype(a.dtype.newbyteorder())  # noqa: E731
+    for dt in (np.float32, np.float64):
+        Xn = X.astype(dt)
+        a = cls(tol=1e-8, backend="cpu").fit(Xn, y, sample_weight=sw)
+        b = cls(tol=1e-8, backend="cpu").fit(sw_(Xn), sw_(y), sample_weight=sw_(sw))
+        assert np.asarray(b.coef_).dtype == np.asarray(a.coef_).dtype
+        np.testing.assert_array_equal(a.coef_, b.coef_)
+        np.testing.assert_array_equal(a.predict(Xn), b.predict(sw_(Xn)))
+        assert a.score(Xn, y, sample_weight=sw) == b.score(sw_(Xn), sw_(y), sample_weight=sw_(sw))
+    M = sp.csr_matrix(X)
+    Ms = sp.csr_matrix((sw_(M.data), sw_(M.indices), sw_(M.indptr)), shape=M.shape)
+    np.testing.assert_array_equal(cls(tol=1e-8, backend="cpu").fit(M, y).coef_,
+                                  cls(tol=1e-8, backend="cpu").fit(Ms, y).coef_)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Dask input's note
+        c = cls(tol=1e-8, backend="cpu").fit(da.from_array(sw_(X), chunks=(25, 3)), y)
+    np.testing.assert_allclose(c.coef_, cls(tol=1e-8, backend="cpu").fit(X, y).coef_, rtol=1e-8)
+
+
 def test_fused_backend_unavailable_message(rng, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     X, y = _xy(rng, "class")

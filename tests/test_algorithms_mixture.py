@@ -971,3 +971,19 @@ def test_bad_sample_weight(Est, iris):
         else KMeans(3, init="random", backend="cpu")
     with pytest.raises(ValueError, match="positive sample_weight"):
         bad_init.fit(iris, sample_weight=few)
+
+
+def test_byte_swapped_inputs(rng):
+    """Byte-swapped numpy X (">f8") and a Dask array of byte-swapped chunks: GaussianMixture and
+    KMeans give the native array's model."""
+    da = pytest.importorskip("dask.array")
+    X = np.concatenate([rng.normal(size=(40, 3)), rng.normal(size=(40, 3)) + 4.0])
+    Xs = X.astype(X.dtype.newbyteorder())
+    for est in (GaussianMixture(2, random_state=0, backend="cpu"), KMeans(2, random_state=0, backend="cpu")):
+        attr = "means_" if isinstance(est, GaussianMixture) else "cluster_centers_"
+        want = getattr(clone(est).fit(X), attr)
+        np.testing.assert_array_equal(getattr(clone(est).fit(Xs), attr), want)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the Dask input's note
+            np.testing.assert_allclose(getattr(clone(est).fit(da.from_array(Xs, chunks=(30, 3))), attr), want,
+                                       rtol=1e-6, atol=1e-9)

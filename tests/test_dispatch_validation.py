@@ -129,3 +129,35 @@ def test_to_tensor_ndim_and_dtype():
     t = to_tensor([1, 2], "labels", allow_int=True)
     assert t.dtype == torch.int64
     assert to_tensor([1.0], "y", dtype=torch.float32).dtype == torch.float32
+
+
+def _swapped(a):
+    """``a`` with the same values in the other byte order (">f8" on little-endian machines)."""
+    return a.astype(a.dtype.newbyteorder())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "fused"])
+def test_byte_swapped_inputs(rng, backend):
+    """Byte-swapped numpy inputs (FITS, HDF5 or network data): dense X, y, v, z and every array of a
+    scipy CSR matrix give the native arrays' results, in their dtype (">f4" computes in float32),
+    and stay as they were."""
+    from fusedml import mmchain
+    from fusedml.gmm import gmm_estep
+    from fusedml.mmchain import matvec
+
+    A = rng.normal(size=(40, 6))
+    y, v, z = rng.normal(size=6), rng.random(40), rng.normal(size=6)
+    for dt in (np.float64, np.float32):
+        Xs, ys, vs, zs = (_swapped(a.astype(dt)) for a in (A, y, v, z))
+        before = Xs.copy()
+        want = mmchain(A.astype(dt), y.astype(dt), v.astype(dt), z.astype(dt), beta=0.5, backend=backend)
+        got = mmchain(Xs, ys, vs, zs, beta=0.5, backend=backend)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert torch.equal(matvec(Xs, ys, backend=backend), matvec(A.astype(dt), y.astype(dt), backend=backend))
+        M = sp.csr_matrix(A.astype(dt))
+        Ms = sp.csr_matrix((_swapped(M.data), _swapped(M.indices), _swapped(M.indptr)), shape=M.shape)
+        assert torch.equal(mmchain(Ms, ys, vs, backend=backend), mmchain(M, y.astype(dt), v.astype(dt), backend=backend))
+        assert np.array_equal(Xs, before) and Xs.dtype == before.dtype
+    w, mu, pc = np.full(2, 0.5), rng.normal(size=(2, 6)), np.ones((2, 6))
+    g, gs = (gmm_estep(X, w, mu, pc, "diag", backend=backend) for X in (A, _swapped(A)))
+    assert torch.equal(g.s1, gs.s1) and torch.equal(g.nk, gs.nk)
