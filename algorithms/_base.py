@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import fusedml
-from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, native_order, warn_user
+from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, torch_viewable, warn_user
 from fusedml.mmchain.dense import align_mode
 
 __all__ = [
@@ -477,10 +477,11 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         kind = "torch"
         if X.is_complex():
             raise ValueError(f"{name}: Complex data not supported")
+        X = X.detach()  # a tensor that requires grad: its values (fits are not differentiable)
         T = X if X.is_floating_point() else X.to(torch.float64)
     else:
         kind = "numpy"
-        arr = native_order(np.asarray(X))  # ">f4" stays float32
+        arr = torch_viewable(np.asarray(X))  # ">f4" stays float32
         if arr.dtype.kind in "US":
             raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}")
         if arr.dtype == object:  # numbers held as Python objects (e.g. from pandas): converted

@@ -23,10 +23,16 @@ def _is_scipy_sparse(a) -> bool:
     return sp.issparse(a)
 
 
-def native_order(arr: np.ndarray) -> np.ndarray:
-    """``arr`` in the machine's byte order: byte-swapped arrays (``">f4"`` from FITS, HDF5 or network
-    formats), which torch cannot hold, as a converted copy; every other array as it is."""
-    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+def torch_viewable(arr: np.ndarray) -> np.ndarray:
+    """``arr``, or a copy of it where ``torch.from_numpy`` cannot view it: byte-swapped dtypes
+    (``">f4"`` from FITS, HDF5 or network formats) in the machine's order, negative strides
+    (``X[::-1]``) or strides that are no multiple of the item size as a C-ordered copy. Read-only
+    arrays are returned as they are."""
+    if not arr.dtype.isnative:
+        return arr.astype(arr.dtype.newbyteorder("="))
+    if any(s < 0 or s % arr.itemsize for s in arr.strides):
+        return np.ascontiguousarray(arr)
+    return arr
 
 
 def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=False) -> torch.Tensor:
@@ -63,7 +69,7 @@ def to_tensor(a, name: str, *, dtype=None, device=None, ndim=None, allow_int=Fal
             raise TypeError(f"{name} has dtype object; expected numbers")
         if arr.dtype.kind in "US":
             raise TypeError(f"{name} holds strings; expected numbers")
-        arr = native_order(arr)
+        arr = torch_viewable(arr)
         if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
             arr = arr.copy()
         t = torch.from_numpy(arr) if arr.ndim else torch.tensor(arr)
@@ -267,7 +273,7 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
         idx_dtype = np.int64 if X.indptr.dtype == np.int64 or X.indices.dtype == np.int64 else np.int32
         crow = torch.from_numpy(np.ascontiguousarray(X.indptr, dtype=idx_dtype))
         col = torch.from_numpy(np.ascontiguousarray(X.indices, dtype=idx_dtype))
-        data = native_order(X.data)
+        data = torch_viewable(X.data)
         data = data if data.flags.writeable else data.copy()
         val = torch.from_numpy(np.ascontiguousarray(data))
         shape = tuple(int(s) for s in X.shape)

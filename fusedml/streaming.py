@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from ._dispatch import resolve_backend
-from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor, native_order
+from ._validation import CSRMatrix, as_csr, check_finite as _check_finite_tensor, torch_viewable
 from .mmchain.dense import padded_width, pads_rows
 
 __all__ = ["StreamedMatrix", "is_dask_array", "options"]
@@ -129,11 +129,9 @@ def is_dask_array(X) -> bool:
 
 
 def _host_rows(a: np.ndarray) -> torch.Tensor:
-    """A torch view of the host array ``a``, read-only arrays too (only ever read); a native-order
-    copy where torch cannot view it (negative strides, byte-swapped dtypes)."""
-    a = native_order(a)
-    if any(st < 0 or st % a.itemsize for st in a.strides):
-        a = np.ascontiguousarray(a)
+    """A torch view of the host array ``a``, read-only arrays too (only ever read); a copy where
+    torch cannot view it (:func:`fusedml._validation.torch_viewable`)."""
+    a = torch_viewable(a)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's "not writable" warning
         return torch.from_numpy(a)
@@ -1103,7 +1101,7 @@ class StreamedMatrix:
         rows = self._dask[uniq].compute(scheduler=self.scheduler)
         if _is_sparse_meta(rows):
             rows = rows.toarray()
-        t = torch.from_numpy(native_order(np.asarray(rows)[inv])).to(self.device)
+        t = torch.from_numpy(torch_viewable(np.asarray(rows)[inv])).to(self.device)
         return t.to(self.acc_dtype)
 
     def to_dask(self):

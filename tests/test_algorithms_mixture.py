@@ -987,3 +987,13 @@ def test_byte_swapped_inputs(rng):
             warnings.simplefilter("ignore")  # the Dask input's note
             np.testing.assert_allclose(getattr(clone(est).fit(da.from_array(Xs, chunks=(30, 3))), attr), want,
                                        rtol=1e-6, atol=1e-9)
+
+
+def test_tensor_requiring_grad(rng):
+    """GaussianMixture and KMeans on a torch X that requires grad: the plain tensor's model."""
+    X = torch.tensor(np.concatenate([rng.normal(size=(40, 3)), rng.normal(size=(40, 3)) + 4.0]))
+    Xg = X.clone().requires_grad_(True)
+    g, gg = (GaussianMixture(2, random_state=0, backend="cpu").fit(A) for A in (X, Xg))
+    assert torch.equal(g.means_, gg.means_) and torch.equal(g.predict(X), gg.predict(Xg))
+    k, kg = (KMeans(2, random_state=0, backend="cpu").fit(A) for A in (X, Xg))
+    assert torch.equal(k.cluster_centers_, kg.cluster_centers_) and torch.equal(k.predict(X), kg.predict(Xg))

@@ -161,3 +161,16 @@ def test_byte_swapped_inputs(rng, backend):
     w, mu, pc = np.full(2, 0.5), rng.normal(size=(2, 6)), np.ones((2, 6))
     g, gs = (gmm_estep(X, w, mu, pc, "diag", backend=backend) for X in (A, _swapped(A)))
     assert torch.equal(g.s1, gs.s1) and torch.equal(g.nk, gs.nk)
+
+
+def test_reversed_views_and_tensors_requiring_grad(rng):
+    """Numpy views with negative strides (``X[::-1]``, which torch cannot view) are copied; a torch X
+    or y that requires grad gives the plain tensors' result."""
+    from fusedml import mmchain
+
+    A, y = rng.normal(size=(30, 5)), rng.normal(size=5)
+    assert torch.equal(mmchain(A[::-1], y[::-1], backend="cpu"), mmchain(A[::-1].copy(), y[::-1].copy(), backend="cpu"))
+    t = to_tensor(A[::-1, ::-1], "X")
+    assert torch.equal(t, torch.from_numpy(A[::-1, ::-1].copy()))
+    Ag, yg = torch.tensor(A, requires_grad=True), torch.tensor(y, requires_grad=True)
+    assert torch.equal(mmchain(Ag, yg, backend="cpu"), mmchain(torch.tensor(A), torch.tensor(y), backend="cpu"))

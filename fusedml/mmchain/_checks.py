@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._validation import CSRMatrix, as_matrix, native_order
+from .._validation import CSRMatrix, as_matrix, torch_viewable
 from .._validation import check_finite as _check_finite
 
 MAX_M = 16
@@ -93,7 +93,7 @@ def _operand(a, name: str, device: torch.device, acc: torch.dtype, ndim) -> torc
         arr = np.asarray(a) if not np.isscalar(a) else np.asarray([a])
         if arr.dtype == object or arr.dtype.kind in "USV":
             raise TypeError(f"{name} must hold floating-point numbers, got numpy dtype {arr.dtype}")
-        arr = native_order(arr)
+        arr = torch_viewable(arr)
         if not arr.flags.writeable:
             arr = arr.copy()
         t = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
