@@ -426,7 +426,7 @@ def compute_dtype(storage_dtype) -> torch.dtype:
     return torch.float64 if storage_dtype in (torch.float64, np.float64, np.dtype("float64")) else torch.float32
 
 
-def as_design_matrix(X, *, backend="auto", name="X", check=True):
+def as_design_matrix(X, *, backend="auto", name="X", check=True, align_rows=None):
     """Convert ``X`` to what ``fusedml.mmchain`` reads, without copying what need not be copied.
 
     Parameters
@@ -440,6 +440,8 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
     check : bool or "defer"
         Reject NaN / infinity: here (True), or (``"defer"``) through ``info.finite_check``, a
         :class:`FiniteCheck` that a solver queues and reads with its first host copy.
+    align_rows : bool, optional
+        A dask input's ``StreamedMatrix(align_rows=...)``; None: the streaming options' setting.
 
     Returns
     -------
@@ -452,7 +454,7 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True):
         if X.ndim != 2:
             raise ValueError(f"{name} must be 2-D [n_samples, n_features], got shape {X.shape}")
         device = "cuda" if (backend != "cpu" and torch.cuda.is_available()) else "cpu"
-        M = streaming.StreamedMatrix(X, device=device)
+        M = streaming.StreamedMatrix(X, device=device, **({} if align_rows is None else {"align_rows": align_rows}))
         n, d = (int(s) for s in X.shape)
         _check_not_empty((n, d), name)
         dev = torch.device(getattr(M, "device", device))

@@ -109,20 +109,22 @@ def _make_part(x, y, sw):
     return (x, y, sw)
 
 
-def _get_part(part, key, design_id, backend):
-    """The partition's device copy, cached on the worker; rebuilt after a worker restart."""
+def _get_part(part, key, design_id, backend, pad=True):
+    """The partition's device copy, cached on the worker; rebuilt after a worker restart. ``pad``:
+    dense rows padded to whole 16-byte vectors where :func:`fusedml.mmchain.dense.pads_rows` says
+    so (the linear passes gain; the GMM E-step's register form loses, and EM reads X as it is)."""
     from ._dispatch import resolve_backend
     from ._validation import as_matrix, to_tensor
     from .mmchain.dense import aligned_rows, pads_rows
 
-    ck = (design_id, key)
+    ck = (design_id, key, pad)
     P = _CACHE.get(ck)
     if P is None:
         x, y, sw = part
         dev = _worker_device()
         X = as_matrix(x, "X partition")
         X = X.to(dev) if not isinstance(X, torch.Tensor) else X.to(dev)
-        if isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2 \
+        if pad and isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2 \
                 and pads_rows(dev, X.shape[1] * X.element_size()) and resolve_backend(backend, dev) == "fused":
             X = aligned_rows(X)  # read every iteration: rows in whole 16-byte vectors (one device pass)
         acc = torch.float64 if X.dtype == torch.float64 else torch.float32
@@ -208,7 +210,7 @@ def _part_hessp(part, key, design_id, spec, w, token, s):
 def _part_gmm_estep(part, key, design_id, backend, weights, means, prec_chol, cov_type, center):
     from fusedml.gmm import gmm_estep
 
-    P = _get_part(part, key, design_id, backend)
+    P = _get_part(part, key, design_id, backend, pad=False)
     st = gmm_estep(P["X"], weights, means, prec_chol, cov_type, sample_weight=P["sw"], center=center,
                    backend=backend, check_finite=False)
     return {"log_likelihood": st.log_likelihood.double().cpu().numpy(), "nk": st.nk.double().cpu().numpy(),

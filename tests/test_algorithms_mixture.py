@@ -997,3 +997,29 @@ def test_tensor_requiring_grad(rng):
     assert torch.equal(g.means_, gg.means_) and torch.equal(g.predict(X), gg.predict(Xg))
     k, kg = (KMeans(2, random_state=0, backend="cpu").fit(A) for A in (X, Xg))
     assert torch.equal(k.cluster_centers_, kg.cluster_centers_) and torch.equal(k.predict(X), kg.predict(Xg))
+
+
+def test_streamed_rows_padded_for_kmeans_not_for_em(rng, monkeypatch):
+    """A Dask X: KMeans' streamed matrix keeps its resident rows padded where the streaming options
+    say so (``align_rows``), GaussianMixture's keeps them as they are (its E-steps read X as it is);
+    both give the in-memory model."""
+    da = pytest.importorskip("dask.array")
+    import fusedml.streaming as streaming
+
+    X = np.concatenate([rng.normal(size=(40, 5)), rng.normal(size=(40, 5)) + 4.0]).astype(np.float32)
+    made = []
+    real = streaming.StreamedMatrix.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(self.resident_matrix.stride(0))
+
+    monkeypatch.setattr(streaming.StreamedMatrix, "__init__", init)
+    with streaming.options(align_rows=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Dask input's note
+        k = KMeans(2, random_state=0, backend="cpu").fit(da.from_array(X, chunks=(30, 5)))
+        g = GaussianMixture(2, random_state=0, backend="cpu").fit(da.from_array(X, chunks=(30, 5)))
+    assert made[0] == 8 and set(made[1:]) == {5}, made
+    np.testing.assert_allclose(k.cluster_centers_, KMeans(2, random_state=0, backend="cpu").fit(X).cluster_centers_,
+                               rtol=1e-5)
+    np.testing.assert_allclose(g.means_, GaussianMixture(2, random_state=0, backend="cpu").fit(X).means_, rtol=1e-4)

@@ -74,8 +74,9 @@ def test_loss_grad_hessp_match_in_memory(client):
 def test_worker_partitions_in_padded_rows(monkeypatch):
     """A worker keeps its dense partition in rows padded to whole 16-byte vectors where
     ``fusedml.mmchain.dense.pads_rows`` says so (CUDA by default; ``FUSEDML_ALIGN_ROWS=1`` here, on
-    the CPU under the interpreter) and the fused backend reads it: the loss, gradient, Hessian
-    product and GMM statistics equal those of the partition as it is (run in this process)."""
+    the CPU under the interpreter) and the fused backend reads it: the loss, gradient and Hessian
+    product equal those of the partition as it is; the GMM E-step reads the partition as it is
+    (run in this process)."""
     import torch
 
     from fusedml import distributed as fd
@@ -96,6 +97,7 @@ def test_worker_partitions_in_padded_rows(monkeypatch):
         out[mode] = (loss, grad, fd._part_hessp(part, key, "padded-rows-test", spec, w, 1, s),
                      fd._part_gmm_estep(part, key, "padded-rows-test", "fused", *gmm)["s2"])
         assert fd._get_part(part, key, "padded-rows-test", "cpu") is P  # cached per design and key
+        assert fd._get_part(part, key, "padded-rows-test", "fused", pad=False)["X"].stride() == (5, 1)  # EM's
     fd._drop_cache("padded-rows-test")
     monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "1")
     P = fd._get_part(fd._make_part(A, y, None), "cpu", "padded-rows-test", "cpu")
