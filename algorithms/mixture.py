@@ -723,13 +723,15 @@ def _lloyd_fused_loop(it, X, centers, max_iter, tol_abs, verbose, t0, history, s
 def _lloyd_design(X, K, backend):
     """``X``, or its aligned-rows copy where the fused Lloyd step reads it (:func:`_base.aligned_copy`).
 
-    Rows that are not whole 16-byte vectors (15, 31, 61 fp32 values) cost the fused Lloyd step 7-36 %
-    on the H100 (4M x 15, K = 16: 0.367 -> 0.341 ms; 2M x 31, K = 32: 1.46 -> 0.934; 1M x 61, K = 64:
-    2.41 -> 1.59), and the copy about half a step (0.18 ms at 4M x 15; ``gmm_odd_width_probe-H100-*-s42``);
-    a k-means run takes several steps. The GMM E-step gained nothing consistent there (-21..+11 %),
-    so EM reads X as it is.
+    Rows over 64 bytes that are not whole 16-byte vectors cost the fused Lloyd step a third (H100,
+    2M x 31, K = 32: 1.46 -> 0.934 ms on the copy; 1M x 61, K = 64: 2.41 -> 1.59), against a copy of
+    ~0.18 ms (``gmm_odd_width_probe-H100-*-s42``). Narrower rows gain 0-7 % a step (4M x 15, K = 16:
+    0.365 -> 0.339; 4M x 13, K = 8 2 %; 4M x 6, K = 8 nothing), and whole fits of a few steps lost
+    0.4-0.7 ms with the copy (``gmm_odd_width_fits-H100-*-s44``), so they read X as it is. The GMM
+    E-step gained nothing consistent, so EM reads X as it is.
     """
-    if backend != "fused" or not isinstance(X, torch.Tensor) or X.dtype == _F64:
+    if backend != "fused" or not isinstance(X, torch.Tensor) or X.dtype == _F64 \
+            or X.shape[-1] * X.element_size() <= 64:
         return X
     from fusedml.kmeans import lloyd_plan
 

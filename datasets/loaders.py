@@ -66,6 +66,8 @@ def _parse_svmlight_bytes(data: bytes, *, first_line: int = 1, zero_based="auto"
         ``(indptr [R+1] int64, indices [nnz] int64 zero-based, values [nnz] dtype, y [R] float64,
         min_index, max_index)`` with raw (as written) minimum/maximum index, -1 when nnz = 0.
     """
+    if data[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark (files saved by some editors)
+        data = data[3:]
     if b"#" in data:
         data = _COMMENT.sub(b"", data)
     if b"qid:" in data:
@@ -137,7 +139,7 @@ def _parse_svmlight_bytes(data: bytes, *, first_line: int = 1, zero_based="auto"
         bad = np.flatnonzero((idx_f != np.floor(idx_f)) | (idx_f < 0) | ~np.isfinite(idx_f))
         if bad.size:
             raise _line_error(first_line + int(feat_line[bad[0]]),
-                              f"feature index must be a non-negative integer, got {idx_f[bad[0]]!r}", path)
+                              f"feature index must be a non-negative integer, got {float(idx_f[bad[0]]):g}", path)
         lo, hi = int(idx_f.min()), int(idx_f.max())
     else:
         lo = hi = -1
@@ -179,7 +181,8 @@ def load_svmlight(path, n_features: int | None = None, chunks: int | None = None
     """Read an svmlight / libsvm text file (``label index:value index:value ... # comment``).
 
     ``qid:`` tokens and comments are ignored, blank lines skipped; indices within a line may come
-    in any order (they are sorted) but not repeat.
+    in any order (they are sorted) but not repeat. gzip, bz2 and xz files are decompressed (told by
+    their first bytes, whatever their name) when read whole.
 
     Parameters
     ----------
@@ -211,7 +214,8 @@ def load_svmlight(path, n_features: int | None = None, chunks: int | None = None
     FileNotFoundError
         The file does not exist.
     ValueError
-        A malformed line (the message names its line number), an index out of range.
+        A malformed line (the message names its line number), an index out of range; ``chunks``
+        on a compressed file.
     """
     path = _check_file(path)
     dtype = np.dtype(dtype)
@@ -226,8 +230,7 @@ def load_svmlight(path, n_features: int | None = None, chunks: int | None = None
         return _svmlight_dask(path, n_features, int(chunks), zero_based, dtype, task, name)
     import scipy.sparse as sp
 
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read_decompressed(path)
     indptr, idx, vals, y, lo, hi = _parse_svmlight_bytes(data, zero_based=zero_based,
                                                          n_features=n_features, dtype=dtype, path=path)
     if y.size == 0:
@@ -236,6 +239,28 @@ def load_svmlight(path, n_features: int | None = None, chunks: int | None = None
         n_features = int(idx.max()) + 1 if idx.size else 1
     X = sp.csr_matrix((vals, idx, indptr), shape=(y.size, n_features))
     return Dataset(X, y, name, task or infer_task(y), f"svmlight file {path}")
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "lzma"}  # magic bytes -> module
+
+
+def _compression(path):
+    """The stdlib module that decompresses ``path`` (``"gzip"``, ``"bz2"``, ``"lzma"``), or None."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return next((m for magic, m in _COMPRESSED.items() if head.startswith(magic)), None)
+
+
+def _read_decompressed(path) -> bytes:
+    """The file's bytes, decompressed where it is gzip, bz2 or xz (told by its magic bytes)."""
+    mod = _compression(path)
+    if mod is None:
+        with open(path, "rb") as f:
+            return f.read()
+    import importlib
+
+    with importlib.import_module(mod).open(path, "rb") as f:
+        return f.read()
 
 
 def _line_chunks(path, lines_per_chunk, block=1 << 24):
@@ -272,6 +297,10 @@ def _svmlight_dask(path, n_features, chunks, zero_based, dtype, task, name):
 
     if chunks < 1:
         raise ValueError(f"chunks must be a positive number of rows, got {chunks}")
+    mod = _compression(path)
+    if mod is not None:
+        raise ValueError(f"{path} is {mod}-compressed: chunks= reads byte ranges of the file lazily, which a "
+                         "compressed stream cannot seek to; decompress it first, or load it without chunks")
     pieces, rows, lo, hi, ys = [], [], None, -1, []
     for start, end, line in _line_chunks(path, chunks):
         # zero_based is resolved globally below, so parse this pass as zero-based.

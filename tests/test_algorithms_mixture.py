@@ -563,13 +563,14 @@ def test_kmeans_backends_give_same_model():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypatch):
-    """Rows of 5 fp32 values are not whole 16-byte vectors: the fused KMeans fit and GaussianMixture's
-    k-means start read an aligned copy (stride 8) and give the same model as from X itself
-    (FUSEDML_ALIGN_ROWS=0); X is not modified; the EM steps and the cpu backend read X as it is."""
+    """Rows of 17 fp32 values are not whole 16-byte vectors: the fused KMeans fit and GaussianMixture's
+    k-means start read an aligned copy (stride 20) and give the same model as from X itself
+    (FUSEDML_ALIGN_ROWS=0); X is not modified; the EM steps and the cpu backend read X as it is.
+    Rows of at most 64 bytes (5 fp32 values) are read as they are."""
     import fusedml
 
-    X = torch.tensor(np.concatenate([rng.normal(size=(40, 5)), rng.normal(size=(40, 5)) + 4.0]), dtype=torch.float32,
-                     device=device)
+    X = torch.tensor(np.concatenate([rng.normal(size=(40, 17)), rng.normal(size=(40, 17)) + 4.0]),
+                     dtype=torch.float32, device=device)
     before = X.clone()
     made = []
     real = fusedml.aligned_rows
@@ -580,8 +581,9 @@ def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypat
         made.clear()
         fits[mode] = (KMeans(2, random_state=0, n_init=2, backend="fused").fit(X),
                       GaussianMixture(2, covariance_type="diag", random_state=0, backend="fused").fit(X))
-        assert [t.stride() for t in made] == ([(8, 1)] * 2 if mode == "auto" else [])
+        assert [t.stride() for t in made] == ([(20, 1)] * 2 if mode == "auto" else [])
         KMeans(2, random_state=0, backend="cpu").fit(X.cpu())
+        KMeans(2, random_state=0, n_init=1, backend="fused").fit(X[:, :5])  # rows of 20 bytes
         assert len(made) == (2 if mode == "auto" else 0)
     (ka, ga), (k0, g0) = fits["auto"], fits["0"]
     assert torch.equal(X, before) and torch.equal(ka.labels_, k0.labels_) and ka.n_iter_ == k0.n_iter_

@@ -260,6 +260,30 @@ def test_svmlight_round_trip(tmp_path, zero_based):
     np.testing.assert_array_equal(lazy.y.compute(), ds.y)
 
 
+@pytest.mark.parametrize("mod", ["gzip", "bz2", "lzma"])
+def test_svmlight_compressed_and_byte_order_mark(tmp_path, mod):
+    """gzip, bz2 and xz files (told by their first bytes, whatever their name) and a leading UTF-8
+    byte-order mark read as the plain text; ``chunks=`` on a compressed file is a clear error."""
+    import importlib
+
+    plain = datasets.load_svmlight(_write(tmp_path / "p.svm", SVM_TEXT))
+    p = tmp_path / "c.svm"  # no telling extension
+    with importlib.import_module(mod).open(p, "wb") as f:
+        f.write(("\ufeff" + SVM_TEXT).encode())
+    got = datasets.load_svmlight(p)
+    assert (got.X != plain.X).nnz == 0 and np.array_equal(got.y, plain.y)
+    with pytest.raises(ValueError, match=f"{mod}-compressed.*chunks"):
+        datasets.load_svmlight(p, chunks=2)
+    bom = _write(tmp_path / "b.svm", "\ufeff" + SVM_TEXT)
+    assert (datasets.load_svmlight(bom).X != plain.X).nnz == 0
+    assert (datasets.load_svmlight(bom, chunks=2).X.compute() != plain.X).nnz == 0
+
+
+def _write(p, text):
+    p.write_bytes(text.encode())
+    return p
+
+
 @pytest.mark.parametrize("text, line, msg", [
     ("1 1:2\n1 2:3\n1 3:x\n", 3, "not a number"),
     ("1 1:2\n1 2:3 4\n", 2, "malformed"),
