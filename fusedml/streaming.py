@@ -233,7 +233,8 @@ class StreamedMatrix:
         most 64 KB, unless ``FUSEDML_ALIGN_ROWS=0``; any device with ``1``). Streamed blocks keep
         their rows as they are (bound by the transfer).
     dtype : torch.dtype, optional
-        Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'.
+        Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'
+        (float64 for integer or boolean chunks).
     scheduler : str, optional
         Dask scheduler used to materialise chunks (None: dask's default / the active client).
     check_finite : bool
@@ -295,9 +296,14 @@ class StreamedMatrix:
             raise ValueError(f"device must be a CPU or CUDA device, got {self.device}")
         self.is_sparse = _is_sparse_meta(X._meta)
         np_dtype = np.dtype(X.dtype).newbyteorder("=")  # byte-swapped chunks are converted as they are read
-        if np_dtype not in _TORCH_FROM_NP:
-            raise TypeError(f"X must hold float16/float32/float64 values, got dtype {np_dtype}")
-        self.dtype = dtype if dtype is not None else _TORCH_FROM_NP[np_dtype]
+        if np_dtype.kind in "biu" and not self.is_sparse:
+            default = torch.float64  # integer / boolean chunks, converted as read (as the estimators take them)
+        elif np_dtype in _TORCH_FROM_NP:
+            default = _TORCH_FROM_NP[np_dtype]
+        else:
+            raise TypeError(f"X must hold float16/float32/float64 values (or integers / booleans in dense "
+                            f"chunks), got dtype {np_dtype}")
+        self.dtype = dtype if dtype is not None else default
         if self.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"dtype must be a floating torch dtype, got {self.dtype}")
         if any(math.isnan(c) for c in X.chunks[0]) or any(math.isnan(c) for c in X.chunks[1]):

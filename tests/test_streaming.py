@@ -205,6 +205,22 @@ def test_chunks_of_any_layout(rng, align, device):
             assert rel(mmchain(S, yt, vt, backend=be).cpu(), want) < 1e-5
 
 
+def test_integer_and_boolean_chunks(rng):
+    """Integer and boolean dense chunks are stored as float64 (or the dtype asked for), resident and
+    streamed, as the estimators take in-memory integers; sparse integer chunks are an error."""
+    A = rng.integers(-3, 4, size=(90, 5))
+    y = rng.normal(size=5)
+    for a, want_dtype, kw in ((A, torch.float64, {}), (A > 0, torch.float64, {}), (A, torch.float32, {"dtype": torch.float32})):
+        for budget in (None, 2 * 400 + 30 * 5 * 8):  # all resident; 30 rows resident, the rest streamed
+            S = StreamedMatrix(da.from_array(a, chunks=(30, 5)), device="cpu", max_gpu_bytes=budget, block_bytes=400, **kw)
+            assert S.dtype == want_dtype
+            ad = a.astype(np.float64)
+            assert rel(mmchain(S, y, backend="cpu"), ad.T @ (ad @ y)) < 1e-6
+    Xs = da.from_array(A, chunks=(30, 5)).map_blocks(sp.csr_matrix, meta=sp.csr_matrix((0, 5), dtype=np.int64))
+    with pytest.raises(TypeError, match="float16/float32/float64"):
+        StreamedMatrix(Xs, device="cpu")
+
+
 def test_independent_of_chunking_and_scheduler(rng):
     A = dense_data(rng, n=500, d=6)
     y, v = rng.normal(size=6), rng.random(500)
@@ -304,7 +320,7 @@ def test_bad_inputs(rng):
     with pytest.raises(ValueError, match="2-D"):
         StreamedMatrix(da.from_array(A[:, 0]))
     with pytest.raises(TypeError, match="float"):
-        StreamedMatrix(da.from_array(np.arange(12).reshape(6, 2), chunks=(3, 2)))
+        StreamedMatrix(da.from_array(np.arange(12).reshape(6, 2).astype(np.complex64), chunks=(3, 2)))
     with pytest.raises(ValueError, match="empty"):
         StreamedMatrix(da.zeros((0, 3), chunks=(5, 3)))
     with pytest.raises(ValueError, match="max_gpu_bytes"):
