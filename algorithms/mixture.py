@@ -1231,8 +1231,13 @@ class KMeans(BaseEstimator):
         self.verbose = verbose
 
     def __sklearn_tags__(self):
-        """Tags for scikit-learn >= 1.6 (a clusterer; no target)."""
-        return _unsupervised_tags(super().__sklearn_tags__(), "clusterer")
+        """Tags for scikit-learn >= 1.6 (a clusterer and a transformer that keeps float32 / float64;
+        no target)."""
+        from sklearn.utils import TransformerTags  # only scikit-learn asks for tags
+
+        tags = _unsupervised_tags(super().__sklearn_tags__(), "clusterer")
+        tags.transformer_tags = TransformerTags(preserves_dtype=["float64", "float32"])
+        return tags
 
     def _check_params(self):
         for name in ("n_clusters", "n_init", "max_iter"):
@@ -1348,6 +1353,39 @@ class KMeans(BaseEstimator):
         """
         X, info, centers, backend = self._check_fitted_X(X)
         return _out(_assign(X, centers, backend), info.kind)
+
+    def transform(self, X):
+        """Distances from every row to every centre (scikit-learn's ``KMeans.transform``).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+
+        Returns
+        -------
+        distances : array of shape (n_samples, n_clusters)
+            ``||x_n - c_k||``, computed in float64 about the centres' mean (no cancellation for
+            data far from the origin), returned in X's floating dtype (float64 for integers).
+        """
+        X, info, centers, _ = self._check_fitted_X(X)
+        d2 = _sq_dist_to_rows(X, centers, centers.mean(0))  # [K, N]
+        return _out(d2.T.sqrt(), info.kind, dtype=info.dtype)
+
+    def fit_transform(self, X, y=None, sample_weight=None):
+        """Fit, then :meth:`transform` ``X``.
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or dask array of shape (n_samples, n_features)
+        y : ignored
+        sample_weight : array-like of shape (n_samples,) or scalar, optional
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        distances : array of shape (n_samples, n_clusters)
+        """
+        return self.fit(X, sample_weight=sample_weight).transform(X)
 
     def score(self, X, y=None, sample_weight=None):
         """Opposite of the (weighted) inertia of ``X`` under the fitted centres (scikit-learn's).

@@ -1025,3 +1025,24 @@ def test_streamed_rows_padded_for_kmeans_not_for_em(rng, monkeypatch):
     np.testing.assert_allclose(k.cluster_centers_, KMeans(2, random_state=0, backend="cpu").fit(X).cluster_centers_,
                                rtol=1e-5)
     np.testing.assert_allclose(g.means_, GaussianMixture(2, random_state=0, backend="cpu").fit(X).means_, rtol=1e-4)
+
+
+def test_kmeans_transform(rng):
+    """``transform`` / ``fit_transform``: distances to every centre as the direct float64 formula
+    (data far from the origin too), in X's dtype, for numpy, torch and Dask inputs."""
+    da = pytest.importorskip("dask.array")
+    X = np.concatenate([rng.normal(size=(30, 3)), rng.normal(size=(30, 3)) + 4.0]) + 1e4
+    km = KMeans(2, random_state=0, backend="cpu")
+    D = km.fit_transform(X)
+    C = km.cluster_centers_
+    ref = np.sqrt(((X[:, None, :] - C[None]) ** 2).sum(-1))
+    assert D.shape == (60, 2) and D.dtype == np.float64 and np.abs(D - ref).max() < 1e-9
+    np.testing.assert_array_equal(D.argmin(1), km.labels_)
+    assert km.transform(X.astype(np.float32)).dtype == np.float32
+    t = km.transform(torch.tensor(X))
+    assert isinstance(t, torch.Tensor) and torch.equal(t, torch.from_numpy(D))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Dask input's note
+        np.testing.assert_array_equal(km.transform(da.from_array(X, chunks=(25, 3))), D)
+    with pytest.raises(ValueError, match="features"):
+        km.transform(X[:, :2])
