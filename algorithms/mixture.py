@@ -1371,6 +1371,21 @@ class KMeans(BaseEstimator):
         d2 = _sq_dist_to_rows(X, centers, centers.mean(0))  # [K, N]
         return _out(d2.T.sqrt(), info.kind, dtype=info.dtype)
 
+    def get_feature_names_out(self, input_features=None):
+        """Names of :meth:`transform`'s columns, as scikit-learn's: ``kmeans0`` ... ``kmeans{K-1}``.
+
+        Parameters
+        ----------
+        input_features : ignored
+            Accepted for scikit-learn's pipelines.
+
+        Returns
+        -------
+        numpy.ndarray of str objects, shape (n_clusters,)
+        """
+        self._check_is_fitted()
+        return np.asarray([f"kmeans{k}" for k in range(len(self.cluster_centers_))], dtype=object)
+
     def fit_transform(self, X, y=None, sample_weight=None):
         """Fit, then :meth:`transform` ``X``.
 

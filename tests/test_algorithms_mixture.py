@@ -1046,3 +1046,4 @@ def test_kmeans_transform(rng):
         np.testing.assert_array_equal(km.transform(da.from_array(X, chunks=(25, 3))), D)
     with pytest.raises(ValueError, match="features"):
         km.transform(X[:, :2])
+    assert km.get_feature_names_out().tolist() == ["kmeans0", "kmeans1"]
