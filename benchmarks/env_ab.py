@@ -9,7 +9,7 @@ switch read once at import (``fusedml._launch:SKIP_EMPTY_HOOKS=False``). Reports
 fit and backend, and B's saving over A.
 
     python benchmarks/env_ab.py --a FUSEDML_SOLVE_AHEAD=0 --b FUSEDML_SOLVE_AHEAD=1 \\
-        [--shapes 1000000x100 2000000x256] [--algos ...] [--fits 21] [--out FILE]
+        [--shapes 1000000x100 2000000x256] [--algos ...] [--fits 21] [--dask ROWS] [--out FILE]
 
 Without CUDA it runs a tiny shape under the interpreter (a smoke test of the script).
 """
@@ -51,6 +51,9 @@ def main(argv=None):
                     choices=_common.LINEAR_FIT_ALGOS)
     ap.add_argument("--backends", nargs="+", default=["fused", "ops"])
     ap.add_argument("--fits", type=int, default=21, help="fits per setting (alternating)")
+    ap.add_argument("--dask", type=int, default=0, metavar="ROWS",
+                    help="fit a Dask array of ROWS-row chunks of X (a StreamedMatrix per fit, its upload "
+                         "included); 0: X in GPU memory")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = {"A": parse_setting(args.a), "B": parse_setting(args.b)}
@@ -64,6 +67,11 @@ def main(argv=None):
     for spec in args.shapes:
         N, D = (int(s) for s in spec.split("x"))
         X, cases = _common.linear_fit_cases(N, D, dev)
+        if args.dask:
+            import dask.array as da
+
+            X = da.from_array(X.cpu().numpy(), chunks=(args.dask, D))
+            cases = {k: (make, y.cpu().numpy()) for k, (make, y) in cases.items()}
         for algo in args.algos:
             for be in args.backends:
                 make, y = cases[algo]

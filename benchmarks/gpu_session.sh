@@ -500,6 +500,15 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s44b)  # session 44: the streamed matrix's padded resident rows in whole linear fits on Dask input (upload
+           # included; FUSEDML_ALIGN_ROWS=0 / auto), rows of 13 and 55; the CUDA tests of the final code
+      run align-dask 240 python3 benchmarks/env_ab.py --a FUSEDML_ALIGN_ROWS=0 --b FUSEDML_ALIGN_ROWS=auto \
+        --shapes 4000000x13 2000000x55 --algos logistic poisson ridge --backends fused --fits 7 --dask 500000 \
+        --out "$out/env_ab_align_dask_s44.json"
+      grep -E "^\| " "$log/align-dask.log" | cut -c1-200
+      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_gmm.py \
+        tests/test_algorithms_mixture.py tests/test_algorithms_base.py tests/test_streaming.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
     s43b)  # session 43: whole fused KMeans / GaussianMixture fits with FUSEDML_ALIGN_ROWS=0 / auto
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s43.json"
