@@ -479,7 +479,8 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True, align_rows=None
         kind = "torch"
         if X.is_complex():
             raise ValueError(f"{name}: Complex data not supported")
-        X = X.detach()  # a tensor that requires grad: its values (fits are not differentiable)
+        if X.requires_grad:
+            X = X.detach()  # its values (fits are not differentiable)
         T = X if X.is_floating_point() else X.to(torch.float64)
     else:
         kind = "numpy"
