@@ -1317,7 +1317,7 @@ def _mma_vec(X: torch.Tensor, D: int) -> int:
     sm_90 (Triton 3.9): an aligned view of rows of 15 loads its X tile in one 16-byte load per thread
     and row as rows of 16 do (four scalar loads as given; H100, 4M x 15, K = 16: 0.528 ms against
     0.551 as given and 0.542 at D = 16), rows of 16 at a row stride of 20 or 24 likewise. The
-    register form keeps VEC 1: its views gained nothing measurable (s43)."""
+    register form has no VEC: its views lost with or without it (`gmm_odd_width_probe-H100-*-s44`)."""
     return 1 if D % 16 == 0 and X.stride(0) % 16 == 0 else _vec(X, D)
 
 
