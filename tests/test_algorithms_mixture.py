@@ -592,6 +592,30 @@ def test_kmeans_reads_unaligned_rows_from_an_aligned_copy(device, rng, monkeypat
     assert ga.lower_bound_ == pytest.approx(g0.lower_bound_, rel=1e-12) and ga.n_iter_ == g0.n_iter_
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_fused_scores_do_not_depend_on_row_order(ct, device, rng):
+    """A row's fused float32 ``score_samples`` and label are the same wherever it sits in its tile.
+    Compiled (``input_precision="ieee"``: FMAs in k order for every row) they are bitwise equal;
+    interpreted, ``tl.dot`` is numpy's float32 matmul (OpenBLAS sgemm), which rounds a row of a
+    [64, 16] tile by its position, so there they agree to float32 rounding only (scikit-learn's
+    ``check_methods_sample_order_invariance`` asks rtol 1e-7: an expected failure there); diag and
+    spherical expand ``||x - mu||^2`` as ``x^2 W2 + x W1 + c``, whose cancellation magnifies it."""
+    X = torch.tensor(np.concatenate([rng.normal(size=(150, 5)), rng.normal(size=(150, 5)) * 0.5 + 3.0]),
+                     dtype=torch.float32, device=device)
+    gm = GaussianMixture(3, covariance_type=ct, random_state=0, max_iter=20, backend="fused").fit(X)
+    lp, lab = gm.score_samples(X), gm.predict(X)
+    for seed in range(3):
+        idx = torch.as_tensor(np.random.default_rng(seed).permutation(len(X)), device=device)
+        lp_p, lab_p = gm.score_samples(X[idx]), gm.predict(X[idx])
+        assert torch.equal(lab_p, lab[idx])
+        if device == "cuda":
+            assert torch.equal(lp_p, lp[idx])
+        else:
+            rtol = 4e-7 if ct in ("full", "tied") else 1e-5
+            torch.testing.assert_close(lp_p, lp[idx], rtol=rtol, atol=rtol)
+
+
 def test_gmm_float32_close_to_float64(iris):
     kw = dict(covariance_type="full", backend="cpu", tol=1e-6, max_iter=300, **_explicit_init(iris, "full"))
     m64 = GaussianMixture(3, **kw).fit(iris)

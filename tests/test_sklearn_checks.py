@@ -55,8 +55,10 @@ _RANDOM_INIT = ("the initialisation draws rows at random, so repeated rows chang
                 "(test_algorithms_mixture: *_integer_weights_equal_repeated_rows)")
 
 
-_FP32_ROWS = ("the fused E-step's float32 per-row log-likelihoods can differ by an ulp with a row's place in "
-              "its tile, and the check's rtol of 1e-7 is below float32 rounding (about one run in three)")
+_FP32_ROWS = ("interpreted, the fused scoring's tl.dot is numpy's float32 matmul (OpenBLAS sgemm), which rounds a "
+              "row of a [64, 16] tile by its place in it, so a row's score_samples can move by an ulp when the "
+              "rows are shuffled (about one run in three at the check's rtol of 1e-7); compiled, the scores are "
+              "bitwise the same (test_algorithms_mixture: test_fused_scores_do_not_depend_on_row_order)")
 
 
 def _expected_failures(est):
