@@ -500,6 +500,11 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s45)  # session 45: the streamed E-step's host cost (0.064 ms a call over in-memory at 4M x 13, K = 8 in s44):
+          # one warm call's host timeline in memory and streamed (all resident)
+      run tl-estep 120 python3 benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13 --min-us 8 --warm 5 \
+        --out "$out/host_timeline_estep_s45.json"
+      grep -E "^(in memory|streamed)|StreamedMatrix|map_blocks|_sum|cat|WAIT" "$log/tl-estep.log" | cut -c1-160 ;;
     s44b)  # session 44: the streamed matrix's padded resident rows in whole linear fits on Dask input (upload
            # included; FUSEDML_ALIGN_ROWS=0 / auto), rows of 13 and 55; the CUDA tests of the final code
       run align-dask 240 python3 benchmarks/env_ab.py --a FUSEDML_ALIGN_ROWS=0 --b FUSEDML_ALIGN_ROWS=auto \

@@ -11,6 +11,8 @@ GPU's side is in ``profile_fit.py --trace-dir``.
 
     python benchmarks/host_timeline.py [--shape 1000000x100] [--algo logistic] [--backend fused]
         [--min-us 20] [--out FILE]
+    python benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13   # one GMM E-step, in memory
+        # and on a StreamedMatrix of the same rows (all resident), one after the other
 
 Without CUDA it runs a tiny shape under the interpreter (a smoke test of the script).
 """
@@ -132,54 +134,91 @@ def timeline(events, t_start, min_us):
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="1000000x100")
-    ap.add_argument("--algo", default="logistic", choices=_common.LINEAR_FIT_ALGOS)
-    ap.add_argument("--backend", default="fused")
-    ap.add_argument("--min-us", type=float, default=20.0)
-    ap.add_argument("--match", nargs="*", default=[], help="only functions whose label contains one of these")
-    ap.add_argument("--warm", type=int, default=3, help="warm fits before the recorded one")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    dev = _common.device()
-    if dev.type != "cuda":
-        args.shape, args.warm = "400x8", 1
-    N, D = (int(s) for s in args.shape.split("x"))
-    X, cases = _common.linear_fit_cases(N, D, dev)
-    make, y = cases[args.algo]
-    for _ in range(args.warm):
-        make(args.backend).fit(X, y)
+def record(setup, warm, match, cuda):
+    """Run ``setup()()`` ``warm`` times, then once recorded (``setup()``, e.g. the estimator,
+    made unrecorded): ``(events, t0, t1)`` in ns."""
+    for _ in range(warm):
+        setup()()
     rec = Recorder()
-    restore = install(rec, args.match)
+    restore = install(rec, match)
     hook = gc_recorder(rec)
     gc.callbacks.append(hook)
     try:
-        est = make(args.backend)
-        if dev.type == "cuda":
+        run = setup()  # after install: its bound methods are the wrapped ones
+        if cuda:
             torch.cuda.synchronize()
         rec.on = True
         t0 = time.perf_counter_ns()
-        est.fit(X, y)
-        if dev.type == "cuda":
+        run()
+        if cuda:
             torch.cuda.synchronize()
         t1 = time.perf_counter_ns()
         rec.on = False
     finally:
         gc.callbacks.remove(hook)
         restore()
-    rows = timeline(rec.events, t0, args.min_us)
-    waits = sum((e[3] - e[2]) / 1e3 for e in rec.events if e[0].startswith("WAIT"))
-    gcs = [(e[3] - e[2]) / 1e3 for e in rec.events if e[0].startswith("GC")]
-    print(f"{args.algo} {args.shape} {args.backend}: fit {(t1 - t0) / 1e3:.0f} us, {len(rec.events)} recorded calls, "
-          f"{waits:.0f} us in host reads (waiting on the GPU or copying), {len(gcs)} garbage collections "
-          f"({sum(gcs):.0f} us)")
+    return rec.events, t0, t1
+
+
+def _estep_runs(N, D, spec, dev):
+    """``{label: setup}``: one fused ``gmm_estep`` (K components of ``spec`` "K:type") on the
+    in-memory tensor and on a StreamedMatrix of the same rows with every chunk resident."""
+    import dask.array as da
+    import numpy as np
+
+    import fusedml
+    from fusedml.streaming import StreamedMatrix
+
+    K, ct = spec.split(":")
+    K = int(K)
+    g = torch.Generator().manual_seed(N + D)
+    A = torch.randn(N, D, generator=g)
+    w, mu = np.full(K, 1.0 / K), A[torch.randperm(N, generator=g)[:K]].double().numpy()
+    pc = np.ones(K) if ct == "spherical" else np.ones((K, D))
+    At = A.to(dev)
+    S = StreamedMatrix(da.from_array(A.numpy(), chunks=(-(-N // 4), D)), device=dev)
+    call = lambda M: fusedml.gmm_estep(M, w, mu, pc, ct, backend="fused", check_finite=False)  # noqa: E731
+    return {"in memory": lambda: lambda: call(At), "streamed": lambda: lambda: call(S)}
+
+
+def _print(label, events, t0, t1, min_us):
+    rows = timeline(events, t0, min_us)
+    waits = sum((e[3] - e[2]) / 1e3 for e in events if e[0].startswith("WAIT"))
+    gcs = [(e[3] - e[2]) / 1e3 for e in events if e[0].startswith("GC")]
+    print(f"{label}: {(t1 - t0) / 1e3:.0f} us, {len(events)} recorded calls, {waits:.0f} us in host reads "
+          f"(waiting on the GPU or copying), {len(gcs)} garbage collections ({sum(gcs):.0f} us)")
     print(f"{'t us':>8} {'us':>8}  function")
     for r in rows:
         print(f"{r['t_us']:8.0f} {r['us']:8.0f}  {'  ' * r['depth']}{r['name']}")
-    _common.write_json("host_timeline", rows, extra={"args": vars(args), "fit_us": (t1 - t0) / 1e3,
-                                                     "wait_us": waits, "gc_us": gcs}, out=args.out)
-    return rows
+    return {"label": label, "us": (t1 - t0) / 1e3, "wait_us": waits, "gc_us": gcs, "rows": rows}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="1000000x100")
+    ap.add_argument("--algo", default="logistic", choices=_common.LINEAR_FIT_ALGOS)
+    ap.add_argument("--estep", default=None, metavar="K:TYPE",
+                    help="time one GMM E-step (e.g. 8:diag) in memory and streamed instead of a fit")
+    ap.add_argument("--backend", default="fused")
+    ap.add_argument("--min-us", type=float, default=20.0)
+    ap.add_argument("--match", nargs="*", default=[], help="only functions whose label contains one of these")
+    ap.add_argument("--warm", type=int, default=3, help="warm fits (calls) before the recorded one")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    dev = _common.device()
+    cuda = dev.type == "cuda"
+    if not cuda:
+        args.shape, args.warm = "400x8", 1
+    N, D = (int(s) for s in args.shape.split("x"))
+    if args.estep:
+        runs = _estep_runs(N, D, args.estep, dev)
+    else:
+        X, cases = _common.linear_fit_cases(N, D, dev)
+        make, y = cases[args.algo]
+        runs = {f"{args.algo} {args.shape} {args.backend} fit": lambda: functools.partial(make(args.backend).fit, X, y)}
+    out = [_print(label, *record(setup, args.warm, args.match, cuda), args.min_us) for label, setup in runs.items()]
+    _common.write_json("host_timeline", out, extra={"args": vars(args)}, out=args.out)
+    return out
 
 
 if __name__ == "__main__":

@@ -605,7 +605,8 @@ def test_env_ab_smoke(tmp_path, monkeypatch):
 
 def test_host_timeline_smoke(tmp_path):
     """benchmarks/host_timeline.py under the interpreter: the fit's timeline starts with the
-    estimator's fit and nests the solver in it; every wrapped function is restored afterwards."""
+    estimator's fit and nests the solver in it; every wrapped function is restored afterwards;
+    ``--estep`` records one E-step in memory and one through the StreamedMatrix hook."""
     import json
 
     from algorithms import _solvers
@@ -613,13 +614,18 @@ def test_host_timeline_smoke(tmp_path):
     real = _solvers._trcg
     mod = _bench_module("host_timeline")
     out = tmp_path / "ht.json"
-    rows = mod.main(["--algo", "ridge", "--backend", "ops", "--min-us", "0", "--out", str(out)])
+    (fit,) = mod.main(["--algo", "ridge", "--backend", "ops", "--min-us", "0", "--out", str(out)])
+    rows = fit["rows"]
     assert rows[0]["name"] == "linear._LeastSquaresBase.fit"
     assert rows[0]["depth"] == 0 and all(r["depth"] >= 1 for r in rows[1:])
     assert any("conjugate_gradient" in r["name"] for r in rows)
     assert all(r["t_us"] + r["us"] <= rows[0]["t_us"] + rows[0]["us"] + 1 for r in rows)
-    assert json.loads(out.read_text())["rows"] == rows
+    assert json.loads(out.read_text())["rows"][0]["rows"] == rows
     assert _solvers._trcg is real and not hasattr(torch.Tensor.tolist, "__wrapped_by_timeline__")
+    mem, streamed = mod.main(["--estep", "3:spherical", "--min-us", "0", "--out", str(out)])
+    assert [mem["label"], streamed["label"]] == ["in memory", "streamed"]
+    assert mem["rows"][0]["name"] == "gmm.gmm_estep" and any("estep_fused" in r["name"] for r in mem["rows"])
+    assert any(r["name"] == "streaming.StreamedMatrix._fusedml_gmm_estep" for r in streamed["rows"])
 
 
 def test_solver_ops_precision_points():
