@@ -500,6 +500,14 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s45b)  # session 45, after s45: streamed resident rows padded on the device after an unpadded upload (was: in the
+           # host's pinned pass, 4-6 ms slower fits), only rows over 64 bytes under auto; the streaming CUDA tests
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py tests/test_distributed.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300
+      run align-dask 300 python3 benchmarks/env_ab.py --a FUSEDML_ALIGN_ROWS=0 --b FUSEDML_ALIGN_ROWS=auto \
+        --shapes 2000000x55 1000000x101 --algos logistic poisson ridge --backends fused --fits 7 --dask 500000 \
+        --out "$out/env_ab_align_dask_s45b.json"
+      grep -E "^\| " "$log/align-dask.log" | cut -c1-200 ;;
     s45)  # session 45: the streamed E-step's host cost (0.064 ms a call over in-memory at 4M x 13, K = 8 in s44):
           # one warm call's host timeline in memory and streamed (all resident)
       run tl-estep 120 python3 benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13 --min-us 8 --warm 5 \

@@ -229,8 +229,9 @@ class StreamedMatrix:
         row stride :func:`fusedml.mmchain.dense.padded_width`, as :func:`fusedml.aligned_rows`
         gives), which the fused kernels read in 16-byte loads instead of scalar ones, for
         ``D_pad / D`` of the memory (counted in the budget) and no extra pass (the upload writes
-        the padded rows). "auto": :func:`fusedml.mmchain.dense.pads_rows` (CUDA devices, rows of at
-        most 64 KB, unless ``FUSEDML_ALIGN_ROWS=0``; any device with ``1``). Streamed blocks keep
+        the padded rows; on CUDA the rows travel unpadded and are padded on the device). "auto":
+        :func:`fusedml.mmchain.dense.pads_rows` (CUDA devices, rows over 64 bytes and up to 64 KB,
+        unless ``FUSEDML_ALIGN_ROWS=0``; any device and width with ``1``). Streamed blocks keep
         their rows as they are (bound by the transfer).
     dtype : torch.dtype, optional
         Storage dtype on the device (e.g. ``torch.float16`` halves the bytes); default the chunks'
@@ -503,9 +504,12 @@ class StreamedMatrix:
         """``dst[:, :D] = src`` and zeros in ``dst[:, D:]``, for contiguous device rows ``dst`` [r, W]
         (or a 1-D slice) and host rows ``src`` [r, D] of any strides and dtype.
 
-        On CUDA through two pinned staging buffers (the host fills one while the other copies): the
-        padding and the dtype conversion happen in that one host pass; ``_finish_upload`` waits for
-        the last copy.
+        On CUDA through two pinned staging buffers (the host fills one while the other copies), the
+        dtype conversion in that one host pass. Padded rows (W > D) are staged and copied unpadded
+        and padded on the device (a strided device copy per piece, in stream order): the host's
+        strided pass into padded rows cost more than the padded reads saved (H100, Dask input,
+        whole fits 4-6 ms slower at 2M x 55 and 4M x 13, ``env_ab_align_dask-H100-*-s45``).
+        ``_finish_upload`` waits for the last copy.
         """
         if dst.ndim == 1:
             dst, src = dst.view(-1, 1), src.reshape(-1, 1)
@@ -515,24 +519,35 @@ class StreamedMatrix:
             dst[:, D:].zero_()
             return
         if self._upload is None:
-            self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0}
+            self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0,
+                            "dev": None}
         up = self._upload
-        per = max(1, self._UPLOAD_PIECE_BYTES // (W * dst.element_size()))  # rows per piece
+        esz = dst.element_size()
+        per = max(1, self._UPLOAD_PIECE_BYTES // (D * esz))  # rows per piece
+        if W > D:
+            dst[:, D:].zero_()
+            if up["dev"] is None or up["dev"].numel() < min(per, src.shape[0]) * D * esz:
+                up["dev"] = torch.empty(min(per, src.shape[0]) * D * esz, dtype=torch.uint8, device=dst.device)
         for lo in range(0, src.shape[0], per):
             piece = src[lo:lo + per]
+            r = piece.shape[0]
             k = up["i"] % 2
             up["i"] += 1
             up["events"][k].synchronize()  # the staging buffer's previous copy is done
-            nbytes = piece.shape[0] * W * dst.element_size()
+            nbytes = r * D * esz
             buf = up["bufs"][k]
             if buf is None or buf.numel() < nbytes:
                 buf = torch.empty(max(nbytes, min(self._UPLOAD_PIECE_BYTES, self.resident_bytes)),
                                   dtype=torch.uint8, pin_memory=True)
                 up["bufs"][k] = buf
-            stage = buf[:nbytes].view(dst.dtype).view(piece.shape[0], W)
-            stage[:, :D].copy_(piece)
-            stage[:, D:].zero_()
-            dst[lo:lo + piece.shape[0]].copy_(stage, non_blocking=True)
+            stage = buf[:nbytes].view(dst.dtype).view(r, D)
+            stage.copy_(piece)
+            if W > D:  # one device temp: the next piece's copy into it follows this one in stream order
+                tmp = up["dev"][:nbytes].view(dst.dtype).view(r, D)
+                tmp.copy_(stage, non_blocking=True)
+                dst[lo:lo + r, :D].copy_(tmp)
+            else:
+                dst[lo:lo + r].copy_(stage, non_blocking=True)
             up["events"][k].record(torch.cuda.current_stream(self.device))
 
     def _finish_upload(self):

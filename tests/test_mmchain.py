@@ -923,17 +923,19 @@ def test_aligned_rows_copies_only_unaligned_rows():
 
 def test_padded_width_align_mode_and_pads_rows(monkeypatch):
     """The padded row length (whole 16-byte vectors), ``FUSEDML_ALIGN_ROWS`` (auto / 1 / 0, anything
-    else an error) and the rule for matrices kept on a device: auto pads on CUDA devices only, 1 on
-    any, 0 never; rows over 64 KB never; True / False decide."""
+    else an error) and the rule for matrices kept on a device: auto pads rows over 64 bytes on CUDA
+    devices only, 1 any row on any device, 0 never; rows over 64 KB never; True / False decide."""
     assert [dense_mod.padded_width(d, 4) for d in (1, 4, 5, 55, 56)] == [1, 4, 8, 56, 56]
     assert dense_mod.padded_width(137, 2) == 144 and dense_mod.padded_width(3, 8) == 4
     monkeypatch.delenv("FUSEDML_ALIGN_ROWS", raising=False)
     assert dense_mod.align_mode() == "auto"
     assert dense_mod.pads_rows("cuda:0", 220) and not dense_mod.pads_rows("cpu", 220)
     assert not dense_mod.pads_rows("cuda", (64 << 10) + 4)
+    assert not dense_mod.pads_rows("cuda", 52) and not dense_mod.pads_rows("cuda", 64) and dense_mod.pads_rows("cuda", 68)
     assert dense_mod.pads_rows("cpu", 220, True) and not dense_mod.pads_rows("cuda", 220, False)
     monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "1")
     assert dense_mod.pads_rows("cpu", 220) and not dense_mod.pads_rows("cpu", (64 << 10) + 4)
+    assert dense_mod.pads_rows("cpu", 52)
     monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "0")
     assert not dense_mod.pads_rows("cuda", 220)
     monkeypatch.setenv("FUSEDML_ALIGN_ROWS", "yes")

@@ -607,21 +607,26 @@ def test_cuda_pipeline_matches_in_memory(rng, n_buffers):
 
 @cuda_only
 def test_cuda_resident_rows_aligned_by_default(rng, monkeypatch):
-    """On CUDA the resident rows of 13 float32 values are padded to 16 by default (``FUSEDML_ALIGN_ROWS=0``:
-    as they are); the compiled kernels' results equal the in-memory ones."""
+    """On CUDA resident rows over 64 bytes (17 float32 values) are padded to whole 16-byte vectors by
+    default, rows of 13 only under ``FUSEDML_ALIGN_ROWS=1`` (``0``: never); the padding, written on
+    the device after an unpadded upload, is zeros; the compiled kernels' results equal the in-memory ones."""
     dev = torch.device("cuda")
-    A = rng.normal(size=(30_000, 13)).astype(np.float32)
-    X = da.from_array(A, chunks=(7_000, 13))
-    At = torch.from_numpy(A).to(dev)
-    y, v = torch.randn(13, device=dev), torch.rand(30_000, device=dev)
-    ref = mmchain(At.double(), y.double(), v.double())
-    for mode, stride in (("auto", 16), ("0", 13)):
-        monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
-        S = StreamedMatrix(X, device=dev)
-        assert S.resident_matrix.stride() == (stride, 1) and torch.equal(S.resident_matrix, At)
-        assert rel(mmchain(S, y, v).double().cpu(), ref.cpu()) < 1e-5
-        assert rel(matvec(S, y).double().cpu(), (At.double() @ y.double()).cpu()) < 1e-5
-        S.close()
+    for d, strides in ((17, {"auto": 20, "0": 17, "1": 20}), (13, {"auto": 13, "0": 13, "1": 16})):
+        A = rng.normal(size=(30_000, d)).astype(np.float32)
+        X = da.from_array(A, chunks=(7_000, d))
+        At = torch.from_numpy(A).to(dev)
+        y, v = torch.randn(d, device=dev), torch.rand(30_000, device=dev)
+        ref = mmchain(At.double(), y.double(), v.double())
+        for mode, stride in strides.items():
+            monkeypatch.setenv("FUSEDML_ALIGN_ROWS", mode)
+            S = StreamedMatrix(X, device=dev)
+            R = S.resident_matrix
+            assert R.stride() == (stride, 1) and torch.equal(R, At), (d, mode)
+            full = R.as_strided((R.shape[0], stride), (stride, 1))
+            assert not full[:, d:].any()
+            assert rel(mmchain(S, y, v).double().cpu(), ref.cpu()) < 1e-5
+            assert rel(matvec(S, y).double().cpu(), (At.double() @ y.double()).cpu()) < 1e-5
+            S.close()
 
 
 @cuda_only
