@@ -236,7 +236,33 @@ def draw_mmchain(seed):
             "block_n": int(srng.choice([1, 2, 4, 8, 16])), "num_warps": int(srng.choice([1, 2, 4])),
             "chunk": chunk, "prefetch": int(srng.integers(0, 3)),
             "exact_m": [None, True, False][int(srng.integers(0, 3))], "num_programs": int(srng.integers(1, 9))}
+    _cap_interpreted_steps(c)
     return c
+
+
+#: row blocks x column steps of a forced small-m launch, at most: the interpreter runs each step's
+#: tile ops one by one (seed 28: [4, 16] matvec tiles over 418 x 928, 118 s of the 80 seeds' 190)
+_MAX_STEPS = 256
+
+
+def _cap_interpreted_steps(c):
+    """Coarsen the forced small-m launches of a draw (within the sets drawn from) until they take at
+    most ``_MAX_STEPS`` row-block x column steps; a draw within the bound is unchanged."""
+    def steps(bn, cols):
+        return -(-c["N"] // bn) * cols
+
+    mv = c["matvec_config"]
+    if mv and mv.get("mode") == "small":
+        while steps(mv["block_n"], -(-c["D"] // mv["block_d"])) > _MAX_STEPS and mv["block_d"] < 128:
+            mv["block_d"] *= 2
+        while steps(mv["block_n"], -(-c["D"] // mv["block_d"])) > _MAX_STEPS and mv["block_n"] < 64:
+            mv["block_n"] = 16 if mv["block_n"] == 4 else mv["block_n"] * 2
+    sc = c["small_config"]
+    if sc:
+        while steps(sc["block_n"], sc["block_d"] // (sc["chunk"] or sc["block_d"])) > _MAX_STEPS and sc["block_n"] < 16:
+            sc["block_n"] *= 2
+        while sc["chunk"] and steps(sc["block_n"], sc["block_d"] // sc["chunk"]) > _MAX_STEPS and sc["chunk"] < sc["block_d"] // 2:
+            sc["chunk"] *= 2
 
 
 def _draw_dense_config(rng, c):
