@@ -228,8 +228,8 @@ class StreamedMatrix:
         resident rows padded to whole vectors (``resident_matrix`` is then an ``[R, D]`` view with
         row stride :func:`fusedml.mmchain.dense.padded_width`, as :func:`fusedml.aligned_rows`
         gives), which the fused kernels read in 16-byte loads instead of scalar ones, for
-        ``D_pad / D`` of the memory (counted in the budget) and no extra pass (the upload writes
-        the padded rows; on CUDA the rows travel unpadded and are padded on the device). "auto":
+        ``D_pad / D`` of the memory (counted in the budget) and one device copy of the rows at the
+        upload (they travel unpadded and are padded on the device). "auto":
         :func:`fusedml.mmchain.dense.pads_rows` (CUDA devices, rows over 64 bytes and up to 64 KB,
         unless ``FUSEDML_ALIGN_ROWS=0``; any device and width with ``1``). Streamed blocks keep
         their rows as they are (bound by the transfer).
@@ -508,7 +508,9 @@ class StreamedMatrix:
         dtype conversion in that one host pass. Padded rows (W > D) are staged and copied unpadded
         and padded on the device (a strided device copy per piece, in stream order): the host's
         strided pass into padded rows cost more than the padded reads saved (H100, Dask input,
-        whole fits 4-6 ms slower at 2M x 55 and 4M x 13, ``env_ab_align_dask-H100-*-s45``).
+        whole fits 4-6 ms slower at 2M x 55 and 4M x 13, ``env_ab_align_dask-H100-*-s45``); padded
+        on the device, no fit lost beyond its noise and logistic fits gained 5-11 ms (H200, 2M x 55
+        and 1M x 101, ``env_ab_align_dask-H200-*-s45b``).
         ``_finish_upload`` waits for the last copy.
         """
         if dst.ndim == 1:

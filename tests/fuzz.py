@@ -259,9 +259,10 @@ def _cap_interpreted_steps(c):
             mv["block_n"] = 16 if mv["block_n"] == 4 else mv["block_n"] * 2
     sc = c["small_config"]
     if sc:
-        while steps(sc["block_n"], sc["block_d"] // (sc["chunk"] or sc["block_d"])) > _MAX_STEPS and sc["block_n"] < 16:
+        chunks = lambda: sc["block_d"] // (sc["chunk"] or sc["block_d"])  # noqa: E731
+        while steps(sc["block_n"], chunks()) > _MAX_STEPS and sc["block_n"] < 16:
             sc["block_n"] *= 2
-        while sc["chunk"] and steps(sc["block_n"], sc["block_d"] // sc["chunk"]) > _MAX_STEPS and sc["chunk"] < sc["block_d"] // 2:
+        while sc["chunk"] and steps(sc["block_n"], chunks()) > _MAX_STEPS and sc["chunk"] < sc["block_d"] // 2:
             sc["chunk"] *= 2
 
 

@@ -1235,8 +1235,8 @@ def pads_rows(device, row_bytes: int, setting="auto") -> bool:
 
     ``setting`` True / False decides; ``"auto"`` follows ``FUSEDML_ALIGN_ROWS`` (:func:`align_mode`):
     ``auto`` pads rows of over 64 bytes up to 64 KB on CUDA devices, ``1`` rows up to 64 KB on any
-    device, ``0`` never. Rows of at most 64 bytes stay as they are, as for the Lloyd step: padded rows of 13 fp32
-    values lost 13 % in ``matvec`` and gained 6 % in ``mmchain`` (H100, 4M x 13,
+    device, ``0`` never. Rows of at most 64 bytes stay as they are, as for the Lloyd step: padded
+    rows of 13 fp32 values lost 13 % in ``matvec`` and gained 6 % in ``mmchain`` (H100, 4M x 13,
     ``stream_align_probe-H100-*-s44``); rows over 64 KB are read the cooperative kernel's way.
     """
     if setting != "auto":
