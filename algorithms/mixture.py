@@ -68,6 +68,7 @@ import torch
 
 from fusedml._dispatch import resolve_backend
 from fusedml._validation import check_finite, is_sparse, to_tensor, warn_user
+from fusedml.mmchain.dense import NARROW_ROW_BYTES
 
 from ._base import (BaseEstimator, ConvergenceWarning, aligned_copy, as_design_matrix, as_sample_weight,
                     check_flag, check_features, check_verbose, record_features, sklearn_class)
@@ -731,7 +732,7 @@ def _lloyd_design(X, K, backend):
     E-step gained nothing consistent, so EM reads X as it is.
     """
     if backend != "fused" or not isinstance(X, torch.Tensor) or X.dtype == _F64 \
-            or X.shape[-1] * X.element_size() <= 64:
+            or X.shape[-1] * X.element_size() <= NARROW_ROW_BYTES:
         return X
     from fusedml.kmeans import lloyd_plan
 

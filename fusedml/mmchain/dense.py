@@ -1213,6 +1213,12 @@ def _vec(X: torch.Tensor, D: int) -> int:
     return v
 
 
+#: rows of at most this many bytes are read as they are where a copy would pad them (a streamed
+#: matrix's resident rows, a worker's partition, the Lloyd step's copy): their padded passes gained
+#: 0-7 % or lost (H100, ``stream_align_probe-*-s44``, ``gmm_odd_width_fits-*-s44``)
+NARROW_ROW_BYTES = 64
+
+
 def padded_width(D: int, element_size: int) -> int:
     """Row length, in elements, of :func:`aligned_rows`' padded rows: D rounded up to whole 16-byte
     vectors, or D itself where no padding applies (rows of at most one vector, 1-byte dtypes)."""
@@ -1244,7 +1250,7 @@ def pads_rows(device, row_bytes: int, setting="auto") -> bool:
     mode = align_mode()
     if mode == "0" or row_bytes > 64 << 10:
         return False
-    return mode == "1" or (row_bytes > 64 and torch.device(device).type == "cuda")
+    return mode == "1" or (row_bytes > NARROW_ROW_BYTES and torch.device(device).type == "cuda")
 
 
 def aligned_rows(X: torch.Tensor, max_bytes: int | None = None) -> torch.Tensor:
