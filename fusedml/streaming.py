@@ -1006,18 +1006,19 @@ class StreamedMatrix:
 
         return P0.finish(self.map_blocks(block, "concat"))
 
-    def _gmm_prepare(self, weights, means, precisions_cholesky, covariance_type, sample_weight, center):
+    def _gmm_prepare(self, weights, means, precisions_cholesky, covariance_type, sample_weight, center,
+                     check_params=True):
         """Validate the GMM parameters once (one host sync, as one in-memory call)."""
         from .gmm._prep import validate
 
         if self.is_sparse:
             raise TypeError("the GMM operators need dense data; X streams scipy CSR chunks")
         return validate(self._standin(), weights, means, precisions_cholesky, covariance_type,
-                        sample_weight=sample_weight, center=center, check_finite=False)
+                        sample_weight=sample_weight, center=center, check_finite=False, check_params=check_params)
 
     def _fusedml_gmm_estep(self, weights, means, precisions_cholesky, covariance_type, *,
                            sample_weight=None, center=None, return_log_prob=False, backend="auto",
-                           path="auto", precision="auto", check_finite=True):
+                           path="auto", precision="auto", check_finite=True, check_params=True):
         """GMM sufficient statistics summed over blocks (hook of fusedml.gmm_estep).
 
         All blocks accumulate about the same centre (``center`` or the current means), so their
@@ -1038,6 +1039,8 @@ class StreamedMatrix:
         check_finite : bool
             Accepted for the signature: X's chunks are checked once, when read (``check_finite``
             of the StreamedMatrix), never per call.
+        check_params : bool
+            As :func:`fusedml.gmm_estep` (False: parameters from an EM loop's own M-step).
 
         Returns
         -------
@@ -1046,7 +1049,8 @@ class StreamedMatrix:
         from .gmm import GMMStats, _check_options, _resolve_precision
 
         _check_options(path, precision)
-        prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, sample_weight, center)
+        prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, sample_weight, center,
+                                  check_params)
         be = resolve_backend(backend, self.device)
         if precision == "fp64":  # any backend: the blocked float64 pass on each chunk's device
             from .gmm.cpu import estep_cpu

@@ -271,6 +271,39 @@ def test_gmm_backends_give_same_model(ct):
     assert _rel(fits[1].means_, fits[0].means_) <= 1e-5
 
 
+@pytest.mark.parametrize("ct", COV_TYPES)
+@pytest.mark.parametrize("backend,stream", [("fused", False), ("ops", False), ("cpu", True)])
+def test_host_loop_trusted_esteps_equal_checked(ct, backend, stream, monkeypatch):
+    """The host EM loop's E-steps take their parameters unchecked (``check_params=False``: they were
+    checked at fit or made by ``gmm_mstep``); the fit is the fully checked fit bit for bit, and from
+    the second E-step on no parameter is converted or checked in full."""
+    import algorithms.mixture as mixture
+    from fusedml.gmm import _prep
+
+    X = load_iris().data[:, :3].astype(np.float32)
+    if stream:
+        da = pytest.importorskip("dask.array")
+        pytest.importorskip("fusedml.streaming")
+        X = da.from_array(X, chunks=(64, 3))
+    sw = np.linspace(0.5, 2.0, 150)
+    kw = dict(covariance_type=ct, max_iter=5, tol=0.0, backend=backend, **_explicit_init(load_iris().data[:, :3], ct, K=2))
+    monkeypatch.setattr(mixture, "_DEVICE_EM", False)
+    real, taken = _prep._trusted, []
+    monkeypatch.setattr(_prep, "_trusted", lambda *a: taken.append(real(*a)) or taken[-1])
+    fits = {}
+    for trusted in (False, True):
+        monkeypatch.setattr(mixture, "_TRUSTED_ESTEP", trusted)
+        taken.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fits[trusted] = GaussianMixture(2, **kw).fit(X, sample_weight=sw)
+        assert len(taken) == (5 if trusted else 0) and all(p is not None for p in taken[1:])
+    a, b = fits[False], fits[True]
+    assert a.n_iter_ == b.n_iter_ == 5 and a.lower_bounds_ == b.lower_bounds_
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("ct", ["diag", "spherical"])
 @pytest.mark.parametrize("max_iter,tol,weighted,one_launch", [(1, 0.0, False, True), (2, 0.0, True, True),

@@ -993,6 +993,62 @@ def test_merge_stats_equals_whole(rng):
         a.merge(gmm_estep(X, w, means + 1, pc, "full", backend="cpu"))
 
 
+@pytest.mark.parametrize("ct", COV)
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.float64])
+def test_validate_trusted_params_derive_the_same(rng, ct, xdtype):
+    from fusedml.gmm import _prep
+
+    X, w, means, pc = problem(rng, 50, 3, 4, ct)
+    Xt = torch.tensor(X, dtype=xdtype)
+    sw = torch.tensor(rng.uniform(0.5, 2.0, size=50), dtype=torch.float64)
+    for sw_ in (None, sw):
+        full = _prep.validate(Xt, w, means, pc, ct, sample_weight=sw_, check_finite=False)
+        for form in ((w, means, pc), tuple(torch.tensor(a) for a in (w, means, pc))):  # numpy / tensors
+            fast = _prep._trusted(Xt, *form, ct, sw_, False)
+            assert fast is not None and fast.sample_weight is sw_ and (fast.K, fast.D, fast.N) == (4, 3, 50)
+            assert fast.host.keys() == full.host.keys()
+            for k in full.host:  # bit for bit: the same derivation (_derive)
+                assert np.array_equal(fast.host[k], full.host[k]), k
+            assert not np.shares_memory(fast.host["mu"], means) and not np.shares_memory(fast.host["center"], fast.host["mu"])
+        st_full = gmm_estep(Xt, w, means, pc, ct, sample_weight=sw_, backend="fused")
+        st_fast = gmm_estep(Xt, w, means, pc, ct, sample_weight=sw_, backend="fused", check_finite=False,
+                            check_params=False)
+        for a, b in zip((st_full.log_likelihood, st_full.nk, st_full.s1, st_full.s2),
+                        (st_fast.log_likelihood, st_fast.nk, st_fast.s1, st_fast.s2)):
+            assert torch.equal(a, b)
+
+
+def test_validate_trusted_params_fall_back_to_the_full_checks(rng):
+    from fusedml.gmm import _prep
+
+    X, w, means, pc = problem(rng, 30, 3, 2, "full")
+    Xt = torch.tensor(X)
+    # forms the trusted path does not vouch for take the full path (None here)
+    assert _prep._trusted(Xt, w, means, pc, "full", None, True) is None  # X to check
+    assert _prep._trusted(Xt, w.astype(np.float32), means, pc, "full", None, False) is None
+    assert _prep._trusted(Xt, list(w), means, pc, "full", None, False) is None
+    assert _prep._trusted(Xt, w, means[:, :2], pc, "full", None, False) is None
+    assert _prep._trusted(Xt, w, means, pc, "full", torch.ones(30), False) is None  # float32 weights
+    assert _prep._trusted(Xt, w, means, pc, "full", torch.ones(29, dtype=torch.float64), False) is None
+    # ... and raise the full path's errors through gmm_estep
+    bad_mu = means.copy()
+    bad_mu[0, 0] = np.nan
+    with pytest.raises(ValueError, match="means"):
+        gmm_estep(Xt, w, bad_mu, pc, "full", check_params=False)
+    bad_pc = pc.copy()
+    bad_pc[1, 0, 0] = -1.0
+    with pytest.raises(ValueError, match="not positive definite"):
+        gmm_estep(Xt, w, means, bad_pc, "full", check_params=False)
+    with pytest.raises(ValueError, match="weights must be non-negative"):
+        gmm_estep(Xt, np.array([1.5, -0.5]), means, pc, "full", check_params=False)
+    with pytest.raises(ValueError, match="X"):
+        Xn = Xt.clone()
+        Xn[3, 1] = float("inf")
+        gmm_estep(Xn, w, means, pc, "full", check_params=False)  # check_finite (default) still reads X
+    with pytest.raises(ValueError, match="sample_weight"):  # the weights of X's check are checked too
+        gmm_estep(Xt, w, means, pc, "full", sample_weight=-torch.ones(30, dtype=torch.float64), check_params=False)
+
+
 def test_upload_packs_host_arrays(rng):
     from fusedml.gmm._prep import upload
 
