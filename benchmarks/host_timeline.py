@@ -162,7 +162,8 @@ def record(setup, warm, match, cuda):
 
 def _estep_runs(N, D, spec, dev):
     """``{label: setup}``: one fused ``gmm_estep`` (K components of ``spec`` "K:type") on the
-    in-memory tensor and on a StreamedMatrix of the same rows with every chunk resident."""
+    in-memory tensor and on a StreamedMatrix of the same rows with every chunk resident, each as a
+    user calls it and as the host EM loop does (``check_params=False``: parameters from its M-step)."""
     import dask.array as da
     import numpy as np
 
@@ -177,8 +178,11 @@ def _estep_runs(N, D, spec, dev):
     pc = np.ones(K) if ct == "spherical" else np.ones((K, D))
     At = A.to(dev)
     S = StreamedMatrix(da.from_array(A.numpy(), chunks=(-(-N // 4), D)), device=dev)
-    call = lambda M: fusedml.gmm_estep(M, w, mu, pc, ct, backend="fused", check_finite=False)  # noqa: E731
-    return {"in memory": lambda: lambda: call(At), "streamed": lambda: lambda: call(S)}
+    def call(M, checked=True):
+        return fusedml.gmm_estep(M, w, mu, pc, ct, backend="fused", check_finite=False, check_params=checked)
+
+    return {"in memory": lambda: lambda: call(At), "streamed": lambda: lambda: call(S),
+            "in memory, EM loop": lambda: lambda: call(At, False), "streamed, EM loop": lambda: lambda: call(S, False)}
 
 
 def _print(label, events, t0, t1, min_us):

@@ -506,7 +506,8 @@ class StreamedMatrix:
 
         On CUDA through two pinned staging buffers (the host fills one while the other copies), the
         dtype conversion in that one host pass. Padded rows (W > D) are staged and copied unpadded
-        and padded on the device (a strided device copy per piece, in stream order): the host's
+        and padded on the device (torch's copy into the strided destination goes through a
+        contiguous device temporary, then a device copy, in stream order): the host's
         strided pass into padded rows cost more than the padded reads saved (H100, Dask input,
         whole fits 4-6 ms slower at 2M x 55 and 4M x 13, ``env_ab_align_dask-H100-*-s45``); padded
         on the device, no fit lost beyond its noise and logistic fits gained 5-11 ms (H200, 2M x 55
@@ -521,15 +522,12 @@ class StreamedMatrix:
             dst[:, D:].zero_()
             return
         if self._upload is None:
-            self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0,
-                            "dev": None}
+            self._upload = {"bufs": [None, None], "events": [torch.cuda.Event(), torch.cuda.Event()], "i": 0}
         up = self._upload
         esz = dst.element_size()
         per = max(1, self._UPLOAD_PIECE_BYTES // (D * esz))  # rows per piece
         if W > D:
             dst[:, D:].zero_()
-            if up["dev"] is None or up["dev"].numel() < min(per, src.shape[0]) * D * esz:
-                up["dev"] = torch.empty(min(per, src.shape[0]) * D * esz, dtype=torch.uint8, device=dst.device)
         for lo in range(0, src.shape[0], per):
             piece = src[lo:lo + per]
             r = piece.shape[0]
@@ -544,12 +542,7 @@ class StreamedMatrix:
                 up["bufs"][k] = buf
             stage = buf[:nbytes].view(dst.dtype).view(r, D)
             stage.copy_(piece)
-            if W > D:  # one device temp: the next piece's copy into it follows this one in stream order
-                tmp = up["dev"][:nbytes].view(dst.dtype).view(r, D)
-                tmp.copy_(stage, non_blocking=True)
-                dst[lo:lo + r, :D].copy_(tmp)
-            else:
-                dst[lo:lo + r].copy_(stage, non_blocking=True)
+            dst[lo:lo + r, :D].copy_(stage, non_blocking=True)
             up["events"][k].record(torch.cuda.current_stream(self.device))
 
     def _finish_upload(self):

@@ -622,10 +622,28 @@ def test_host_timeline_smoke(tmp_path):
     assert all(r["t_us"] + r["us"] <= rows[0]["t_us"] + rows[0]["us"] + 1 for r in rows)
     assert json.loads(out.read_text())["rows"][0]["rows"] == rows
     assert _solvers._trcg is real and not hasattr(torch.Tensor.tolist, "__wrapped_by_timeline__")
-    mem, streamed = mod.main(["--estep", "3:spherical", "--min-us", "0", "--out", str(out)])
+    mem, streamed, mem_em, streamed_em = mod.main(["--estep", "3:spherical", "--min-us", "0", "--out", str(out)])
     assert [mem["label"], streamed["label"]] == ["in memory", "streamed"]
+    assert [mem_em["label"], streamed_em["label"]] == ["in memory, EM loop", "streamed, EM loop"]
+    assert any(r["name"] == "_prep._trusted" for r in mem_em["rows"]) and all(
+        r["name"] != "_prep._trusted" for r in mem["rows"])
     assert mem["rows"][0]["name"] == "gmm.gmm_estep" and any("estep_fused" in r["name"] for r in mem["rows"])
     assert any(r["name"] == "streaming.StreamedMatrix._fusedml_gmm_estep" for r in streamed["rows"])
+
+
+def test_call_probe_smoke(tmp_path):
+    """benchmarks/call_probe.py under the interpreter: each case gets both call forms' times, the
+    host time per call and a profile of the default call."""
+    import json
+
+    mod = _bench_module("call_probe")
+    out = tmp_path / "cp.json"
+    mod.main(["--cases", "csr-powerlaw", "dense-2Mx128", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["csr-powerlaw", "dense-2Mx128"]
+    for r in rows:
+        assert all(len(r[k]) == 1 and r[k][0] > 0 for k in ("default_ms", "explicit_ms", "ops_ms", "host_default_us"))
+        assert "tottime" in r["profile_default"]
 
 
 def test_solver_ops_precision_points():
