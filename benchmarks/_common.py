@@ -158,6 +158,22 @@ def linear_fit_cases(N: int, D: int, dev) -> tuple:
                "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
 
 
+#: GaussianMixture fits of the A/B scripts: ``gmm-<covariance type>``
+GMM_FIT_ALGOS = ("gmm-full", "gmm-tied", "gmm-diag", "gmm-spherical")
+
+
+def gmm_fit_cases(N: int, D: int, dev, K: int = 16) -> tuple:
+    """``(X, {name: (make(backend) -> estimator, None)})``: whole ``GaussianMixture`` fits (K
+    components, k-means start, ``random_state=0``) of each covariance type on one seeded N x D
+    sample of a K-component diagonal mixture on ``dev`` (``datasets.make_gmm``)."""
+    from algorithms import GaussianMixture
+    from datasets.synthetic import make_gmm
+
+    X = torch.as_tensor(make_gmm(N, D, K, seed=1).X).to(dev)
+    return X, {f"gmm-{ct}": (lambda be, ct=ct: GaussianMixture(K, covariance_type=ct, random_state=0, backend=be), None)
+               for ct in ("full", "tied", "diag", "spherical")}
+
+
 def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
     """Whole fits of ``make().fit(X, y)`` in each of ``modes``, alternating fit by fit (the order
     flipped every other round, after one warm fit per mode), so the machine's drift cancels.
@@ -171,7 +187,7 @@ def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            est = make().fit(X, y)
+            est = make().fit(X) if y is None else make().fit(X, y)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             return 1e3 * (time.perf_counter() - t0), est

@@ -1,4 +1,4 @@
-"""Whole linear fits under two settings of the library's environment switches, in one process.
+"""Whole linear (or GaussianMixture) fits under two settings of the library's switches, in one process.
 
 The settings alternate fit by fit (``--fits`` each, after a warm fit each), so the machine's drift
 between runs cancels: the A/B for host-side changes, whose ~0.1-1 ms effects drown in the
@@ -48,7 +48,8 @@ def main(argv=None):
     ap.add_argument("--b", nargs="+", required=True, metavar="NAME=VALUE", help="setting B")
     ap.add_argument("--shapes", nargs="+", default=["1000000x100", "2000000x256"])
     ap.add_argument("--algos", nargs="+", default=["logistic", "linearsvc", "poisson", "ridge"],
-                    choices=_common.LINEAR_FIT_ALGOS)
+                    choices=_common.LINEAR_FIT_ALGOS + _common.GMM_FIT_ALGOS,
+                    help="linear fits, or GaussianMixture fits (gmm-TYPE: K = 16 on mixture data of the shape)")
     ap.add_argument("--backends", nargs="+", default=["fused", "ops"])
     ap.add_argument("--fits", type=int, default=21, help="fits per setting (alternating)")
     ap.add_argument("--dask", type=int, default=0, metavar="ROWS",
@@ -66,13 +67,18 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     for spec in args.shapes:
         N, D = (int(s) for s in spec.split("x"))
-        X, cases = _common.linear_fit_cases(N, D, dev)
-        if args.dask:
-            import dask.array as da
+        data = {}
+        for kind, make_cases in (("linear", _common.linear_fit_cases), ("gmm", _common.gmm_fit_cases)):
+            if any(a.startswith("gmm-") == (kind == "gmm") for a in args.algos):
+                X, cases = make_cases(N, D, dev)
+                if args.dask:
+                    import dask.array as da
 
-            X = da.from_array(X.cpu().numpy(), chunks=(args.dask, D))
-            cases = {k: (make, y.cpu().numpy()) for k, (make, y) in cases.items()}
+                    X = da.from_array(X.cpu().numpy(), chunks=(args.dask, D))
+                    cases = {k: (make, None if y is None else y.cpu().numpy()) for k, (make, y) in cases.items()}
+                data[kind] = X, cases
         for algo in args.algos:
+            X, cases = data["gmm" if algo.startswith("gmm-") else "linear"]
             for be in args.backends:
                 make, y = cases[algo]
                 ts, last = _common.alternate_fits(lambda make=make, be=be: make(be), X, y, ("A", "B"),

@@ -603,6 +603,21 @@ def test_env_ab_smoke(tmp_path, monkeypatch):
         mod._common.set_env({"fusedml._launch:NO_SUCH_SWITCH": "1"})
 
 
+def test_env_ab_gmm_smoke(tmp_path):
+    """benchmarks/env_ab.py's GaussianMixture fits under a module switch, set per fit and restored."""
+    import json
+
+    from algorithms import mixture
+
+    mod = _bench_module("env_ab")
+    out = tmp_path / "env.json"
+    mod.main(["--a", "algorithms.mixture:_TRUSTED_ESTEP=False", "--b", "algorithms.mixture:_TRUSTED_ESTEP=True",
+              "--algos", "gmm-tied", "--backends", "ops", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["algo"] == "gmm-tied" and len(row["all_ms"]["A"]) == 2 and row["n_iter"]["A"] == row["n_iter"]["B"] >= 1
+    assert mixture._TRUSTED_ESTEP is True
+
+
 def test_host_timeline_smoke(tmp_path):
     """benchmarks/host_timeline.py under the interpreter: the fit's timeline starts with the
     estimator's fit and nests the solver in it; every wrapped function is restored afterwards;
