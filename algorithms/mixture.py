@@ -18,7 +18,9 @@
   M-step and the next operands (:func:`fusedml.gmm.fused.mstep_operands`), iteration ``i + 1``
   queued before the host reads iteration ``i``'s lower bound, replayed from CUDA graphs from the
   fifth iteration on (0.13 ms per iteration at 1M x 16, K = 16 on the H200 against 1.1 ms for the
-  host loop :func:`_em_host`); ``FUSEDML_DEVICE_EM=0`` keeps the host loop.
+  host loop :func:`_em_host`); ``FUSEDML_DEVICE_EM=0`` keeps the host loop. The host loop (full /
+  tied covariances, Dask input, the ``ops`` and ``cpu`` backends) passes each E-step the parameters
+  its M-step made with ``check_params=False``: no conversion and no full re-check per iteration.
 
 Initialisation follows scikit-learn: responsibilities from k-means labels (``"kmeans"``), from
 uniform random numbers (``"random"``), or one-hot on ``K`` rows picked at random
