@@ -521,7 +521,10 @@ for p in $parts; do
       run gmm-ab-dask 150 python3 benchmarks/env_ab.py --a algorithms.mixture:_TRUSTED_ESTEP=False \
         --b algorithms.mixture:_TRUSTED_ESTEP=True --shapes 1000000x16 --algos gmm-diag gmm-full \
         --backends fused --fits 5 --dask 250000 --out "$out/env_ab_trusted_estep_dask_s46.json"
-      grep -E "^\| " "$log/gmm-ab-dask.log" | cut -c1-200 ;;
+      grep -E "^\| " "$log/gmm-ab-dask.log" | cut -c1-200
+      run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo logistic --algo ridge \
+        --top 16 --out "$out/profile_fit_csr_s46.json"
+      grep -E "^\| " "$log/csr-profile.log" | cut -c1-200 ;;
     s45b)  # session 45, after s45: streamed resident rows padded on the device after an unpadded upload (was: in the
            # host's pinned pass, 4-6 ms slower fits), only rows over 64 bytes under auto; the streaming CUDA tests
       run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py tests/test_distributed.py

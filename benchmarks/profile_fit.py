@@ -170,10 +170,20 @@ def main(argv=None):
                     help="also print the K host functions with the most own and cumulative time in one fused fit")
     ap.add_argument("--trace-dir", default=None, help="write each profiled fit's Chrome trace here")
     ap.add_argument("--trace-stacks", action="store_true", help="with --trace-dir: also a trace with Python stacks")
+    ap.add_argument("--csr", default=None, metavar="NxD:NNZ:PROFILE",
+                    help="fit CSR data instead (datasets.make_csr, e.g. 1000000x100000:32:powerlaw); the shapes "
+                         "are ignored and the operators' table skipped")
+    ap.add_argument("--top", type=int, default=5, help="kernels per fit in the printed table")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = device()
     shapes = args.shape or (["1000000x100"] if dev.type == "cuda" else ["300x6"])
+    if args.csr:
+        shape, _, rest = args.csr.partition(":")
+        nnz, _, profile = rest.partition(":")
+        if dev.type != "cuda":
+            shape, nnz = "300x40", "6"
+        shapes, csr = [shape], (float(nnz or 32), profile or "uniform")
     algo_names = args.algo or ["logistic"]
     if dev.type != "cuda":
         args.calls = 2
@@ -181,8 +191,15 @@ def main(argv=None):
     for shape in shapes:
         n, d = (int(s) for s in shape.lower().split("x"))
         for be in args.backends:
-            ds = make_dense(n, d, "binary", device=dev, return_torch=True)
-            if any(a != "gmm" for a in algo_names):
+            if args.csr:
+                from datasets.synthetic import make_csr
+
+                make_data = lambda task, **kw: make_csr(n, d, csr[0], csr[1], task, device=dev, return_torch=True,  # noqa: E731
+                                                        **{k: v for k, v in kw.items() if k == "signal"})
+            else:
+                make_data = lambda task, **kw: make_dense(n, d, task, device=dev, return_torch=True, **kw)  # noqa: E731
+            ds = make_data("binary")
+            if any(a != "gmm" for a in algo_names) and not args.csr:
                 op_rows += [dict(r, shape=shape) for r in operator_rows(ds.X, be, args.calls)]
             for a in algo_names:
                 cls, task, params = algos[a]
@@ -190,12 +207,13 @@ def main(argv=None):
                     ds = make_gmm(n, d, params["n_components"], separation=4.0, covariance_type="diag",
                                   device=dev, return_torch=True)
                 elif task != "binary":
-                    ds = make_dense(n, d, task, signal=0.5, device=dev, return_torch=True)
+                    ds = make_data(task, signal=0.5)
                 trace = None
                 if args.trace_dir:
                     os.makedirs(args.trace_dir, exist_ok=True)
                     trace = os.path.join(args.trace_dir, f"trace-{a}-{shape}-{be}.json")
-                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y, trace=trace, stacks=args.trace_stacks)
+                r = profile_fit(lambda: cls(backend=be, **params), ds.X, ds.y, n_top=max(8, args.top), trace=trace,
+                                stacks=args.trace_stacks)
                 if args.cprofile and be == "fused":
                     host_profile(lambda: cls(backend=be, **params), ds.X, ds.y, args.cprofile)
                 fit_rows.append(dict(r, shape=shape, algo=a, backend=be))
@@ -210,7 +228,7 @@ def main(argv=None):
     for r in fit_rows:
         print(f"| {r['shape']} | {r['algo']} | {r['backend']} | {r['wall_ms']:.2f} | {r['gpu_busy_ms']:.2f} "
               f"| {100 * (r['busy_fraction'] or 0):.0f} % | {r['launches']} | {r['syncs']} | {r['n_iter']} |")
-        for k in r["top_kernels"][:5]:
+        for k in r["top_kernels"][:args.top]:
             print(f"|  | {k['name'][:60]} | | {k['ms']:.3f} | x{k['count']} | | | | |")
     path = write_json("profile_fit", fit_rows, extra={"operators": op_rows}, out=args.out)
     print("saved", path)

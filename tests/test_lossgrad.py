@@ -440,6 +440,10 @@ def test_profile_fit_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["backend"] for r in rows] == ["fused", "ops"] and all(r["n_iter"] >= 1 for r in rows)
     assert all(r["wall_ms"] > 0 for r in rows)
+    _bench_module("profile_fit").main(["--csr", "1000x50:4:powerlaw", "--algo", "ridge", "--backends", "ops",
+                                       "--calls", "1", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["algo"] == "ridge" and row["shape"] == "300x40" and row["n_iter"] >= 1  # CPU: the tiny CSR shape
 
 
 def test_profile_fit_trace_and_gaps(tmp_path, capsys):
