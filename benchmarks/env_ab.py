@@ -55,6 +55,9 @@ def main(argv=None):
     ap.add_argument("--dask", type=int, default=0, metavar="ROWS",
                     help="fit a Dask array of ROWS-row chunks of X (a StreamedMatrix per fit, its upload "
                          "included); 0: X in GPU memory")
+    ap.add_argument("--csr", default=None, metavar="NNZ:PROFILE",
+                    help="linear fits on a CSR matrix of each shape (NNZ nonzeros per row, row-length PROFILE "
+                         "uniform|constant|powerlaw, e.g. 32:powerlaw) instead of dense Gaussian X")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = {"A": parse_setting(args.a), "B": parse_setting(args.b)}
@@ -68,7 +71,11 @@ def main(argv=None):
     for spec in args.shapes:
         N, D = (int(s) for s in spec.split("x"))
         data = {}
-        for kind, make_cases in (("linear", _common.linear_fit_cases), ("gmm", _common.gmm_fit_cases)):
+        linear = _common.linear_fit_cases
+        if args.csr:
+            nnz, _, profile = args.csr.partition(":")
+            linear = lambda N, D, dev: _common.csr_fit_cases(N, D, dev, float(nnz), profile or "uniform")  # noqa: E731
+        for kind, make_cases in (("linear", linear), ("gmm", _common.gmm_fit_cases)):
             if any(a.startswith("gmm-") == (kind == "gmm") for a in args.algos):
                 X, cases = make_cases(N, D, dev)
                 if args.dask:

@@ -620,6 +620,10 @@ def test_env_ab_gmm_smoke(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["algo"] == "gmm-tied" and len(row["all_ms"]["A"]) == 2 and row["n_iter"]["A"] == row["n_iter"]["B"] >= 1
     assert mixture._TRUSTED_ESTEP is True
+    mod.main(["--a", "FUSEDML_SOLVE_AHEAD=0", "--b", "FUSEDML_SOLVE_AHEAD=1", "--csr", "4:powerlaw", "--algos", "ridge",
+              "--backends", "ops", "--out", str(out)])  # linear fits on CSR data
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["algo"] == "ridge" and row["b_ms"] > 0 and json.loads(out.read_text())["args"]["csr"] == "4:powerlaw"
 
 
 def test_host_timeline_smoke(tmp_path):

@@ -678,6 +678,39 @@ def test_stream_gather_passes(rng, monkeypatch, idx):
     assert relerr(csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg), 4 * w1) < TOL[torch.float32]
 
 
+def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
+    """The streamed product's two-launch epilogue (``_streamed_mmchain``: p and the intercept's sum
+    in one launch over several programs, the result started as beta z) against the torch-op form
+    (``_STREAM_EPILOGUE = False``) and float64: with and without v, z, beta, intercept."""
+    monkeypatch.setattr(csr, "STREAM_BLOCK", 512)
+    monkeypatch.setattr(csr, "L1_VECTOR_BYTES", 0)
+    monkeypatch.setattr(csr, "EPILOGUE_BLOCK", 128)
+    n, d = 300, 96  # three of the epilogue's programs, the last one partial
+    lens = rng.integers(4, 13, n)
+    lens[::7] = 0
+    A = make_csr(rng, n, d, lens, torch.int32)
+    cfg = {"strategy": "gather", "tile_bytes": 128}
+    W, H = csr._tile_sizes(A, 1, 128)
+    assert W < d and H < n
+    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
+    calls = []
+    real = csr._streamed_mmchain
+    monkeypatch.setattr(csr, "_streamed_mmchain", lambda *a: calls.append(1) or real(*a))
+    for intercept, has_v, has_z, beta in ((False, True, True, 2.0), (True, True, True, 2.0), (True, False, True, 2.0),
+                                          (False, True, False, 0.0), (True, True, True, 0.0)):
+        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
+        vv, zv = (v if has_v else None), (zz if has_z else None)
+        got = {}
+        for on in (True, False):
+            monkeypatch.setattr(csr, "_STREAM_EPILOGUE", on)
+            got[on] = csr.csr_mmchain_fused(A, yy, vv, zv, 0.5, beta, intercept=intercept, config=cfg)
+        assert got[True].shape == got[False].shape == (d + intercept, 1)
+        ref = reference(A, yy, vv, zv, 0.5, beta, intercept)
+        assert relerr(got[True], ref) < TOL[torch.float32] and relerr(got[False], ref) < TOL[torch.float32]
+        assert relerr(got[True], got[False]) < 1e-6, (intercept, has_v, has_z, beta)
+    assert len(calls) == 5  # the epilogue ran in every case where it was on
+
+
 @pytest.mark.parametrize("block", [2048, 256])
 def test_stream_kernel_segments(rng, monkeypatch, block):
     """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
