@@ -517,14 +517,18 @@ for p in $parts; do
       grep -E "^\| " "$log/csr-profile.log" | cut -c1-200
       run gmm-ab 200 python3 benchmarks/env_ab.py --a algorithms.mixture:_TRUSTED_ESTEP=False \
         --b algorithms.mixture:_TRUSTED_ESTEP=True --shapes 1000000x16 --algos gmm-full gmm-tied \
-        --backends fused ops --fits 7 --out "$out/env_ab_trusted_estep_s46.json"
+        --backends fused ops --fits 5 --out "$out/env_ab_trusted_estep_s46.json"
       grep -E "^\| " "$log/gmm-ab.log" | cut -c1-200
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
+        tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
+    s46b)  # session 46, after s46: the trusted E-steps' host timelines, Dask GMM fits A/B, the mixture CUDA tests
       run tl-estep 120 python3 benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13 --min-us 8 --warm 5 \
         --out "$out/host_timeline_estep_s46.json"
       grep -E "^(in memory|streamed)" "$log/tl-estep.log" | cut -c1-160
-      run cuda-tests 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
-        tests/test_distributed.py tests/test_algorithms_mixture.py tests/test_mmchain_csr.py
-      tail -1 "$log/cuda-tests.log" | cut -c1-300
+      run cuda-mix 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_mixture.py \
+        tests/test_distributed.py
+      tail -1 "$log/cuda-mix.log" | cut -c1-300
       run gmm-ab-dask 150 python3 benchmarks/env_ab.py --a algorithms.mixture:_TRUSTED_ESTEP=False \
         --b algorithms.mixture:_TRUSTED_ESTEP=True --shapes 1000000x16 --algos gmm-diag gmm-full \
         --backends fused --fits 5 --dask 250000 --out "$out/env_ab_trusted_estep_dask_s46.json"
