@@ -500,28 +500,27 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
-    s46)  # session 46: the CSR power-law row's run-to-run spread (host cost of one public mmchain call); the
-          # streamed CSR product's two-launch epilogue (A/B in whole CSR fits, then float64 checks); where a CSR
-          # fit's GPU time goes; the host EM loop's trusted E-steps (A/B, host timelines); the streamed upload
-          # through torch's strided copy (CUDA tests)
-      run call-probe 150 python3 benchmarks/call_probe.py --out "$out/call_probe_s46.json"
-      grep -E "^\| " "$log/call-probe.log" | cut -c1-200
+    s46)  # session 46: the streamed CSR product's two-launch epilogue (A/B in whole CSR fits, float64 checks, CUDA
+          # tests with the streamed upload through torch's strided copy); the CSR power-law row's run-to-run spread;
+          # the host EM loop's trusted E-steps (A/B); where a CSR fit's GPU time goes
       run csr-ab 200 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:_STREAM_EPILOGUE=False \
         --b fusedml.mmchain.csr:_STREAM_EPILOGUE=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic ridge poisson --backends fused --fits 7 --out "$out/env_ab_stream_epilogue_s46.json"
       grep -E "^\| " "$log/csr-ab.log" | cut -c1-200
-      run check-mm 150 python3 benchmarks/check_gpu.py --parts mmchain loss_gradient --out "$out/check_gpu_s46.json"
+      run check-mm 150 python3 benchmarks/check_gpu.py --parts mmchain --out "$out/check_gpu_s46.json"
       tail -3 "$log/check-mm.log" | cut -c1-200
-      run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo logistic --algo ridge \
-        --top 16 --out "$out/profile_fit_csr_s46.json"
-      grep -E "^\| " "$log/csr-profile.log" | cut -c1-200
+      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
+        tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-tests.log" | cut -c1-300
+      run call-probe 150 python3 benchmarks/call_probe.py --out "$out/call_probe_s46.json"
+      grep -E "^\| " "$log/call-probe.log" | cut -c1-200
       run gmm-ab 200 python3 benchmarks/env_ab.py --a algorithms.mixture:_TRUSTED_ESTEP=False \
         --b algorithms.mixture:_TRUSTED_ESTEP=True --shapes 1000000x16 --algos gmm-full gmm-tied \
         --backends fused ops --fits 5 --out "$out/env_ab_trusted_estep_s46.json"
       grep -E "^\| " "$log/gmm-ab.log" | cut -c1-200
-      run cuda-tests 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_streaming.py \
-        tests/test_mmchain_csr.py
-      tail -1 "$log/cuda-tests.log" | cut -c1-300 ;;
+      run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo logistic --algo ridge \
+        --top 16 --out "$out/profile_fit_csr_s46.json"
+      grep -E "^\| " "$log/csr-profile.log" | cut -c1-200 ;;
     s46b)  # session 46, after s46: the trusted E-steps' host timelines, Dask GMM fits A/B, the mixture CUDA tests
       run tl-estep 120 python3 benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13 --min-us 8 --warm 5 \
         --out "$out/host_timeline_estep_s46.json"
