@@ -521,6 +521,14 @@ for p in $parts; do
       run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo logistic --algo ridge \
         --top 16 --out "$out/profile_fit_csr_s46.json"
       grep -E "^\| " "$log/csr-profile.log" | cut -c1-200 ;;
+    s46c)  # session 46, after s46: the CG step's vector half over many programs beyond SPLIT_ENTRIES (the one-program
+           # kernel took 0.11 ms a step at D = 100k in s46's CSR profile): whole CSR fits A/B, the solvers' CUDA tests
+      run csr-cg-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:SPLIT_ENTRIES=131072 --b fusedml.cg:SPLIT_ENTRIES=16384 \
+        --csr 32:powerlaw --shapes 1000000x100000 --algos logistic ridge poisson --backends fused ops --fits 5 \
+        --out "$out/env_ab_cg_split_s46c.json"
+      grep -E "^\| " "$log/csr-cg-ab.log" | cut -c1-200
+      run cuda-cg 150 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300 ;;
     s46b)  # session 46, after s46: the trusted E-steps' host timelines, Dask GMM fits A/B, the mixture CUDA tests
       run tl-estep 120 python3 benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13 --min-us 8 --warm 5 \
         --out "$out/host_timeline_estep_s46.json"

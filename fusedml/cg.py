@@ -29,11 +29,129 @@ __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
+#: entries per problem above which :func:`cg_update` runs over many programs in three launches:
+#: one program took 0.11 ms a step at 100k entries (CSR CG steps, H100, ``profile_fit_csr-*-s46``)
+SPLIT_ENTRIES = 1 << 14
+#: entries of one problem per program in that form
+SPLIT_TILE = 1024
 
 
 @triton.jit
 def _finite_or_zero(x):
     return tl.where((x == x) & (tl.abs(x) < float("inf")), x, 0.0)
+
+
+@triton.jit
+def _cg_alpha(dad, sd, ss, dd, rtr, run, j, P, CTL, MASK, HAS_MASK: tl.constexpr, TR: tl.constexpr):
+    """A step's ``(alpha, over, sts)`` from its float64 sums (Steihaug's boundary with ``TR``)."""
+    alpha = _finite_or_zero(rtr / dad)
+    over = tl.zeros_like(dad)
+    sts = tl.zeros_like(dad)
+    if TR:  # Steihaug: a step leaving ||s|| <= delta (or d^T A d <= 0) stops at the boundary
+        dsq = tl.load(CTL + P + j)
+        out = (dad <= 0.0) | (dad != dad) | (ss + (2.0 * sd + alpha * dd) * alpha > dsq)
+        rad = tl.sqrt(tl.maximum(sd * sd + dd * (dsq - ss), 0.0))
+        ab = _finite_or_zero(tl.where(sd >= 0.0, (dsq - ss) / (sd + rad), (rad - sd) / dd))
+        alpha = tl.where(out, ab, alpha)
+        over = tl.where(out, 1.0, 0.0)
+        sts = ss + (2.0 * sd + alpha * dd) * alpha
+    alpha = alpha * run
+    if HAS_MASK:
+        alpha = alpha * tl.load(MASK + j).to(tl.float64)
+    return alpha, over, sts
+
+
+@triton.jit
+def _cg_beta(rnew, rtr, run, over, j, P, CTL, MASK, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr):
+    """The next direction's ``beta`` (0 for a stopped or frozen problem) and the run flag after the step."""
+    b = _finite_or_zero(rnew / rtr)
+    cont = tl.zeros_like(b) + 1.0
+    if DECIDE:
+        cont = tl.where(rnew > tl.load(CTL + 2 * P + j), run * (1.0 - over), 0.0)
+        b = b * cont
+    elif HAS_MASK:
+        b = b * tl.load(MASK + j).to(tl.float64)
+    return b, cont
+
+
+@triton.jit
+def _cg_store(j, P, b, cont, rnew, rtr, run, over, dad, alpha, sts, RTR, BETA, PACKED, CTL, DECIDE: tl.constexpr):
+    """The step's scalar results: ``beta``, and the control block (``DECIDE``) or ``rTr`` and ``packed``."""
+    out_ty = BETA.dtype.element_ty
+    tl.store(BETA + j, b.to(out_ty))
+    if DECIDE:  # the host's decisions, made here: the host reads this block a step or two later
+        go = run * (1.0 - over)  # a normal step (not stopped, not at the boundary)
+        tl.store(CTL + j, tl.where(go > 0, rnew, rtr))
+        tl.store(CTL + 3 * P + j, cont)
+        tl.store(CTL + 4 * P + j, tl.maximum(tl.load(CTL + 4 * P + j), over * run))
+        tl.store(CTL + 5 * P + j, tl.load(CTL + 5 * P + j) + run)
+        tl.store(CTL + 6 * P + j, dad)
+        tl.store(CTL + 7 * P + j, rnew)
+        tl.store(CTL + 8 * P + j, alpha)
+        tl.store(CTL + 9 * P + j, sts)
+    else:
+        tl.store(RTR + j, rnew.to(out_ty))
+        tl.store(PACKED + j, dad.to(out_ty))
+        tl.store(PACKED + P + j, rnew.to(out_ty))
+
+
+@triton.jit
+def _cg_rtr_run(j, P, RTR, CTL, DECIDE: tl.constexpr):
+    """``(r^T r, run flag)`` before the step, float64."""
+    if DECIDE:
+        rtr = tl.load(CTL + j)
+        run = tl.load(CTL + 3 * P + j)
+    else:
+        rtr = tl.load(RTR + j).to(tl.float64)
+        run = tl.zeros_like(rtr) + 1.0
+    return rtr, run
+
+
+@triton.jit
+def _cg_tile_sums(S, Dv, Ad, rows, cols, m, K, stride_an, stride_ak, acc, a_sd, a_ss, a_dd, TR: tl.constexpr):
+    """Sweep 1 on one tile: ``d^T A d`` (and ``S^T D``, ``S^T S``, ``D^T D`` with ``TR``) accumulated."""
+    d = tl.load(Dv + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
+    a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
+    acc += d * a.to(tl.float64)
+    if TR:
+        s = tl.load(S + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
+        a_sd += s * d
+        a_ss += s * s
+        a_dd += d * d
+    return acc, a_sd, a_ss, a_dd
+
+
+@triton.jit
+def _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, cols, m, K, stride_an, stride_ak, alpha, acc, KEEP: tl.constexpr):
+    """Sweep 2 on one tile: ``s += alpha d``, ``r -= alpha A d`` (the start kept with ``KEEP``); ``||r||^2`` accumulated."""
+    at = rows[:, None] * K + cols[None, :]
+    s = tl.load(S + at, mask=m, other=0.0)
+    r = tl.load(R + at, mask=m, other=0.0)
+    d = tl.load(Dv + at, mask=m, other=0.0)
+    a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
+    if KEEP:  # the step's start, for a redo at the trust-region boundary
+        tl.store(S0 + at, s, mask=m)
+        tl.store(R0 + at, r, mask=m)
+    r = (r.to(tl.float64) - alpha * a.to(tl.float64)).to(s.dtype)
+    tl.store(S + at, (s.to(tl.float64) + alpha * d.to(tl.float64)).to(s.dtype), mask=m)
+    tl.store(R + at, r, mask=m)
+    rf = r.to(tl.float64)
+    return acc + rf * rf
+
+
+@triton.jit
+def _cg_tile_direction(R, Dv, W, rows, cols, m, K, stride_wn, stride_wk, b, pf_hi, pf_lo, pf_rows,
+                       PREFILL: tl.constexpr):
+    """Sweep 3 on one tile: ``d = r + beta d`` (and the next product's start ``W``)."""
+    at = rows[:, None] * K + cols[None, :]
+    r = tl.load(R + at, mask=m, other=0.0)
+    d = tl.load(Dv + at, mask=m, other=0.0)
+    dn = r.to(tl.float64) + b * d.to(tl.float64)
+    tl.store(Dv + at, dn.to(r.dtype), mask=m)
+    if PREFILL:  # W may be Ad itself: its entries were read by the earlier sweeps
+        keep = (rows < pf_rows)[:, None]
+        tl.store(W + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
+                 tl.where(keep, _f64(pf_hi, pf_lo) * dn, 0.0).to(W.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -57,93 +175,106 @@ def _cg_update_kernel(
     for r0 in range(0, n, BLOCK_R):  # sweep 1: d^T A d (and S^T D, S^T S, D^T D for the region test)
         rows = (r0 + offs_r).to(tl.int64)
         m = (rows < n)[:, None] & cmask[None, :]
-        d = tl.load(Dv + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
-        a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
-        acc += d * a.to(tl.float64)
-        if TR:
-            s = tl.load(S + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float64)
-            a_sd += s * d
-            a_ss += s * s
-            a_dd += d * d
+        acc, a_sd, a_ss, a_dd = _cg_tile_sums(S, Dv, Ad, rows, cols, m, K, stride_an, stride_ak, acc, a_sd, a_ss,
+                                              a_dd, TR)
     dad = tl.sum(tl.sum(acc, axis=1), axis=0)
-    if DECIDE:
-        rtr = tl.load(CTL + j)
-        run = tl.load(CTL + 3 * P + j)
-    else:
-        rtr = tl.load(RTR + j).to(tl.float64)
-        run = 1.0
-    alpha = _finite_or_zero(rtr / dad)
-    over = tl.zeros_like(dad)
-    sts = tl.zeros_like(dad)
-    if TR:  # Steihaug: a step leaving ||s|| <= delta (or d^T A d <= 0) stops at the boundary
-        sd = tl.sum(tl.sum(a_sd, axis=1), axis=0)
-        ss = tl.sum(tl.sum(a_ss, axis=1), axis=0)
-        dd = tl.sum(tl.sum(a_dd, axis=1), axis=0)
-        dsq = tl.load(CTL + P + j)
-        out = (dad <= 0.0) | (dad != dad) | (ss + (2.0 * sd + alpha * dd) * alpha > dsq)
-        rad = tl.sqrt(tl.maximum(sd * sd + dd * (dsq - ss), 0.0))
-        ab = _finite_or_zero(tl.where(sd >= 0.0, (dsq - ss) / (sd + rad), (rad - sd) / dd))
-        alpha = tl.where(out, ab, alpha)
-        over = tl.where(out, 1.0, 0.0)
-        sts = ss + (2.0 * sd + alpha * dd) * alpha
-    alpha = alpha * run
-    if HAS_MASK:
-        alpha = alpha * tl.load(MASK + j).to(tl.float64)
+    rtr, run = _cg_rtr_run(j, P, RTR, CTL, DECIDE)
+    alpha, over, sts = _cg_alpha(dad, tl.sum(tl.sum(a_sd, axis=1), axis=0), tl.sum(tl.sum(a_ss, axis=1), axis=0),
+                                 tl.sum(tl.sum(a_dd, axis=1), axis=0), rtr, run, j, P, CTL, MASK, HAS_MASK, TR)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
     for r0 in range(0, n, BLOCK_R):  # sweep 2: s += alpha d, r -= alpha A d, ||r||^2
         rows = (r0 + offs_r).to(tl.int64)
         m = (rows < n)[:, None] & cmask[None, :]
-        at = rows[:, None] * K + cols[None, :]
-        s = tl.load(S + at, mask=m, other=0.0)
-        r = tl.load(R + at, mask=m, other=0.0)
-        d = tl.load(Dv + at, mask=m, other=0.0)
-        a = tl.load(Ad + rows[:, None] * stride_an + cols[None, :] * stride_ak, mask=m, other=0.0)
-        if KEEP:  # the step's start, for a redo at the trust-region boundary
-            tl.store(S0 + at, s, mask=m)
-            tl.store(R0 + at, r, mask=m)
-        r = (r.to(tl.float64) - alpha * a.to(tl.float64)).to(s.dtype)
-        tl.store(S + at, (s.to(tl.float64) + alpha * d.to(tl.float64)).to(s.dtype), mask=m)
-        tl.store(R + at, r, mask=m)
-        rf = r.to(tl.float64)
-        acc += rf * rf
+        acc = _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, cols, m, K, stride_an, stride_ak, alpha, acc, KEEP)
     rnew = tl.sum(tl.sum(acc, axis=1), axis=0)
-    b = _finite_or_zero(rnew / rtr)
-    out_ty = BETA.dtype.element_ty
-    if DECIDE:  # the host's decisions, made here: the host reads this block a step or two later
-        go = run * (1.0 - over)  # a normal step (not stopped, not at the boundary)
-        cont = tl.where(rnew > tl.load(CTL + 2 * P + j), go, 0.0)
-        tl.store(BETA + j, (b * cont).to(out_ty))
-        tl.store(CTL + j, tl.where(go > 0, rnew, rtr))
-        tl.store(CTL + 3 * P + j, cont)
-        tl.store(CTL + 4 * P + j, tl.maximum(tl.load(CTL + 4 * P + j), over * run))
-        tl.store(CTL + 5 * P + j, tl.load(CTL + 5 * P + j) + run)
-        tl.store(CTL + 6 * P + j, dad)
-        tl.store(CTL + 7 * P + j, rnew)
-        tl.store(CTL + 8 * P + j, alpha)
-        tl.store(CTL + 9 * P + j, sts)
-    else:
-        if HAS_MASK:
-            b = b * tl.load(MASK + j).to(tl.float64)
-        tl.store(BETA + j, b.to(out_ty))
-        tl.store(RTR + j, rnew.to(out_ty))
-        tl.store(PACKED + j, dad.to(out_ty))
-        tl.store(PACKED + P + j, rnew.to(out_ty))
+    b, cont = _cg_beta(rnew, rtr, run, over, j, P, CTL, MASK, HAS_MASK, DECIDE)
+    _cg_store(j, P, b, cont, rnew, rtr, run, over, dad, alpha, sts, RTR, BETA, PACKED, CTL, DECIDE)
     if NEXT_DIR:  # sweep 3: the next step's direction d = r + beta d (a launch fewer per step)
-        if DECIDE:
-            b = b * cont
         tl.debug_barrier()  # R as sweep 2 stored it
         for r0 in range(0, n, BLOCK_R):
             rows = (r0 + offs_r).to(tl.int64)
             m = (rows < n)[:, None] & cmask[None, :]
-            at = rows[:, None] * K + cols[None, :]
-            r = tl.load(R + at, mask=m, other=0.0)
-            d = tl.load(Dv + at, mask=m, other=0.0)
-            dn = r.to(tl.float64) + b * d.to(tl.float64)
-            tl.store(Dv + at, dn.to(r.dtype), mask=m)
-            if PREFILL:  # W may be Ad itself: this program read its entries in sweeps 1 and 2
-                keep = (rows < pf_rows)[:, None]
-                tl.store(W + rows[:, None] * stride_wn + cols[None, :] * stride_wk,
-                         tl.where(keep, _f64(pf_hi, pf_lo) * dn, 0.0).to(W.dtype.element_ty), mask=m)
+            _cg_tile_direction(R, Dv, W, rows, cols, m, K, stride_wn, stride_wk, b, pf_hi, pf_lo, pf_rows, PREFILL)
+
+
+# The same step over many programs, for problems too long for one program (``SPLIT_ENTRIES``): three
+# launches of one program per (row tile, problem), float64 partials per tile written to ``PART`` and
+# summed in a fixed order by every program of the next launch (deterministic, no atomics); the
+# scalars that the last launch's first programs overwrite (``r^T r``, the run flag) pass through ``SNAP``.
+@triton.jit
+def _cg_split_sums_kernel(S, Dv, Ad, PART, n, cpp, K, nb, stride_an, stride_ak,
+                          TR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    t, j = tl.program_id(0), tl.program_id(1)
+    offs_c = tl.arange(0, BLOCK_C)
+    rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+    z = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    acc, a_sd, a_ss, a_dd = _cg_tile_sums(S, Dv, Ad, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, z, z, z, z,
+                                          TR)
+    at = PART + (j * nb + t) * 4
+    tl.store(at, tl.sum(tl.sum(acc, axis=1), axis=0))
+    tl.store(at + 1, tl.sum(tl.sum(a_sd, axis=1), axis=0))
+    tl.store(at + 2, tl.sum(tl.sum(a_ss, axis=1), axis=0))
+    tl.store(at + 3, tl.sum(tl.sum(a_dd, axis=1), axis=0))
+
+
+@triton.jit
+def _cg_split_alpha(PART, RTR, CTL, MASK, SNAP, j, P, nb, FROM_SNAP: tl.constexpr, HAS_MASK: tl.constexpr,
+                    DECIDE: tl.constexpr, TR: tl.constexpr, NB: tl.constexpr):
+    """Sweep 1's totals (fixed order) and the step's scalars, the same in every program."""
+    i = tl.arange(0, NB)
+    pm = i < nb
+    base = PART + (j * nb + i) * 4
+    dad = tl.sum(tl.load(base, mask=pm, other=0.0), axis=0)
+    sd = tl.sum(tl.load(base + 1, mask=pm, other=0.0), axis=0)
+    ss = tl.sum(tl.load(base + 2, mask=pm, other=0.0), axis=0)
+    dd = tl.sum(tl.load(base + 3, mask=pm, other=0.0), axis=0)
+    if FROM_SNAP:
+        rtr, run = tl.load(SNAP + 2 * j), tl.load(SNAP + 2 * j + 1)
+    else:
+        rtr, run = _cg_rtr_run(j, P, RTR, CTL, DECIDE)
+    alpha, over, sts = _cg_alpha(dad, sd, ss, dd, rtr, run, j, P, CTL, MASK, HAS_MASK, TR)
+    return dad, rtr, run, alpha, over, sts
+
+
+@triton.jit
+def _cg_split_update_kernel(S, R, Dv, Ad, S0, R0, RTR, MASK, CTL, PART, PART2, SNAP,
+                            n, cpp, P, K, nb, stride_an, stride_ak,
+                            KEEP: tl.constexpr, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NB: tl.constexpr):
+    t, j = tl.program_id(0), tl.program_id(1)
+    dad, rtr, run, alpha, over, sts = _cg_split_alpha(PART, RTR, CTL, MASK, SNAP, j, P, nb, False, HAS_MASK, DECIDE,
+                                                      TR, NB)
+    if t == 0:
+        tl.store(SNAP + 2 * j, rtr)
+        tl.store(SNAP + 2 * j + 1, run)
+    offs_c = tl.arange(0, BLOCK_C)
+    rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+    acc = _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, alpha,
+                          tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64), KEEP)
+    tl.store(PART2 + j * nb + t, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@triton.jit
+def _cg_split_finish_kernel(R, Dv, RTR, BETA, MASK, PACKED, CTL, PART, PART2, SNAP, W,
+                            n, cpp, P, K, nb, stride_wn, stride_wk, pf_hi, pf_lo, pf_rows,
+                            HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr, NEXT_DIR: tl.constexpr,
+                            PREFILL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NB: tl.constexpr):
+    t, j = tl.program_id(0), tl.program_id(1)
+    dad, rtr, run, alpha, over, sts = _cg_split_alpha(PART, RTR, CTL, MASK, SNAP, j, P, nb, True, HAS_MASK, DECIDE,
+                                                      TR, NB)
+    i = tl.arange(0, NB)
+    rnew = tl.sum(tl.load(PART2 + j * nb + i, mask=i < nb, other=0.0), axis=0)
+    b, cont = _cg_beta(rnew, rtr, run, over, j, P, CTL, MASK, HAS_MASK, DECIDE)
+    if t == 0:
+        _cg_store(j, P, b, cont, rnew, rtr, run, over, dad, alpha, sts, RTR, BETA, PACKED, CTL, DECIDE)
+    if NEXT_DIR:
+        offs_c = tl.arange(0, BLOCK_C)
+        rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+        _cg_tile_direction(R, Dv, W, rows, j * cpp + offs_c, m, K, stride_wn, stride_wk, b, pf_hi, pf_lo, pf_rows,
+                           PREFILL)
 
 
 @triton.jit
@@ -371,7 +502,7 @@ def cg_control(rTr, tol2, run, dsq=None) -> list:
 
 def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
               trust_region=False, next_direction=False, prefill=None) -> torch.Tensor:
-    """The vector half of one CG step, in place, one launch.
+    """The vector half of one CG step, in place, one launch (three beyond ``SPLIT_ENTRIES`` per problem).
 
     With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
 
@@ -429,9 +560,9 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
     torch.Tensor
         ``packed`` (``control`` with ``control``).
     """
-    kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region, next_direction, prefill)
-    launch(kernel, grid, args, consts, **opts)
+    for kernel, grid, args, consts, opts in _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
+                                                            trust_region, next_direction, prefill):
+        launch(kernel, grid, args, consts, **opts)
     return control if control is not None else packed
 
 
@@ -451,9 +582,11 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
         ``() -> torch.Tensor``: one launch (:func:`fusedml._launch.bind`), returning ``packed``
         (``control`` with ``control``).
     """
-    kernel, grid, args, consts, opts = _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                       trust_region, next_direction, prefill)
-    return _returning(bind_launch(kernel, grid, args, consts, **opts), control if control is not None else packed)
+    gos = [bind_launch(kernel, grid, args, consts, **opts) for kernel, grid, args, consts, opts in
+           _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction,
+                           prefill)]
+    go = gos[0] if len(gos) == 1 else (lambda: [g() for g in gos])
+    return _returning(go, control if control is not None else packed)
 
 
 def _returning(go, res):
@@ -496,17 +629,34 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
     W, (hi, lo), rows = pf if pf is not None else (S, (0.0, 0.0), 0)
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
-    block_r = max(1, 2048 // block_c)
     keep = S0 is not None
     dummy = beta
-    return (_cg_update_kernel, (P,),
-           (S, R, Dv, Ad, S0 if keep else S, R0 if keep else R, rTr if rTr is not None else dummy, beta,
-            mask if mask is not None else dummy, packed if packed is not None else dummy,
-            control if control is not None else dummy, W, n, cpp, P, K, Ad.stride(0), Ad.stride(1), W.stride(0),
-            W.stride(1), hi, lo, rows),
-           dict(KEEP=keep, HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region),
-                NEXT_DIR=bool(next_direction), PREFILL=pf is not None, BLOCK_R=block_r, BLOCK_C=block_c),
-           dict(num_warps=8))
+    RTR, MASK = (rTr if rTr is not None else dummy), (mask if mask is not None else dummy)
+    PACKED, CTL = (packed if packed is not None else dummy), (control if control is not None else dummy)
+    S0_, R0_ = (S0 if keep else S), (R0 if keep else R)
+    flags = dict(HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region))
+    if n * cpp <= SPLIT_ENTRIES:  # one program per problem
+        return [(_cg_update_kernel, (P,),
+                 (S, R, Dv, Ad, S0_, R0_, RTR, beta, MASK, PACKED, CTL, W, n, cpp, P, K, Ad.stride(0), Ad.stride(1),
+                  W.stride(0), W.stride(1), hi, lo, rows),
+                 dict(KEEP=keep, **flags, NEXT_DIR=bool(next_direction), PREFILL=pf is not None,
+                      BLOCK_R=max(1, 2048 // block_c), BLOCK_C=block_c),
+                 dict(num_warps=8))]
+    block_r = max(1, SPLIT_TILE // block_c)
+    nb = triton.cdiv(n, block_r)
+    NB = triton.next_power_of_2(nb)
+    part = torch.empty(P * nb * 5 + 2 * P, dtype=torch.float64, device=S.device)  # PART [P, nb, 4], PART2, SNAP
+    PART, PART2, SNAP = part[:P * nb * 4], part[P * nb * 4:P * nb * 5], part[P * nb * 5:]
+    tiles = dict(BLOCK_R=block_r, BLOCK_C=block_c)
+    return [(_cg_split_sums_kernel, (nb, P), (S, Dv, Ad, PART, n, cpp, K, nb, Ad.stride(0), Ad.stride(1)),
+             dict(TR=flags["TR"], **tiles), dict(num_warps=4)),
+            (_cg_split_update_kernel, (nb, P),
+             (S, R, Dv, Ad, S0_, R0_, RTR, MASK, CTL, PART, PART2, SNAP, n, cpp, P, K, nb, Ad.stride(0), Ad.stride(1)),
+             dict(KEEP=keep, **flags, **tiles, NB=NB), dict(num_warps=4)),
+            (_cg_split_finish_kernel, (nb if next_direction else 1, P),
+             (R, Dv, RTR, beta, MASK, PACKED, CTL, PART, PART2, SNAP, W, n, cpp, P, K, nb, W.stride(0), W.stride(1),
+              hi, lo, rows),
+             dict(**flags, NEXT_DIR=bool(next_direction), PREFILL=pf is not None, **tiles, NB=NB), dict(num_warps=4))]
 
 
 @triton.jit

@@ -264,6 +264,29 @@ def test_cg_prefill_writes_next_products_start(n, K, P, rows, dtype):
         bind_cg_restart(S, S.clone(), S.clone(), S.clone(), torch.zeros(P, dtype=dtype), prefill=(W[:-1], 1.0, n))
 
 
+def test_cg_update_split_form(monkeypatch, tile=4):
+    """Problems over ``SPLIT_ENTRIES`` run in three launches over row tiles (forced here on small
+    ones, tiles of 4 / 16 entries): the host- and device-decided steps, the kept start, masks, the
+    Steihaug boundary, the next direction and the prefill as in one program; repeated runs bitwise equal."""
+    from fusedml import cg as cgmod
+
+    monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", 0)
+    monkeypatch.setattr(cgmod, "SPLIT_TILE", tile)
+    for n, K, P, keep in ((37, 1, 1, True), (50, 4, 4, False)):
+        test_cg_update_matches_float64(n, K, P, keep, torch.float32)
+    test_cg_update_decided_matches_steihaug(30, 1, 1, 0.5, torch.float64, True)
+    test_cg_update_decided_matches_steihaug(7, 2, 2, 1e6, torch.float32, False)
+    test_cg_prefill_writes_next_products_start(20, 3, 3, 12, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    S, R, Dv, Ad = (torch.randn(300, 2, generator=g, dtype=torch.float32) for _ in range(4))
+    outs = []
+    for _ in range(2):  # deterministic: fixed-order partial sums, no atomics
+        st = [t.clone() for t in (S, R, Dv)] + [torch.ones(1), torch.zeros(1), torch.zeros(2)]
+        cg_update(st[0], st[1], st[2], Ad, st[3], st[4], st[5])
+        outs.append(st)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
 def test_cg_update_decided_bad_inputs():
     S = torch.zeros(4, 2)
     beta = torch.zeros(1)
