@@ -29,9 +29,11 @@ __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "
 #: entries per problem above which one program per problem would stream the vectors too slowly
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
-#: entries per problem above which :func:`cg_update` runs over many programs in three launches:
-#: one program took 0.11 ms a step at 100k entries (CSR CG steps, H100, ``profile_fit_csr-*-s46``)
-SPLIT_ENTRIES = 1 << 14
+#: entries per problem above which :func:`cg_update` runs over many programs in three launches
+#: (one program took 0.11 ms a step at 100k entries: CSR CG steps, H100, ``profile_fit_csr-*-s46``);
+#: None: never. Off until its compiled form is timed and checked on a GPU (``gpu_session.sh s46c``:
+#: ``fusedml.cg:SPLIT_ENTRIES=16384``); the interpreter tests force it
+SPLIT_ENTRIES = None
 #: entries of one problem per program in that form
 SPLIT_TILE = 1024
 
@@ -502,7 +504,7 @@ def cg_control(rTr, tol2, run, dsq=None) -> list:
 
 def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, control=None,
               trust_region=False, next_direction=False, prefill=None) -> torch.Tensor:
-    """The vector half of one CG step, in place, one launch (three beyond ``SPLIT_ENTRIES`` per problem).
+    """The vector half of one CG step, in place, one launch (three beyond ``SPLIT_ENTRIES`` per problem, when set).
 
     With ``cpp = K / P`` columns per problem, for every problem j (its columns ``c``)::
 
@@ -635,7 +637,7 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
     PACKED, CTL = (packed if packed is not None else dummy), (control if control is not None else dummy)
     S0_, R0_ = (S0 if keep else S), (R0 if keep else R)
     flags = dict(HAS_MASK=mask is not None, DECIDE=control is not None, TR=bool(trust_region))
-    if n * cpp <= SPLIT_ENTRIES:  # one program per problem
+    if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem
         return [(_cg_update_kernel, (P,),
                  (S, R, Dv, Ad, S0_, R0_, RTR, beta, MASK, PACKED, CTL, W, n, cpp, P, K, Ad.stride(0), Ad.stride(1),
                   W.stride(0), W.stride(1), hi, lo, rows),

@@ -531,6 +531,18 @@ def _aot():
         return compile_sm90(fn, {a: types.get(a, "i32") for a in fn.arg_names}, consts, num_warps=warps)
 
     fn = cg._cg_update_kernel
+    split = ((cg._cg_split_sums_kernel, dict(TR=True)),
+             (cg._cg_split_update_kernel, dict(KEEP=True, HAS_MASK=False, DECIDE=True, TR=True, NB=128)),
+             (cg._cg_split_finish_kernel, dict(HAS_MASK=False, DECIDE=True, TR=True, NEXT_DIR=True, PREFILL=True,
+                                               NB=128)),
+             (cg._cg_split_finish_kernel, dict(HAS_MASK=True, DECIDE=False, TR=False, NEXT_DIR=False, PREFILL=False,
+                                               NB=128)))
+    for ty in ("fp32", "fp64"):
+        for k, consts in split:  # the three-launch form (SPLIT_ENTRIES)
+            types = {a: f"*{ty}" for a in ("S", "R", "Dv", "Ad", "S0", "R0", "RTR", "BETA", "MASK", "PACKED", "W")}
+            types.update(CTL="*fp64", PART="*fp64", PART2="*fp64", SNAP="*fp64", pf_hi="fp32", pf_lo="fp32")
+            build(k, types, dict(consts, BLOCK_R=1024, BLOCK_C=1), 4)
+            print("AOT cg split", k.fn.__name__ if hasattr(k, "fn") else k, ty)
     for ty in ("fp32", "fp64"):
         for keep, mask, decide, tr, nd, pf in ((True, False, False, False, False, False),
                                                (False, True, False, False, False, False),
@@ -580,7 +592,7 @@ def test_kernels_compile_for_sm90():
     """The decided step's float64 scalar logic (sqrt, selects) and both kernels compile for the GPU."""
     from _sm90 import run_aot
 
-    run_aot(__file__, 24, tools=("ptxas",))
+    run_aot(__file__, 32, tools=("ptxas",))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
