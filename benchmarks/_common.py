@@ -139,43 +139,40 @@ def markdown_table(rows: list, columns: list) -> str:
 LINEAR_FIT_ALGOS = ("logistic", "multinomial", "linearsvc", "poisson", "ridge")
 
 
+def _linear_cases(eta, g, N, dev) -> dict:
+    """The five linear fits' ``{name: (make(backend), y)}`` with targets drawn about ``eta`` [N]."""
+    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
+
+    lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
+    cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
+                          torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
+    return {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
+            "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
+            "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
+            "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
+            "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+
+
 def linear_fit_cases(N: int, D: int, dev) -> tuple:
     """``(X, {name: (make(backend) -> estimator, y)})``: the whole-fit A/B cases of
     ``host_overhead.py`` and ``finite_check_ab.py`` (logistic, 5-class multinomial, LinearSVC,
     Poisson, Ridge) on one seeded N x D Gaussian X on ``dev``."""
-    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
-
     g = torch.Generator(device=dev).manual_seed(1)
     X = torch.randn(N, D, generator=g, device=dev)
     eta = X @ (torch.randn(D, generator=g, device=dev) / D ** 0.5)
-    lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
-    cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
-                          torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
-    return X, {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
-               "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
-               "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
-               "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
-               "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+    return X, _linear_cases(eta, g, N, dev)
 
 
 def csr_fit_cases(N: int, D: int, dev, nnz_per_row: float = 32, profile: str = "powerlaw") -> tuple:
     """:func:`linear_fit_cases` on one seeded CSR matrix (``datasets.make_csr``: N x D, the given
     nonzeros per row and row-length profile) on ``dev``: the targets from ``eta = X beta``."""
     import fusedml
-    from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
     from datasets.synthetic import make_csr
 
     X = make_csr(N, D, nnz_per_row, profile, "binary", seed=1, device=dev, return_torch=True).X
     g = torch.Generator(device=dev).manual_seed(1)
     eta = fusedml.matvec(X, torch.randn(D, generator=g, device=dev) / nnz_per_row ** 0.5, backend="ops")
-    lbl = (eta + 0.5 * torch.randn(N, generator=g, device=dev) > 0).float()
-    cls = torch.bucketize(eta + 0.5 * torch.randn(N, generator=g, device=dev),
-                          torch.tensor([-0.8, -0.25, 0.25, 0.8], device=dev))
-    return X, {"logistic": (lambda be: LogisticRegression(C=1.0, backend=be), lbl),
-               "multinomial": (lambda be: LogisticRegression(C=1.0, backend=be), cls),
-               "linearsvc": (lambda be: LinearSVC(C=1.0, backend=be), lbl),
-               "poisson": (lambda be: PoissonRegressor(alpha=1e-3, backend=be), torch.poisson(torch.exp(0.5 * eta))),
-               "ridge": (lambda be: Ridge(alpha=1.0, backend=be), eta)}
+    return X, _linear_cases(eta, g, N, dev)
 
 
 #: GaussianMixture fits of the A/B scripts: ``gmm-<covariance type>``
