@@ -78,15 +78,13 @@ def main(argv=None):
     for name in args.cases:
         X, y, v, _ = bench_mmchain.make_case(table[name], dev, seed=1)
         m = 1 if y.ndim == 1 else y.shape[1]
+        fused = lambda: fusedml.mmchain(X, y, v, backend="fused")  # noqa: E731
+        cfg = {}
         if isinstance(X, fusedml.CSRMatrix):
             from fusedml.mmchain import csr as csr_mod
 
-            fused = lambda: fusedml.mmchain(X, y, v, backend="fused")  # noqa: E731
             fused(), fused()  # the first call scatters, the second builds the cached copy
             cfg = csr_mod.csr_sweep_configs(X, m, X.val.dtype)[0]  # the model's pick, as the sweep times it
-        else:
-            fused = lambda: fusedml.mmchain(X, y, v, backend="fused")  # noqa: E731
-            cfg = {}
         explicit = lambda: fusedml.mmchain(X, y, v, backend="fused", config=cfg)  # noqa: E731
         ops = lambda: fusedml.mmchain(X, y, v, backend="ops")  # noqa: E731
         explicit(), ops()

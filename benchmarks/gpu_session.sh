@@ -523,7 +523,8 @@ for p in $parts; do
       grep -E "^\| " "$log/csr-profile.log" | cut -c1-200 ;;
     s46c)  # session 46, after s46: the CG step's vector half over many programs beyond SPLIT_ENTRIES (the one-program
            # kernel took 0.11 ms a step at D = 100k in s46's CSR profile; off by default until this runs): whole CSR
-           # fits A/B, the solvers' CUDA tests (they take the default: add the split's own CUDA check first)
+           # fits A/B (the same iterations on both sides is the compiled form's check: the CUDA tests below run the
+           # default, one program), the solvers' CUDA tests
       run csr-cg-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:SPLIT_ENTRIES=None --b fusedml.cg:SPLIT_ENTRIES=16384 \
         --csr 32:powerlaw --shapes 1000000x100000 --algos logistic ridge poisson --backends fused ops --fits 5 \
         --out "$out/env_ab_cg_split_s46c.json"

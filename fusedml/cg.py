@@ -581,8 +581,8 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
     Returns
     -------
     callable
-        ``() -> torch.Tensor``: one launch (:func:`fusedml._launch.bind`), returning ``packed``
-        (``control`` with ``control``).
+        ``() -> torch.Tensor``: one launch (:func:`fusedml._launch.bind`; three in the form beyond
+        ``SPLIT_ENTRIES``), returning ``packed`` (``control`` with ``control``).
     """
     gos = [bind_launch(kernel, grid, args, consts, **opts) for kernel, grid, args, consts, opts in
            _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction,

@@ -511,7 +511,8 @@ class StreamedMatrix:
         strided pass into padded rows cost more than the padded reads saved (H100, Dask input,
         whole fits 4-6 ms slower at 2M x 55 and 4M x 13, ``env_ab_align_dask-H100-*-s45``); padded
         on the device, no fit lost beyond its noise and logistic fits gained 5-11 ms (H200, 2M x 55
-        and 1M x 101, ``env_ab_align_dask-H200-*-s45b``).
+        and 1M x 101, ``env_ab_align_dask-H200-*-s45b``, timed with an explicit device temporary that
+        made the same two copies; the CUDA tests passed on this form, H100 ``-s46``).
         ``_finish_upload`` waits for the last copy.
         """
         if dst.ndim == 1:
