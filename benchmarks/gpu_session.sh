@@ -500,6 +500,18 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47)  # session 47: the CG update's split form on by default (SPLIT_ENTRIES = 16384): its CUDA tests (kernel
+          # against float64 and the one-program form; wide CSR fits), where a CSR fit's GPU time goes now, the CSR
+          # end-to-end table
+      run cuda-split 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and split" tests/test_cg.py \
+        tests/test_algorithms_base.py
+      tail -1 "$log/cuda-split.log" | cut -c1-300
+      run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo logistic \
+        --algo poisson --top 12 --out "$out/profile_fit_csr_s47.json"
+      grep -E "^\| " "$log/csr-profile.log" | cut -c1-200
+      run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s47.json"
+      grep -E "^\| " "$log/e2e-csr.log" | cut -c1-200 ;;
     s46)  # session 46: the streamed CSR product's two-launch epilogue (A/B in whole CSR fits, float64 checks, CUDA
           # tests with the streamed upload through torch's strided copy); the CSR power-law row's run-to-run spread;
           # the host EM loop's trusted E-steps (A/B); where a CSR fit's GPU time goes

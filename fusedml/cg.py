@@ -30,10 +30,10 @@ __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "
 #: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
 #: entries per problem above which :func:`cg_update` runs over many programs in three launches
-#: (one program took 0.11 ms a step at 100k entries: CSR CG steps, H100, ``profile_fit_csr-*-s46``);
-#: None: never. Off until its compiled form is timed and checked on a GPU (``gpu_session.sh s46c``:
-#: ``fusedml.cg:SPLIT_ENTRIES=16384``); the interpreter tests force it
-SPLIT_ENTRIES = None
+#: (one program took 0.11 ms a step at 100k entries: CSR CG steps, H100, ``profile_fit_csr-*-s46``;
+#: split, whole CSR fits 1M x 100k: Ridge 0.49 -> 0.38 ms a CG step, ``env_ab_cg_split-H100-*-s47``);
+#: None: never
+SPLIT_ENTRIES = 1 << 14
 #: entries of one problem per program in that form
 SPLIT_TILE = 1024
 

@@ -886,3 +886,31 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
     got = make().fit(Xin, y)
     assert starts, "no solve started ahead"
     _assert_fits_match(got, ref, exact=backend == "ops")
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+@pytest.mark.parametrize("case", ["logistic", "ridge"])
+def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case):
+    """Wide CSR fits (40k features: past fusedml.cg.SPLIT_ENTRIES, the CG update over row tiles in
+    three launches) equal the fits with one program per problem: iterations within one,
+    coefficients to 1e-3."""
+    from fusedml import cg as cgmod
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    N, D, k = 20_000, 40_000, 12
+    cols = torch.randint(0, D, (N * k,), generator=g, device="cuda")
+    X = torch.sparse_coo_tensor(torch.stack([torch.arange(N, device="cuda").repeat_interleave(k), cols]),
+                                torch.randn(N * k, generator=g, device="cuda"), (N, D)).coalesce().to_sparse_csr()
+    eta = X @ torch.randn(D, generator=g, device="cuda")
+    make, y = {"logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
+               "ridge": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), eta)}[case]
+    assert D > cgmod.SPLIT_ENTRIES
+    calls = []
+    real = cgmod._cg_update_spec
+    monkeypatch.setattr(cgmod, "_cg_update_spec", lambda *a, **kw: calls.append(len(r := real(*a, **kw))) or r)
+    got = make().fit(X, y)
+    assert calls and set(calls) == {3}, "the split form was not used"
+    monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", None)
+    ref = make().fit(X, y)
+    _assert_fits_match(got, ref, exact=False)

@@ -1,4 +1,5 @@
 """fusedml.cg: the vector half of a CG step in one launch (interpreter), and the solvers on it."""
+import os
 import sys
 
 import numpy as np
@@ -682,3 +683,61 @@ def test_likely_unconverged_prediction():
     assert not _likely_unconverged(mab, [1e-2], [1.0], [True], 10 ** 6)
     assert not _likely_unconverged(None, [1.0], [1.0], [True], 10)
     assert not _likely_unconverged(rel, [], [1.0], [True], 10)
+
+
+_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                           reason="compiled kernels need a GPU")
+
+
+@_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4)])
+def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
+    """Compiled, past ``SPLIT_ENTRIES`` (three launches over row tiles): a host-decided step (one
+    problem masked) against float64; a device-decided trust-region solve forming its own next
+    directions and prefill (half the problems reach the boundary) gives the one-program form's
+    steps, flags and solution."""
+    from fusedml import cg as cgmod
+
+    assert cgmod.SPLIT_ENTRIES is not None and n * (K // P) > cgmod.SPLIT_ENTRIES
+    g = torch.Generator().manual_seed(n + K)
+    S, R, Dv = (torch.randn(n, K, generator=g, dtype=dtype) for _ in range(3))
+    Ad = torch.randn(K, n, generator=g, dtype=dtype).t()
+    rTr = torch.rand(P, generator=g, dtype=dtype) + 0.5
+    mask = None if P == 1 else (torch.arange(P) % 3 != 1).to(dtype)
+    S1, R1, dAd, rn, b = _reference(S, R, Dv, Ad, rTr, mask, P)
+    dev = [t.cuda() for t in (S, R, Dv, Ad, rTr)]
+    beta = torch.full((P,), float("nan"), dtype=dtype, device="cuda")
+    packed = torch.empty(2 * P, dtype=dtype, device="cuda")
+    cg_update(*dev[:4], dev[4], beta, packed, mask=None if mask is None else mask.cuda())
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    for got, want in ((dev[0], S1), (dev[1], R1), (packed, torch.cat([dAd, rn])), (beta, b), (dev[4], rn)):
+        torch.testing.assert_close(got.double().cpu(), want, **tol)
+
+    d = (torch.rand(n, K, generator=g, dtype=torch.float64) * 10 + 0.1).cuda()  # A = diag(d), per column
+    B = torch.randn(n, K, generator=g, dtype=torch.float64)
+    rtr = (B * B).reshape(n, P, K // P).sum((0, 2)).tolist()
+    runs = {}
+    for split in (None, cgmod.SPLIT_ENTRIES):
+        monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", split)
+        S, R, Dv = (torch.zeros(n, K, dtype=dtype, device="cuda") for _ in range(3))
+        beta = torch.zeros(P, dtype=dtype, device="cuda")
+        W = torch.empty(K, n, dtype=dtype, device="cuda").t()  # the product's result buffer
+        pf = (W, 0.5, n - 7)
+        bind_cg_restart(S, R, Dv, (-B).to(dtype).cuda(), beta, negate=True, prefill=pf)()
+        ctl = torch.tensor(cg_control(rtr, [1e-6 * x for x in rtr], [True] * P,
+                                      [(0.05 if j % 2 == 0 else 1e6) * x for j, x in enumerate(rtr)]),
+                           dtype=torch.float64, device="cuda")
+        for _ in range(40):
+            W.copy_((d * Dv.double()).to(dtype))
+            cg_update(S, R, Dv, W, None, beta, None, control=ctl, trust_region=True, next_direction=True, prefill=pf)
+        want = torch.where(torch.arange(n, device="cuda")[:, None] < n - 7, 0.5 * Dv.double(), 0.0)
+        torch.testing.assert_close(W.double(), want, rtol=1e-6, atol=1e-7)
+        runs[split] = (S.double().cpu(), ctl.cpu())
+    (S_one, c_one), (S_split, c_split) = runs.values()
+    steps, reach = (CONTROL.index(k) for k in ("steps", "reach"))
+    assert torch.equal(c_split[reach * P:(reach + 1) * P], c_one[reach * P:(reach + 1) * P])
+    assert (c_split[steps * P:(steps + 1) * P] - c_one[steps * P:(steps + 1) * P]).abs().max() <= (
+        0 if dtype == torch.float64 else 1)
+    stol = 1e-10 if dtype == torch.float64 else 2e-3
+    torch.testing.assert_close(S_split, S_one, rtol=stol, atol=stol * float(S_one.abs().max()))
