@@ -500,6 +500,28 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47b)  # session 47, after s47: the split form up to MAX_SPLIT_ENTRIES (1M entries; was the torch form past
+           # 131k): its CUDA tests, wide CSR fits A/B; where the host-bound Poisson fits' host time goes (timelines,
+           # traces with stacks: CSR 1M x 100k and dense 1M x 100)
+      run cuda-split 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and split" tests/test_cg.py
+      tail -1 "$log/cuda-split.log" | cut -c1-300
+      run wide-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:MAX_SPLIT_ENTRIES=0 --b fusedml.cg:MAX_SPLIT_ENTRIES=1048576 \
+        --csr 32:powerlaw --shapes 1000000x1000000 --algos logistic ridge --backends fused --fits 3 \
+        --out "$out/env_ab_cg_split_wide_s47b.json"
+      grep -E "^\| " "$log/wide-ab.log" | cut -c1-200
+      run tl-csr 120 python3 benchmarks/host_timeline.py --csr 32:powerlaw --shape 1000000x100000 --algo poisson \
+        --min-us 40 --out "$out/host_timeline_poisson_csr_s47b.json"
+      grep -E "fit: " "$log/tl-csr.log" | cut -c1-200
+      run tl-dense 120 python3 benchmarks/host_timeline.py --shape 1000000x100 --algo poisson --min-us 40 \
+        --out "$out/host_timeline_poisson_dense_s47b.json"
+      grep -E "fit: " "$log/tl-dense.log" | cut -c1-200
+      mkdir -p "$out/traces"
+      run trace-csr 150 python3 benchmarks/profile_fit.py --csr 1000000x100000:32:powerlaw --algo poisson \
+        --backends fused --trace-dir "$out/traces" --trace-stacks --out "$out/profile_fit_poisson_csr_s47b.json"
+      run trace-dense 150 python3 benchmarks/profile_fit.py --shape 1000000x100 --algo poisson --backends fused \
+        --trace-dir "$out/traces" --trace-stacks --out "$out/profile_fit_poisson_dense_s47b.json"
+      for f in "$out"/traces/*.json; do python3 benchmarks/trace_gaps.py "$f" --top 12 > "${f%.json}.gaps.txt" 2>&1; done
+      gzip -f "$out"/traces/*.json ;;
     s47)  # session 47: the CG update's split form on by default (SPLIT_ENTRIES = 16384): its CUDA tests (kernel
           # against float64 and the one-program form; wide CSR fits), where a CSR fit's GPU time goes now, the CSR
           # end-to-end table

@@ -11,6 +11,7 @@ GPU's side is in ``profile_fit.py --trace-dir``.
 
     python benchmarks/host_timeline.py [--shape 1000000x100] [--algo logistic] [--backend fused]
         [--min-us 20] [--out FILE]
+    python benchmarks/host_timeline.py --csr 32:powerlaw --shape 1000000x100000 --algo poisson  # CSR X
     python benchmarks/host_timeline.py --estep 8:diag --shape 4000000x13   # one GMM E-step, in memory
         # and on a StreamedMatrix of the same rows (all resident), one after the other
 
@@ -203,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--algo", default="logistic", choices=_common.LINEAR_FIT_ALGOS)
     ap.add_argument("--estep", default=None, metavar="K:TYPE",
                     help="time one GMM E-step (e.g. 8:diag) in memory and streamed instead of a fit")
+    ap.add_argument("--csr", default=None, metavar="NNZ:PROFILE",
+                    help="the fit on a CSR X of --shape (nonzeros per row, row-length profile; e.g. 32:powerlaw)")
     ap.add_argument("--backend", default="fused")
     ap.add_argument("--min-us", type=float, default=20.0)
     ap.add_argument("--match", nargs="*", default=[], help="only functions whose label contains one of these")
@@ -217,9 +220,14 @@ def main(argv=None):
     if args.estep:
         runs = _estep_runs(N, D, args.estep, dev)
     else:
-        X, cases = _common.linear_fit_cases(N, D, dev)
+        if args.csr:
+            nnz, prof = args.csr.split(":")
+            X, cases = _common.csr_fit_cases(N, D, dev, min(float(nnz), D), prof)
+        else:
+            X, cases = _common.linear_fit_cases(N, D, dev)
         make, y = cases[args.algo]
-        runs = {f"{args.algo} {args.shape} {args.backend} fit": lambda: functools.partial(make(args.backend).fit, X, y)}
+        kind = f" CSR {args.csr}" if args.csr else ""
+        runs = {f"{args.algo} {args.shape}{kind} {args.backend} fit": lambda: functools.partial(make(args.backend).fit, X, y)}
     out = [_print(label, *record(setup, args.warm, args.match, cuda), args.min_us) for label, setup in runs.items()]
     _common.write_json("host_timeline", out, extra={"args": vars(args)}, out=args.out)
     return out

@@ -36,6 +36,9 @@ MAX_ENTRIES = 1 << 17
 SPLIT_ENTRIES = 1 << 14
 #: entries of one problem per program in that form
 SPLIT_TILE = 1024
+#: entries per problem up to which that form takes a problem (each of its programs sums every
+#: tile's float64 partials: beyond ~1000 tiles those reads outgrow the step); the torch form beyond
+MAX_SPLIT_ENTRIES = 1 << 20
 
 
 @triton.jit
@@ -436,13 +439,15 @@ def cg_update_applies(like: torch.Tensor, P: int) -> bool:
     -------
     bool
         True for a contiguous float32/float64 [n, K] tensor on a CUDA device, ``P`` 1 or K and at
-        most ``MAX_ENTRIES`` entries per problem. The environment variable ``FUSEDML_FUSED_CG``
-        overrides: ``0`` never, ``1`` also on the CPU under the Triton interpreter (tests).
+        most ``MAX_ENTRIES`` entries per problem (``MAX_SPLIT_ENTRIES`` when ``SPLIT_ENTRIES`` is
+        set). The environment variable ``FUSEDML_FUSED_CG`` overrides: ``0`` never, ``1`` also on
+        the CPU under the Triton interpreter (tests).
     """
-    return like.ndim == 2 and like.is_contiguous() and _applies(like, P)
+    limit = MAX_ENTRIES if SPLIT_ENTRIES is None else max(MAX_ENTRIES, MAX_SPLIT_ENTRIES)
+    return like.ndim == 2 and like.is_contiguous() and _applies(like, P, limit)
 
 
-def _applies(t: torch.Tensor, P: int) -> bool:
+def _applies(t: torch.Tensor, P: int, limit: int = MAX_ENTRIES) -> bool:
     """The shared part of the ``*_applies`` rules for a 2-D vector block ``t``."""
     flag = os.environ.get("FUSEDML_FUSED_CG", "")
     if flag == "0" or t.dtype not in (torch.float32, torch.float64):
@@ -450,7 +455,7 @@ def _applies(t: torch.Tensor, P: int) -> bool:
     if not (t.is_cuda or (flag == "1" and t.device.type == "cpu" and interpret_mode())):
         return False
     n, K = t.shape
-    return P in (1, K) and n * (K // P) <= MAX_ENTRIES
+    return P in (1, K) and n * (K // P) <= limit
 
 
 #: the control block of a device-decided CG step (:func:`cg_update` with ``control``): float64
@@ -705,7 +710,7 @@ def _trial_sums_kernel(
 def trial_sums_applies(tensors, P: int) -> bool:
     """Whether :func:`trial_sums` takes these [n, K] vectors with ``P`` problems: as
     :func:`cg_update_applies` (CUDA, or forced under the interpreter; fp32/fp64; P = 1 or K;
-    small enough), same shape, dtype and device for all, any strides."""
+    at most ``MAX_ENTRIES`` entries a problem: one program sums each), same shape, dtype and device for all, any strides."""
     first = tensors[0]
     if first.ndim != 2 or any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device
                               for t in tensors):

@@ -124,8 +124,14 @@ def test_cg_update_applies(monkeypatch):
     assert not cg_update_applies(x, 2)
     assert not cg_update_applies(torch.zeros(3, 10).t(), 1)
     assert not cg_update_applies(torch.zeros(10, 3, dtype=torch.int64), 1)
-    assert not cg_update_applies(torch.zeros(MAX_ENTRIES + 1, 1), 1)
     assert cg_update_applies(torch.zeros(MAX_ENTRIES, 2), 2)
+    from fusedml import cg as cgmod
+
+    long = torch.zeros(MAX_ENTRIES + 1, 1)  # the split form's (SPLIT_ENTRIES), up to MAX_SPLIT_ENTRIES
+    assert cg_update_applies(long, 1) and not trial_sums_applies((long,) * 4, 1)
+    assert not cg_update_applies(torch.zeros(cgmod.MAX_SPLIT_ENTRIES + 1, 1), 1)
+    monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", None)
+    assert not cg_update_applies(long, 1)
     monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
     assert not cg_update_applies(x, 1)
 
@@ -691,7 +697,7 @@ _cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRIT
 
 @_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4)])
+@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (1_000_003, 1, 1)])
 def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
     """Compiled, past ``SPLIT_ENTRIES`` (three launches over row tiles): a host-decided step (one
     problem masked) against float64; a device-decided trust-region solve forming its own next
@@ -700,6 +706,7 @@ def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
     from fusedml import cg as cgmod
 
     assert cgmod.SPLIT_ENTRIES is not None and n * (K // P) > cgmod.SPLIT_ENTRIES
+    assert cg_update_applies(torch.empty(n, K, dtype=dtype, device="cuda"), P)
     g = torch.Generator().manual_seed(n + K)
     S, R, Dv = (torch.randn(n, K, generator=g, dtype=dtype) for _ in range(3))
     Ad = torch.randn(K, n, generator=g, dtype=dtype).t()

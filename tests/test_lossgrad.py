@@ -629,7 +629,8 @@ def test_env_ab_gmm_smoke(tmp_path):
 def test_host_timeline_smoke(tmp_path):
     """benchmarks/host_timeline.py under the interpreter: the fit's timeline starts with the
     estimator's fit and nests the solver in it; every wrapped function is restored afterwards;
-    ``--estep`` records one E-step in memory and one through the StreamedMatrix hook."""
+    ``--csr`` times the fit on a CSR X; ``--estep`` records one E-step in memory and one through
+    the StreamedMatrix hook."""
     import json
 
     from algorithms import _solvers
@@ -645,6 +646,10 @@ def test_host_timeline_smoke(tmp_path):
     assert all(r["t_us"] + r["us"] <= rows[0]["t_us"] + rows[0]["us"] + 1 for r in rows)
     assert json.loads(out.read_text())["rows"][0]["rows"] == rows
     assert _solvers._trcg is real and not hasattr(torch.Tensor.tolist, "__wrapped_by_timeline__")
+    (csr,) = mod.main(["--algo", "poisson", "--backend", "ops", "--csr", "4:powerlaw", "--min-us", "0", "--out",
+                       str(out)])
+    assert "CSR 4:powerlaw" in csr["label"] and csr["rows"][0]["name"].endswith(".fit")
+    assert any("tron" in r["name"] for r in csr["rows"])
     mem, streamed, mem_em, streamed_em = mod.main(["--estep", "3:spherical", "--min-us", "0", "--out", str(out)])
     assert [mem["label"], streamed["label"]] == ["in memory", "streamed"]
     assert [mem_em["label"], streamed_em["label"]] == ["in memory, EM loop", "streamed, EM loop"]
