@@ -500,6 +500,22 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47c)  # session 47, after s47b: the accept test's sums split like the CG update (two launches past
+           # SPLIT_ENTRIES; one program per problem took 0.105 ms a call at 100k entries in s47's profile): all
+           # CUDA tests of the solvers, whole CSR fits A/B of both split forms (none / both), the CSR table
+      run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300
+      run csr-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:SPLIT_ENTRIES=None --b fusedml.cg:SPLIT_ENTRIES=16384 \
+        --csr 32:powerlaw --shapes 1000000x100000 --algos logistic ridge poisson --backends fused ops --fits 5 \
+        --out "$out/env_ab_cg_trial_split_s47c.json"
+      grep -E "^\| " "$log/csr-ab.log" | cut -c1-200
+      run wide-ab 150 python3 benchmarks/env_ab.py --a fusedml.cg:MAX_SPLIT_ENTRIES=0 \
+        --b fusedml.cg:MAX_SPLIT_ENTRIES=1048576 --csr 32:powerlaw --shapes 1000000x1000000 --algos logistic poisson \
+        --backends fused --fits 3 --out "$out/env_ab_cg_trial_split_wide_s47c.json"
+      grep -E "^\| " "$log/wide-ab.log" | cut -c1-200
+      run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s47c.json"
+      grep -E "^\| " "$log/e2e-csr.log" | head -7 | cut -c1-200 ;;
     s47b)  # session 47, after s47: the split form up to MAX_SPLIT_ENTRIES (1M entries; was the torch form past
            # 131k): its CUDA tests, wide CSR fits A/B; where the host-bound Poisson fits' host time goes (timelines,
            # traces with stacks: CSR 1M x 100k and dense 1M x 100)

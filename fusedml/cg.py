@@ -128,7 +128,8 @@ def _cg_tile_sums(S, Dv, Ad, rows, cols, m, K, stride_an, stride_ak, acc, a_sd, 
 
 @triton.jit
 def _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, cols, m, K, stride_an, stride_ak, alpha, acc, KEEP: tl.constexpr):
-    """Sweep 2 on one tile: ``s += alpha d``, ``r -= alpha A d`` (the start kept with ``KEEP``); ``||r||^2`` accumulated."""
+    """Sweep 2 on one tile: ``s += alpha d``, ``r -= alpha A d`` (the start kept with ``KEEP``);
+    ``||r||^2`` accumulated."""
     at = rows[:, None] * K + cols[None, :]
     s = tl.load(S + at, mask=m, other=0.0)
     r = tl.load(R + at, mask=m, other=0.0)
@@ -589,11 +590,15 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
         ``() -> torch.Tensor``: one launch (:func:`fusedml._launch.bind`; three in the form beyond
         ``SPLIT_ENTRIES``), returning ``packed`` (``control`` with ``control``).
     """
-    gos = [bind_launch(kernel, grid, args, consts, **opts) for kernel, grid, args, consts, opts in
-           _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction,
-                           prefill)]
-    go = gos[0] if len(gos) == 1 else (lambda: [g() for g in gos])
+    go = _bind_all(_cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region,
+                                   next_direction, prefill))
     return _returning(go, control if control is not None else packed)
+
+
+def _bind_all(specs):
+    """``() -> None``: the bound launches of ``specs`` (``(kernel, grid, args, consts, options)``), in order."""
+    gos = [bind_launch(kernel, grid, args, consts, **opts) for kernel, grid, args, consts, opts in specs]
+    return gos[0] if len(gos) == 1 else (lambda: [go() for go in gos])
 
 
 def _returning(go, res):
@@ -667,59 +672,95 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
 
 
 @triton.jit
+def _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k, gs, sr, ss, tt, mx):
+    """One row tile of the accept test's sums accumulated (float64); ``max |g_t|`` keeps NaN."""
+    g = tl.load(G + rows[:, None] * sg_n + cols[None, :] * sg_k, mask=m, other=0.0).to(tl.float64)
+    s = tl.load(S + rows[:, None] * ss_n + cols[None, :] * ss_k, mask=m, other=0.0).to(tl.float64)
+    r = tl.load(R + rows[:, None] * sr_n + cols[None, :] * sr_k, mask=m, other=0.0).to(tl.float64)
+    t = tl.load(GT + rows[:, None] * st_n + cols[None, :] * st_k, mask=m, other=0.0).to(tl.float64)
+    # |t|, NaN kept (a NaN gradient must not look converged): max(x, NaN) -> NaN
+    at = tl.abs(t)
+    return gs + g * s, sr + s * r, ss + s * s, tt + t * t, tl.where((at > mx) | (at != at), at, mx)
+
+
+@triton.jit
+def _nan_max(mx):
+    """``max`` of a tile of non-negative values, NaN if any is NaN."""
+    mnan = tl.max(tl.max(tl.where(mx != mx, 1.0, 0.0), axis=1), axis=0)
+    return tl.where(mnan > 0, float("nan"), tl.max(tl.max(mx, axis=1), axis=0))
+
+
+@triton.jit
 def _trial_sums_kernel(
     G, S, R, GT, F, OUT,  # [n, K] each (any strides), F [P] float64, OUT [5P] ([6P] with F first) float64
-    n, cpp, P, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
-    HAS_F: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    n, cpp, P, nb, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
+    HAS_F: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    j = tl.program_id(0)
-    if HAS_F:  # the trial objective beside the sums: one buffer for the host's one copy
-        tl.store(OUT + j, tl.load(F + j))
-        OUT += P
+    # one program per problem sweeping its rows; SPLIT: one per (row tile, problem), grid (nb, P),
+    # writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
+    t, j = tl.program_id(0), tl.program_id(1)
+    if not SPLIT:
+        j = t
+        if HAS_F:  # the trial objective beside the sums: one buffer for the host's one copy
+            tl.store(OUT + j, tl.load(F + j))
+            OUT += P
     offs_r = tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     cols = (j * cpp + offs_c).to(tl.int64)
     cmask = offs_c < cpp
-    gs = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    sr = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    ss = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    tt = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    mx = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    for r0 in range(0, n, BLOCK_R):
-        rows = (r0 + offs_r).to(tl.int64)
+    z = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    gs, sr, ss, tt, mx = z, z, z, z, z
+    if SPLIT:
+        rows = (t * BLOCK_R + offs_r).to(tl.int64)
         m = (rows < n)[:, None] & cmask[None, :]
-        g = tl.load(G + rows[:, None] * sg_n + cols[None, :] * sg_k, mask=m, other=0.0).to(tl.float64)
-        s = tl.load(S + rows[:, None] * ss_n + cols[None, :] * ss_k, mask=m, other=0.0).to(tl.float64)
-        r = tl.load(R + rows[:, None] * sr_n + cols[None, :] * sr_k, mask=m, other=0.0).to(tl.float64)
-        t = tl.load(GT + rows[:, None] * st_n + cols[None, :] * st_k, mask=m, other=0.0).to(tl.float64)
-        gs += g * s
-        sr += s * r
-        ss += s * s
-        tt += t * t
-        # |t|, NaN kept (a NaN gradient must not look converged): max(x, NaN) -> NaN
-        at = tl.abs(t)
-        mx = tl.where((at > mx) | (at != at), at, mx)
-    tl.store(OUT + j, tl.sum(tl.sum(gs, axis=1), axis=0))
-    tl.store(OUT + P + j, tl.sum(tl.sum(sr, axis=1), axis=0))
-    tl.store(OUT + 2 * P + j, tl.sum(tl.sum(ss, axis=1), axis=0))
-    tl.store(OUT + 3 * P + j, tl.sum(tl.sum(tt, axis=1), axis=0))
-    mnan = tl.max(tl.max(tl.where(mx != mx, 1.0, 0.0), axis=1), axis=0)
-    tl.store(OUT + 4 * P + j, tl.where(mnan > 0, float("nan"), tl.max(tl.max(mx, axis=1), axis=0)))
+        gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
+                                         gs, sr, ss, tt, mx)
+        at, step = OUT + (j * nb + t) * 5, 1
+    else:
+        for r0 in range(0, n, BLOCK_R):
+            rows = (r0 + offs_r).to(tl.int64)
+            m = (rows < n)[:, None] & cmask[None, :]
+            gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n,
+                                             st_k, gs, sr, ss, tt, mx)
+        at, step = OUT + j, P
+    tl.store(at, tl.sum(tl.sum(gs, axis=1), axis=0))
+    tl.store(at + step, tl.sum(tl.sum(sr, axis=1), axis=0))
+    tl.store(at + 2 * step, tl.sum(tl.sum(ss, axis=1), axis=0))
+    tl.store(at + 3 * step, tl.sum(tl.sum(tt, axis=1), axis=0))
+    tl.store(at + 4 * step, _nan_max(mx))
+
+
+@triton.jit
+def _trial_finish_kernel(PART, F, OUT, P, nb, HAS_F: tl.constexpr, NB: tl.constexpr):
+    # problem j's totals from the split form's partials PART [P, nb, 5], summed in a fixed order
+    j = tl.program_id(0)
+    if HAS_F:
+        tl.store(OUT + j, tl.load(F + j))
+        OUT += P
+    i = tl.arange(0, NB)
+    pm = i < nb
+    base = PART + (j * nb + i) * 5
+    for q in tl.static_range(4):
+        tl.store(OUT + q * P + j, tl.sum(tl.load(base + q, mask=pm, other=0.0), axis=0))
+    mx = tl.load(base + 4, mask=pm, other=0.0)
+    tl.store(OUT + 4 * P + j, _nan_max(mx[:, None]))
 
 
 def trial_sums_applies(tensors, P: int) -> bool:
     """Whether :func:`trial_sums` takes these [n, K] vectors with ``P`` problems: as
     :func:`cg_update_applies` (CUDA, or forced under the interpreter; fp32/fp64; P = 1 or K;
-    at most ``MAX_ENTRIES`` entries a problem: one program sums each), same shape, dtype and device for all, any strides."""
+    at most as many entries a problem), same shape, dtype and device for all, any strides."""
     first = tensors[0]
     if first.ndim != 2 or any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device
                               for t in tensors):
         return False
-    return _applies(first, P)
+    return _applies(first, P, MAX_ENTRIES if SPLIT_ENTRIES is None else max(MAX_ENTRIES, MAX_SPLIT_ENTRIES))
 
 
 def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
-    """The sums a trust-region Newton step's accept test needs, per problem, in one launch.
+    """The sums a trust-region Newton step's accept test needs, per problem, in one launch (two
+    beyond ``SPLIT_ENTRIES`` entries a problem: partial sums over row tiles, then their totals in a
+    fixed order).
 
     Parameters
     ----------
@@ -739,13 +780,14 @@ def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
         ``g_t`` holds a NaN), each per problem, sums in float64; [6 P] with ``f`` first when
         ``f`` is given.
     """
-    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P, f)
-    launch(kernel, grid, args, consts, num_warps=8)
+    out, specs = _trial_sums_spec(g, S, R, g_t, P, f)
+    for kernel, grid, args, consts, opts in specs:
+        launch(kernel, grid, args, consts, **opts)
     return out
 
 
 def _trial_sums_spec(g, S, R, g_t, P, f=None):
-    """Checked arguments of :func:`trial_sums`: ``(out, (kernel, grid, args, consts))``."""
+    """Checked arguments of :func:`trial_sums`: ``(out, [(kernel, grid, args, consts, options)])``."""
     if g.ndim != 2:
         raise ValueError(f"g must be [n, K], got shape {tuple(g.shape)}")
     n, K = g.shape
@@ -758,10 +800,20 @@ def _trial_sums_spec(g, S, R, g_t, P, f=None):
     cpp = K // P
     block_c = triton.next_power_of_2(cpp)
     out = torch.empty((5 if f is None else 6) * P, dtype=torch.float64, device=g.device)
-    return out, (_trial_sums_kernel, (P,),
-                 (g, S, R, g_t, out if f is None else f, out, n, cpp, P, g.stride(0), g.stride(1), S.stride(0),
-                  S.stride(1), R.stride(0), R.stride(1), g_t.stride(0), g_t.stride(1)),
-                 dict(HAS_F=f is not None, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c))
+    F = out if f is None else f
+    strides = (g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1), g_t.stride(0),
+               g_t.stride(1))
+    if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem
+        return out, [(_trial_sums_kernel, (P,), (g, S, R, g_t, F, out, n, cpp, P, 1, *strides),
+                      dict(HAS_F=f is not None, SPLIT=False, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c),
+                      dict(num_warps=8))]
+    block_r = max(1, SPLIT_TILE // block_c)
+    nb = triton.cdiv(n, block_r)
+    part = torch.empty(P * nb * 5, dtype=torch.float64, device=g.device)
+    return out, [(_trial_sums_kernel, (nb, P), (g, S, R, g_t, F, part, n, cpp, P, nb, *strides),
+                  dict(HAS_F=False, SPLIT=True, BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=4)),
+                 (_trial_finish_kernel, (P,), (part, F, out, P, nb),
+                  dict(HAS_F=f is not None, NB=triton.next_power_of_2(nb)), dict(num_warps=4))]
 
 
 def bind_trial_sums(g, S, R, g_t, P: int, f=None):
@@ -775,8 +827,8 @@ def bind_trial_sums(g, S, R, g_t, P: int, f=None):
     Returns
     -------
     callable
-        ``() -> torch.Tensor``: one launch, returning the same ``[5 P]`` (``[6 P]``) float64
-        buffer each call.
+        ``() -> torch.Tensor``: one launch (two beyond ``SPLIT_ENTRIES``), returning the same
+        ``[5 P]`` (``[6 P]``) float64 buffer each call.
     """
-    out, (kernel, grid, args, consts) = _trial_sums_spec(g, S, R, g_t, P, f)
-    return _returning(bind_launch(kernel, grid, args, consts, num_warps=8), out)
+    out, specs = _trial_sums_spec(g, S, R, g_t, P, f)
+    return _returning(_bind_all(specs), out)

@@ -1,4 +1,5 @@
 """fusedml.cg: the vector half of a CG step in one launch (interpreter), and the solvers on it."""
+import math
 import os
 import sys
 
@@ -127,11 +128,12 @@ def test_cg_update_applies(monkeypatch):
     assert cg_update_applies(torch.zeros(MAX_ENTRIES, 2), 2)
     from fusedml import cg as cgmod
 
-    long = torch.zeros(MAX_ENTRIES + 1, 1)  # the split form's (SPLIT_ENTRIES), up to MAX_SPLIT_ENTRIES
-    assert cg_update_applies(long, 1) and not trial_sums_applies((long,) * 4, 1)
-    assert not cg_update_applies(torch.zeros(cgmod.MAX_SPLIT_ENTRIES + 1, 1), 1)
+    long = torch.zeros(MAX_ENTRIES + 1, 1)  # the split forms' (SPLIT_ENTRIES), up to MAX_SPLIT_ENTRIES
+    assert cg_update_applies(long, 1) and trial_sums_applies((long,) * 4, 1)
+    longer = torch.zeros(cgmod.MAX_SPLIT_ENTRIES + 1, 1)
+    assert not cg_update_applies(longer, 1) and not trial_sums_applies((longer,) * 4, 1)
     monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", None)
-    assert not cg_update_applies(long, 1)
+    assert not cg_update_applies(long, 1) and not trial_sums_applies((long,) * 4, 1)
     monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
     assert not cg_update_applies(x, 1)
 
@@ -353,6 +355,25 @@ def test_trial_sums_nan_gradient_and_bad_inputs():
     assert not trial_sums_applies((g, g, g, g), 1)  # CPU, not forced
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's numpy
+def test_trial_sums_split_form(monkeypatch):
+    """Problems over ``SPLIT_ENTRIES`` (forced: tiles of 4 / 16 entries) take two launches, partial
+    sums per row tile then totals in a fixed order: the same sums, the objective ahead, the NaN
+    max, bitwise repeatable."""
+    from fusedml import cg as cgmod
+
+    monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", 0)
+    monkeypatch.setattr(cgmod, "SPLIT_TILE", 16)
+    g = torch.ones(40, 1)
+    assert len(cgmod._trial_sums_spec(g, g, g, g, 1)[1]) == 2
+    for n, K, P in ((37, 1, 1), (50, 4, 4), (45, 3, 1)):
+        test_trial_sums_matches_float64(n, K, P, torch.float32)
+    test_trial_sums_nan_gradient_and_bad_inputs()
+    gen = torch.Generator().manual_seed(3)
+    v = [torch.randn(300, 2, generator=gen) for _ in range(4)]
+    assert torch.equal(trial_sums(*v, 2), bind_trial_sums(*v, 2)())
+
+
 def _solver_case(case):
     from algorithms import LinearSVC, LogisticRegression, PoissonRegressor, Ridge
 
@@ -570,12 +591,15 @@ def _aot():
             build(rs, types, consts, 4)
             print("AOT cg_restart", ty, pf)
         ts = cg._trial_sums_kernel
-        for has_f in (False, True):
+        for has_f, split in ((False, False), (True, False), (False, True)):
             types = {a: f"*{ty}" for a in ("G", "S", "R", "GT")}
             types.update(OUT="*fp64", F="*fp64")
-            consts = dict(HAS_F=has_f, BLOCK_R=1024, BLOCK_C=1)
-            build(ts, types, consts, 8)
-            print("AOT trial_sums", ty, has_f)
+            consts = dict(HAS_F=has_f, SPLIT=split, BLOCK_R=1024, BLOCK_C=1)
+            build(ts, types, consts, 4 if split else 8)
+            print("AOT trial_sums", ty, has_f, split)
+        for has_f in (False, True):  # the split form's totals
+            build(cg._trial_finish_kernel, dict(PART="*fp64", F="*fp64", OUT="*fp64"), dict(HAS_F=has_f, NB=128), 4)
+            print("AOT trial_finish", ty, has_f)
         tp = cg._trial_point_kernel
         for has_wm in (False, True):
             types = {a: f"*{ty}" for a in ("W0", "S", "W", "WM", "G")}
@@ -599,7 +623,7 @@ def test_kernels_compile_for_sm90():
     """The decided step's float64 scalar logic (sqrt, selects) and both kernels compile for the GPU."""
     from _sm90 import run_aot
 
-    run_aot(__file__, 32, tools=("ptxas",))
+    run_aot(__file__, 38, tools=("ptxas",))
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
@@ -748,3 +772,27 @@ def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
         0 if dtype == torch.float64 else 1)
     stol = 1e-10 if dtype == torch.float64 else 2e-3
     torch.testing.assert_close(S_split, S_one, rtol=stol, atol=stol * float(S_one.abs().max()))
+
+
+@_cuda
+@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (1_000_003, 1, 1)])
+def test_cuda_trial_sums_split_matches_float64(n, K, P):
+    """Compiled, past ``SPLIT_ENTRIES`` (partials per row tile, then totals): the accept test's sums
+    against float64 with the objective ahead; a NaN in g_t gives a NaN max; bitwise repeatable."""
+    from fusedml import cg as cgmod
+
+    assert n * (K // P) > cgmod.SPLIT_ENTRIES and trial_sums_applies((torch.empty(n, K, device="cuda"),) * 4, P)
+    gen = torch.Generator().manual_seed(n)
+    g, S, R = (torch.randn(n, K, generator=gen) for _ in range(3))
+    g_t = torch.randn(K, n, generator=gen).t()
+    per = lambda A: A.double().reshape(n, P, K // P)  # noqa: E731
+    want = torch.cat([(per(g) * per(S)).sum((0, 2)), (per(S) * per(R)).sum((0, 2)), (per(S) ** 2).sum((0, 2)),
+                      (per(g_t) ** 2).sum((0, 2)), per(g_t).abs().amax((0, 2))])
+    f = torch.randn(P, generator=gen, dtype=torch.float64)
+    dev = [t.cuda() for t in (g, S, R, g_t)]
+    run = bind_trial_sums(*dev, P, f=f.cuda())
+    out = run().cpu()
+    torch.testing.assert_close(out, torch.cat([f, want]), rtol=1e-12, atol=1e-9)
+    assert torch.equal(run().cpu(), out)
+    dev[3][n // 2, 0] = float("nan")
+    assert math.isnan(float(trial_sums(*dev, P)[4 * P]))
