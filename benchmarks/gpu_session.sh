@@ -500,6 +500,9 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47d)  # session 47, after s47c: the wide split fit test compares outputs, not loose coefficients
+      run cuda-wide 200 env TRITON_INTERPRET=0 python3 -m pytest -q -s -k "cuda and split" tests/test_algorithms_base.py
+      grep -E "split vs one program|passed|failed" "$log/cuda-wide.log" | cut -c1-300 ;;
     s47c)  # session 47, after s47b: the accept test's sums split like the CG update (two launches past
            # SPLIT_ENTRIES; one program per problem took 0.105 ms a call at 100k entries in s47's profile): all
            # CUDA tests of the solvers, whole CSR fits A/B of both split forms (none / both), the CSR table

@@ -893,8 +893,10 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
 @pytest.mark.parametrize("case", ["logistic", "ridge"])
 def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case):
     """Wide CSR fits (40k features: past fusedml.cg.SPLIT_ENTRIES, the CG update over row tiles in
-    three launches) equal the fits with one program per problem: iterations within one,
-    coefficients to 1e-3."""
+    three launches, the accept test's sums in two) equal the fits with one program per problem:
+    iterations within one, outputs (decision function, prediction) to 1e-2 of their range. Not
+    the coefficients: the logistic objective, normalised by N = 20k < D, leaves weak directions
+    loose, and on "fused" (float atomics: other bits each run) they moved by 2e-2 between two fits."""
     from fusedml import cg as cgmod
 
     g = torch.Generator(device="cuda").manual_seed(17)
@@ -906,11 +908,19 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
     make, y = {"logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
                "ridge": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), eta)}[case]
     assert D > cgmod.SPLIT_ENTRIES
-    calls = []
-    real = cgmod._cg_update_spec
+    calls, sums = [], []
+    real, real_sums = cgmod._cg_update_spec, cgmod._trial_sums_spec
     monkeypatch.setattr(cgmod, "_cg_update_spec", lambda *a, **kw: calls.append(len(r := real(*a, **kw))) or r)
+    monkeypatch.setattr(cgmod, "_trial_sums_spec", lambda *a, **kw: sums.append(len((r := real_sums(*a, **kw))[1]))
+                        or r)
     got = make().fit(X, y)
-    assert calls and set(calls) == {3}, "the split form was not used"
+    assert calls and set(calls) == {3}, "the split CG update was not used"
+    assert bool(sums) == (case == "logistic") and set(sums) <= {2}, "the split accept-test sums were not used"
     monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", None)
     ref = make().fit(X, y)
-    _assert_fits_match(got, ref, exact=False)
+    assert np.abs(np.asarray(got.n_iter_) - np.asarray(ref.n_iter_)).max() <= 1
+    out = (lambda m: m.decision_function(X)) if case == "logistic" else (lambda m: m.predict(X))
+    f_got, f_ref = (np.asarray(torch.as_tensor(out(m)).cpu()) for m in (got, ref))
+    rel = np.abs(f_got - f_ref).max() / np.abs(f_ref).max()
+    print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, outputs {rel:.2e}")
+    assert rel <= 1e-2
