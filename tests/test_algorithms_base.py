@@ -894,9 +894,10 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
 def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case):
     """Wide CSR fits (40k features: past fusedml.cg.SPLIT_ENTRIES, the CG update over row tiles in
     three launches, the accept test's sums in two) equal the fits with one program per problem:
-    iterations within one, outputs (decision function, prediction) to 1e-2 of their range. Not
-    the coefficients: the logistic objective, normalised by N = 20k < D, leaves weak directions
-    loose, and on "fused" (float atomics: other bits each run) they moved by 2e-2 between two fits."""
+    iterations within one, outputs (decision function, prediction) to 1e-4 of their range (H100:
+    4e-6 fused, 0 ops). Not the coefficients: the logistic objective, normalised by N = 20k < D,
+    leaves weak directions loose; on "fused" (float atomics: other bits each run) they moved by
+    2e-2 between two fits."""
     from fusedml import cg as cgmod
 
     g = torch.Generator(device="cuda").manual_seed(17)
@@ -923,4 +924,4 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
     f_got, f_ref = (np.asarray(torch.as_tensor(out(m)).cpu()) for m in (got, ref))
     rel = np.abs(f_got - f_ref).max() / np.abs(f_ref).max()
     print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, outputs {rel:.2e}")
-    assert rel <= 1e-2
+    assert rel <= 1e-4
