@@ -500,10 +500,24 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47e)  # session 47, after s47d: the split forms take any length (programs sweep several row tiles past
+           # SPLIT_PROGRAMS = 1024 a problem; MAX_SPLIT_ENTRIES removed): the solvers' CUDA tests, wide CSR fits
+           # A/B (4M features: the torch form against the split forms), the CSR multinomial (500k entries) A/B
+      run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300
+      run wide-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:SPLIT_ENTRIES=None --b fusedml.cg:SPLIT_ENTRIES=16384 \
+        --csr 32:powerlaw --shapes 1000000x4000000 --algos logistic poisson --backends fused ops --fits 3 \
+        --out "$out/env_ab_cg_split_4M_s47e.json"
+      grep -E "^\| " "$log/wide-ab.log" | cut -c1-200
+      run multi-ab 200 python3 benchmarks/env_ab.py --a fusedml.cg:SPLIT_ENTRIES=None --b fusedml.cg:SPLIT_ENTRIES=16384 \
+        --csr 32:powerlaw --shapes 1000000x100000 --algos multinomial --backends fused ops --fits 3 \
+        --out "$out/env_ab_cg_split_multinomial_s47e.json"
+      grep -E "^\| " "$log/multi-ab.log" | cut -c1-200 ;;
     s47d)  # session 47, after s47c: the wide split fit test compares outputs, not loose coefficients
       run cuda-wide 200 env TRITON_INTERPRET=0 python3 -m pytest -q -s -k "cuda and split" tests/test_algorithms_base.py
       grep -E "split vs one program|passed|failed" "$log/cuda-wide.log" | cut -c1-300 ;;
-    s47c)  # session 47, after s47b: the accept test's sums split like the CG update (two launches past
+    s47c)  # (MAX_SPLIT_ENTRIES was removed after this part: the split forms now take any length)
+           # session 47, after s47b: the accept test's sums split like the CG update (two launches past
            # SPLIT_ENTRIES; one program per problem took 0.105 ms a call at 100k entries in s47's profile): all
            # CUDA tests of the solvers, whole CSR fits A/B of both split forms (none / both), the CSR table
       run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
@@ -519,7 +533,8 @@ for p in $parts; do
       run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
         --out "$out/end_to_end_csr_s47c.json"
       grep -E "^\| " "$log/e2e-csr.log" | head -7 | cut -c1-200 ;;
-    s47b)  # session 47, after s47: the split form up to MAX_SPLIT_ENTRIES (1M entries; was the torch form past
+    s47b)  # (MAX_SPLIT_ENTRIES was removed after s47c: the split forms now take any length)
+           # session 47, after s47: the split form up to MAX_SPLIT_ENTRIES (1M entries; was the torch form past
            # 131k): its CUDA tests, wide CSR fits A/B; where the host-bound Poisson fits' host time goes (timelines,
            # traces with stacks: CSR 1M x 100k and dense 1M x 100)
       run cuda-split 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and split" tests/test_cg.py

@@ -34,11 +34,11 @@ MAX_ENTRIES = 1 << 17
 #: split, whole CSR fits 1M x 100k: Ridge 0.49 -> 0.38 ms a CG step, ``env_ab_cg_split-H100-*-s47``);
 #: None: never
 SPLIT_ENTRIES = 1 << 14
-#: entries of one problem per program in that form
+#: entries of one problem per row tile in that form
 SPLIT_TILE = 1024
-#: entries per problem up to which that form takes a problem (each of its programs sums every
-#: tile's float64 partials: beyond ~1000 tiles those reads outgrow the step); the torch form beyond
-MAX_SPLIT_ENTRIES = 1 << 20
+#: programs per problem at most in that form (each sums every program's float64 partials); longer
+#: problems give each program several row tiles
+SPLIT_PROGRAMS = 1024
 
 
 @triton.jit
@@ -204,19 +204,21 @@ def _cg_update_kernel(
 
 
 # The same step over many programs, for problems too long for one program (``SPLIT_ENTRIES``): three
-# launches of one program per (row tile, problem), float64 partials per tile written to ``PART`` and
+# launches of one program per (tpp row tiles, problem), float64 partials per program written to ``PART`` and
 # summed in a fixed order by every program of the next launch (deterministic, no atomics); the
 # scalars that the last launch's first programs overwrite (``r^T r``, the run flag) pass through ``SNAP``.
 @triton.jit
-def _cg_split_sums_kernel(S, Dv, Ad, PART, n, cpp, K, nb, stride_an, stride_ak,
+def _cg_split_sums_kernel(S, Dv, Ad, PART, n, cpp, K, nb, tpp, stride_an, stride_ak,
                           TR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     t, j = tl.program_id(0), tl.program_id(1)
     offs_c = tl.arange(0, BLOCK_C)
-    rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
     z = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
-    acc, a_sd, a_ss, a_dd = _cg_tile_sums(S, Dv, Ad, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, z, z, z, z,
-                                          TR)
+    acc, a_sd, a_ss, a_dd = z, z, z, z
+    for k in range(0, tpp):  # this program's tpp row tiles
+        rows = ((t * tpp + k) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+        acc, a_sd, a_ss, a_dd = _cg_tile_sums(S, Dv, Ad, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, acc,
+                                              a_sd, a_ss, a_dd, TR)
     at = PART + (j * nb + t) * 4
     tl.store(at, tl.sum(tl.sum(acc, axis=1), axis=0))
     tl.store(at + 1, tl.sum(tl.sum(a_sd, axis=1), axis=0))
@@ -245,7 +247,7 @@ def _cg_split_alpha(PART, RTR, CTL, MASK, SNAP, j, P, nb, FROM_SNAP: tl.constexp
 
 @triton.jit
 def _cg_split_update_kernel(S, R, Dv, Ad, S0, R0, RTR, MASK, CTL, PART, PART2, SNAP,
-                            n, cpp, P, K, nb, stride_an, stride_ak,
+                            n, cpp, P, K, nb, tpp, stride_an, stride_ak,
                             KEEP: tl.constexpr, HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr,
                             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NB: tl.constexpr):
     t, j = tl.program_id(0), tl.program_id(1)
@@ -255,16 +257,18 @@ def _cg_split_update_kernel(S, R, Dv, Ad, S0, R0, RTR, MASK, CTL, PART, PART2, S
         tl.store(SNAP + 2 * j, rtr)
         tl.store(SNAP + 2 * j + 1, run)
     offs_c = tl.arange(0, BLOCK_C)
-    rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
-    acc = _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, alpha,
-                          tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64), KEEP)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
+    for k in range(0, tpp):
+        rows = ((t * tpp + k) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+        acc = _cg_tile_update(S, R, Dv, Ad, S0, R0, rows, j * cpp + offs_c, m, K, stride_an, stride_ak, alpha, acc,
+                              KEEP)
     tl.store(PART2 + j * nb + t, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
 @triton.jit
 def _cg_split_finish_kernel(R, Dv, RTR, BETA, MASK, PACKED, CTL, PART, PART2, SNAP, W,
-                            n, cpp, P, K, nb, stride_wn, stride_wk, pf_hi, pf_lo, pf_rows,
+                            n, cpp, P, K, nb, tpp, stride_wn, stride_wk, pf_hi, pf_lo, pf_rows,
                             HAS_MASK: tl.constexpr, DECIDE: tl.constexpr, TR: tl.constexpr, NEXT_DIR: tl.constexpr,
                             PREFILL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NB: tl.constexpr):
     t, j = tl.program_id(0), tl.program_id(1)
@@ -277,10 +281,11 @@ def _cg_split_finish_kernel(R, Dv, RTR, BETA, MASK, PACKED, CTL, PART, PART2, SN
         _cg_store(j, P, b, cont, rnew, rtr, run, over, dad, alpha, sts, RTR, BETA, PACKED, CTL, DECIDE)
     if NEXT_DIR:
         offs_c = tl.arange(0, BLOCK_C)
-        rows = (t * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-        m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
-        _cg_tile_direction(R, Dv, W, rows, j * cpp + offs_c, m, K, stride_wn, stride_wk, b, pf_hi, pf_lo, pf_rows,
-                           PREFILL)
+        for k in range(0, tpp):
+            rows = ((t * tpp + k) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+            m = (rows < n)[:, None] & (offs_c < cpp)[None, :]
+            _cg_tile_direction(R, Dv, W, rows, j * cpp + offs_c, m, K, stride_wn, stride_wk, b, pf_hi, pf_lo,
+                               pf_rows, PREFILL)
 
 
 @triton.jit
@@ -440,15 +445,19 @@ def cg_update_applies(like: torch.Tensor, P: int) -> bool:
     -------
     bool
         True for a contiguous float32/float64 [n, K] tensor on a CUDA device, ``P`` 1 or K and at
-        most ``MAX_ENTRIES`` entries per problem (``MAX_SPLIT_ENTRIES`` when ``SPLIT_ENTRIES`` is
-        set). The environment variable ``FUSEDML_FUSED_CG`` overrides: ``0`` never, ``1`` also on
-        the CPU under the Triton interpreter (tests).
+        most ``MAX_ENTRIES`` entries per problem (any number when ``SPLIT_ENTRIES`` is set). The
+        environment variable ``FUSEDML_FUSED_CG`` overrides: ``0`` never, ``1`` also on the CPU
+        under the Triton interpreter (tests).
     """
-    limit = MAX_ENTRIES if SPLIT_ENTRIES is None else max(MAX_ENTRIES, MAX_SPLIT_ENTRIES)
-    return like.ndim == 2 and like.is_contiguous() and _applies(like, P, limit)
+    return like.ndim == 2 and like.is_contiguous() and _applies(like, P, _entry_limit())
 
 
-def _applies(t: torch.Tensor, P: int, limit: int = MAX_ENTRIES) -> bool:
+def _entry_limit():
+    """Entries per problem the CG kernels take: any number in the split forms, else ``MAX_ENTRIES``."""
+    return MAX_ENTRIES if SPLIT_ENTRIES is None else math.inf
+
+
+def _applies(t: torch.Tensor, P: int, limit: float = MAX_ENTRIES) -> bool:
     """The shared part of the ``*_applies`` rules for a 2-D vector block ``t``."""
     flag = os.environ.get("FUSEDML_FUSED_CG", "")
     if flag == "0" or t.dtype not in (torch.float32, torch.float64):
@@ -609,6 +618,15 @@ def _returning(go, res):
     return run
 
 
+def _split_grid(n, block_c):
+    """``(BLOCK_R, programs, row tiles per program)`` of a split form over ``n`` rows of ``block_c``
+    columns: tiles of ``SPLIT_TILE`` entries, at most ``SPLIT_PROGRAMS`` programs."""
+    block_r = max(1, SPLIT_TILE // block_c)
+    tiles = triton.cdiv(n, block_r)
+    tpp = triton.cdiv(tiles, SPLIT_PROGRAMS)
+    return block_r, triton.cdiv(tiles, tpp), tpp
+
+
 def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction=False,
                     prefill=None):
     """Checked arguments of :func:`cg_update`: ``(kernel, grid, args, consts, options)``."""
@@ -654,20 +672,20 @@ def _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trus
                  dict(KEEP=keep, **flags, NEXT_DIR=bool(next_direction), PREFILL=pf is not None,
                       BLOCK_R=max(1, 2048 // block_c), BLOCK_C=block_c),
                  dict(num_warps=8))]
-    block_r = max(1, SPLIT_TILE // block_c)
-    nb = triton.cdiv(n, block_r)
+    block_r, nb, tpp = _split_grid(n, block_c)
     NB = triton.next_power_of_2(nb)
     part = torch.empty(P * nb * 5 + 2 * P, dtype=torch.float64, device=S.device)  # PART [P, nb, 4], PART2, SNAP
     PART, PART2, SNAP = part[:P * nb * 4], part[P * nb * 4:P * nb * 5], part[P * nb * 5:]
     tiles = dict(BLOCK_R=block_r, BLOCK_C=block_c)
-    return [(_cg_split_sums_kernel, (nb, P), (S, Dv, Ad, PART, n, cpp, K, nb, Ad.stride(0), Ad.stride(1)),
+    return [(_cg_split_sums_kernel, (nb, P), (S, Dv, Ad, PART, n, cpp, K, nb, tpp, Ad.stride(0), Ad.stride(1)),
              dict(TR=flags["TR"], **tiles), dict(num_warps=4)),
             (_cg_split_update_kernel, (nb, P),
-             (S, R, Dv, Ad, S0_, R0_, RTR, MASK, CTL, PART, PART2, SNAP, n, cpp, P, K, nb, Ad.stride(0), Ad.stride(1)),
+             (S, R, Dv, Ad, S0_, R0_, RTR, MASK, CTL, PART, PART2, SNAP, n, cpp, P, K, nb, tpp, Ad.stride(0),
+              Ad.stride(1)),
              dict(KEEP=keep, **flags, **tiles, NB=NB), dict(num_warps=4)),
             (_cg_split_finish_kernel, (nb if next_direction else 1, P),
-             (R, Dv, RTR, beta, MASK, PACKED, CTL, PART, PART2, SNAP, W, n, cpp, P, K, nb, W.stride(0), W.stride(1),
-              hi, lo, rows),
+             (R, Dv, RTR, beta, MASK, PACKED, CTL, PART, PART2, SNAP, W, n, cpp, P, K, nb, tpp, W.stride(0),
+              W.stride(1), hi, lo, rows),
              dict(**flags, NEXT_DIR=bool(next_direction), PREFILL=pf is not None, **tiles, NB=NB), dict(num_warps=4))]
 
 
@@ -693,11 +711,11 @@ def _nan_max(mx):
 @triton.jit
 def _trial_sums_kernel(
     G, S, R, GT, F, OUT,  # [n, K] each (any strides), F [P] float64, OUT [5P] ([6P] with F first) float64
-    n, cpp, P, nb, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
+    n, cpp, P, nb, tpp, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
     HAS_F: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # one program per problem sweeping its rows; SPLIT: one per (row tile, problem), grid (nb, P),
-    # writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
+    # one program per problem sweeping its rows; SPLIT: one per (tpp row tiles, problem), grid
+    # (nb, P), writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
     t, j = tl.program_id(0), tl.program_id(1)
     if not SPLIT:
         j = t
@@ -711,10 +729,11 @@ def _trial_sums_kernel(
     z = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
     gs, sr, ss, tt, mx = z, z, z, z, z
     if SPLIT:
-        rows = (t * BLOCK_R + offs_r).to(tl.int64)
-        m = (rows < n)[:, None] & cmask[None, :]
-        gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
-                                         gs, sr, ss, tt, mx)
+        for k in range(0, tpp):
+            rows = ((t * tpp + k) * BLOCK_R + offs_r).to(tl.int64)
+            m = (rows < n)[:, None] & cmask[None, :]
+            gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n,
+                                             st_k, gs, sr, ss, tt, mx)
         at, step = OUT + (j * nb + t) * 5, 1
     else:
         for r0 in range(0, n, BLOCK_R):
@@ -754,7 +773,7 @@ def trial_sums_applies(tensors, P: int) -> bool:
     if first.ndim != 2 or any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device
                               for t in tensors):
         return False
-    return _applies(first, P, MAX_ENTRIES if SPLIT_ENTRIES is None else max(MAX_ENTRIES, MAX_SPLIT_ENTRIES))
+    return _applies(first, P, _entry_limit())
 
 
 def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
@@ -804,13 +823,12 @@ def _trial_sums_spec(g, S, R, g_t, P, f=None):
     strides = (g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1), g_t.stride(0),
                g_t.stride(1))
     if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem
-        return out, [(_trial_sums_kernel, (P,), (g, S, R, g_t, F, out, n, cpp, P, 1, *strides),
+        return out, [(_trial_sums_kernel, (P,), (g, S, R, g_t, F, out, n, cpp, P, 1, 1, *strides),
                       dict(HAS_F=f is not None, SPLIT=False, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c),
                       dict(num_warps=8))]
-    block_r = max(1, SPLIT_TILE // block_c)
-    nb = triton.cdiv(n, block_r)
+    block_r, nb, tpp = _split_grid(n, block_c)
     part = torch.empty(P * nb * 5, dtype=torch.float64, device=g.device)
-    return out, [(_trial_sums_kernel, (nb, P), (g, S, R, g_t, F, part, n, cpp, P, nb, *strides),
+    return out, [(_trial_sums_kernel, (nb, P), (g, S, R, g_t, F, part, n, cpp, P, nb, tpp, *strides),
                   dict(HAS_F=False, SPLIT=True, BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=4)),
                  (_trial_finish_kernel, (P,), (part, F, out, P, nb),
                   dict(HAS_F=f is not None, NB=triton.next_power_of_2(nb)), dict(num_warps=4))]

@@ -128,10 +128,8 @@ def test_cg_update_applies(monkeypatch):
     assert cg_update_applies(torch.zeros(MAX_ENTRIES, 2), 2)
     from fusedml import cg as cgmod
 
-    long = torch.zeros(MAX_ENTRIES + 1, 1)  # the split forms' (SPLIT_ENTRIES), up to MAX_SPLIT_ENTRIES
+    long = torch.zeros(MAX_ENTRIES + 1, 1)  # the split forms' (SPLIT_ENTRIES): any length
     assert cg_update_applies(long, 1) and trial_sums_applies((long,) * 4, 1)
-    longer = torch.zeros(cgmod.MAX_SPLIT_ENTRIES + 1, 1)
-    assert not cg_update_applies(longer, 1) and not trial_sums_applies((longer,) * 4, 1)
     monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", None)
     assert not cg_update_applies(long, 1) and not trial_sums_applies((long,) * 4, 1)
     monkeypatch.setenv("FUSEDML_FUSED_CG", "0")
@@ -275,12 +273,15 @@ def test_cg_prefill_writes_next_products_start(n, K, P, rows, dtype):
 
 def test_cg_update_split_form(monkeypatch, tile=4):
     """Problems over ``SPLIT_ENTRIES`` run in three launches over row tiles (forced here on small
-    ones, tiles of 4 / 16 entries): the host- and device-decided steps, the kept start, masks, the
-    Steihaug boundary, the next direction and the prefill as in one program; repeated runs bitwise equal."""
+    ones, tiles of 4 / 16 entries, at most 4 programs a problem): the host- and device-decided
+    steps, the kept start, masks, the Steihaug boundary, the next direction and the prefill as in
+    one program; repeated runs bitwise equal."""
     from fusedml import cg as cgmod
 
     monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", 0)
     monkeypatch.setattr(cgmod, "SPLIT_TILE", tile)
+    monkeypatch.setattr(cgmod, "SPLIT_PROGRAMS", 4)  # longer problems: several row tiles a program
+    assert cgmod._split_grid(37, 1) == (4, 4, 3) and cgmod._split_grid(8, 1) == (4, 2, 1)
     for n, K, P, keep in ((37, 1, 1, True), (50, 4, 4, False)):
         test_cg_update_matches_float64(n, K, P, keep, torch.float32)
     test_cg_update_decided_matches_steihaug(30, 1, 1, 0.5, torch.float64, True)
@@ -357,13 +358,14 @@ def test_trial_sums_nan_gradient_and_bad_inputs():
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's numpy
 def test_trial_sums_split_form(monkeypatch):
-    """Problems over ``SPLIT_ENTRIES`` (forced: tiles of 4 / 16 entries) take two launches, partial
-    sums per row tile then totals in a fixed order: the same sums, the objective ahead, the NaN
+    """Problems over ``SPLIT_ENTRIES`` (forced: tiles of 4 / 16 entries, 2 programs a problem) take
+    two launches, partial sums per program then totals in a fixed order: the same sums, the objective ahead, the NaN
     max, bitwise repeatable."""
     from fusedml import cg as cgmod
 
     monkeypatch.setattr(cgmod, "SPLIT_ENTRIES", 0)
     monkeypatch.setattr(cgmod, "SPLIT_TILE", 16)
+    monkeypatch.setattr(cgmod, "SPLIT_PROGRAMS", 2)  # several row tiles a program
     g = torch.ones(40, 1)
     assert len(cgmod._trial_sums_spec(g, g, g, g, 1)[1]) == 2
     for n, K, P in ((37, 1, 1), (50, 4, 4), (45, 3, 1)):
@@ -721,12 +723,12 @@ _cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRIT
 
 @_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (1_000_003, 1, 1)])
+@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (3_000_017, 1, 1)])
 def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
-    """Compiled, past ``SPLIT_ENTRIES`` (three launches over row tiles): a host-decided step (one
-    problem masked) against float64; a device-decided trust-region solve forming its own next
-    directions and prefill (half the problems reach the boundary) gives the one-program form's
-    steps, flags and solution."""
+    """Compiled, past ``SPLIT_ENTRIES`` (three launches over row tiles; at 3M entries three tiles a
+    program): a host-decided step (one problem masked) against float64; a device-decided
+    trust-region solve forming its own next directions and prefill (half the problems reach the
+    boundary) gives the one-program form's steps, flags and solution."""
     from fusedml import cg as cgmod
 
     assert cgmod.SPLIT_ENTRIES is not None and n * (K // P) > cgmod.SPLIT_ENTRIES
@@ -775,9 +777,9 @@ def test_cuda_cg_update_split_matches_float64(monkeypatch, n, K, P, dtype):
 
 
 @_cuda
-@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (1_000_003, 1, 1)])
+@pytest.mark.parametrize("n,K,P", [(100_003, 1, 1), (40_001, 4, 4), (3_000_017, 1, 1)])
 def test_cuda_trial_sums_split_matches_float64(n, K, P):
-    """Compiled, past ``SPLIT_ENTRIES`` (partials per row tile, then totals): the accept test's sums
+    """Compiled, past ``SPLIT_ENTRIES`` (partials per program, then totals): the accept test's sums
     against float64 with the objective ahead; a NaN in g_t gives a NaN max; bitwise repeatable."""
     from fusedml import cg as cgmod
 
