@@ -5,7 +5,7 @@ For each matrix and m: ms (``do_bench`` median), % of the read-once floor, speed
 with the cached transpose, relative error against a float64 cuSPARSE reference on fresh inputs,
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
-    python benchmarks/bench_csr_tiles.py [--quick] [--out FILE]
+    python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -30,7 +30,17 @@ import fusedml  # noqa: E402
 from fusedml.mmchain import csr  # noqa: E402
 
 
-def matrices(dev, quick):
+def matrices(dev, quick, specs=()):
+    """``(name, CSR X)``: the default three (or a tiny one), or ``NxD:NNZ:PROFILE`` specs (datasets.make_csr)."""
+    if specs:
+        for spec in specs:
+            shape, nnz, prof = spec.split(":")
+            n, d = (int(x) for x in shape.split("x"))
+            if quick:
+                n, d = min(n, 2000), min(d, 3000)
+            yield f"{prof}-{n}x{d}-{nnz}", datasets.make_csr(n, d, min(float(nnz), d), prof, device=dev,
+                                                              return_torch=True).X
+        return
     if quick:
         yield "powerlaw-2000x3000", datasets.make_csr(2000, 3000, 16, "powerlaw", device=dev, return_torch=True).X
         return
@@ -46,19 +56,21 @@ def rel(a, b):
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tiles", nargs="+", type=int, default=[0, 16 << 10, 32 << 10, 64 << 10])
     ap.add_argument("--kernel", nargs="+", default=[], metavar="BLOCKxWARPSxPROGS",
                     help="also time the default tiles (csr.TILE_BYTES) with these stream-kernel settings, e.g. 2048x8x4")
+    ap.add_argument("--matrices", nargs="+", default=[], metavar="NxD:NNZ:PROFILE",
+                    help="these matrices instead of the default three (e.g. 1000000x4000000:32:powerlaw)")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = _common.device()
     quick = a.quick or dev.type != "cuda"
     bw = 4.28e12
     rows = []
-    for name, A in matrices(dev, quick):
+    for name, A in matrices(dev, quick, a.matrices):
         n, d = A.shape
         floor_ms = (A.nnz * (A.val.element_size() + A.col.element_size()) + (n + 1) * A.crow.element_size()) / bw * 1e3
         A64 = A.to(dtype=torch.float64)

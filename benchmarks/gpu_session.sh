@@ -500,6 +500,14 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47f)  # session 47, after s47e: CSR fits at 4M features were slower fused than ops (logistic 86 against 76 ms):
+           # the products' tile settings at 100k, 1M and 4M columns, and where those fits' GPU time goes
+      run csr-tiles 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x4000000:32:powerlaw \
+        1000000x1000000:32:powerlaw 1000000x100000:32:powerlaw --tiles 0 16384 32768 65536 --out "$out/csr_tiles_wide_s47f.json"
+      grep -E "^\| " "$log/csr-tiles.log" | cut -c1-200
+      run csr-profile 150 python3 benchmarks/profile_fit.py --csr 1000000x4000000:32:powerlaw --algo logistic \
+        --top 10 --out "$out/profile_fit_csr_4M_s47f.json"
+      grep -E "^\| " "$log/csr-profile.log" | cut -c1-200 ;;
     s47e)  # session 47, after s47d: the split forms take any length (programs sweep several row tiles past
            # SPLIT_PROGRAMS = 1024 a problem; MAX_SPLIT_ENTRIES removed): the solvers' CUDA tests, wide CSR fits
            # A/B (4M features: the torch form against the split forms), the CSR multinomial (500k entries) A/B
