@@ -500,6 +500,12 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47g)  # session 47, on an H200: the CSR end-to-end table with both split forms on, the solvers' CUDA tests
+      run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300
+      run e2e-csr 240 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s47g.json"
+      grep -E "^\| " "$log/e2e-csr.log" | head -7 | cut -c1-200 ;;
     s47f)  # session 47, after s47e: CSR fits at 4M features were slower fused than ops (logistic 86 against 76 ms):
            # the products' tile settings at 100k, 1M and 4M columns, and where those fits' GPU time goes
       run csr-tiles 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x4000000:32:powerlaw \
