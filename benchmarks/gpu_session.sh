@@ -500,6 +500,12 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47h)  # session 47, after s47g (the wide fit test's fused logistic ended 2.4e-2 apart at tol 1e-5): at tol 1e-8,
+           # three times
+      for i in 1 2 3; do
+        run cuda-wide-$i 150 env TRITON_INTERPRET=0 python3 -m pytest -q -s -k "cuda and split" tests/test_algorithms_base.py
+        grep -E "split vs one program|passed|failed" "$log/cuda-wide-$i.log" | cut -c1-300
+      done ;;
     s47g)  # session 47, on an H200: the CSR end-to-end table with both split forms on, the solvers' CUDA tests
       run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
       tail -1 "$log/cuda-cg.log" | cut -c1-300

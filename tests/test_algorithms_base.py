@@ -894,10 +894,10 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
 def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case):
     """Wide CSR fits (40k features: past fusedml.cg.SPLIT_ENTRIES, the CG update over row tiles in
     three launches, the accept test's sums in two) equal the fits with one program per problem:
-    iterations within one, outputs (decision function, prediction) to 1e-4 of their range (H100:
-    4e-6 fused, 0 ops). Not the coefficients: the logistic objective, normalised by N = 20k < D,
-    leaves weak directions loose; on "fused" (float atomics: other bits each run) they moved by
-    2e-2 between two fits."""
+    iterations within one, coefficients and outputs to 1e-3. The logistic fit runs to tol = 1e-8:
+    its objective, normalised by N = 20k < D, has curvature ~1e-4 a coordinate, so at 1e-5 the
+    stopping point itself is loose (two fused fits, whose float atomics change the bits each run,
+    ended 2e-2 apart on the H100)."""
     from fusedml import cg as cgmod
 
     g = torch.Generator(device="cuda").manual_seed(17)
@@ -906,7 +906,7 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
     X = torch.sparse_coo_tensor(torch.stack([torch.arange(N, device="cuda").repeat_interleave(k), cols]),
                                 torch.randn(N * k, generator=g, device="cuda"), (N, D)).coalesce().to_sparse_csr()
     eta = X @ torch.randn(D, generator=g, device="cuda")
-    make, y = {"logistic": (lambda: LogisticRegression(C=1.0, tol=1e-5, backend=backend), (eta > 0).float()),
+    make, y = {"logistic": (lambda: LogisticRegression(C=1.0, tol=1e-8, backend=backend), (eta > 0).float()),
                "ridge": (lambda: Ridge(alpha=1.0, tol=1e-8, backend=backend), eta)}[case]
     assert D > cgmod.SPLIT_ENTRIES
     calls, sums = [], []
@@ -921,7 +921,9 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
     ref = make().fit(X, y)
     assert np.abs(np.asarray(got.n_iter_) - np.asarray(ref.n_iter_)).max() <= 1
     out = (lambda m: m.decision_function(X)) if case == "logistic" else (lambda m: m.predict(X))
-    f_got, f_ref = (np.asarray(torch.as_tensor(out(m)).cpu()) for m in (got, ref))
-    rel = np.abs(f_got - f_ref).max() / np.abs(f_ref).max()
-    print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, outputs {rel:.2e}")
-    assert rel <= 1e-4
+    rel = [np.abs(a - b).max() / np.abs(b).max() for a, b in
+           ((np.asarray(torch.as_tensor(f(got)).cpu()), np.asarray(torch.as_tensor(f(ref)).cpu()))
+            for f in (lambda m: m.coef_, out))]
+    print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, coefficients "
+          f"{rel[0]:.2e}, outputs {rel[1]:.2e}")
+    assert max(rel) <= 1e-3
