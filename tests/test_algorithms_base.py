@@ -894,8 +894,9 @@ def test_cuda_solve_ahead_fits_match(monkeypatch, backend, case):
 def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case):
     """Wide CSR fits (40k features: past fusedml.cg.SPLIT_ENTRIES, the CG update over row tiles in
     three launches, the accept test's sums in two) equal the fits with one program per problem:
-    iterations within one, coefficients and outputs to 1e-3. The logistic fit runs to tol = 1e-8:
-    its objective, normalised by N = 20k < D, has curvature ~1e-4 a coordinate, so at 1e-5 the
+    iterations within one, coefficients and outputs to 2e-3 (H100, three runs: at most 4.5e-4, where
+    the fused fits took 12 and 11 iterations; 0 on "ops"). The logistic fit runs to tol = 1e-8: its
+    objective, normalised by N = 20k < D, has curvature ~1e-4 a coordinate, so at 1e-5 the
     stopping point itself is loose (two fused fits, whose float atomics change the bits each run,
     ended 2e-2 apart on the H100)."""
     from fusedml import cg as cgmod
@@ -926,4 +927,4 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
             for f in (lambda m: m.coef_, out))]
     print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, coefficients "
           f"{rel[0]:.2e}, outputs {rel[1]:.2e}")
-    assert max(rel) <= 1e-3
+    assert max(rel) <= 2e-3
