@@ -27,9 +27,11 @@ __all__ = ["CONTROL", "bind_cg_restart", "bind_cg_update", "bind_trial_point", "
            "control_slice", "cg_update", "cg_update_applies", "trial_sums", "trial_sums_applies"]
 
 #: entries per problem above which one program per problem would stream the vectors too slowly
-#: (~10 bytes moved per entry through one SM); the solvers then keep the torch form
+#: (~10 bytes moved per entry through one SM); without the split forms (``SPLIT_ENTRIES = None``) the
+#: solvers then keep the torch form
 MAX_ENTRIES = 1 << 17
-#: entries per problem above which :func:`cg_update` runs over many programs in three launches
+#: entries per problem above which :func:`cg_update` runs over many programs in three launches (and
+#: :func:`trial_sums` in two)
 #: (one program took 0.11 ms a step at 100k entries: CSR CG steps, H100, ``profile_fit_csr-*-s46``;
 #: split, whole CSR fits 1M x 100k: Ridge 0.49 -> 0.38 ms a CG step, ``env_ab_cg_split-H100-*-s47``);
 #: None: never
