@@ -5,7 +5,7 @@ For each matrix and m: ms (``do_bench`` median), % of the read-once floor, speed
 with the cached transpose, relative error against a float64 cuSPARSE reference on fresh inputs,
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
-    python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--out FILE]
+    python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--out FILE]
 """
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def main(argv=None):
                     help="also time the default tiles (csr.TILE_BYTES) with these stream-kernel settings, e.g. 2048x8x4")
     ap.add_argument("--matrices", nargs="+", default=[], metavar="NxD:NNZ:PROFILE",
                     help="these matrices instead of the default three (e.g. 1000000x4000000:32:powerlaw)")
+    ap.add_argument("--scatter", action="store_true", help="also time the scatter strategy (one pass, atomics)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = _common.device()
@@ -118,6 +119,12 @@ def main(argv=None):
                                  matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
                 csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = default
                 csr._structure(A).streams.clear()
+            if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers
+                sc = lambda: fusedml.mmchain(A, y, v, backend="fused", config={"strategy": "scatter"})  # noqa: E731
+                out = sc()
+                ms = _common.bench_ms(sc)
+                rows.append(dict(matrix=name, m=m, variant="fused scatter", ms=ms, pct_floor=100 * floor_ms / ms,
+                                 speedup=ops_ms / ms, rel_err=rel(out, ref)))
             auto = lambda: fusedml.mmchain(A, y, v, backend="fused")  # noqa: E731
             auto(), auto()
             ms = _common.bench_ms(auto)

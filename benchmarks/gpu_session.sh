@@ -500,6 +500,10 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s47i)  # session 47, after s47f: the scatter strategy (one pass, float atomics) on the wide power-law products
+      run csr-scatter 150 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x4000000:32:powerlaw \
+        1000000x1000000:32:powerlaw --tiles 0 --scatter --out "$out/csr_tiles_scatter_s47i.json"
+      grep -E "^\| " "$log/csr-scatter.log" | cut -c1-200 ;;
     s47h)  # session 47, after s47g (the wide fit test's fused logistic ended 2.4e-2 apart at tol 1e-5): at tol 1e-8,
            # three times
       for i in 1 2 3; do

@@ -781,13 +781,14 @@ def test_stream_probe_smoke(tmp_path):
 
 def test_bench_csr_tiles_smoke(tmp_path):
     """benchmarks/bench_csr_tiles.py under the interpreter on a ``--matrices`` spec: each tile
-    setting and the model's pick get a row with a small error against float64."""
+    setting, the scatter strategy and the model's pick get a row with a small error against float64."""
     import json
 
     out = tmp_path / "ct.json"
     _bench_module("bench_csr_tiles").main(["--matrices", "1500x2500:6:powerlaw", "--tiles", "0", "16384",
-                                           "--out", str(out)])
+                                           "--scatter", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [r["variant"] for r in rows if r["m"] == 1] == ["ops (cached X^T)", "fused gather untiled",
-                                                          "fused gather tile 16 KB", "fused auto (model)"]
+                                                          "fused gather tile 16 KB", "fused scatter",
+                                                          "fused auto (model)"]
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
