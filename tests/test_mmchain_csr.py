@@ -792,3 +792,16 @@ def test_bench_csr_tiles_smoke(tmp_path):
                                                           "fused gather tile 16 KB", "fused scatter",
                                                           "fused auto (model)"]
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
+
+
+def test_l2_state_probe_smoke(tmp_path):
+    """benchmarks/l2_state_probe.py under the interpreter: the five timings of matrix B's product,
+    each with a small error against float64."""
+    import json
+
+    out = tmp_path / "l2.json"
+    _bench_module("l2_state_probe").main(["--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["step"] for r in rows] == ["first", "after A (scatter)", "again", "after a 2 x L2 copy",
+                                         "after dropping A"]
+    assert all(r["ms"] > 0 and r["rel_err"] < 1e-5 for r in rows)
