@@ -175,6 +175,18 @@ def csr_fit_cases(N: int, D: int, dev, nnz_per_row: float = 32, profile: str = "
     return X, _linear_cases(eta, g, N, dev)
 
 
+def csr_from_spec(spec: str, dev, cap=None) -> tuple:
+    """``(name, X)``: a seeded torch CSR X (``datasets.make_csr``) from ``"NxD:NNZ:PROFILE"``, its
+    shape clamped to ``cap = (N, D)`` when given (smoke runs), the nonzeros per row to D."""
+    from datasets.synthetic import make_csr
+
+    shape, nnz, prof = spec.split(":")
+    n, d = (int(x) for x in shape.split("x"))
+    if cap is not None:
+        n, d = min(n, cap[0]), min(d, cap[1])
+    return f"{prof}-{n}x{d}-{nnz}", make_csr(n, d, min(float(nnz), d), prof, device=dev, return_torch=True).X
+
+
 #: GaussianMixture fits of the A/B scripts: ``gmm-<covariance type>``
 GMM_FIT_ALGOS = ("gmm-full", "gmm-tied", "gmm-diag", "gmm-spherical")
 

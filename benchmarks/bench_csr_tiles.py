@@ -34,12 +34,7 @@ def matrices(dev, quick, specs=()):
     """``(name, CSR X)``: the default three (or a tiny one), or ``NxD:NNZ:PROFILE`` specs (datasets.make_csr)."""
     if specs:
         for spec in specs:
-            shape, nnz, prof = spec.split(":")
-            n, d = (int(x) for x in shape.split("x"))
-            if quick:
-                n, d = min(n, 2000), min(d, 3000)
-            yield f"{prof}-{n}x{d}-{nnz}", datasets.make_csr(n, d, min(float(nnz), d), prof, device=dev,
-                                                              return_torch=True).X
+            yield _common.csr_from_spec(spec, dev, (2000, 3000) if quick else None)
         return
     if quick:
         yield "powerlaw-2000x3000", datasets.make_csr(2000, 3000, 16, "powerlaw", device=dev, return_torch=True).X

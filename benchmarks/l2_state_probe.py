@@ -31,16 +31,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import _common  # noqa: E402
-import datasets  # noqa: E402
 import fusedml  # noqa: E402
-
-
-def _matrix(spec, dev, quick):
-    shape, nnz, prof = spec.split(":")
-    n, d = (int(x) for x in shape.split("x"))
-    if quick:
-        n, d = min(n, 500), min(d, 700)
-    return datasets.make_csr(n, d, min(float(nnz), d), prof, device=dev, return_torch=True).X
 
 
 def main(argv=None):
@@ -52,8 +43,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = _common.device()
-    quick = dev.type != "cuda"
-    A, B = _matrix(args.a, dev, quick), _matrix(args.b, dev, quick)
+    cap = (500, 700) if dev.type != "cuda" else None  # a smoke run under the interpreter
+    A, B = (_common.csr_from_spec(spec, dev, cap)[1] for spec in (args.a, args.b))
     g = torch.Generator(device=dev).manual_seed(0)
     vec = lambda M: (torch.randn(M.shape[1], generator=g, device=dev), torch.rand(M.shape[0], generator=g,  # noqa: E731
                                                                                  device=dev))

@@ -451,23 +451,19 @@ def cg_update_applies(like: torch.Tensor, P: int) -> bool:
         environment variable ``FUSEDML_FUSED_CG`` overrides: ``0`` never, ``1`` also on the CPU
         under the Triton interpreter (tests).
     """
-    return like.ndim == 2 and like.is_contiguous() and _applies(like, P, _entry_limit())
+    return like.ndim == 2 and like.is_contiguous() and _applies(like, P)
 
 
-def _entry_limit():
-    """Entries per problem the CG kernels take: any number in the split forms, else ``MAX_ENTRIES``."""
-    return MAX_ENTRIES if SPLIT_ENTRIES is None else math.inf
-
-
-def _applies(t: torch.Tensor, P: int, limit: float = MAX_ENTRIES) -> bool:
-    """The shared part of the ``*_applies`` rules for a 2-D vector block ``t``."""
+def _applies(t: torch.Tensor, P: int) -> bool:
+    """The shared part of the ``*_applies`` rules for a 2-D vector block ``t`` (any length a problem
+    in the split forms, else at most ``MAX_ENTRIES``)."""
     flag = os.environ.get("FUSEDML_FUSED_CG", "")
     if flag == "0" or t.dtype not in (torch.float32, torch.float64):
         return False
     if not (t.is_cuda or (flag == "1" and t.device.type == "cpu" and interpret_mode())):
         return False
     n, K = t.shape
-    return P in (1, K) and n * (K // P) <= limit
+    return P in (1, K) and (SPLIT_ENTRIES is not None or n * (K // P) <= MAX_ENTRIES)
 
 
 #: the control block of a device-decided CG step (:func:`cg_update` with ``control``): float64
@@ -716,14 +712,12 @@ def _trial_sums_kernel(
     n, cpp, P, nb, tpp, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
     HAS_F: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # one program per problem sweeping its rows; SPLIT: one per (tpp row tiles, problem), grid
-    # (nb, P), writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
+    # grid (1, P): one program per problem sweeping its rows; SPLIT: grid (nb, P), one per (tpp row
+    # tiles, problem), writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
     t, j = tl.program_id(0), tl.program_id(1)
-    if not SPLIT:
-        j = t
-        if HAS_F:  # the trial objective beside the sums: one buffer for the host's one copy
-            tl.store(OUT + j, tl.load(F + j))
-            OUT += P
+    if HAS_F and not SPLIT:  # the trial objective beside the sums: one buffer for the host's one copy
+        tl.store(OUT + j, tl.load(F + j))
+        OUT += P
     offs_r = tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     cols = (j * cpp + offs_c).to(tl.int64)
@@ -775,7 +769,7 @@ def trial_sums_applies(tensors, P: int) -> bool:
     if first.ndim != 2 or any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device
                               for t in tensors):
         return False
-    return _applies(first, P, _entry_limit())
+    return _applies(first, P)
 
 
 def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
@@ -825,7 +819,7 @@ def _trial_sums_spec(g, S, R, g_t, P, f=None):
     strides = (g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1), g_t.stride(0),
                g_t.stride(1))
     if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem
-        return out, [(_trial_sums_kernel, (P,), (g, S, R, g_t, F, out, n, cpp, P, 1, 1, *strides),
+        return out, [(_trial_sums_kernel, (1, P), (g, S, R, g_t, F, out, n, cpp, P, 1, 1, *strides),
                       dict(HAS_F=f is not None, SPLIT=False, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c),
                       dict(num_warps=8))]
     block_r, nb, tpp = _split_grid(n, block_c)
