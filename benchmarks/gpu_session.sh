@@ -506,7 +506,10 @@ for p in $parts; do
       grep -E "^\| " "$log/l2-probe.log" | cut -c1-200
       run l2-probe-gather 200 python3 benchmarks/l2_state_probe.py --a-strategy gather \
         --out "$out/l2_state_probe_gather_s48.json"
-      grep -E "^\| " "$log/l2-probe-gather.log" | cut -c1-200 ;;
+      grep -E "^\| " "$log/l2-probe-gather.log" | cut -c1-200
+      # the review's (1, P) grid of the one-program accept-test sums (6da2650), not yet run compiled
+      run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300 ;;
     s47i)  # session 47, after s47f: the scatter strategy (one pass, float atomics) on the wide power-law products
       run csr-scatter 150 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x4000000:32:powerlaw \
         1000000x1000000:32:powerlaw --tiles 0 --scatter --out "$out/csr_tiles_scatter_s47i.json"
