@@ -5,7 +5,8 @@ For each matrix and m: ms (``do_bench`` median), % of the read-once floor, speed
 with the cached transpose, relative error against a float64 cuSPARSE reference on fresh inputs,
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
-    python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--out FILE]
+    python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--flat]
+        [--l1-bypass] [--out FILE]
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def main(argv=None):
     ap.add_argument("--matrices", nargs="+", default=[], metavar="NxD:NNZ:PROFILE",
                     help="these matrices instead of the default three (e.g. 1000000x4000000:32:powerlaw)")
     ap.add_argument("--scatter", action="store_true", help="also time the scatter strategy (one pass, atomics)")
+    ap.add_argument("--flat", action="store_true",
+                    help="also time flat streams (CSRConfig.flat 1, 2, 3) for the untiled m = 1 passes")
+    ap.add_argument("--l1-bypass", action="store_true", help="also time both row passes with A loaded .cg")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = _common.device()
@@ -84,7 +88,7 @@ def main(argv=None):
                              matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="ops"))))
             for tb in a.tiles:
                 cfg = {"strategy": "gather", "tile_bytes": tb}
-                W, H = csr._tile_sizes(A, m, tb) if tb else (d, n)
+                W, H, _ = csr._tile_sizes(A, m, tb) if tb else (d, n, 0)
                 fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
@@ -114,6 +118,22 @@ def main(argv=None):
                                  matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
                 csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = default
                 csr._structure(A).streams.clear()
+            for f in (1, 2, 3) if a.flat and m == 1 else ():  # untiled passes as one flat stream each
+                cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": f}
+                fl = csr._tile_sizes(A, m, csr.TILE_BYTES, f)[2]
+                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
+                out = fn()
+                ms = _common.bench_ms(fn)
+                rows.append(dict(matrix=name, m=m, variant=f"fused flat {f} (applies {fl})", ms=ms,
+                                 pct_floor=100 * floor_ms / ms, speedup=ops_ms / ms, rel_err=rel(out, ref),
+                                 matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
+            if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
+                cfg = {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}}
+                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
+                out = fn()
+                ms = _common.bench_ms(fn)
+                rows.append(dict(matrix=name, m=m, variant="fused gather, .cg loads", ms=ms, pct_floor=100 * floor_ms / ms,
+                                 speedup=ops_ms / ms, rel_err=rel(out, ref)))
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers
                 sc = lambda: fusedml.mmchain(A, y, v, backend="fused", config={"strategy": "scatter"})  # noqa: E731
                 out = sc()

@@ -500,6 +500,13 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s48b)  # session 48: flat streams (CSRConfig.flat) for the untiled wide passes, against the row kernels and ops
+      run cuda-flat 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda_flat or stream" tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-flat.log" | cut -c1-300
+      run csr-flat 400 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x4000000:32:powerlaw \
+        1000000x1000000:32:powerlaw 1000000x1000000:100:constant --tiles 0 32768 --flat --l1-bypass \
+        --out "$out/csr_tiles_flat_s48b.json"
+      grep -E "^\| " "$log/csr-flat.log" | cut -c1-200 ;;
     s48)  # next session: does a CSR product leave L2 in a state that slows a later one (s47i)? The 1M-column gather
           # timed before and after the 4M matrix's scatter, after a 2 x L2 copy, after dropping the 4M matrix
       run l2-probe 200 python3 benchmarks/l2_state_probe.py --out "$out/l2_state_probe_s48.json"

@@ -5,6 +5,7 @@ fully overwrite is NaN-poisoned (csr.POISON_OUTPUTS).
 """
 import dataclasses
 import importlib
+import os
 import sys
 
 import numpy as np
@@ -649,7 +650,7 @@ def test_stream_gather_passes(rng, monkeypatch, idx):
     A = make_csr(rng, n, d - 6, lens, idx)
     A = CSRMatrix(A.crow, A.col, A.val, (n, d))  # the last 6 columns empty
     cfg = {"strategy": "gather", "tile_bytes": 128}
-    W, H = csr._tile_sizes(A, 1, 128)
+    W, H, _ = csr._tile_sizes(A, 1, 128)
     assert W < d and H < n  # both passes tiled
     y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
     for intercept in (False, True):
@@ -662,7 +663,7 @@ def test_stream_gather_passes(rng, monkeypatch, idx):
         t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
         assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
     st = csr._structure(A)
-    sm = st.streams[(W, H)]
+    sm = st.streams[(W, H, 0)]
     assert sm.xy.tiles == -(-d // W) and sm.xtp.tiles == -(-n // H) and int((sm.xy.val != 0).sum()) == A.nnz
     for sp_, per in ((sm.xy, W), (sm.xtp, H)):
         k = sp_.key.to(torch.int32)
@@ -678,6 +679,79 @@ def test_stream_gather_passes(rng, monkeypatch, idx):
     assert relerr(csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg), 4 * w1) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("flat,n,d,lo,hi", [(1, 60, 20_000, 2, 9), (2, 300, 96, 4, 13), (3, 300, 96, 4, 13)])
+def test_flat_stream_passes(rng, monkeypatch, flat, n, d, lo, hi):
+    """``CSRConfig.flat``: untiled passes (tiles larger than the vector) read one flat stream
+    (int32 keys past 2^14 entries), alone or beside the row kernel over the copy / over A: the
+    mmchain (intercept, z, y=None), the matvec and the softmax form against float64; the streams
+    are built only for the passes asked; ``deterministic`` keeps the row kernels."""
+    monkeypatch.setattr(csr, "STREAM_BLOCK", 256)
+    monkeypatch.setattr(csr, "L1_VECTOR_BYTES", 0)
+    lens = rng.integers(lo, hi, n)
+    lens[::11] = 0
+    A = make_csr(rng, n, d, lens, torch.int32)
+    cfg = {"strategy": "gather", "tile_bytes": 1 << 20, "flat": flat}
+    W, H, f = csr._tile_sizes(A, 1, 1 << 20, flat)
+    assert (W, H, f) == (d, n, flat)
+    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
+    for intercept in (False, True):
+        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
+        for v_op in ("mul", "softmax"):
+            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
+            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
+        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
+        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
+        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
+        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
+    st = csr._structure(A)
+    sm = st.streams[(d, n, flat)]
+    assert (sm.xy is not None) == bool(flat & 1) and (sm.xtp is not None) == bool(flat & 2)
+    if flat & 1:
+        assert sm.xy.tiles == 1 and sm.xy.per == d and sm.xy.key.dtype == (torch.int32 if d > 1 << 14 else torch.int16)
+    if flat & 2:
+        assert sm.xtp.tiles == 1 and sm.xtp.per == n and sm.xtp.key.dtype == torch.int16
+    assert (st.csc is None) == bool(flat & 2)
+    w1 = csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg, deterministic=True)
+    assert torch.equal(w1, csr.csr_mmchain_fused(A, y[:d], v, None, config=cfg, deterministic=True))
+    assert relerr(w1, reference(A, y[:d], v, None, 1.0, 0.0, False)) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                    reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("flat", [1, 2, 3])
+def test_cuda_flat_streams_match_float64(flat):
+    """Compiled, a wide power-law matrix (300k x 2M, int32 keys on the pass over A): every flat
+    setting's mmchain (intercept, z) and matvec against a float64 product on fresh inputs."""
+    import datasets
+
+    A = datasets.make_csr(300_000, 2_000_000, 24, "powerlaw", seed=flat, device="cuda", return_torch=True).X
+    n, d = A.shape
+    cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": flat}
+    assert csr._tile_sizes(A, 1, csr.TILE_BYTES, flat)[2] == flat
+    g = torch.Generator(device="cuda").manual_seed(flat)
+    y, z = (torch.randn(d + 1, 1, generator=g, device="cuda") for _ in range(2))
+    v = torch.rand(n, 1, generator=g, device="cuda")
+    A64 = A.to(dtype=torch.float64)
+    ref = csr.csr_mmchain_fused(A64, y.double(), v.double(), z.double(), 0.5, 2.0, intercept=True,
+                                config={"strategy": "gather", "tile_bytes": 0})
+    w = csr.csr_mmchain_fused(A, y, v, z, 0.5, 2.0, intercept=True, config=cfg)
+    assert relerr(w, ref) < 1e-5
+    t = csr.csr_matvec_fused(A, y, intercept=True, config=cfg)
+    assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < 1e-5
+
+
+def test_flat_plan_model():
+    """Flat streams only for m = 1 passes whose vector outgrows L1, segments of two nonzeros or
+    more on average, vectors up to 2^30 entries; ``flat`` bits only where no tile applies."""
+    assert csr._flat_plan(1_000_000, 4_000_000, 32_000_000, 1, 4)
+    assert not csr._flat_plan(1_000_000, 4_000_000, 32_000_000, 3, 4)  # m > 1
+    assert not csr._flat_plan(1_000_000, 20_000, 32_000_000, 1, 4)  # 80 KB: gathered from L1
+    assert not csr._flat_plan(1_000_000, 4_000_000, 1_500_000, 1, 4)  # 1.5 nonzeros a segment
+    assert not csr._flat_plan(1000, 2**31, 10**6, 1, 4)  # past 2^30 entries
+    with pytest.raises(ValueError, match="flat must be"):
+        csr.check_csr_launch(dataclasses.replace(csr.csr_config(csr.CSRStats(10, 10, 20, 2, (0, 0, 10))), flat=4), 1)
+
+
 def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     """The streamed product's two-launch epilogue (``_streamed_mmchain``: p and the intercept's sum
     in one launch over several programs, the result started as beta z) against the torch-op form
@@ -690,7 +764,7 @@ def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     lens[::7] = 0
     A = make_csr(rng, n, d, lens, torch.int32)
     cfg = {"strategy": "gather", "tile_bytes": 128}
-    W, H = csr._tile_sizes(A, 1, 128)
+    W, H, _ = csr._tile_sizes(A, 1, 128)
     assert W < d and H < n
     y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
     calls = []
@@ -711,13 +785,13 @@ def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     assert len(calls) == 5  # the epilogue ran in every case where it was on
 
 
-@pytest.mark.parametrize("block", [2048, 256])
-def test_stream_kernel_segments(rng, monkeypatch, block):
+@pytest.mark.parametrize("block,per", [(2048, 100), (256, 100), (256, 70_000)])
+def test_stream_kernel_segments(rng, monkeypatch, block, per):
     """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
     empty segments and tiles, a tile filling whole blocks, fp32 and fp64, against a float64
-    index_add."""
+    index_add; int16 keys, and int32 keys for tiles past 2^14 entries."""
     monkeypatch.setattr(csr, "STREAM_BLOCK", block)
-    n_out, per, tiles = 700, 100, 4
+    n_out, tiles = 700, 4
     outs = lambda k: torch.from_numpy(rng.integers(0, n_out, k))  # noqa: E731
     parts = [outs(2048),  # tile 0: two whole blocks; tile 1: empty
              2 * n_out + torch.cat([outs(400), torch.full((2100,), 350)]),  # one output over 3 blocks
@@ -731,6 +805,7 @@ def test_stream_kernel_segments(rng, monkeypatch, block):
             ref = torch.zeros(n_out, dtype=torch.float64).index_add_(0, key % n_out,
                                                                         val.double() * vec.double()[idx.long()])
             sp_ = csr._make_stream(key, idx, val, tiles, n_out, per)
+            assert sp_.key.dtype == (torch.int16 if per <= 1 << 14 else torch.int32)
             out = csr._stream_pass(sp_, vec)
             assert out.dtype == dt and out.shape == (n_out,)
             assert relerr(out, ref) < TOL[dt] if nnz else not out.any()

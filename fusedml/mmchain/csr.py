@@ -489,7 +489,7 @@ def _seg_add(c1, v1, c2, v2):
 
 @triton.jit
 def _stream_gather_kernel(
-    KEY,  # [nnz_pad] int16: bits 0-13 index into the block's tile of VEC, 14 segment start, 15 end
+    KEY,  # [nnz_pad] int16 (int32): bits 0-13 (0-29) index into the block's tile of VEC, then segment start, end (sign)
     VAL,  # [nnz_pad] values (any float dtype); the padding is 0
     SEGOUT,  # [n_seg] int32 output of each segment, in stream order (padding's: n_out)
     SEGBASE,  # [n_blocks] int32 segments starting before each block
@@ -497,7 +497,7 @@ def _stream_gather_kernel(
     VEC,  # [n_vec] accumulation dtype: the gathered vector
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
     n_blocks, per,
-    BLOCK: tl.constexpr, ACC64: tl.constexpr,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
@@ -513,8 +513,8 @@ def _stream_gather_kernel(
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & 0x3FFF))
-        cnt, tot = tl.associative_scan((((kk >> 14) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
+        prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & ((1 << IDX_BITS) - 1)))
+        cnt, tot = tl.associative_scan((((kk >> IDX_BITS) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
         emit = (kk < 0) | (offs == BLOCK - 1)
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
         tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
@@ -686,6 +686,11 @@ class CSRConfig:
         flat stream of its nonzeros sorted by slices of ``tile_bytes`` of that vector instead
         (:class:`_Stream`), so the programs running at once gather from one slice, which stays in
         L1 (:func:`_tile_plan`). 0: never.
+    flat : int
+        ``strategy="gather"``, m = 1, with ``tile_bytes``: passes the tile plan leaves untiled
+        whose gathered vector still outgrows L1 read one flat stream of their nonzeros instead of
+        the row kernel (:func:`_flat_plan`): one nnz-balanced launch in storage order, no length
+        bins, no permutation. Bit 0: the pass over A; bit 1: the pass over the copy.
     """
 
     strategy: str
@@ -705,6 +710,7 @@ class CSRConfig:
     gather: "CSRConfig | None" = None
     l1_bypass: bool = False
     tile_bytes: int = 0
+    flat: int = 0
 
     def bin_block_r(self, width: int) -> int:
         """Rows per program for the bin of width ``width``.
@@ -722,7 +728,7 @@ class CSRConfig:
 
     def launch_key(self) -> "CSRConfig":
         """The launch fields only (strategy and the CSC pass dropped): the schedule cache key."""
-        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False, tile_bytes=0)
+        return dataclasses.replace(self, strategy="scatter", gather=None, l1_bypass=False, tile_bytes=0, flat=0)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -914,6 +920,27 @@ def _tile_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int, tile_bytes
     if nnz + (tiles + 1) * STREAM_BLOCK >= 2**31 or 2 * min(nnz, n_rows * tiles) > nnz:
         return n_vec
     return per
+
+
+def _flat_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int) -> bool:
+    """Whether an untiled gather pass (:func:`_tile_plan` left it whole) may read a flat stream.
+
+    The flat stream is the tiled stream's format with one tile (30-bit indices: int32 keys, 4 bytes
+    per nonzero as CSR's): the row kernel's work in one nnz-balanced launch, rows (segments) in
+    storage order. It applies to m = 1 passes whose vector outgrows L1 (smaller ones are gathered
+    from L1 by the row kernel), up to 2^30 entries, with segments (non-empty rows) of two
+    nonzeros or more on average (each costs a 4-byte output id and an atomic).
+
+    Parameters
+    ----------
+    n_rows, n_vec, nnz, m, b_acc : int
+
+    Returns
+    -------
+    bool
+    """
+    return (m == 1 and L1_VECTOR_BYTES < n_vec * b_acc and n_vec <= 1 << 30
+            and nnz + STREAM_BLOCK < 2**31 and 2 * min(nnz, n_rows) <= nnz)
 
 
 def _n_launches(stats: CSRStats, params: dict) -> int:
@@ -1254,6 +1281,13 @@ def _csc(A: CSRMatrix, st: _Structure) -> _CSC:
     return st.csc
 
 
+def _idx_bits(per: int) -> int:
+    """Index bits of a stream key for tiles of ``per`` entries: 14 (int16 keys) or 30 (int32)."""
+    if per > 1 << 30:
+        raise ValueError(f"a stream tile holds at most 2^30 entries, got {per}")
+    return 14 if per <= 1 << 14 else 30
+
+
 @dataclass
 class _Stream:
     """One cache-blocked gather pass as a flat nonzero stream: ``out[r] += val[j] * vec[t P + i_j]``
@@ -1261,7 +1295,7 @@ class _Stream:
     tile). Segments are sorted by (tile, output); each tile's run is padded to whole
     ``STREAM_BLOCK`` blocks with one segment of zeros (output ``n_out``, dropped)."""
 
-    key: torch.Tensor  # [nnz_pad] int16: index within the tile (14 bits), segment start, end (sign)
+    key: torch.Tensor  # [nnz_pad] int16 (int32 past 2^14 entries a tile): index within the tile, segment start, end (sign)
     val: torch.Tensor  # [nnz_pad] A's value dtype
     seg_out: torch.Tensor  # [n_seg] int32
     seg_base: torch.Tensor  # [n_blocks] int32: segments starting before the block
@@ -1275,7 +1309,9 @@ class _Stream:
 def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles: int, n_out: int,
                  per: int) -> _Stream:
     """A :class:`_Stream` from segment ids ``tile * n_out + output`` sorted ascending (int64), the
-    gathered indices (``tile * per <= idx < (tile + 1) * per``, ``per <= 2^14``) and the values."""
+    gathered indices (``tile * per <= idx < (tile + 1) * per``, ``per <= 2^30``) and the values.
+    Keys are int16 (14 index bits) for ``per <= 2^14``, else int32 (30 index bits: the flat,
+    one-tile stream of a wide pass)."""
     B = STREAM_BLOCK
     dev = key.device
     nnz = key.numel()
@@ -1300,14 +1336,15 @@ def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles:
     end_f[(pend - 1)[padded]] = True
     local = torch.zeros(n_pad, dtype=torch.int32, device=dev)
     local[pos] = (idx.to(torch.int64) - tile * per).to(torch.int32)
-    k = local + 16384 * start_f.to(torch.int32) - 32768 * end_f.to(torch.int32)  # int16 bits 14, 15
+    bits = _idx_bits(per)
+    k = local + (start_f.to(torch.int64) << bits) - (end_f.to(torch.int64) << (bits + 1))  # flags: the top two bits
     outs = torch.full((n_pad,), n_out, dtype=torch.int32, device=dev)
     outs[pos] = (key - tile * n_out).to(torch.int32)
     v = torch.zeros(n_pad, dtype=val.dtype, device=dev)
     v[pos] = val
     starts = start_f.view(-1, B).sum(1)
     tile_of_block = torch.repeat_interleave(torch.arange(tiles, device=dev), pcnt // B)
-    return _Stream(k.to(torch.int16), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
+    return _Stream(k.to(torch.int16 if bits == 14 else torch.int32), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
                    tile_of_block.to(torch.int32), tiles, n_out, per, B)
 
 
@@ -1326,41 +1363,47 @@ class _Streams:
     val_version: int
 
 
-def _tile_sizes(A: CSRMatrix, m: int, tile_bytes: int) -> tuple:
-    """``(W, H)``: columns and rows per tile of the two passes (``D``, ``N``: not tiled)."""
+def _tile_sizes(A: CSRMatrix, m: int, tile_bytes: int, flat: int = 0) -> tuple:
+    """``(W, H, flat)``: columns and rows per tile of the two passes (``D``, ``N``: not tiled) and
+    which untiled passes read a flat stream (bit 0: over A, bit 1: over the copy; ``flat`` asks)."""
     n, d = A.shape
     b_acc = 8 if A.val.dtype == torch.float64 else 4
     W = _tile_plan(n, d, A.nnz, m, b_acc, tile_bytes)
     H = _tile_plan(d, n, A.nnz, m, b_acc, tile_bytes)
-    return W, H
+    f = 0
+    if tile_bytes > 0 and flat:
+        f |= (flat & 1) if W >= d and _flat_plan(n, d, A.nnz, m, b_acc) else 0
+        f |= (flat & 2) if H >= n and _flat_plan(d, n, A.nnz, m, b_acc) else 0
+    return W, H, f
 
 
-def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int) -> _Streams:
-    """The cache-blocked streams for tile sizes ``(W, H)`` (cached with A's structure; rebuilt when
-    ``A.val`` is another tensor or was changed in place). Building sorts the nonzeros once per
-    tiled pass (~40 B/nnz of temporaries)."""
-    c = st.streams.get((W, H))
+def _streams(A: CSRMatrix, st: "_Structure", W: int, H: int, flat: int = 0) -> _Streams:
+    """The cache-blocked streams for tile sizes ``(W, H)`` and the flat ones of untiled passes
+    (``flat`` bits, see :func:`_tile_sizes`); cached with A's structure, rebuilt when ``A.val`` is
+    another tensor or was changed in place. Building sorts the nonzeros once per streamed pass
+    (~40 B/nnz of temporaries)."""
+    c = st.streams.get((W, H, flat))
     if _current(c, A):
         return c
-    st.streams.pop((W, H), None)
+    st.streams.pop((W, H, flat), None)
     n, d = A.shape
     rows = _row_ids(A, torch.int64)
     col = A.col.to(torch.int64)
     xy = xtp = None
-    if W < d:
+    if W < d or flat & 1:
         tile = col // W
         order = torch.sort(tile, stable=True).indices  # CSR is row-major: rows stay ascending per tile
         key = (tile * n + rows)[order]
         del tile
         xy = _make_stream(key, A.col[order], A.val[order], -(-d // W), n, W)
         del order, key
-    if H < n:
+    if H < n or flat & 2:
         key = (rows // H) * d + col
         order = torch.sort(key, stable=True).indices  # (row tile, column, row)
         xtp = _make_stream(key[order], rows[order], A.val[order], -(-n // H), d, H)
         del key, order
     c = _Streams(xy, xtp, weakref.ref(A.val), A.val._version)
-    st.streams[(W, H)] = c
+    st.streams[(W, H, flat)] = c
     return c
 
 
@@ -1373,7 +1416,7 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, num_warps=STREAM_WARPS)
+         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
@@ -1387,12 +1430,12 @@ def _streams_for(A: CSRMatrix, st: "_Structure", cfg: "CSRConfig", m: int, build
     """The streams the config's cache blocking asks for (built when ``build``), or None."""
     if not cfg.tile_bytes:
         return None
-    W, H = _tile_sizes(A, m, cfg.tile_bytes)
-    if W >= A.shape[1] and H >= A.shape[0]:
+    W, H, flat = _tile_sizes(A, m, cfg.tile_bytes, cfg.flat)
+    if W >= A.shape[1] and H >= A.shape[0] and not flat:
         return None
     if build:
-        return _streams(A, st, W, H)
-    c = st.streams.get((W, H))
+        return _streams(A, st, W, H, flat)
+    c = st.streams.get((W, H, flat))
     return c if _current(c, A) else None
 
 
@@ -1542,6 +1585,8 @@ def check_csr_launch(cfg: CSRConfig, m: int) -> None:
     check_launch_fields(cfg, tile=max(cfg.block_r * cfg.lanes, cfg.tile, cfg.piece) * _pow2_ceil(m))
     if not isinstance(cfg.tile_bytes, int) or isinstance(cfg.tile_bytes, bool) or cfg.tile_bytes < 0:
         raise ValueError(f"config: tile_bytes must be a non-negative integer, got {cfg.tile_bytes!r}")
+    if not isinstance(cfg.flat, int) or isinstance(cfg.flat, bool) or cfg.flat not in (0, 1, 2, 3):
+        raise ValueError(f"config: flat must be 0, 1, 2 or 3 (bits: the pass over A, over the copy), got {cfg.flat!r}")
     if cfg.gather is not None:
         check_csr_launch(cfg.gather, m)
 
