@@ -1295,7 +1295,7 @@ class _Stream:
     tile). Segments are sorted by (tile, output); each tile's run is padded to whole
     ``STREAM_BLOCK`` blocks with one segment of zeros (output ``n_out``, dropped)."""
 
-    key: torch.Tensor  # [nnz_pad] int16 (int32 past 2^14 entries a tile): index within the tile, segment start, end (sign)
+    key: torch.Tensor  # [nnz_pad] int16 (int32 past 2^14 entries a tile): index in the tile, segment start, end (sign)
     val: torch.Tensor  # [nnz_pad] A's value dtype
     seg_out: torch.Tensor  # [n_seg] int32
     seg_base: torch.Tensor  # [n_blocks] int32: segments starting before the block
@@ -1344,8 +1344,9 @@ def _make_stream(key: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, tiles:
     v[pos] = val
     starts = start_f.view(-1, B).sum(1)
     tile_of_block = torch.repeat_interleave(torch.arange(tiles, device=dev), pcnt // B)
-    return _Stream(k.to(torch.int16 if bits == 14 else torch.int32), v, outs[start_f], (torch.cumsum(starts, 0) - starts).to(torch.int32),
-                   tile_of_block.to(torch.int32), tiles, n_out, per, B)
+    return _Stream(k.to(torch.int16 if bits == 14 else torch.int32), v, outs[start_f],
+                   (torch.cumsum(starts, 0) - starts).to(torch.int32), tile_of_block.to(torch.int32), tiles, n_out,
+                   per, B)
 
 
 @dataclass
