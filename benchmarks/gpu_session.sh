@@ -500,6 +500,11 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s48c)  # session 48: whole wide power-law CSR fits with the flat streams (FLAT_PASSES=3) against the row kernels
+      run flat-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:FLAT_PASSES=0 \
+        --b fusedml.mmchain.csr:FLAT_PASSES=3 --csr 32:powerlaw --shapes 1000000x4000000 1000000x1000000 \
+        --algos logistic poisson --backends fused --fits 3 --out "$out/env_ab_csr_flat_s48c.json"
+      grep -E "^\| " "$log/flat-ab.log" | cut -c1-200 ;;
     s48b)  # session 48: flat streams (CSRConfig.flat) for the untiled wide passes, against the row kernels and ops
       run cuda-flat 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda_flat or stream" tests/test_mmchain_csr.py
       tail -1 "$log/cuda-flat.log" | cut -c1-300

@@ -828,6 +828,9 @@ L1_GATHER_RATE_H200 = 430e9
 STREAM_BLOCK = 2048
 STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 4
+# The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
+# stream where _flat_plan allows (see _flat_plan)
+FLAT_PASSES = 0
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -993,17 +996,26 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
         seg = min(nnz, rows * -(-vec // per))
         return max((nnz * (b_val + 2) + seg * 4 + extra_bytes) / bw, nnz / l1_rate, seg / a_rate) + 2 * LAUNCH_S
 
+    def flat(rows, vec_bytes, extra_bytes):  # one tile: 4-byte keys, every gather an L2 sector operation
+        seg = min(nnz, rows)
+        g, extra = _gather_terms(nnz, vec_bytes, 1.0, prof)
+        return max((nnz * (b_val + 4) + seg * 4 + extra_bytes + extra) / bw, g, seg / a_rate) + 2 * LAUNCH_S
+
     t1 = 0.0
     if has_y:
         per = _tile_plan(n, d, nnz, m, b_acc, TILE_BYTES)
         if per < d:
             t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
+        elif FLAT_PASSES & 1 and _flat_plan(n, d, nnz, m, b_acc):
+            t1 = flat(n, w_bytes, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
         else:
             g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
             t1 = max((a_bytes + v_bytes + p_bytes + extra1) / bw, g1) + launch_a * LAUNCH_S
     per = _tile_plan(d, n, nnz, m, b_acc, TILE_BYTES)
     if per < n:
         t2 = tiled(d, n, per, p_bytes + w_bytes)
+    elif FLAT_PASSES & 2 and _flat_plan(d, n, nnz, m, b_acc):
+        t2 = flat(d, p_bytes, p_bytes + w_bytes)
     else:
         g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
         t2 = max((csc_bytes + p_bytes + w_bytes + extra2) / bw, g2) + launch_c * LAUNCH_S
@@ -1120,7 +1132,8 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
         gather = CSRConfig(strategy="gather", pred_scatter_ms=t_s, pred_gather_ms=t_g,
                            **_launch_params(col_stats, m, dtype, prof))
     return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g, gather=gather,
-                     tile_bytes=TILE_BYTES if strategy == "gather" else 0, **_launch_params(stats, m, dtype, prof))
+                     tile_bytes=TILE_BYTES if strategy == "gather" else 0, flat=FLAT_PASSES if strategy == "gather" else 0,
+                     **_launch_params(stats, m, dtype, prof))
 
 
 def _long_chunk(long_nnz: int, piece: int, sm_count: int) -> int:
@@ -1538,7 +1551,7 @@ def _resolve_config(A: CSRMatrix, st: _Structure, m: int, config) -> tuple:
     memory = config.get("memory", "normal")
     # The model's pick is cached per (matrix, m, strategy, memory): a solver calls this every
     # iteration, and host time between launches is GPU idle time on short calls.
-    key = (m, A.val.dtype, strategy, memory, st.col_stats is not None)
+    key = (m, A.val.dtype, strategy, memory, st.col_stats is not None, FLAT_PASSES)  # (A/B runs switch FLAT_PASSES)
     base = st.configs.get(key)
     if base is None:
         base = csr_config(st.stats, m, A.val.dtype, _gpu_profile(None, A.device), strategy=strategy,
