@@ -752,6 +752,21 @@ def test_flat_plan_model():
         csr.check_csr_launch(dataclasses.replace(csr.csr_config(csr.CSRStats(10, 10, 20, 2, (0, 0, 10))), flat=4), 1)
 
 
+def test_flat_passes_in_the_model(monkeypatch):
+    """``FLAT_PASSES`` sets the gather config's ``flat`` bits and the prediction of the passes it
+    streams (one launch each: the binned row passes of a wide power-law matrix took ~10)."""
+    n, d, nnz = 1_000_000, 4_000_000, 32_000_000
+    rows = csr.CSRStats(n, d, nnz, 5000, (0, 0, 0, 0, 0, 0, 400_000, 400_000, 150_000, 40_000, 10_000))
+    cols = csr.CSRStats(d, n, nnz, 200_000, (500_000, 1_000_000, 1_000_000, 800_000, 400_000, 200_000, 80_000,
+                                             15_000, 4_000, 1_000))
+    base = csr.csr_config(rows, 1, col_stats=cols, strategy="gather")
+    assert base.flat == 0
+    monkeypatch.setattr(csr, "FLAT_PASSES", 3)
+    cfg = csr.csr_config(rows, 1, col_stats=cols, strategy="gather")
+    assert cfg.flat == 3 and cfg.pred_gather_ms < base.pred_gather_ms  # fewer launches
+    assert csr.csr_config(rows, 1, col_stats=cols, strategy="scatter").flat == 0
+
+
 def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     """The streamed product's two-launch epilogue (``_streamed_mmchain``: p and the intercept's sum
     in one launch over several programs, the result started as beta z) against the torch-op form
