@@ -759,12 +759,19 @@ def test_flat_passes_in_the_model(monkeypatch):
     rows = csr.CSRStats(n, d, nnz, 5000, (0, 0, 0, 0, 0, 0, 400_000, 400_000, 150_000, 40_000, 10_000))
     cols = csr.CSRStats(d, n, nnz, 200_000, (500_000, 1_000_000, 1_000_000, 800_000, 400_000, 200_000, 80_000,
                                              15_000, 4_000, 1_000))
+    monkeypatch.setattr(csr, "FLAT_PASSES", 0)
     base = csr.csr_config(rows, 1, col_stats=cols, strategy="gather")
     assert base.flat == 0
     monkeypatch.setattr(csr, "FLAT_PASSES", 3)
     cfg = csr.csr_config(rows, 1, col_stats=cols, strategy="gather")
     assert cfg.flat == 3 and cfg.pred_gather_ms < base.pred_gather_ms  # fewer launches
     assert csr.csr_config(rows, 1, col_stats=cols, strategy="scatter").flat == 0
+    assert csr.csr_config(rows, 1, strategy="gather").flat == 1  # the copy's columns unknown
+    # ordered rows (uniform lengths, one launch in storage order): the row kernel stays
+    uni = csr.CSRStats(n, 1_000_000, 100 * n, 100, (0,) * 8 + (n,))
+    assert csr.csr_config(uni, 1, strategy="gather").flat == 0
+    monkeypatch.setattr(csr, "TILE_BYTES", 0)  # no streams at all
+    assert csr.csr_config(rows, 1, col_stats=cols, strategy="gather").flat == 0
 
 
 def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):

@@ -82,6 +82,13 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   Session 8's form (int32 segment id + int32 index per nonzero, per-tile partials summed
   afterwards): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47
   for cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
+* **Flat streams** (``CSRConfig.flat``, :func:`_flat_plan`): a pass that no tile suits (segments of
+  about one nonzero a tile: wide power-law matrices) but whose vector outgrows L1 reads the same
+  format with ONE tile and 32-bit keys (30 index bits; 8 bytes per fp32 nonzero, as CSR): the row
+  kernel's work in one nnz-balanced launch with outputs in storage order, where the row kernel
+  took a launch per length bin plus the long-row split and, over the copy of a wide matrix,
+  read millions of short columns' pointers and stored their sums at random (binned order).
+  H100, 1M x 4M power-law: 0.769 -> 0.611 ms (ops' cached transpose 0.628).
 
 Both strategies: what the kernels do about the L2-operation bound
 -----------------------------------------------------------------
@@ -829,8 +836,12 @@ STREAM_BLOCK = 2048
 STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 4
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
-# stream where _flat_plan allows (see _flat_plan)
-FLAT_PASSES = 0
+# stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
+# rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
+# long-row splits; the copy's 4M mostly tiny columns binned, so their pointers are read and their sums
+# stored at random) -> 0.732 flat over A, 0.661 flat over the copy, 0.611 both (ops' cached transpose
+# 0.628); 1M x 1M 0.675 -> 0.585 (ops 0.585); uniform 1M x 1M, 100 a row (ordered rows): 1.75 either way.
+FLAT_PASSES = 3
 
 
 def _csc_index_bytes(n_rows: int, nnz: int) -> int:
@@ -946,6 +957,23 @@ def _flat_plan(n_rows: int, n_vec: int, nnz: int, m: int, b_acc: int) -> bool:
             and nnz + STREAM_BLOCK < 2**31 and 2 * min(nnz, n_rows) <= nnz)
 
 
+def _flat_bits(stats: CSRStats, col_stats: CSRStats | None, m: int, dtype: torch.dtype, prof: dict) -> int:
+    """The model's ``CSRConfig.flat``: the ``FLAT_PASSES`` bits of the untiled passes that
+    :func:`_flat_plan` allows and whose row kernel would bin its rows (an ordered pass, in storage
+    order and one launch, measured no faster flat: uniform 1M x 1M, 1.75 ms either way); the
+    pass over the copy only when its column statistics are known."""
+    if TILE_BYTES <= 0 or not FLAT_PASSES:
+        return 0
+    n, d, nnz = stats.n_rows, stats.n_cols, stats.nnz
+    b_acc = 8 if dtype == torch.float64 else 4
+    bits = 0
+    for bit, st, rows, vec in ((1, stats, n, d), (2, col_stats, d, n)):
+        if (FLAT_PASSES & bit and st is not None and _tile_plan(rows, vec, nnz, m, b_acc, TILE_BYTES) >= vec
+                and _flat_plan(rows, vec, nnz, m, b_acc) and not _launch_params(st, m, dtype, prof)["ordered"]):
+            bits |= bit
+    return bits
+
+
 def _n_launches(stats: CSRStats, params: dict) -> int:
     """Kernel launches of one row pass: 1 when ordered, else one per non-empty length bin plus
     two for the long rows."""
@@ -1001,12 +1029,13 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
         g, extra = _gather_terms(nnz, vec_bytes, 1.0, prof)
         return max((nnz * (b_val + 4) + seg * 4 + extra_bytes + extra) / bw, g, seg / a_rate) + 2 * LAUNCH_S
 
+    flat_bits = _flat_bits(stats, col_stats, m, dtype, prof)
     t1 = 0.0
     if has_y:
         per = _tile_plan(n, d, nnz, m, b_acc, TILE_BYTES)
         if per < d:
             t1 = tiled(n, d, per, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
-        elif FLAT_PASSES & 1 and _flat_plan(n, d, nnz, m, b_acc):
+        elif flat_bits & 1:
             t1 = flat(n, w_bytes, v_bytes + 2 * p_bytes) + 3 * LAUNCH_S
         else:
             g1, extra1 = _gather_terms(nnz, w_bytes, sec, prof)
@@ -1014,7 +1043,7 @@ def _predict_ms(stats: CSRStats, m: int, dtype: torch.dtype, prof: dict, col_sta
     per = _tile_plan(d, n, nnz, m, b_acc, TILE_BYTES)
     if per < n:
         t2 = tiled(d, n, per, p_bytes + w_bytes)
-    elif FLAT_PASSES & 2 and _flat_plan(d, n, nnz, m, b_acc):
+    elif flat_bits & 2:
         t2 = flat(d, p_bytes, p_bytes + w_bytes)
     else:
         g2, extra2 = _gather_terms(nnz, p_bytes, sec, prof)
@@ -1131,8 +1160,10 @@ def csr_config(A, m: int = 1, dtype: torch.dtype = torch.float32, gpu=None, *, s
     if strategy == "gather" and col_stats is not None:
         gather = CSRConfig(strategy="gather", pred_scatter_ms=t_s, pred_gather_ms=t_g,
                            **_launch_params(col_stats, m, dtype, prof))
+    streams = strategy == "gather"
     return CSRConfig(strategy=strategy, pred_scatter_ms=t_s, pred_gather_ms=t_g, gather=gather,
-                     tile_bytes=TILE_BYTES if strategy == "gather" else 0, flat=FLAT_PASSES if strategy == "gather" else 0,
+                     tile_bytes=TILE_BYTES if streams else 0,
+                     flat=_flat_bits(stats, col_stats, m, dtype, prof) if streams else 0,
                      **_launch_params(stats, m, dtype, prof))
 
 
