@@ -500,6 +500,19 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s48d)  # session 48, after s48b/c: flat streams on by default (FLAT_PASSES = 3, binned untiled passes only):
+           # their CUDA tests and the solvers' fits, wide fits A/B (5 fits, ops beside), the CSR mmchain table rows
+      run cuda-flat 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda_flat" tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-flat.log" | cut -c1-300
+      run cuda-fits 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      tail -1 "$log/cuda-fits.log" | cut -c1-300
+      run flat-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:FLAT_PASSES=0 \
+        --b fusedml.mmchain.csr:FLAT_PASSES=3 --csr 32:powerlaw --shapes 1000000x4000000 1000000x1000000 \
+        --algos logistic poisson --backends fused ops --fits 5 --out "$out/env_ab_csr_flat_s48d.json"
+      grep -E "^\| " "$log/flat-ab.log" | cut -c1-200
+      run mmchain-csr 200 python3 benchmarks/bench_mmchain.py --cases csr-4Mx100k,csr-1Mx1M,csr-powerlaw \
+        --max-csr-sweep 3 --out "$out/mmchain_csr_s48d.json"
+      grep -E "^\| " "$log/mmchain-csr.log" | cut -c1-200 ;;
     s48c)  # session 48: whole wide power-law CSR fits with the flat streams (FLAT_PASSES=3) against the row kernels
       run flat-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:FLAT_PASSES=0 \
         --b fusedml.mmchain.csr:FLAT_PASSES=3 --csr 32:powerlaw --shapes 1000000x4000000 1000000x1000000 \
