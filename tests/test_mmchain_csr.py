@@ -459,6 +459,7 @@ def test_strategy_model_and_auto(rng, monkeypatch):
     sweep = csr.csr_sweep_configs(A)
     assert {c.strategy for c in sweep} == {"scatter", "gather"} and sweep[0] == csr.csr_config(A)
     assert len({c.gather for c in sweep if c.strategy == "gather"}) > 3  # CSC-pass variants
+    assert {c.flat for c in sweep if c.strategy == "gather"} == {0, 1, 2, 3}  # each pass flat or not
     for c in sweep[:3] + sweep[-2:]:  # the picks and a few variants run and agree
         assert relerr(csr.csr_mmchain_fused(A, y, v, None, config=c), ref) < TOL[torch.float32], c
 

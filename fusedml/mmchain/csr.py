@@ -1209,8 +1209,9 @@ def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
     -------
     list of CSRConfig
         The model's pick first; then both strategies' pick (whichever the model did not choose);
-        then scatter variants (tile size, warps, ordered/binned) and gather variants (the same
-        around the CSC pass's pick, the pass over A's rows at the model's pick).
+        the gather pick with the other ``flat`` settings; then scatter variants (tile size, warps,
+        ordered/binned) and gather variants (the same around the CSC pass's pick, the pass over A's
+        rows at the model's pick).
     """
     dtype = A.val.dtype if dtype is None else dtype
     base = csr_config(A, m, dtype, gpu)
@@ -1218,7 +1219,9 @@ def csr_sweep_configs(A: CSRMatrix, m: int = 1, dtype=None, gpu=None) -> list:
     ga = csr_config(A, m, dtype, gpu, strategy="gather")
     out = [base]
     seen = {base}
-    cands = [sc, ga] + _variants(sc, csr_stats(A).max_len)
+    # the gather pick's flat-stream bits next (each pass flat or the row kernel), then the launch grids
+    cands = [sc, ga] + [dataclasses.replace(ga, flat=f) for f in (0, 3, 1, 2) if f != ga.flat]
+    cands += _variants(sc, csr_stats(A).max_len)
     # the CSC pass: a smaller grid (every point compiles new kernels; GPU time is shared)
     cands += [dataclasses.replace(ga, gather=g)
               for g in _variants(ga.gather, csr_stats(A, axis=1).max_len, (512, 1024, 2048, 4096), (4, 8))]
