@@ -741,6 +741,31 @@ def test_cuda_flat_streams_match_float64(flat):
     assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < 1e-5
 
 
+def test_model_builds_flat_streams_without_the_copy(monkeypatch):
+    """The model's own pick on a power-law matrix (binned rows and columns, vectors past "L1"):
+    the first gather call takes the column statistics, so both passes are flat streams from the
+    start; no CSC copy is built and the matvec reads the same stream. Against float64."""
+    import datasets
+
+    monkeypatch.setattr(csr, "L1_VECTOR_BYTES", 0)
+    monkeypatch.setattr(csr, "TILE_BYTES", 1 << 20)  # no tile: the vectors are smaller
+    monkeypatch.setattr(csr, "STREAM_BLOCK", 256)
+    A = datasets.make_csr(2000, 3000, 16, "powerlaw", seed=3, return_torch=True).X
+    n, d = A.shape
+    g = torch.Generator().manual_seed(3)
+    y, v = torch.randn(d, 1, generator=g), torch.rand(n, 1, generator=g)
+    ref = reference(A, y, v, None, 1.0, 0.0)
+    for _ in range(2):
+        assert relerr(csr.csr_mmchain_fused(A, y, v, None, config={"strategy": "gather"}), ref) < TOL[torch.float32]
+    st = csr._structure(A)
+    assert st.csc is None and list(st.streams) == [(d, n, 3)]
+    calls = []
+    real = csr._stream_pass
+    monkeypatch.setattr(csr, "_stream_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    t = csr.csr_matvec_fused(A, y, config={"strategy": "gather"})
+    assert calls and relerr(t, dense64(A) @ y.double()) < TOL[torch.float32]
+
+
 def test_flat_plan_model():
     """Flat streams only for m = 1 passes whose vector outgrows L1, segments of two nonzeros or
     more on average, vectors up to 2^30 entries; ``flat`` bits only where no tile applies."""

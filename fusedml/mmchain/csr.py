@@ -1915,6 +1915,11 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
         # auto: a one-off call never pays the copy's sort; nor is it built when memory is short.
         gather = st.calls > 0 and _copy_fits(A)
     st.calls += 1
+    if gather and not deterministic and st.col_stats is None and not isinstance(config, CSRConfig):
+        # about to build the gather copies: the model's pick for the pass over the copy (a flat stream
+        # or the row kernel over a CSC copy) needs the column statistics first (one bincount)
+        _col_stats(A, st)
+        cfg, explicit, g_over = _resolve_config(A, st, m, config)
     mp = _row_width(m)
     if not gather:  # scatter: one read of A, float atomics into w (rows of mp columns)
         w = _pad_cols(beta * z, mp) if z is not None else torch.zeros((dx, mp), dtype=acc, device=A.device)
