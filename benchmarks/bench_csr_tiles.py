@@ -105,41 +105,31 @@ def main(argv=None):
                 row["matvec_ms"] = _common.bench_ms(mv)
                 row["matvec_rel_err"] = rel(mv(), fusedml.matvec(A64, y.double(), backend="ops"))
                 rows.append(row)
+            def variant(label, cfg, matvec=False):
+                """One row: the mmchain under ``cfg`` (and its matvec) timed, checked against float64."""
+                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
+                out = fn()
+                ms = _common.bench_ms(fn)
+                rows.append(dict(matrix=name, m=m, variant=label, ms=ms, pct_floor=100 * floor_ms / ms,
+                                 speedup=ops_ms / ms, rel_err=rel(out, ref)))
+                if matvec:
+                    rows[-1]["matvec_ms"] = _common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))
+
             for spec in a.kernel if m == 1 else []:  # the stream kernel's block, warps, programs per SM
                 default = csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM
                 csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = map(int, spec.split("x"))
                 csr._structure(A).streams.clear()
-                cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}
-                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
-                out = fn()
-                ms = _common.bench_ms(fn)
-                rows.append(dict(matrix=name, m=m, variant=f"fused {csr.TILE_BYTES >> 10} KB, stream kernel {spec}", ms=ms,
-                                 pct_floor=100 * floor_ms / ms, speedup=ops_ms / ms, rel_err=rel(out, ref),
-                                 matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
+                variant(f"fused {csr.TILE_BYTES >> 10} KB, stream kernel {spec}",
+                        {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}, matvec=True)
                 csr.STREAM_BLOCK, csr.STREAM_WARPS, csr.STREAM_PROGRAMS_PER_SM = default
                 csr._structure(A).streams.clear()
             for f in (1, 2, 3) if a.flat and m == 1 else ():  # untiled passes as one flat stream each
-                cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": f}
-                fl = csr._tile_sizes(A, m, csr.TILE_BYTES, f)[2]
-                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
-                out = fn()
-                ms = _common.bench_ms(fn)
-                rows.append(dict(matrix=name, m=m, variant=f"fused flat {f} (applies {fl})", ms=ms,
-                                 pct_floor=100 * floor_ms / ms, speedup=ops_ms / ms, rel_err=rel(out, ref),
-                                 matvec_ms=_common.bench_ms(lambda: fusedml.matvec(A, y, backend="fused", config=cfg))))
+                variant(f"fused flat {f} (applies {csr._tile_sizes(A, m, csr.TILE_BYTES, f)[2]})",
+                        {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": f}, matvec=True)
             if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
-                cfg = {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}}
-                fn = lambda: fusedml.mmchain(A, y, v, backend="fused", config=cfg)  # noqa: E731
-                out = fn()
-                ms = _common.bench_ms(fn)
-                rows.append(dict(matrix=name, m=m, variant="fused gather, .cg loads", ms=ms, pct_floor=100 * floor_ms / ms,
-                                 speedup=ops_ms / ms, rel_err=rel(out, ref)))
+                variant("fused gather, .cg loads", {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}})
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers
-                sc = lambda: fusedml.mmchain(A, y, v, backend="fused", config={"strategy": "scatter"})  # noqa: E731
-                out = sc()
-                ms = _common.bench_ms(sc)
-                rows.append(dict(matrix=name, m=m, variant="fused scatter", ms=ms, pct_floor=100 * floor_ms / ms,
-                                 speedup=ops_ms / ms, rel_err=rel(out, ref)))
+                variant("fused scatter", {"strategy": "scatter"})
             auto = lambda: fusedml.mmchain(A, y, v, backend="fused")  # noqa: E731
             auto(), auto()
             ms = _common.bench_ms(auto)

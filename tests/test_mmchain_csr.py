@@ -637,6 +637,23 @@ if __name__ == "__main__" and "--aot" in sys.argv:
 # ------------------------------------------------------------------------------------------------
 # Cache blocking of the gather strategy (flat tiled streams, CSRConfig.tile_bytes)
 # ------------------------------------------------------------------------------------------------
+def _check_product_forms(rng, A, cfg):
+    """The mmchain (mul and softmax, with and without the intercept, z, y=None) and the matvec
+    under ``cfg`` against float64 (m = 1)."""
+    n, d = A.shape
+    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
+    for intercept in (False, True):
+        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
+        for v_op in ("mul", "softmax"):
+            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
+            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
+        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
+        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
+        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
+        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
+    return y, v
+
+
 @pytest.mark.parametrize("idx", [torch.int32, torch.int64], ids=["i32", "i64"])
 def test_stream_gather_passes(rng, monkeypatch, idx):
     """Both passes as tiled streams (tiny tiles and blocks of 512 forced: segments cross blocks),
@@ -653,16 +670,7 @@ def test_stream_gather_passes(rng, monkeypatch, idx):
     cfg = {"strategy": "gather", "tile_bytes": 128}
     W, H, _ = csr._tile_sizes(A, 1, 128)
     assert W < d and H < n  # both passes tiled
-    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
-    for intercept in (False, True):
-        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
-        for v_op in ("mul", "softmax"):
-            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
-            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
-        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
-        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
-        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
-        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
+    y, v = _check_product_forms(rng, A, cfg)
     st = csr._structure(A)
     sm = st.streams[(W, H, 0)]
     assert sm.xy.tiles == -(-d // W) and sm.xtp.tiles == -(-n // H) and int((sm.xy.val != 0).sum()) == A.nnz
@@ -694,16 +702,7 @@ def test_flat_stream_passes(rng, monkeypatch, flat, n, d, lo, hi):
     cfg = {"strategy": "gather", "tile_bytes": 1 << 20, "flat": flat}
     W, H, f = csr._tile_sizes(A, 1, 1 << 20, flat)
     assert (W, H, f) == (d, n, flat)
-    y, v, z = randn(rng, d + 1, 1), torch.rand(n, 1, dtype=torch.float32), randn(rng, d + 1, 1)
-    for intercept in (False, True):
-        yy, zz = (y, z) if intercept else (y[:d].contiguous(), z[:d].contiguous())
-        for v_op in ("mul", "softmax"):
-            w = csr.csr_mmchain_fused(A, yy, v, zz, 0.5, 2.0, intercept=intercept, v_op=v_op, config=cfg)
-            assert relerr(w, reference(A, yy, v, zz, 0.5, 2.0, intercept, v_op)) < TOL[torch.float32], (intercept, v_op)
-        w = csr.csr_mmchain_fused(A, None, v, zz, 0.5, 2.0, intercept=intercept, config=cfg)
-        assert relerr(w, reference(A, None, v, zz, 0.5, 2.0, intercept)) < TOL[torch.float32]
-        t = csr.csr_matvec_fused(A, yy, intercept=intercept, config=cfg)
-        assert relerr(t, dense64(A, intercept) @ yy.double()) < TOL[torch.float32]
+    y, v = _check_product_forms(rng, A, cfg)
     st = csr._structure(A)
     sm = st.streams[(d, n, flat)]
     assert (sm.xy is not None) == bool(flat & 1) and (sm.xtp is not None) == bool(flat & 2)
