@@ -500,6 +500,9 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s48e)  # session 48, device time short: the solvers' CUDA fits with flat streams on by default
+      run cuda-fits 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
+      tail -1 "$log/cuda-fits.log" | cut -c1-300 ;;
     s48d)  # session 48, after s48b/c: flat streams on by default (FLAT_PASSES = 3, binned untiled passes only):
            # their CUDA tests and the solvers' fits, wide fits A/B (5 fits, ops beside), the CSR mmchain table rows
       [ -n "${S48_FLAT_TESTS:-}" ] && run cuda-flat 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda_flat" \
