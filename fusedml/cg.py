@@ -575,9 +575,8 @@ def cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=None, c
     torch.Tensor
         ``packed`` (``control`` with ``control``).
     """
-    for kernel, grid, args, consts, opts in _cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control,
-                                                            trust_region, next_direction, prefill):
-        launch(kernel, grid, args, consts, **opts)
+    _launch_all(_cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region, next_direction,
+                                prefill))
     return control if control is not None else packed
 
 
@@ -600,6 +599,12 @@ def bind_cg_update(S, R, Dv, Ad, rTr, beta, packed, *, mask=None, S0=None, R0=No
     go = _bind_all(_cg_update_spec(S, R, Dv, Ad, rTr, beta, packed, mask, S0, R0, control, trust_region,
                                    next_direction, prefill))
     return _returning(go, control if control is not None else packed)
+
+
+def _launch_all(specs):
+    """Launch ``specs`` (``(kernel, grid, args, consts, options)``) in order."""
+    for kernel, grid, args, consts, opts in specs:
+        launch(kernel, grid, args, consts, **opts)
 
 
 def _bind_all(specs):
@@ -712,8 +717,8 @@ def _trial_sums_kernel(
     n, cpp, P, nb, tpp, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
     HAS_F: tl.constexpr, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # grid (1, P): one program per problem sweeping its rows; SPLIT: grid (nb, P), one per (tpp row
-    # tiles, problem), writing its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
+    # grid (nb, P): one program per (tpp row tiles, problem). nb = 1 (tpp tiles cover every row): the
+    # problem's sums to OUT; SPLIT: its 5 partials to OUT [P, nb, 5] for _trial_finish_kernel
     t, j = tl.program_id(0), tl.program_id(1)
     if HAS_F and not SPLIT:  # the trial objective beside the sums: one buffer for the host's one copy
         tl.store(OUT + j, tl.load(F + j))
@@ -724,19 +729,14 @@ def _trial_sums_kernel(
     cmask = offs_c < cpp
     z = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
     gs, sr, ss, tt, mx = z, z, z, z, z
+    for k in range(0, tpp):
+        rows = ((t * tpp + k) * BLOCK_R + offs_r).to(tl.int64)
+        m = (rows < n)[:, None] & cmask[None, :]
+        gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n, st_k,
+                                         gs, sr, ss, tt, mx)
     if SPLIT:
-        for k in range(0, tpp):
-            rows = ((t * tpp + k) * BLOCK_R + offs_r).to(tl.int64)
-            m = (rows < n)[:, None] & cmask[None, :]
-            gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n,
-                                             st_k, gs, sr, ss, tt, mx)
         at, step = OUT + (j * nb + t) * 5, 1
     else:
-        for r0 in range(0, n, BLOCK_R):
-            rows = (r0 + offs_r).to(tl.int64)
-            m = (rows < n)[:, None] & cmask[None, :]
-            gs, sr, ss, tt, mx = _trial_tile(G, S, R, GT, rows, cols, m, sg_n, sg_k, ss_n, ss_k, sr_n, sr_k, st_n,
-                                             st_k, gs, sr, ss, tt, mx)
         at, step = OUT + j, P
     tl.store(at, tl.sum(tl.sum(gs, axis=1), axis=0))
     tl.store(at + step, tl.sum(tl.sum(sr, axis=1), axis=0))
@@ -796,8 +796,7 @@ def trial_sums(g, S, R, g_t, P: int, f=None) -> torch.Tensor:
         ``f`` is given.
     """
     out, specs = _trial_sums_spec(g, S, R, g_t, P, f)
-    for kernel, grid, args, consts, opts in specs:
-        launch(kernel, grid, args, consts, **opts)
+    _launch_all(specs)
     return out
 
 
@@ -818,10 +817,11 @@ def _trial_sums_spec(g, S, R, g_t, P, f=None):
     F = out if f is None else f
     strides = (g.stride(0), g.stride(1), S.stride(0), S.stride(1), R.stride(0), R.stride(1), g_t.stride(0),
                g_t.stride(1))
-    if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem
-        return out, [(_trial_sums_kernel, (1, P), (g, S, R, g_t, F, out, n, cpp, P, 1, 1, *strides),
-                      dict(HAS_F=f is not None, SPLIT=False, BLOCK_R=max(1, 1024 // block_c), BLOCK_C=block_c),
-                      dict(num_warps=8))]
+    if SPLIT_ENTRIES is None or n * cpp <= SPLIT_ENTRIES:  # one program per problem, over every row tile
+        block_r = max(1, 1024 // block_c)
+        return out, [(_trial_sums_kernel, (1, P), (g, S, R, g_t, F, out, n, cpp, P, 1, triton.cdiv(n, block_r),
+                                                    *strides),
+                      dict(HAS_F=f is not None, SPLIT=False, BLOCK_R=block_r, BLOCK_C=block_c), dict(num_warps=8))]
     block_r, nb, tpp = _split_grid(n, block_c)
     part = torch.empty(P * nb * 5, dtype=torch.float64, device=g.device)
     return out, [(_trial_sums_kernel, (nb, P), (g, S, R, g_t, F, part, n, cpp, P, nb, tpp, *strides),
