@@ -500,6 +500,16 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s49)  # session 49: s48d's items plus the review's one row-tile loop of the accept-test sums (3d901ab) compiled
+      run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
+      tail -1 "$log/cuda-cg.log" | cut -c1-300
+      run mmchain-csr 200 python3 benchmarks/bench_mmchain.py --cases csr-4Mx100k,csr-1Mx1M,csr-powerlaw \
+        --max-csr-sweep 3 --out "$out/mmchain_csr_s49.json"
+      grep -E "^\| " "$log/mmchain-csr.log" | cut -c1-200
+      run flat-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:FLAT_PASSES=0 \
+        --b fusedml.mmchain.csr:FLAT_PASSES=3 --csr 32:powerlaw --shapes 1000000x4000000 1000000x1000000 \
+        --algos logistic poisson --backends fused ops --fits 5 --out "$out/env_ab_csr_flat_s49.json"
+      grep -E "^\| " "$log/flat-ab.log" | cut -c1-200 ;;
     s48e)  # session 48, device time short: the solvers' CUDA fits with flat streams on by default
       run cuda-fits 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
       tail -1 "$log/cuda-fits.log" | cut -c1-300 ;;
