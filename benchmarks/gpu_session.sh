@@ -500,6 +500,10 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s49b)  # session 49: the gather product's spread between processes (s48): 4 fresh processes x 3 paddings
+      run spread 300 python3 benchmarks/gather_spread_probe.py --procs 4 --pad-mib 0 1 3 \
+        --out "$out/gather_spread_probe_s49b.json"
+      grep -E "^\| " "$log/spread.log" | cut -c1-200 ;;
     s49)  # session 49: s48d's items plus the review's one row-tile loop of the accept-test sums (3d901ab) compiled
       run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
       tail -1 "$log/cuda-cg.log" | cut -c1-300
