@@ -500,6 +500,10 @@ for p in $parts; do
       run gmm-odd-fits 240 python3 benchmarks/gmm_odd_width_probe.py --fits 3 --only 4194304x15x16:diag \
         4194304x13x8:diag 4194304x6x8:spherical --out "$out/gmm_odd_width_fits_s44.json"
       grep -E "^\| [0-9].*fit" "$log/gmm-odd-fits.log" | cut -c1-200 ;;
+    s49c)  # session 49: the CSR end-to-end table with flat streams on by default (an H200 rerun where one is lent)
+      run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s49c.json"
+      grep -E "^\| " "$log/e2e-csr.log" | head -8 | cut -c1-200 ;;
     s49b)  # session 49: the gather product's spread between processes (s48): 4 fresh processes x 3 paddings
       run spread 300 python3 benchmarks/gather_spread_probe.py --procs 4 --pad-mib 0 1 3 \
         --out "$out/gather_spread_probe_s49b.json"
