@@ -927,3 +927,17 @@ def test_l2_state_probe_smoke(tmp_path):
     assert [r["step"] for r in rows] == ["first", "after A (scatter)", "again", "after a 2 x L2 copy",
                                          "after dropping A"]
     assert all(r["ms"] > 0 and r["rel_err"] < 1e-5 for r in rows)
+
+
+def test_gather_spread_probe_smoke(tmp_path):
+    """benchmarks/gather_spread_probe.py under the interpreter: one fresh process per padding, each
+    row with both products' times and small errors against float64."""
+    import json
+
+    out = tmp_path / "spread.json"
+    _bench_module("gather_spread_probe").main(["--procs", "1", "--pad-mib", "0", "1", "--copy-mib", "1",
+                                               "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["proc"], r["pad_mib"]) for r in rows] == [(0, 0.0), (0, 1.0)]
+    assert all(r["fused_ms"] > 0 and r["ops_ms"] > 0 and r["copy_gbps"] > 0 for r in rows)
+    assert all(r["fused_rel_err"] < 1e-5 and r["ops_rel_err"] < 1e-5 for r in rows)
