@@ -6,7 +6,7 @@ with the cached transpose, relative error against a float64 cuSPARSE reference o
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
     python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--flat]
-        [--l1-bypass] [--out FILE]
+        [--l1-bypass] [--red] [--out FILE]
 """
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def main(argv=None):
     ap.add_argument("--flat", action="store_true",
                     help="also time flat streams (CSRConfig.flat 1, 2, 3) for the untiled m = 1 passes")
     ap.add_argument("--l1-bypass", action="store_true", help="also time both row passes with A loaded .cg")
+    ap.add_argument("--red", action="store_true",
+                    help="also time the streams (default tiles; flat 3) with their segment totals through inline "
+                         "red and through tl.atomic_add (csr.STREAM_INLINE_RED), side by side")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = _common.device()
@@ -126,6 +129,14 @@ def main(argv=None):
             for f in (1, 2, 3) if a.flat and m == 1 else ():  # untiled passes as one flat stream each
                 variant(f"fused flat {f} (applies {csr._tile_sizes(A, m, csr.TILE_BYTES, f)[2]})",
                         {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": f}, matvec=True)
+            for inline in (True, False, True) if a.red and m == 1 else ():  # drift: inline timed before and after
+                csr.STREAM_INLINE_RED = inline
+                how = "inline red" if inline else "tl.atomic_add"
+                variant(f"fused {csr.TILE_BYTES >> 10} KB, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES},
+                        matvec=True)
+                variant(f"fused flat 3, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": 3},
+                        matvec=True)
+            csr.STREAM_INLINE_RED = True
             if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
                 variant("fused gather, .cg loads", {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}})
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers

@@ -740,6 +740,35 @@ def test_cuda_flat_streams_match_float64(flat):
     assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < 1e-5
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                    reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("inline", [True, False], ids=["inline-red", "atomic-add"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype):
+    """Compiled, both ways the stream pass adds its segment totals (inline ``red``, the default, and
+    ``tl.atomic_add``), fp32 and fp64 (its ``red.f64``): tiled streams on both passes of a power-law
+    matrix, the mmchain (intercept, z) and matvec against the float64 row kernels on fresh inputs."""
+    import datasets
+
+    monkeypatch.setattr(csr, "STREAM_INLINE_RED", inline)
+    A = datasets.make_csr(200_000, 50_000, 40, "powerlaw", seed=5, device="cuda", return_torch=True).X
+    A = A.to(dtype=dtype)
+    n, d = A.shape
+    cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}
+    W, H, _ = csr._tile_sizes(A, 1, csr.TILE_BYTES)
+    assert W < d and H < n  # both passes tiled
+    g = torch.Generator(device="cuda").manual_seed(int(inline))
+    y, z = (torch.randn(d + 1, 1, generator=g, device="cuda", dtype=dtype) for _ in range(2))
+    v = torch.rand(n, 1, generator=g, device="cuda", dtype=dtype)
+    A64 = A.to(dtype=torch.float64)
+    ref = csr.csr_mmchain_fused(A64, y.double(), v.double(), z.double(), 0.5, 2.0, intercept=True,
+                                config={"strategy": "gather", "tile_bytes": 0})
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert relerr(csr.csr_mmchain_fused(A, y, v, z, 0.5, 2.0, intercept=True, config=cfg), ref) < tol
+    t = csr.csr_matvec_fused(A, y, intercept=True, config=cfg)
+    assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < tol
+
+
 def test_model_builds_flat_streams_without_the_copy(monkeypatch):
     """The model's own pick on a power-law matrix (binned rows and columns, vectors past "L1"):
     the first gather call takes the column statistics, so both passes are flat streams from the
@@ -903,16 +932,20 @@ def test_stream_probe_smoke(tmp_path):
 
 def test_bench_csr_tiles_smoke(tmp_path):
     """benchmarks/bench_csr_tiles.py under the interpreter on a ``--matrices`` spec: each tile
-    setting, the scatter strategy and the model's pick get a row with a small error against float64."""
+    setting, the streams' two ways of adding segment totals, the scatter strategy and the model's
+    pick get a row with a small error against float64."""
     import json
 
     out = tmp_path / "ct.json"
     _bench_module("bench_csr_tiles").main(["--matrices", "1500x2500:6:powerlaw", "--tiles", "0", "16384",
-                                           "--scatter", "--out", str(out)])
+                                           "--scatter", "--red", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
+    red = [f"fused {csr.TILE_BYTES >> 10} KB, inline red", "fused flat 3, inline red",
+           f"fused {csr.TILE_BYTES >> 10} KB, tl.atomic_add", "fused flat 3, tl.atomic_add"]
     assert [r["variant"] for r in rows if r["m"] == 1] == ["ops (cached X^T)", "fused gather untiled",
-                                                          "fused gather tile 16 KB", "fused scatter",
+                                                          "fused gather tile 16 KB", *red, *red[:2], "fused scatter",
                                                           "fused auto (model)"]
+    assert csr.STREAM_INLINE_RED
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
 
 

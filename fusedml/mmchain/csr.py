@@ -119,6 +119,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedml._dispatch import interpret_mode
 from fusedml._launch import call
 from fusedml._validation import CSRMatrix
 
@@ -494,6 +495,30 @@ def _seg_add(c1, v1, c2, v2):
     return c1 + c2, tl.where(c2 > 0, v2, v1 + v2)
 
 
+_COMPILED = tl.constexpr(not interpret_mode())  # inline PTX: not under the interpreter
+
+
+@triton.jit
+def _red_add(ptr, val, mask, INLINE: tl.constexpr):
+    """``*ptr += val`` where ``mask`` (fp32 / fp64; relaxed, GPU scope; no result). ``INLINE``: as
+    an inline ``red`` in the operands' own layout (compiled only), where ``tl.atomic_add`` gets a
+    one-element-per-thread layout of its own and converting address, value and mask to it costs
+    three shared-memory round trips (6 barriers) per call."""
+    if INLINE and _COMPILED:
+        if val.dtype == tl.float64:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.global.gpu.relaxed.add.f64 [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,l,r", [ptr, val.to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.global.gpu.relaxed.add.f32 [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r,r", [ptr, val.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+    else:
+        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
+
+
 @triton.jit
 def _stream_gather_kernel(
     KEY,  # [nnz_pad] int16 (int32): bits 0-13 (0-29) index into the block's tile of VEC, then segment start, end (sign)
@@ -504,7 +529,7 @@ def _stream_gather_kernel(
     VEC,  # [n_vec] accumulation dtype: the gathered vector
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
     n_blocks, per,
-    BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = True,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
@@ -524,7 +549,7 @@ def _stream_gather_kernel(
         cnt, tot = tl.associative_scan((((kk >> IDX_BITS) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
         emit = (kk < 0) | (offs == BLOCK - 1)
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
-        tl.atomic_add(OUT + r, tot, mask=emit, sem="relaxed")
+        _red_add(OUT + r, tot, emit, INLINE_RED)
 
 
 @triton.jit
@@ -835,6 +860,8 @@ L1_GATHER_RATE_H200 = 430e9
 STREAM_BLOCK = 2048
 STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 4
+#: segment totals through inline ``red`` (``_red_add``; False: ``tl.atomic_add``, for A/B runs)
+STREAM_INLINE_RED = True
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
 # rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
@@ -1464,7 +1491,8 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), num_warps=STREAM_WARPS)
+         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=STREAM_INLINE_RED,
+         num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
