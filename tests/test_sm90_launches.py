@@ -107,6 +107,23 @@ def _csr_calls(rng):
             yield f"csr m={m} {strategy}", lambda y=y, v=v, s=strategy: fusedml.mmchain(
                 A, y, v, backend="fused", config={"strategy": s})
         yield f"csr matvec m={m}", lambda y=y: fusedml.matvec(A, y, backend="fused")
+    # the stream pass: tiled (int16 keys; fp32 and fp64 totals) and flat over 20000 columns (int32
+    # keys), the vectors counted as past L1 while the call runs
+    from fusedml.mmchain import csr
+
+    for name, A, cfg in (("tiled fp32", _csr(rng, 200, 300, 40), {"tile_bytes": 128}),
+                         ("tiled fp64", _csr(rng, 200, 300, 40, torch.float64), {"tile_bytes": 128}),
+                         ("flat int32 keys", _csr(rng, 60, 20000), {"tile_bytes": csr.TILE_BYTES, "flat": 1})):
+        n, d = A.shape
+        y, v = _dense(rng, d, 1, A.val.dtype), _dense(rng, n, 1, A.val.dtype).abs()
+
+        def streamed(A=A, y=y, v=v, cfg=cfg):
+            saved, csr.L1_VECTOR_BYTES = csr.L1_VECTOR_BYTES, 0
+            try:
+                return fusedml.mmchain(A, y, v, backend="fused", config=dict(cfg, strategy="gather"))
+            finally:
+                csr.L1_VECTOR_BYTES = saved
+        yield f"csr streams {name}", streamed
 
 
 def _gmm_params(rng, K, D, ct):
