@@ -508,15 +508,27 @@ for p in $parts; do
       run spread 300 python3 benchmarks/gather_spread_probe.py --procs 4 --pad-mib 0 1 3 \
         --out "$out/gather_spread_probe_s49b.json"
       grep -E "^\| " "$log/spread.log" | cut -c1-200 ;;
-    s49)  # session 49: s48d's items plus the review's one row-tile loop of the accept-test sums (3d901ab) compiled
+    s49)  # session 49: the stream pass's segment totals through inline red (STREAM_INLINE_RED) against
+          # tl.atomic_add: CUDA tests, the passes side by side, CSR fits A/B; the review's one row-tile
+          # loop of the accept-test sums (3d901ab) compiled; the CSR mmchain table rows
+      run cuda-csr 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-csr.log" | cut -c1-300
       run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
       tail -1 "$log/cuda-cg.log" | cut -c1-300
+      run csr-red 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x100000:32:powerlaw \
+        1000000x4000000:32:powerlaw --tiles 0 --red --out "$out/csr_tiles_red_s49.json"
+      grep -E "^\| " "$log/csr-red.log" | cut -c1-200
+      run red-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_INLINE_RED=False \
+        --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
+        --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
+      grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s49d)  # session 49, after s49/s49c: the CSR mmchain table rows; wide fits A/B of the flat streams (s48d)
       run mmchain-csr 200 python3 benchmarks/bench_mmchain.py --cases csr-4Mx100k,csr-1Mx1M,csr-powerlaw \
-        --max-csr-sweep 3 --out "$out/mmchain_csr_s49.json"
+        --max-csr-sweep 3 --out "$out/mmchain_csr_s49d.json"
       grep -E "^\| " "$log/mmchain-csr.log" | cut -c1-200
       run flat-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:FLAT_PASSES=0 \
         --b fusedml.mmchain.csr:FLAT_PASSES=3 --csr 32:powerlaw --shapes 1000000x4000000 1000000x1000000 \
-        --algos logistic poisson --backends fused ops --fits 5 --out "$out/env_ab_csr_flat_s49.json"
+        --algos logistic poisson --backends fused ops --fits 5 --out "$out/env_ab_csr_flat_s49d.json"
       grep -E "^\| " "$log/flat-ab.log" | cut -c1-200 ;;
     s48e)  # session 48, device time short: the solvers' CUDA fits with flat streams on by default
       run cuda-fits 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_base.py
