@@ -516,7 +516,8 @@ for p in $parts; do
       run cuda-cg 240 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_cg.py tests/test_algorithms_base.py
       tail -1 "$log/cuda-cg.log" | cut -c1-300
       run csr-red 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x100000:32:powerlaw \
-        1000000x4000000:32:powerlaw --tiles 0 --red --out "$out/csr_tiles_red_s49.json"
+        1000000x4000000:32:powerlaw --tiles 0 --red --kernel 2048x8x4 4096x8x2 2048x4x8 1024x4x8 \
+        --out "$out/csr_tiles_red_s49.json"
       grep -E "^\| " "$log/csr-red.log" | cut -c1-200
       run red-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_INLINE_RED=False \
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
