@@ -129,6 +129,7 @@ def main(argv=None):
             for f in (1, 2, 3) if a.flat and m == 1 else ():  # untiled passes as one flat stream each
                 variant(f"fused flat {f} (applies {csr._tile_sizes(A, m, csr.TILE_BYTES, f)[2]})",
                         {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": f}, matvec=True)
+            default_red = csr.STREAM_INLINE_RED
             for inline in (True, False, True) if a.red and m == 1 else ():  # drift: inline timed before and after
                 csr.STREAM_INLINE_RED = inline
                 how = "inline red" if inline else "tl.atomic_add"
@@ -136,7 +137,7 @@ def main(argv=None):
                         matvec=True)
                 variant(f"fused flat 3, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": 3},
                         matvec=True)
-            csr.STREAM_INLINE_RED = True
+            csr.STREAM_INLINE_RED = default_red
             if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
                 variant("fused gather, .cg loads", {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}})
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers

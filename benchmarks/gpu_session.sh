@@ -523,6 +523,16 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s49e)  # session 49, after s49: inline red on flat streams only (STREAM_INLINE_RED = "flat"): CUDA tests,
+           # the 1M x 1M power-law passes both ways, the CSR end-to-end table
+      run cuda-csr 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-csr.log" | cut -c1-300
+      run csr-red 200 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x1000000:32:powerlaw --tiles 0 --red \
+        --out "$out/csr_tiles_red_s49e.json"
+      grep -E "^\| " "$log/csr-red.log" | cut -c1-200
+      run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s49e.json"
+      grep -E "^\| " "$log/e2e-csr.log" | head -8 | cut -c1-200 ;;
     s49d)  # session 49, after s49/s49c: the CSR mmchain table rows; wide fits A/B of the flat streams (s48d)
       run mmchain-csr 200 python3 benchmarks/bench_mmchain.py --cases csr-4Mx100k,csr-1Mx1M,csr-powerlaw \
         --max-csr-sweep 3 --out "$out/mmchain_csr_s49d.json"

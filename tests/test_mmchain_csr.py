@@ -937,6 +937,7 @@ def test_bench_csr_tiles_smoke(tmp_path):
     import json
 
     out = tmp_path / "ct.json"
+    default_red = csr.STREAM_INLINE_RED
     _bench_module("bench_csr_tiles").main(["--matrices", "1500x2500:6:powerlaw", "--tiles", "0", "16384",
                                            "--scatter", "--red", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
@@ -945,7 +946,7 @@ def test_bench_csr_tiles_smoke(tmp_path):
     assert [r["variant"] for r in rows if r["m"] == 1] == ["ops (cached X^T)", "fused gather untiled",
                                                           "fused gather tile 16 KB", *red, *red[:2], "fused scatter",
                                                           "fused auto (model)"]
-    assert csr.STREAM_INLINE_RED
+    assert csr.STREAM_INLINE_RED == default_red
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
 
 

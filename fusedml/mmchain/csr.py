@@ -79,8 +79,10 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   at half the rate). ``_stream_gather_kernel`` scans each block (segmented sum, whose segment
   count also numbers the segments) and adds each segment's total to its output with one atomic
   (measured faster than storing per-(tile, output) partials and summing the tiles afterwards),
-  an inline ``red`` in the scan's own layout (``_red_add``; ``tl.atomic_add`` converted address,
-  value and mask to a layout of its own: 6 of the loop's 8 barriers on sm_90).
+  ``tl.atomic_add``: it converts address, value and mask to a layout of its own (6 of the loop's
+  8 barriers on sm_90), which lets a warp's adds to neighbouring outputs coalesce; an inline
+  ``red`` in the scan's layout (``_red_add``) was 12 % slower on tiled streams (short segments)
+  and 2.5 % faster on flat ones (rows), so flat streams use it (``STREAM_INLINE_RED``).
   Session 8's form (int32 segment id + int32 index per nonzero, per-tile partials summed
   afterwards): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47
   for cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
@@ -862,8 +864,14 @@ L1_GATHER_RATE_H200 = 430e9
 STREAM_BLOCK = 2048
 STREAM_WARPS = 8
 STREAM_PROGRAMS_PER_SM = 4
-#: segment totals through inline ``red`` (``_red_add``; False: ``tl.atomic_add``, for A/B runs)
-STREAM_INLINE_RED = True
+#: how the stream pass adds its segment totals: True, inline ``red`` in the scan's layout
+#: (``_red_add``); False, ``tl.atomic_add``, whose one-element-per-thread layout costs three
+#: shared-memory conversions per block but lets a warp's adds to neighbouring outputs coalesce;
+#: "flat", inline on flat streams only. MEASURED on an H100 (csr_tiles_red-H100-2026-12-07-s49):
+#: tiled 1M x 100k power-law (~2.5 nonzeros a segment) mmchain 0.313 ms with tl.atomic_add
+#: against 0.352 inline (matvec 0.138 / 0.158); flat 1M x 4M (rows as segments, 32 a row) 0.612
+#: against 0.597 (0.308 / 0.298).
+STREAM_INLINE_RED = "flat"
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
 # rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
@@ -1492,8 +1500,9 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
         out = torch.zeros(sp.n_out + 1, dtype=vec.dtype, device=dev)  # + the padding's output
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
+    inline = sp.tiles == 1 if STREAM_INLINE_RED == "flat" else bool(STREAM_INLINE_RED)
     call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=STREAM_INLINE_RED,
+         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
          num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
