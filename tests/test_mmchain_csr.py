@@ -745,9 +745,10 @@ def test_cuda_flat_streams_match_float64(flat):
 @pytest.mark.parametrize("inline", [True, False], ids=["inline-red", "atomic-add"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype):
-    """Compiled, both ways the stream pass adds its segment totals (inline ``red``, the default, and
-    ``tl.atomic_add``), fp32 and fp64 (its ``red.f64``): tiled streams on both passes of a power-law
-    matrix, the mmchain (intercept, z) and matvec against the float64 row kernels on fresh inputs."""
+    """Compiled, both ways the stream pass adds its segment totals (``tl.atomic_add``, the tiled
+    streams' default, and inline ``red``), fp32 and fp64 (``red.f64``): tiled streams on both passes
+    of a power-law matrix, the mmchain (intercept, z) and matvec against the float64 row kernels on
+    fresh inputs."""
     import datasets
 
     monkeypatch.setattr(csr, "STREAM_INLINE_RED", inline)

@@ -107,13 +107,15 @@ def _csr_calls(rng):
             yield f"csr m={m} {strategy}", lambda y=y, v=v, s=strategy: fusedml.mmchain(
                 A, y, v, backend="fused", config={"strategy": s})
         yield f"csr matvec m={m}", lambda y=y: fusedml.matvec(A, y, backend="fused")
-    # the stream pass: tiled (int16 keys; fp32 and fp64 totals) and flat over 20000 columns (int32
-    # keys), the vectors counted as past L1 while the call runs
+    # the stream pass: tiled (int16 keys, tl.atomic_add) and flat over 20000 columns (int32 keys,
+    # inline red), fp32 and fp64, the vectors counted as past L1 while the call runs
     from fusedml.mmchain import csr
 
+    flat = {"tile_bytes": csr.TILE_BYTES, "flat": 1}
     for name, A, cfg in (("tiled fp32", _csr(rng, 200, 300, 40), {"tile_bytes": 128}),
                          ("tiled fp64", _csr(rng, 200, 300, 40, torch.float64), {"tile_bytes": 128}),
-                         ("flat int32 keys", _csr(rng, 60, 20000), {"tile_bytes": csr.TILE_BYTES, "flat": 1})):
+                         ("flat fp32", _csr(rng, 60, 20000), flat),
+                         ("flat fp64", _csr(rng, 60, 20000, dtype=torch.float64), flat)):
         n, d = A.shape
         y, v = _dense(rng, d, 1, A.val.dtype), _dense(rng, n, 1, A.val.dtype).abs()
 

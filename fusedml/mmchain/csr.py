@@ -78,11 +78,11 @@ second read and a second random gather instead of the atomics (see :func:`csr_co
   padded to whole blocks of 2048 (aligned, unmasked 16-byte loads: unpadded, an earlier form ran
   at half the rate). ``_stream_gather_kernel`` scans each block (segmented sum, whose segment
   count also numbers the segments) and adds each segment's total to its output with one atomic
-  (measured faster than storing per-(tile, output) partials and summing the tiles afterwards),
-  ``tl.atomic_add``: it converts address, value and mask to a layout of its own (6 of the loop's
-  8 barriers on sm_90), which lets a warp's adds to neighbouring outputs coalesce; an inline
+  (measured faster than storing per-(tile, output) partials and summing the tiles afterwards).
+  ``tl.atomic_add`` converts address, value and mask to a layout of its own (6 of the loop's 8
+  barriers on sm_90), which lets a warp's adds to neighbouring outputs coalesce; an inline
   ``red`` in the scan's layout (``_red_add``) was 12 % slower on tiled streams (short segments)
-  and 2.5 % faster on flat ones (rows), so flat streams use it (``STREAM_INLINE_RED``).
+  and 2.5 % faster on flat ones (rows), so only flat streams use it (``STREAM_INLINE_RED``).
   Session 8's form (int32 segment id + int32 index per nonzero, per-tile partials summed
   afterwards): on the H200 the power-law 1M x 100k mmchain 0.43 ms against 0.55 untiled and 0.47
   for cuSPARSE with a cached transpose; its matvec 0.18 against 0.28-0.32 ms.
@@ -533,7 +533,7 @@ def _stream_gather_kernel(
     VEC,  # [n_vec] accumulation dtype: the gathered vector
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
     n_blocks, per,
-    BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = True,
+    BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = False,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
