@@ -870,7 +870,7 @@ STREAM_PROGRAMS_PER_SM = 4
 #: "flat", inline on flat streams only. MEASURED on an H100 (csr_tiles_red-H100-2026-12-07-s49):
 #: tiled 1M x 100k power-law (~2.5 nonzeros a segment) mmchain 0.313 ms with tl.atomic_add
 #: against 0.352 inline (matvec 0.138 / 0.158); flat 1M x 4M (rows as segments, 32 a row) 0.612
-#: against 0.597 (0.308 / 0.298).
+#: against 0.597 (0.308 / 0.298), flat 1M x 1M 0.584 against 0.565 (-s49e).
 STREAM_INLINE_RED = "flat"
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
