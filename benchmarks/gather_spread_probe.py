@@ -3,8 +3,9 @@
 Session 48's ``l2_state_probe`` found no L2 state that carries over between products inside a
 process, yet the same product (the 1M x 1M power-law matrix, gather, untiled) ran at 0.68 ms in
 one process and 1.12 ms in the next. This script starts ``--procs`` fresh processes one after
-another; each builds the same seeded matrix and vectors (after ``--pad-mib`` MiB of padding, so the
-vectors land at other addresses) and times, side by side (``do_bench`` medians, ms): the fused
+another; each builds the same seeded matrix and vectors (after ``--pad-mib`` MiB of padding, meant to
+move the vectors; on CUDA it does not: the caching allocator gives each of these large tensors its own
+2 MiB-aligned segment, ``-s49b``) and times, side by side (``do_bench`` medians, ms): the fused
 gather product, the "ops" product with a cached transpose (cuSPARSE: if it moves with the fused one,
 the cause is the machine or the allocation, not our kernel), and a device copy of ``--copy-mib``
 MiB (GB/s: clocks or memory state). Each row also names the vector's and the matrix's addresses
@@ -51,7 +52,7 @@ def child(spec: str, pad_mib: float, copy_mib: float) -> dict:
 
     dev = _common.device()
     cap = (500, 700) if dev.type != "cuda" else None
-    pad = torch.empty(int(pad_mib * (1 << 20)) // 4 + 1, device=dev)  # shifts the later allocations
+    pad = torch.empty(int(pad_mib * (1 << 20)) // 4 + 1, device=dev)  # (large later tensors get segments of their own)
     _, B = _common.csr_from_spec(spec, dev, cap)
     g = torch.Generator(device=dev).manual_seed(0)
     y = torch.randn(B.shape[1], generator=g, device=dev)

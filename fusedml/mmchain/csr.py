@@ -509,16 +509,12 @@ def _red_add(ptr, val, mask, INLINE: tl.constexpr):
     one-element-per-thread layout of its own and converting address, value and mask to it costs
     three shared-memory round trips (6 barriers) per call."""
     if INLINE and _COMPILED:
-        if val.dtype == tl.float64:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.global.gpu.relaxed.add.f64 [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,l,r", [ptr, val.to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.global.gpu.relaxed.add.f32 [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r,r", [ptr, val.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
+        F64: tl.constexpr = val.dtype == tl.float64
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.global.gpu.relaxed.add." + ("f64" if F64 else "f32")
+            + " [$1], $2; mov.u32 $0, 0; }", "=r,l," + ("l" if F64 else "r") + ",r",
+            [ptr, val.to(tl.int64 if F64 else tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
     else:
         tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
 
