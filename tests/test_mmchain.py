@@ -474,14 +474,40 @@ def test_ops_transpose_variants_and_cache(rng):
     assert len(ops._CACHE) == 0
     w2 = fusedml.mmchain(T, y, v, backend="ops", config={"ops_transpose": "cached"})
     assert len(ops._CACHE) == 1
-    cached = next(iter(ops._CACHE.values()))[4]
+    cached = next(iter(ops._CACHE.values()))[-1]
     w3 = fusedml.mmchain(T, y, v, backend="ops")  # the default is "cached": the same transpose object
-    assert next(iter(ops._CACHE.values()))[4] is cached
+    assert next(iter(ops._CACHE.values()))[-1] is cached
     for w in (w1, w2, w3):
         assert rel(w, ref) < 1e-12
     del T, cached
     gc.collect()
     assert len(ops._CACHE) == 0  # the entry dies with the matrix
+
+
+@pytest.mark.parametrize("backend", ["ops", "fused", "cpu"])
+def test_csr_caches_follow_in_place_changes(rng, backend):
+    """Products follow a matrix changed in place between calls, through a torch sparse tensor's
+    accessors or a CSRMatrix's own tensors (ops' cached transpose used to give the old product)."""
+    S = _csr_inputs(rng)
+    T = torch.sparse_csr_tensor(torch.from_numpy(S.indptr), torch.from_numpy(S.indices),
+                                torch.from_numpy(S.data.copy()), S.shape)
+    M = fusedml.as_csr(S.copy())
+    y, v, _ = _operands(rng, 60, 25, None)
+    ops.clear_transpose_cache()
+    for X, vals, cols in ((T, T.values, T.col_indices), (M, lambda: M.val, lambda: M.col)):
+        fusedml.mmchain(X, y, v, backend=backend)
+        vals().mul_(-3.0)
+        A = sp.csr_matrix((vals().numpy(), cols().numpy(), S.indptr), shape=S.shape)
+        assert rel(fusedml.mmchain(X, y, v, backend=backend), mmchain_reference(A, y, v)) < 1e-12
+        c = cols().numpy()  # shift one column index up into a gap: still sorted and unique
+        ends = np.zeros(len(c), bool)
+        ends[S.indptr[1:][np.diff(S.indptr) > 0] - 1] = True
+        nxt = np.where(ends, S.shape[1], np.append(c[1:], S.shape[1]))
+        cols()[int(np.flatnonzero(c + 1 < nxt)[0])] += 1
+        A = sp.csr_matrix((vals().numpy(), cols().numpy(), S.indptr), shape=S.shape)
+        assert A.has_sorted_indices
+        assert rel(fusedml.mmchain(X, y, v, backend=backend), mmchain_reference(A, y, v)) < 1e-12
+    assert len(ops._CACHE) == (2 if backend == "ops" else 0)
 
 
 # ------------------------------------------------------------------------------ dispatch and model

@@ -9,8 +9,11 @@ CSR: torch sparse CSR matmul (cuSPARSE SpMV/SpMM on CUDA) for ``X @ y``, and for
 two honest variants, chosen by ``config={"ops_transpose": ...}``:
 
 * ``"cached"`` (default) -- ``X^T`` converted to CSR once and cached, keyed on the caller's matrix
-  object through a weak reference (2x the memory of X; freed with X; call
-  :func:`clear_transpose_cache` after mutating X in place);
+  object through a weak reference (2x the memory of X; freed with X). The transpose is rebuilt
+  when the indices or values are other tensors or were changed in place (torch's version
+  counters: a :class:`~fusedml.CSRMatrix`'s own tensors, a torch sparse tensor's through its
+  accessors). A scipy matrix's arrays carry no such counter: call :func:`clear_transpose_cache`
+  after mutating one in place;
 * ``"on_the_fly"`` -- ``X.t() @ p`` on every call (a CSC view; torch/cuSPARSE transposes inside).
 
 CSR values in bf16/fp16 are upcast to the accumulation dtype (torch sparse matmul support for half
@@ -43,6 +46,12 @@ def _torch_csr(A: CSRMatrix, dtype) -> torch.Tensor:
         return torch.sparse_csr_tensor(A.crow, A.col, val, A.shape, check_invariants=False)
 
 
+def _tensor_state(A: CSRMatrix) -> tuple:
+    """Where A's index and value tensors live and their in-place change counts (a torch sparse
+    tensor's accessors share the tensor's counter, so their fresh aliases give the same state)."""
+    return tuple((t.data_ptr(), t._version) for t in (A.crow, A.col, A.val))
+
+
 def _csr_pair(P: Problem, key, variant: str):
     """Return (A, A^T-or-None) as torch sparse tensors for the given variant.
 
@@ -54,20 +63,22 @@ def _csr_pair(P: Problem, key, variant: str):
     if variant == "on_the_fly" or key is None:
         return fwd, None
     k = id(key)
+    state = (P.acc_dtype, A.device, tuple(A.shape), A.nnz) + _tensor_state(A)
     hit = _CACHE.get(k)
     if hit is not None:
-        ref, dtype, device, nnz, At = hit
-        if ref() is key and dtype == P.acc_dtype and device == A.device and nnz == A.nnz:
+        ref, st, At = hit
+        if ref() is key and st == state:
             return fwd, At
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         At = fwd.t().to_sparse_csr()
     try:
         ref = weakref.ref(key)
-        weakref.finalize(key, _CACHE.pop, k, None)
+        if hit is None or hit[0]() is not key:  # one finalizer per live key
+            weakref.finalize(key, _CACHE.pop, k, None)
     except TypeError:  # not weak-referenceable: do not cache (no way to know when it dies)
         return fwd, At
-    _CACHE[k] = (ref, P.acc_dtype, A.device, A.nnz, At)
+    _CACHE[k] = (ref, state, At)
     return fwd, At
 
 
