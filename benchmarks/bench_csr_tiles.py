@@ -6,7 +6,7 @@ with the cached transpose, relative error against a float64 cuSPARSE reference o
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
     python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--flat]
-        [--l1-bypass] [--red] [--out FILE]
+        [--l1-bypass] [--red] [--contig C ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ def main(argv=None):
     ap.add_argument("--red", action="store_true",
                     help="also time the streams (default tiles; flat 3) with their segment totals through inline "
                          "red and through tl.atomic_add (csr.STREAM_INLINE_RED), side by side")
+    ap.add_argument("--contig", nargs="+", type=int, default=[], metavar="C",
+                    help="also time the streams (default tiles; flat 3) with C elements a thread in the stream "
+                         "kernel (csr.STREAM_CONTIG; 0: the loads' width), each way of adding totals")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = _common.device()
@@ -137,7 +140,17 @@ def main(argv=None):
                         matvec=True)
                 variant(f"fused flat 3, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": 3},
                         matvec=True)
-            csr.STREAM_INLINE_RED = default_red
+            default_contig = csr.STREAM_CONTIG
+            for c in a.contig if m == 1 else ():  # list 0 first and last to see the drift
+                csr.STREAM_CONTIG = c
+                for inline in (False, True):
+                    csr.STREAM_INLINE_RED = inline
+                    how = f"contig {c}, " + ("inline red" if inline else "tl.atomic_add")
+                    variant(f"fused {csr.TILE_BYTES >> 10} KB, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES},
+                            matvec=True)
+                    variant(f"fused flat 3, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": 3},
+                            matvec=True)
+            csr.STREAM_INLINE_RED, csr.STREAM_CONTIG = default_red, default_contig
             if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
                 variant("fused gather, .cg loads", {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}})
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers

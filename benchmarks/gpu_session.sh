@@ -523,6 +523,36 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s50)  # session 50: the stream kernel's elements per thread (STREAM_CONTIG: 0 = the loads' width, 1, 2, 4)
+          # with each way of adding segment totals: CUDA tests, the passes side by side (tiled 1M x 100k,
+          # flat 1M x 4M), then whole CSR fits A/B of the tiled streams' best setting if it beat 0 by > 3 %
+      run cuda-csr 300 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-csr.log" | cut -c1-300
+      run csr-contig 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x100000:32:powerlaw \
+        1000000x4000000:32:powerlaw --tiles 0 --contig 0 1 2 4 0 --out "$out/csr_tiles_contig_s50.json"
+      grep -E "^\| " "$log/csr-contig.log" | cut -c1-200
+      best=$(python3 - "$out/csr_tiles_contig_s50.json" <<'PY'
+import json, re, statistics, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["m"] == 1 and r["matrix"].startswith("powerlaw-1000000x100000")]
+t = {}
+for r in rows:
+    m = re.fullmatch(r"fused \d+ KB, contig (\d), (inline red|tl.atomic_add)", r["variant"])
+    if m:
+        t.setdefault((int(m[1]), m[2] == "inline red"), []).append(r["ms"])
+base = statistics.median(t[(0, False)])
+(c, inl), ms = min(((k, statistics.median(v)) for k, v in t.items() if k[0]), key=lambda kv: kv[1])
+print(f"{c} {inl}" if ms < 0.97 * base else "")
+PY
+)
+      echo "tiled streams' best contig setting: '${best:-none}'"
+      if [ -n "$best" ]; then
+        set -- $best
+        run contig-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_CONTIG=0 \
+          --b fusedml.mmchain.csr:STREAM_CONTIG=$1 fusedml.mmchain.csr:STREAM_INLINE_RED=$2 --csr 32:powerlaw \
+          --shapes 1000000x100000 --algos logistic poisson --backends fused --fits 5 \
+          --out "$out/env_ab_csr_contig_s50.json"
+        grep -E "^\| " "$log/contig-ab.log" | cut -c1-200
+      fi ;;
     s49e)  # session 49, after s49: inline red on flat streams only (STREAM_INLINE_RED = "flat"): CUDA tests,
            # the 1M x 1M power-law passes both ways, the CSR end-to-end table
       run cuda-csr 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py

@@ -742,9 +742,10 @@ def test_cuda_flat_streams_match_float64(flat):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
                     reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("contig", [0, 1, 2, 4])
 @pytest.mark.parametrize("inline", [True, False], ids=["inline-red", "atomic-add"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype):
+def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype, contig):
     """Compiled, both ways the stream pass adds its segment totals (``tl.atomic_add``, the tiled
     streams' default, and inline ``red``), fp32 and fp64 (``red.f64``): tiled streams on both passes
     of a power-law matrix, the mmchain (intercept, z) and matvec against the float64 row kernels on
@@ -752,6 +753,7 @@ def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype):
     import datasets
 
     monkeypatch.setattr(csr, "STREAM_INLINE_RED", inline)
+    monkeypatch.setattr(csr, "STREAM_CONTIG", contig)
     A = datasets.make_csr(200_000, 50_000, 40, "powerlaw", seed=5, device="cuda", return_torch=True).X
     A = A.to(dtype=dtype)
     n, d = A.shape
@@ -938,16 +940,19 @@ def test_bench_csr_tiles_smoke(tmp_path):
     import json
 
     out = tmp_path / "ct.json"
-    default_red = csr.STREAM_INLINE_RED
+    default_red, default_contig = csr.STREAM_INLINE_RED, csr.STREAM_CONTIG
     _bench_module("bench_csr_tiles").main(["--matrices", "1500x2500:6:powerlaw", "--tiles", "0", "16384",
-                                           "--scatter", "--red", "--out", str(out)])
+                                           "--scatter", "--red", "--contig", "1", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    red = [f"fused {csr.TILE_BYTES >> 10} KB, inline red", "fused flat 3, inline red",
-           f"fused {csr.TILE_BYTES >> 10} KB, tl.atomic_add", "fused flat 3, tl.atomic_add"]
+    tb = csr.TILE_BYTES >> 10
+    red = [f"fused {tb} KB, inline red", "fused flat 3, inline red",
+           f"fused {tb} KB, tl.atomic_add", "fused flat 3, tl.atomic_add"]
+    contig = [f"fused {tb} KB, contig 1, tl.atomic_add", "fused flat 3, contig 1, tl.atomic_add",
+              f"fused {tb} KB, contig 1, inline red", "fused flat 3, contig 1, inline red"]
     assert [r["variant"] for r in rows if r["m"] == 1] == ["ops (cached X^T)", "fused gather untiled",
-                                                          "fused gather tile 16 KB", *red, *red[:2], "fused scatter",
-                                                          "fused auto (model)"]
-    assert csr.STREAM_INLINE_RED == default_red
+                                                          "fused gather tile 16 KB", *red, *red[:2], *contig,
+                                                          "fused scatter", "fused auto (model)"]
+    assert (csr.STREAM_INLINE_RED, csr.STREAM_CONTIG) == (default_red, default_contig)
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
 
 

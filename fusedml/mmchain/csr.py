@@ -530,6 +530,7 @@ def _stream_gather_kernel(
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
     n_blocks, per,
     BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = False,
+    CONTIG: tl.constexpr = 0,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
@@ -542,6 +543,8 @@ def _stream_gather_kernel(
     offs = tl.arange(0, BLOCK)
     for b in range(pid, n_blocks, nprog):
         o = b * BLOCK + offs  # < 2^31 (checked on the host)
+        if CONTIG:  # cap the contiguity: CONTIG elements a thread, so a warp's adds cover 32 CONTIG neighbours
+            o = tl.max_contiguous(o, CONTIG)
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
@@ -868,6 +871,10 @@ STREAM_PROGRAMS_PER_SM = 4
 #: against 0.352 inline (matvec 0.138 / 0.158); flat 1M x 4M (rows as segments, 32 a row) 0.612
 #: against 0.597 (0.308 / 0.298), flat 1M x 1M 0.584 against 0.565 (-s49e).
 STREAM_INLINE_RED = "flat"
+#: the stream pass's elements per thread (``tl.max_contiguous`` on its offsets); 0: as the loads'
+#: vector width sets it (8 for 16-bit keys). Fewer spread a warp's segment totals over fewer
+#: outputs (coalesced adds) at the cost of narrower loads and a longer scan. EXPERIMENT (session 50).
+STREAM_CONTIG = 0
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
 # rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
@@ -1499,7 +1506,7 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     inline = sp.tiles == 1 if STREAM_INLINE_RED == "flat" else bool(STREAM_INLINE_RED)
     call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
          BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
-         num_warps=STREAM_WARPS)
+         CONTIG=STREAM_CONTIG, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
