@@ -552,7 +552,10 @@ PY
           --shapes 1000000x100000 --algos logistic poisson --backends fused --fits 5 \
           --out "$out/env_ab_csr_contig_s50.json"
         grep -E "^\| " "$log/contig-ab.log" | cut -c1-200
-      fi ;;
+      fi
+      run csr-input 200 python3 benchmarks/csr_input_probe.py --algos logistic poisson --fits 5 \
+        --out "$out/csr_input_probe_s50.json"
+      grep -E "^\| " "$log/csr-input.log" | cut -c1-200 ;;
     s49e)  # session 49, after s49: inline red on flat streams only (STREAM_INLINE_RED = "flat"): CUDA tests,
            # the 1M x 1M power-law passes both ways, the CSR end-to-end table
       run cuda-csr 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py

@@ -956,6 +956,15 @@ def test_bench_csr_tiles_smoke(tmp_path):
     assert all(r["matrix"] == "powerlaw-1500x2500-6" and r["rel_err"] < 1e-5 for r in rows)
 
 
+def test_csr_input_probe_smoke(tmp_path):
+    """benchmarks/csr_input_probe.py on the ops backend (the fused one takes minutes under the
+    interpreter): a row per fit with both inputs timed and the same coefficients."""
+    rows = _bench_module("csr_input_probe").main(["--algos", "logistic", "poisson", "--backends", "ops", "--fits", "1",
+                                                  "--out", str(tmp_path / "c.json")])
+    assert [(r["algo"], r["backend"]) for r in rows] == [("logistic", "ops"), ("poisson", "ops")]
+    assert all(r["csrmatrix_ms"] > 0 and r["torch_sparse_ms"] > 0 and r["coef_rel_diff"] < 1e-12 for r in rows)
+
+
 def test_l2_state_probe_smoke(tmp_path):
     """benchmarks/l2_state_probe.py under the interpreter: the five timings of matrix B's product,
     each with a small error against float64."""

@@ -1,0 +1,89 @@
+"""What a whole CSR fit pays for being given a torch sparse CSR tensor instead of a ``CSRMatrix``.
+
+The fused CSR kernels cache what they derive from a matrix (row and column statistics, the
+cache-blocked streams) with a ``fusedml.CSRMatrix``; a torch sparse tensor is converted on every
+fit, so each fit rebuilds them (README, "Repeated calls on one CSR matrix"). The "ops" backend's
+transpose is cached per fit either way. This script fits the same seeded matrix given both ways
+(the torch tensor shares the CSRMatrix's memory), alternating fit by fit after a warm fit each, and
+reports the median wall time of each, per fit and backend, and the difference.
+
+    python benchmarks/csr_input_probe.py [--shape 1000000x100000] [--csr 32:powerlaw]
+        [--algos logistic poisson] [--backends fused ops] [--fits 5] [--out FILE]
+
+Without CUDA it runs a tiny shape under the interpreter (a smoke test of the script).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import _common  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1000000x100000")
+    ap.add_argument("--csr", default="32:powerlaw", metavar="NNZ:PROFILE")
+    ap.add_argument("--algos", nargs="+", default=["logistic", "poisson"])
+    ap.add_argument("--backends", nargs="+", default=["fused", "ops"])
+    ap.add_argument("--fits", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    dev = _common.device()
+    N, D = _common.shape_list(a.shape)[0] if dev.type == "cuda" else (400, 300)
+    nnz, prof = a.csr.split(":")
+    M, cases = _common.csr_fit_cases(N, D, dev, float(nnz), prof)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        T = torch.sparse_csr_tensor(M.crow, M.col, M.val, M.shape)
+    inputs = {"CSRMatrix": M, "torch sparse": T}
+
+    def fit(make, X, y):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        est = make().fit(X, y)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return 1e3 * (time.perf_counter() - t0), est
+
+    rows = []
+    for algo in a.algos:
+        make_be, y = cases[algo]
+        for be in a.backends:
+            make = lambda: make_be(be)  # noqa: E731
+            ms = {k: [] for k in inputs}
+            last = {k: fit(make, X, y)[1] for k, X in inputs.items()}  # warm: compiles, the CSRMatrix's caches
+            for i in range(a.fits):
+                for k in (list(inputs) if i % 2 == 0 else list(inputs)[::-1]):
+                    t, last[k] = fit(make, inputs[k], y)
+                    ms[k].append(t)
+            med = {k: statistics.median(v) for k, v in ms.items()}
+            coef = {k: torch.as_tensor(e.coef_).double().flatten() for k, e in last.items()}
+            diff = float((coef["torch sparse"] - coef["CSRMatrix"]).norm() / coef["CSRMatrix"].norm().clamp_min(1e-300))
+            rows.append(dict(shape=f"{N}x{D}", algo=algo, backend=be, csrmatrix_ms=med["CSRMatrix"],
+                             torch_sparse_ms=med["torch sparse"], extra_ms=med["torch sparse"] - med["CSRMatrix"],
+                             n_iter=int(torch.as_tensor(last["CSRMatrix"].n_iter_).max()),
+                             coef_rel_diff=diff, fits_csrmatrix=ms["CSRMatrix"], fits_torch_sparse=ms["torch sparse"]))
+    print(_common.markdown_table(rows, ["shape", "algo", "backend", "csrmatrix_ms", "torch_sparse_ms", "extra_ms",
+                                        "n_iter", "coef_rel_diff"]))
+    if a.out or dev.type == "cuda":
+        print(_common.write_json("csr_input_probe", rows, {"args": vars(a)}, out=a.out))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
