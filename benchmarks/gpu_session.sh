@@ -524,13 +524,14 @@ for p in $parts; do
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
     s50)  # session 50: the stream kernel's elements per thread (STREAM_CONTIG: 0 = the loads' width, 1, 2, 4)
-          # with each way of adding segment totals: CUDA tests, the passes side by side (tiled 1M x 100k,
-          # flat 1M x 4M), then whole CSR fits A/B of the tiled streams' best setting if it beat 0 by > 3 %
-      run cuda-csr 300 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_mmchain_csr.py
-      tail -1 "$log/cuda-csr.log" | cut -c1-300
+          # with each way of adding segment totals: the passes side by side (tiled 1M x 100k, flat 1M x 4M),
+          # their CUDA tests, whole CSR fits A/B of the tiled streams' best setting if it beat 0 by > 3 %,
+          # then fits given a torch sparse tensor against a CSRMatrix
       run csr-contig 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x100000:32:powerlaw \
         1000000x4000000:32:powerlaw --tiles 0 --contig 0 1 2 4 0 --out "$out/csr_tiles_contig_s50.json"
       grep -E "^\| " "$log/csr-contig.log" | cut -c1-200
+      run cuda-csr 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and stream_totals" tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-csr.log" | cut -c1-300
       best=$(python3 - "$out/csr_tiles_contig_s50.json" <<'PY'
 import json, re, statistics, sys
 rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["m"] == 1 and r["matrix"].startswith("powerlaw-1000000x100000")]
