@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import fusedml
-from fusedml._validation import CSRMatrix, as_csr, check_finite, is_sparse, torch_viewable, warn_user
+from fusedml._validation import CSRMatrix, as_csr_remembered, check_finite, is_sparse, torch_viewable, warn_user
 from fusedml.mmchain.dense import align_mode
 
 __all__ = [
@@ -469,7 +469,7 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True, align_rows=None
             if not X.has_canonical_format:  # sorted, no duplicates; copies, never modifies X
                 X = X.copy()
                 X.sum_duplicates()
-        M = as_csr(X, name)
+        M = as_csr_remembered(X, name)  # a torch sparse tensor: the same CSRMatrix (and caches) across fits
         _check_not_empty(tuple(M.shape), name)
         n, d = M.shape
         info = DataInfo(n, d, M.device, compute_dtype(M.dtype), kind)

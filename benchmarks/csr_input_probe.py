@@ -72,7 +72,7 @@ def main(argv=None):
                     t, last[k] = fit(make, inputs[k], y)
                     ms[k].append(t)
             med = {k: statistics.median(v) for k, v in ms.items()}
-            coef = {k: torch.as_tensor(e.coef_).double().flatten() for k, e in last.items()}
+            coef = {k: torch.as_tensor(e.coef_).double().cpu().flatten() for k, e in last.items()}  # numpy or torch
             diff = float((coef["torch sparse"] - coef["CSRMatrix"]).norm() / coef["CSRMatrix"].norm().clamp_min(1e-300))
             rows.append(dict(shape=f"{N}x{D}", algo=algo, backend=be, csrmatrix_ms=med["CSRMatrix"],
                              torch_sparse_ms=med["torch sparse"], extra_ms=med["torch sparse"] - med["CSRMatrix"],

@@ -928,3 +928,33 @@ def test_cuda_split_cg_update_fits_match_one_program(monkeypatch, backend, case)
     print(f"split vs one program, {case} {backend}: iterations {got.n_iter_} / {ref.n_iter_}, coefficients "
           f"{rel[0]:.2e}, outputs {rel[1]:.2e}")
     assert max(rel) <= 2e-3
+
+
+@pytest.mark.parametrize("backend", ["fused", "ops"])
+def test_fits_on_one_torch_sparse_tensor_reuse_its_caches(monkeypatch, backend):
+    """Two fits given one torch sparse CSR tensor build the fused structure (or the ops transpose)
+    once; after its values change through the array it was built from, the next fit is the fit of
+    the new matrix."""
+    from fusedml.mmchain import csr, ops
+
+    built = []
+    if backend == "fused":
+        real = csr._Structure.__init__
+        monkeypatch.setattr(csr._Structure, "__init__", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    else:
+        ops.clear_transpose_cache()
+    S = sp.random(120, 20, density=0.3, format="csr", random_state=4, dtype=np.float32)
+    y = (np.random.default_rng(4).random(120) > 0.5).astype(int)
+    val = torch.from_numpy(S.data.copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        T = torch.sparse_csr_tensor(torch.from_numpy(S.indptr), torch.from_numpy(S.indices), val, S.shape)
+    fit = lambda X: LogisticRegression(backend=backend, max_iter=4, tol=1e-12).fit(X, y)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning
+        first = fit(T).coef_
+        np.testing.assert_array_equal(fit(T).coef_, first)
+        assert len(built if backend == "fused" else ops._CACHE) == 1
+        val.mul_(-2.0)  # the tensor's version counter does not see this
+        S2 = sp.csr_matrix((val.numpy().copy(), S.indices, S.indptr), shape=S.shape)
+        np.testing.assert_allclose(fit(T).coef_, fit(S2).coef_, rtol=1e-6, atol=1e-7)

@@ -97,6 +97,37 @@ def test_as_csr_torch_roundtrip():
     assert torch.equal(A.to_torch().to_dense(), D)
 
 
+def test_as_csr_remembered_follows_every_change():
+    """A torch sparse tensor gets the same CSRMatrix while unchanged; a new one after a change made
+    through its accessors or through the arrays it was built from (which its version counter does
+    not see); none is kept once the tensor dies; other inputs pass through as_csr."""
+    import gc
+    import warnings
+    import weakref
+
+    from fusedml import _validation
+
+    S = sp.random(40, 30, density=0.2, format="csr", random_state=3, dtype=np.float32)
+    crow, col, val = (torch.from_numpy(a.copy()) for a in (S.indptr, S.indices, S.data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        T = torch.sparse_csr_tensor(crow, col, val, S.shape)
+    M = _validation.as_csr_remembered(T)
+    assert _validation.as_csr_remembered(T) is M and M.val.data_ptr() == val.data_ptr()  # shared, not copied
+    changes = (lambda: T.values().mul_(2.0), lambda: val.add_(1.0),  # the accessor's counter; no counter at all
+               lambda: col.__setitem__(int(S.indptr[1]) - 1, int(col[int(S.indptr[1]) - 1]) + 1))
+    for change in changes:
+        change()
+        M2 = _validation.as_csr_remembered(T)
+        assert M2 is not M and torch.equal(M2.to_dense(), T.to_dense())
+        M = M2
+    assert _validation.as_csr_remembered(S) is not _validation.as_csr_remembered(S)  # scipy: converted each call
+    ref = weakref.ref(T)
+    T = M = M2 = None
+    gc.collect()
+    assert ref() is None and not any(r() is not None for r, _, _ in _validation._REMEMBERED.values())
+
+
 def test_as_csr_rejects_unsorted_and_duplicates():
     unsorted = sp.csr_matrix((np.ones(3), np.array([2, 0, 1]), np.array([0, 3])), shape=(1, 3))
     with pytest.raises(ValueError, match="sorted and unique"):
