@@ -297,17 +297,18 @@ _HASH_CHUNK = 1 << 22
 
 
 def _content_hash(ts) -> tuple:
-    """Position-weighted sums of the tensors' bits (int64, wrapping): one read of each on its
-    device in chunks of ``_HASH_CHUNK`` entries and one host copy. Any in-place change that keeps
-    all of them is a ~2^-64 accident."""
-    views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    """Position-weighted sums of the tensors' bits, as int32 words (wrapping products, int64
+    sums): one read of each on its device in chunks of ``_HASH_CHUNK`` words and one host copy.
+    Any in-place change that keeps every sum is a ~2^-32..2^-64 accident."""
     sums = []
     for t in ts:
-        b = t.reshape(-1).view(views[t.element_size()])
+        b = t.reshape(-1)
+        b = b.view(torch.int32) if t.element_size() in (4, 8) else b.view(torch.int16).to(torch.int32)
+        j = torch.arange(min(b.numel(), _HASH_CHUNK), dtype=torch.int32, device=t.device)
         h = torch.zeros((), dtype=torch.int64, device=t.device)
         for s in range(0, b.numel(), _HASH_CHUNK):
-            c = b[s:s + _HASH_CHUNK].to(torch.int64)
-            w = torch.arange(s, s + c.numel(), dtype=torch.int64, device=t.device).mul_(0x9E3779B1).bitwise_or_(1)
+            c = b[s:s + _HASH_CHUNK]
+            w = (j[:c.numel()] + (s & 0x7FFFFFFF)).mul_(0x27D4EB2F).bitwise_or_(1)  # odd, pseudo-random
             h += (c * w).sum()
         sums.append(h)
     return tuple(torch.stack(sums).tolist())
