@@ -873,7 +873,10 @@ STREAM_PROGRAMS_PER_SM = 4
 STREAM_INLINE_RED = "flat"
 #: the stream pass's elements per thread (``tl.max_contiguous`` on its offsets); 0: as the loads'
 #: vector width sets it (8 for 16-bit keys). Fewer spread a warp's segment totals over fewer
-#: outputs (coalesced adds) at the cost of narrower loads and a longer scan. EXPERIMENT (session 50).
+#: outputs (coalesced adds) at the cost of narrower loads and a longer scan (sm_90 SASS per block:
+#: 423 instructions at 0, 504 / 702 / 896 at 4 / 2 / 1). MEASURED on an H100
+#: (csr_tiles_contig-H100-2026-12-07-s50, tiled 1M x 100k power-law, m = 1, one process): 0 with
+#: tl.atomic_add 0.318-0.408 ms (its own drift), 4 0.313-0.371, 2 0.52-0.53, 1 0.41: none beats 0.
 STREAM_CONTIG = 0
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
