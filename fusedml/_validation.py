@@ -329,11 +329,10 @@ def as_csr_remembered(X, name: str = "X") -> CSRMatrix:
     the CSRMatrix's tensors; a torch sparse tensor's accessors return new aliases on every call,
     so a fit given one rebuilt them all (H100, 1M x 100k power-law rows, fused: logistic 76.1 ms
     against 39.4 given a CSRMatrix, Poisson 56.6 against 18.5; ``csr_input_probe-H100-*-s50``).
-    The tensor is remembered through a weak reference
-    and its contents through :func:`_content_hash` (indices and values: one read), so changes made
-    in place through the tensor or through the arrays it was built from are seen. The returned
-    matrix shares the tensor's memory; it is for one fit (changes made while it is in use are not
-    seen).
+    The tensor is remembered through a weak reference and its contents through
+    :func:`_content_hash` (indices and values: one read), so changes made in place through the
+    tensor or through the arrays it was built from are seen. The returned matrix shares the
+    tensor's memory; it is for one fit (changes made while it is in use are not seen).
 
     Parameters
     ----------
