@@ -747,7 +747,8 @@ def test_cuda_flat_streams_match_float64(flat):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype, contig):
     """Compiled, both ways the stream pass adds its segment totals (``tl.atomic_add``, the tiled
-    streams' default, and inline ``red``), fp32 and fp64 (``red.f64``): tiled streams on both passes
+    streams' default, and inline ``red``) at each number of elements a thread (``STREAM_CONTIG``;
+    0 the default), fp32 and fp64 (``red.f64``): tiled streams on both passes
     of a power-law matrix, the mmchain (intercept, z) and matvec against the float64 row kernels on
     fresh inputs."""
     import datasets
@@ -935,8 +936,9 @@ def test_stream_probe_smoke(tmp_path):
 
 def test_bench_csr_tiles_smoke(tmp_path):
     """benchmarks/bench_csr_tiles.py under the interpreter on a ``--matrices`` spec: each tile
-    setting, the streams' two ways of adding segment totals, the scatter strategy and the model's
-    pick get a row with a small error against float64."""
+    setting, the streams' two ways of adding segment totals (also at one element a thread,
+    ``--contig 1``), the scatter strategy and the model's pick get a row with a small error against
+    float64."""
     import json
 
     out = tmp_path / "ct.json"
