@@ -207,16 +207,17 @@ def alternate_fits(make, X, y, modes, enter, fits: int, dev) -> tuple:
     """Whole fits of ``make().fit(X, y)`` in each of ``modes``, alternating fit by fit (the order
     flipped every other round, after one warm fit per mode), so the machine's drift cancels.
 
-    ``enter(mode)`` switches the mode on and returns a callable that switches it off. Returns
-    ``(ms, last)``: per mode the list of wall times (ms, synchronised) and the last fitted
-    estimator."""
+    ``enter(mode)`` switches the mode on and returns a callable that switches it off; ``X`` may
+    be a dict giving each mode its own design matrix. Returns ``(ms, last)``: per mode the list of
+    wall times (ms, synchronised) and the last fitted estimator."""
     def one(mode):
         leave = enter(mode)
+        Xm = X[mode] if isinstance(X, dict) else X
         try:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            est = make().fit(X) if y is None else make().fit(X, y)
+            est = make().fit(Xm) if y is None else make().fit(Xm, y)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             return 1e3 * (time.perf_counter() - t0), est

@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,26 +52,12 @@ def main(argv=None):
         T = torch.sparse_csr_tensor(M.crow, M.col, M.val, M.shape)
     inputs = {"CSRMatrix": M, "torch sparse": T}
 
-    def fit(make, X, y):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        est = make().fit(X, y)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return 1e3 * (time.perf_counter() - t0), est
-
     rows = []
     for algo in a.algos:
         make_be, y = cases[algo]
-        for be in a.backends:
-            make = lambda: make_be(be)  # noqa: E731
-            ms = {k: [] for k in inputs}
-            last = {k: fit(make, X, y)[1] for k, X in inputs.items()}  # warm: compiles, the CSRMatrix's caches
-            for i in range(a.fits):
-                for k in (list(inputs) if i % 2 == 0 else list(inputs)[::-1]):
-                    t, last[k] = fit(make, inputs[k], y)
-                    ms[k].append(t)
+        for be in a.backends:  # after a warm fit each (compiles, the CSRMatrix's caches)
+            ms, last = _common.alternate_fits(lambda: make_be(be), inputs, y, tuple(inputs), lambda k: (lambda: None),
+                                              a.fits, dev)
             med = {k: statistics.median(v) for k, v in ms.items()}
             coef = {k: torch.as_tensor(e.coef_).double().cpu().flatten() for k, e in last.items()}  # numpy or torch
             diff = float((coef["torch sparse"] - coef["CSRMatrix"]).norm() / coef["CSRMatrix"].norm().clamp_min(1e-300))
