@@ -523,6 +523,22 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s51)  # session 51: fits given a torch sparse tensor against a CSRMatrix (as_csr_remembered, untimed in s50);
+          # whole CSR fits, STREAM_CONTIG 0 against 4 (s50's tiled-stream rows were within noise);
+          # the README's mmchain table and CSR fits on the current code
+      run csr-input 200 python3 benchmarks/csr_input_probe.py --algos logistic poisson --fits 5 \
+        --out "$out/csr_input_probe_s51.json"
+      grep -E "^\| " "$log/csr-input.log" | cut -c1-200
+      run contig-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_CONTIG=0 \
+        --b fusedml.mmchain.csr:STREAM_CONTIG=4 --csr 32:powerlaw \
+        --shapes 1000000x100000 --algos logistic poisson --backends fused --fits 7 \
+        --out "$out/env_ab_csr_contig_s51.json"
+      grep -E "^\| " "$log/contig-ab.log" | cut -c1-200
+      run mmchain 240 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s51.json"
+      grep -E "^\| " "$log/mmchain.log" | cut -c1-200
+      run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s51.json"
+      grep -E "^\| " "$log/e2e-csr.log" | head -12 | cut -c1-200 ;;
     s50)  # session 50: the stream kernel's elements per thread (STREAM_CONTIG: 0 = the loads' width, 1, 2, 4)
           # with each way of adding segment totals: the passes side by side (tiled 1M x 100k, flat 1M x 4M),
           # their CUDA tests, whole CSR fits A/B of the tiled streams' best setting if it beat 0 by > 3 %,
