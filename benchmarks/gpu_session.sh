@@ -523,17 +523,23 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
-    s51)  # session 51: fits given a torch sparse tensor against a CSRMatrix (as_csr_remembered, untimed in s50);
-          # whole CSR fits, STREAM_CONTIG 0 against 4 (s50's tiled-stream rows were within noise);
-          # the README's mmchain table and CSR fits on the current code
+    s51)  # session 51: tiled streams gathering from shared memory (STREAM_SMEM, tl.gather) against L1 gathers:
+          # CUDA tests, the passes alternating, whole CSR fits A/B; fits given a torch sparse tensor against a
+          # CSRMatrix (as_csr_remembered, untimed in s50); then the README's mmchain table and CSR fits
+      run cuda-smem 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and (smem or stream_totals)" \
+        tests/test_mmchain_csr.py
+      tail -1 "$log/cuda-smem.log" | cut -c1-300
+      run csr-smem 300 python3 benchmarks/bench_csr_tiles.py --matrices 1000000x100000:32:powerlaw \
+        4000000x100000:32:uniform --tiles 0 --smem --out "$out/csr_tiles_smem_s51.json"
+      grep -E "^\| " "$log/csr-smem.log" | cut -c1-200
+      run smem-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_SMEM=False \
+        --b fusedml.mmchain.csr:STREAM_SMEM=True --csr 32:powerlaw --shapes 1000000x100000 \
+        --algos logistic poisson --backends fused --fits 5 --out "$out/env_ab_csr_smem_s51.json"
+      grep -E "^\| " "$log/smem-ab.log" | cut -c1-200
       run csr-input 200 python3 benchmarks/csr_input_probe.py --algos logistic poisson --fits 5 \
         --out "$out/csr_input_probe_s51.json"
       grep -E "^\| " "$log/csr-input.log" | cut -c1-200
-      run contig-ab 300 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_CONTIG=0 \
-        --b fusedml.mmchain.csr:STREAM_CONTIG=4 --csr 32:powerlaw \
-        --shapes 1000000x100000 --algos logistic poisson --backends fused --fits 7 \
-        --out "$out/env_ab_csr_contig_s51.json"
-      grep -E "^\| " "$log/contig-ab.log" | cut -c1-200
+      [ -n "${S51_TABLES:-}" ] || exit 0
       run mmchain 240 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s51.json"
       grep -E "^\| " "$log/mmchain.log" | cut -c1-200
       run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \

@@ -865,12 +865,42 @@ def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     assert len(calls) == 5  # the epilogue ran in every case where it was on
 
 
-@pytest.mark.parametrize("block,per", [(2048, 100), (256, 100), (256, 70_000)])
-def test_stream_kernel_segments(rng, monkeypatch, block, per):
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
+                    reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("tile_kb", [16, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_smem_stream_matches_float64(monkeypatch, dtype, tile_kb):
+    """Compiled, tiled streams gathering from shared memory (``STREAM_SMEM``; the last tile partial):
+    the mmchain (intercept, z) and matvec against the float64 row kernels on fresh inputs."""
+    import datasets
+
+    monkeypatch.setattr(csr, "STREAM_SMEM", True)
+    A = datasets.make_csr(200_000, 50_001, 40, "powerlaw", seed=6, device="cuda", return_torch=True).X.to(dtype=dtype)
+    n, d = A.shape
+    cfg = {"strategy": "gather", "tile_bytes": tile_kb << 10}
+    W, H, _ = csr._tile_sizes(A, 1, tile_kb << 10)
+    assert W < d and H < n and d % W and n % H  # both passes tiled, their last tiles partial
+    g = torch.Generator(device="cuda").manual_seed(tile_kb)
+    y, z = (torch.randn(d + 1, 1, generator=g, device="cuda", dtype=dtype) for _ in range(2))
+    v = torch.rand(n, 1, generator=g, device="cuda", dtype=dtype)
+    A64 = A.to(dtype=torch.float64)
+    ref = csr.csr_mmchain_fused(A64, y.double(), v.double(), z.double(), 0.5, 2.0, intercept=True,
+                                config={"strategy": "gather", "tile_bytes": 0})
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert relerr(csr.csr_mmchain_fused(A, y, v, z, 0.5, 2.0, intercept=True, config=cfg), ref) < tol
+    t = csr.csr_matvec_fused(A, y, intercept=True, config=cfg)
+    assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < tol
+
+
+@pytest.mark.parametrize("smem", [False, True], ids=["l1", "smem"])
+@pytest.mark.parametrize("block,per", [(2048, 100), (256, 100), (256, 70_000), (256, 64)])
+def test_stream_kernel_segments(rng, monkeypatch, block, per, smem):
     """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
     empty segments and tiles, a tile filling whole blocks, fp32 and fp64, against a float64
     index_add; int16 keys, and int32 keys for tiles past 2^14 entries."""
     monkeypatch.setattr(csr, "STREAM_BLOCK", block)
+    monkeypatch.setattr(csr, "STREAM_SMEM", smem)  # used where per is a power of two (64): tl.gather
+    launch = csr.call
     n_out, tiles = 700, 4
     outs = lambda k: torch.from_numpy(rng.integers(0, n_out, k))  # noqa: E731
     parts = [outs(2048),  # tile 0: two whole blocks; tile 1: empty
@@ -879,14 +909,18 @@ def test_stream_kernel_segments(rng, monkeypatch, block, per):
     for key in (torch.sort(torch.cat(parts)).values, torch.zeros(0, dtype=torch.int64)):
         nnz = key.numel()
         t = key // n_out
-        idx = (t * per + torch.from_numpy(rng.integers(0, per, nnz))).to(torch.int32)
+        n_vec = per * tiles - per // 3  # the last tile partial
+        idx = (t * per + torch.from_numpy(rng.integers(0, per, nnz))).clamp(max=n_vec - 1).to(torch.int32)
         for dt in (torch.float32, torch.float64):
-            val, vec = torch.randn(nnz, dtype=dt), torch.randn(per * tiles, dtype=dt)
+            val, vec = torch.randn(nnz, dtype=dt), torch.randn(n_vec, dtype=dt)
             ref = torch.zeros(n_out, dtype=torch.float64).index_add_(0, key % n_out,
                                                                         val.double() * vec.double()[idx.long()])
             sp_ = csr._make_stream(key, idx, val, tiles, n_out, per)
             assert sp_.key.dtype == (torch.int16 if per <= 1 << 14 else torch.int32)
+            seen = []
+            monkeypatch.setattr(csr, "call", lambda fn, grid, *a, **k: seen.append(k["SMEM_PER"]) or launch(fn, grid, *a, **k))
             out = csr._stream_pass(sp_, vec)
+            assert seen == [per if smem and per == 64 else 0]
             assert out.dtype == dt and out.shape == (n_out,)
             assert relerr(out, ref) < TOL[dt] if nnz else not out.any()
 

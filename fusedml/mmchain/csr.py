@@ -528,16 +528,18 @@ def _stream_gather_kernel(
     TILE,  # [n_blocks] int32 tile of each block
     VEC,  # [n_vec] accumulation dtype: the gathered vector
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
-    n_blocks, per,
+    n_blocks, per, n_vec,
     BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = False,
-    CONTIG: tl.constexpr = 0,
+    CONTIG: tl.constexpr = 0, SMEM_PER: tl.constexpr = 0,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
     in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
     products, whose segment count also numbers the segments; each segment's total (at the block's
     last element: its part so far) goes to its output with one relaxed atomic. Blocks are whole
-    (no masks: 16-byte loads) and never straddle a tile."""
+    (no masks: 16-byte loads) and never straddle a tile. ``SMEM_PER`` (``per``, a power of two):
+    each block loads its whole tile (coalesced) and gathers from it with ``tl.gather``, which goes
+    through shared memory, instead of one L1 / L2 load per nonzero."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -548,7 +550,16 @@ def _stream_gather_kernel(
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & ((1 << IDX_BITS) - 1)))
+        if SMEM_PER:  # per == SMEM_PER
+            base = tl.load(TILE + b) * SMEM_PER
+            ts = tl.arange(0, SMEM_PER)
+            if base + SMEM_PER <= n_vec:
+                vt = tl.load(VEC + base + ts)  # whole 16-byte loads
+            else:
+                vt = tl.load(VEC + base + ts, mask=base + ts < n_vec, other=0)
+            prod = v * tl.gather(vt, kk & ((1 << IDX_BITS) - 1), 0)
+        else:
+            prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & ((1 << IDX_BITS) - 1)))
         cnt, tot = tl.associative_scan((((kk >> IDX_BITS) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
         emit = (kk < 0) | (offs == BLOCK - 1)
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
@@ -878,6 +889,11 @@ STREAM_INLINE_RED = "flat"
 #: (csr_tiles_contig-H100-2026-12-07-s50, tiled 1M x 100k power-law, m = 1, one process): 0 with
 #: tl.atomic_add 0.318-0.408 ms (its own drift), 4 0.313-0.371, 2 0.52-0.53, 1 0.41: none beats 0.
 STREAM_CONTIG = 0
+#: tiled streams gather from their tile in shared memory (``tl.gather``: the block loads the whole
+#: tile, coalesced) instead of one load per nonzero from L1 / L2, which bound the pass (~205 G
+#: gathers/s from 64 KB tiles on an H200, ``gather_probe-*-s8-b``). Not yet timed.
+STREAM_SMEM = False
+STREAM_SMEM_BYTES = 64 << 10  # the largest tile gathered from shared memory
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
 # rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
@@ -1507,9 +1523,11 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     inline = sp.tiles == 1 if STREAM_INLINE_RED == "flat" else bool(STREAM_INLINE_RED)
+    pow2 = sp.per & (sp.per - 1) == 0
+    smem = sp.per if STREAM_SMEM and sp.tiles > 1 and pow2 and sp.per * vec.element_size() <= STREAM_SMEM_BYTES else 0
     call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
-         CONTIG=STREAM_CONTIG, num_warps=STREAM_WARPS)
+         vec.numel(), BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per),
+         INLINE_RED=inline, CONTIG=STREAM_CONTIG, SMEM_PER=smem, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
