@@ -1525,9 +1525,16 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     inline = sp.tiles == 1 if STREAM_INLINE_RED == "flat" else bool(STREAM_INLINE_RED)
     pow2 = sp.per & (sp.per - 1) == 0
     smem = sp.per if STREAM_SMEM and sp.tiles > 1 and pow2 and sp.per * vec.element_size() <= STREAM_SMEM_BYTES else 0
-    call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
-         vec.numel(), BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per),
-         INLINE_RED=inline, CONTIG=STREAM_CONTIG, SMEM_PER=smem, num_warps=STREAM_WARPS)
+    args = (sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per, vec.numel())
+    consts = dict(BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
+                  CONTIG=STREAM_CONTIG, SMEM_PER=smem, num_warps=STREAM_WARPS)
+    if smem:  # the tile in registers: ~105 of them at 8192 fp32 (sm_90), so fewer programs may fit an SM
+        from ..gmm.fused import resident_programs
+
+        per_sm = resident_programs(_stream_gather_kernel, args, consts, dev)
+        if per_sm:
+            P = min(P, _gpu_profile(None, dev)["sm_count"] * per_sm)
+    call(_stream_gather_kernel, (P,), *args, **consts)
     return out[:sp.n_out]
 
 
