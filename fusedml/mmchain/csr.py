@@ -889,9 +889,12 @@ STREAM_INLINE_RED = "flat"
 #: (csr_tiles_contig-H100-2026-12-07-s50, tiled 1M x 100k power-law, m = 1, one process): 0 with
 #: tl.atomic_add 0.318-0.408 ms (its own drift), 4 0.313-0.371, 2 0.52-0.53, 1 0.41: none beats 0.
 STREAM_CONTIG = 0
-#: tiled streams gather from their tile in shared memory (``tl.gather``: the block loads the whole
-#: tile, coalesced) instead of one load per nonzero from L1 / L2, which bound the pass (~205 G
-#: gathers/s from 64 KB tiles on an H200, ``gather_probe-*-s8-b``). Not yet timed.
+#: tiled streams gather from their tile in shared memory (``tl.gather``: each block loads its whole
+#: tile, coalesced, and stores it to shared memory) instead of one L1 load per nonzero. sm_90 SASS
+#: per block (2048 x 8 warps, 32 KB fp32 tiles): +8 LDG.128, 8 STS.128, 2 barriers; the 8 gathers
+#: become LDS; 64 -> 105 registers (Triton 3.6), so the grid follows the compiled kernel. NOT YET
+#: TIMED (session 51 had no GPU): an L1 gather alone ran at 436 G/s from such tiles (H200,
+#: ``gather_probe-*-s8-b``), about twice the stream pass's rate, so the gain is uncertain.
 STREAM_SMEM = False
 STREAM_SMEM_BYTES = 64 << 10  # the largest tile gathered from shared memory
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
