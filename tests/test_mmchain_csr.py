@@ -896,8 +896,9 @@ def test_cuda_smem_stream_matches_float64(monkeypatch, dtype, tile_kb):
 @pytest.mark.parametrize("block,per", [(2048, 100), (256, 100), (256, 70_000), (256, 64)])
 def test_stream_kernel_segments(rng, monkeypatch, block, per, smem):
     """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
-    empty segments and tiles, a tile filling whole blocks, fp32 and fp64, against a float64
-    index_add; int16 keys, and int32 keys for tiles past 2^14 entries."""
+    empty segments and tiles, a tile filling whole blocks, a partial last tile, fp32 and fp64,
+    against a float64 index_add; int16 keys, and int32 keys for tiles past 2^14 entries; with
+    ``STREAM_SMEM`` the gathers from shared memory where the tile is a power of two."""
     monkeypatch.setattr(csr, "STREAM_BLOCK", block)
     monkeypatch.setattr(csr, "STREAM_SMEM", smem)  # used where per is a power of two (64): tl.gather
     launch = csr.call
@@ -917,8 +918,8 @@ def test_stream_kernel_segments(rng, monkeypatch, block, per, smem):
                                                                         val.double() * vec.double()[idx.long()])
             sp_ = csr._make_stream(key, idx, val, tiles, n_out, per)
             assert sp_.key.dtype == (torch.int16 if per <= 1 << 14 else torch.int32)
-            seen = []
-            monkeypatch.setattr(csr, "call", lambda fn, grid, *a, **k: seen.append(k["SMEM_PER"]) or launch(fn, grid, *a, **k))
+            seen = []  # the launches' SMEM_PER
+            monkeypatch.setattr(csr, "call", lambda fn, g, *a, **k: seen.append(k["SMEM_PER"]) or launch(fn, g, *a, **k))
             out = csr._stream_pass(sp_, vec)
             assert seen == [per if smem and per == 64 else 0]
             assert out.dtype == dt and out.shape == (n_out,)
