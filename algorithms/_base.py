@@ -851,8 +851,32 @@ def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
     torch.Tensor or None
         [N] weights, or None when every weight is 1.
     """
-    if class_weight is None:
+    cw = class_weight_vector(class_weight, classes, y_idx, sample_weight, info)
+    if cw is None:
         return sample_weight
+    per = cw.to(info.dtype)[y_idx]
+    return per if sample_weight is None else per * sample_weight
+
+
+def class_weight_vector(class_weight, classes, y_idx, sample_weight, info: DataInfo):
+    """The weight of each class (see :func:`class_weights`).
+
+    Parameters
+    ----------
+    class_weight : None, "balanced" or dict
+    classes : numpy.ndarray or torch.Tensor, shape [K]
+    y_idx : torch.Tensor, shape [N] int64
+        Each sample's class index.
+    sample_weight : torch.Tensor [N] or None
+    info : DataInfo
+
+    Returns
+    -------
+    torch.Tensor or None
+        [K] float64 on the data's device; None for ``class_weight=None``.
+    """
+    if class_weight is None:
+        return None
     K = len(classes)
     if isinstance(class_weight, str):
         if class_weight != "balanced":
@@ -872,8 +896,7 @@ def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
             raise ValueError("class_weight values must be finite and non-negative")
     else:
         raise TypeError(f"class_weight must be None, 'balanced' or a dict, got {type(class_weight).__name__}")
-    per = cw.to(info.dtype)[y_idx]
-    return per if sample_weight is None else per * sample_weight
+    return cw
 
 
 def classification_data(X, y, sample_weight, class_weight, backend, check=True):

@@ -526,9 +526,11 @@ class LinearObjective:
     loss : pointwise loss object (``value``, ``grad_hess``, ``coupled``, ``softmax_hessian``)
     target : torch.Tensor [N, T]
         Encoded target in the compute dtype (T = K, or 1 for binary / GLM).
-    weights : torch.Tensor [N] or float
+    weights : torch.Tensor [N] or [N, K], or float
         ``c_i`` (already normalised), or one number when every sample has the same weight
-        (then it is passed to mmchain as ``alpha`` and the fused softmax Hessian applies).
+        (then it is passed to mmchain as ``alpha`` and the fused softmax Hessian applies);
+        ``[N, K]``: a weight per sample and problem (independent problems only; e.g. LIBLINEAR's
+        one-vs-rest class weights), read through the operators' passes (no fused loss pass).
     l2 : float
         Penalty strength.
     n_cols : int
@@ -548,6 +550,8 @@ class LinearObjective:
         self.target = target
         self.weights = weights
         self.uniform = not isinstance(weights, torch.Tensor)
+        # c as the passes multiply it: [N, 1], or [N, K] per problem
+        self._c = None if self.uniform else (weights[:, None] if weights.ndim == 1 else weights)
         self.l2 = float(l2)
         self.fit_intercept = bool(fit_intercept)
         self.backend = backend
@@ -627,7 +631,7 @@ class LinearObjective:
         if self.uniform:  # sum first, scale the [P] sums (no [N, K] temporary for the weights)
             f = self._colsum64(L) * self.weights
         else:
-            f = self._colsum64(L * self.weights[:, None])
+            f = self._colsum64(L * self._c)
         return {"W": W, "eta": eta, "f": self._penalised(f, W)}
 
     def gradient(self, state):
@@ -640,7 +644,7 @@ class LinearObjective:
         if self.uniform:
             alpha, c = float(self.weights), None
         else:
-            alpha, c = 1.0, self.weights[:, None]
+            alpha, c = 1.0, self._c
             G = G * c
         g = rmatvec(self.X, G, z=self._masked(state["W"]), beta=self.l2, alpha=alpha,
                     intercept=self.fit_intercept, backend=self.backend)
@@ -769,6 +773,8 @@ class LinearObjective:
 
         if self.n_cols > MAX_COLS or not isinstance(self.X, (torch.Tensor, CSRMatrix)):
             return None
+        if self._c is not None and self._c.shape[1] > 1:  # the fused pass takes one weight a sample
+            return None
         if fusedml.resolve_backend(self.backend, self.X.device) != "fused":
             return None
         from fusedml.mmchain.lossgrad import one_read
@@ -808,7 +814,7 @@ class LinearObjective:
             if self.uniform:
                 self._const_cache = (self._colsum64(full) - self._colsum64(var)) * self.weights
             else:
-                c = self.weights[:, None]
+                c = self._c
                 self._const_cache = self._colsum64(full * c) - self._colsum64(var * c)
         return self._const_cache
 
@@ -853,7 +859,7 @@ class LinearObjective:
             # weights * f + const: one launch
             f = torch.add(self._const(*spec), f, alpha=float(self.weights)) if self.uniform else f + self._const(*spec)
             f = self._penalised(f, W, Wm)
-        c = None if self.uniform else self.weights[:, None]
+        c = self._c
         hstate = self._hstate(r.hess.to(self.dtype), c, 1.0 if c is not None else float(self.weights))
         return {"W": W, "eta": eta, "f": f}, g, hstate
 

@@ -12,6 +12,8 @@ from ._base import (
     check_max_iter,
     check_positive,
     check_verbose,
+    class_weight_vector,
+    class_weights,
     classification_data,
     normalised_weights,
     warn_solver_status,
@@ -47,6 +49,9 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
     tol : float, default=1e-4
     max_iter : int, default=1000
     class_weight : None, "balanced" or dict, default=None
+        As LIBLINEAR (scikit-learn): with two classes each sample's weight is multiplied by its
+        class's weight; with more, problem k (class k against the rest) multiplies the weights of
+        class k's samples by class k's weight and leaves the others' as they are.
     backend : {"auto", "fused", "ops", "cpu"}, default="auto"
     verbose : int, default=0
 
@@ -98,11 +103,12 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         max_iter = check_max_iter(self.max_iter)
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
-        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, self.class_weight, self.backend,
-                                                          check="defer")
+        M, info, classes, y_idx, sw = classification_data(X, y, sample_weight, None, self.backend, check="defer")
         K = len(classes)
+        cw = class_weight_vector(self.class_weight, classes, y_idx, sw, info)
         if K == 2:
             pos = (y_idx == 1).unsqueeze(1)
+            sw = class_weights(self.class_weight, classes, y_idx, sw, info)  # both classes' weights
         else:
             pos = torch.nn.functional.one_hot(y_idx, K).bool()
         target = torch.where(pos, 1.0, -1.0).to(info.dtype)  # [N, P] in {-1, +1}
@@ -110,6 +116,9 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         tol_scale = torch.clamp(torch.minimum(n_pos, info.n_samples - n_pos), min=1.0) / info.n_samples
         tol_scale = (tol * tol_scale).to(info.dtype)
         total, weights = normalised_weights(sw, info)
+        if K > 2 and cw is not None:  # LIBLINEAR: problem k weighs class k by cw[k], the rest by 1
+            weights = torch.where(pos, cw.to(info.dtype), 1.0) * (weights[:, None] if torch.is_tensor(weights)
+                                                                  else weights)  # [N, K]
         obj = LinearObjective(M, SquaredHingeLoss(), target, weights, 1.0 / (C * total), n_cols=target.shape[1],
                               fit_intercept=self.fit_intercept, backend=self.backend,
                               dtype=info.dtype, device=info.device)
