@@ -29,11 +29,39 @@ from ._solvers import conjugate_gradient, graph_safe, is_csr
 
 __all__ = ["LinearRegression", "Ridge"]
 
+#: A dense X is centred in a copy (as scikit-learn does) when ``eps * max_j mean_j^2 / var_j`` of a
+#: sample of its rows exceeds this: the implicit form ``X^T S X p - S mu mu^T p`` cancels about that
+#: ratio. Float32, 2000 x 5, columns offset by 4 / 16 / 100 standard deviations (ratios 16 / 256 /
+#: 1e4): coefficients 2e-5 / 3e-4 / 1e-2 off the float64 solution implicitly (5e-7 centred); the
+#: limit is a ratio of ~4 in float32 and ~2e9 in float64.
+CENTRE_LIMIT = 5e-7
+_CENTRE_SAMPLE = 4096  # rows sampled (evenly spaced) for that ratio
+
+
+def _ill_centred(X: torch.Tensor) -> bool:
+    """Whether the implicit centring would lose accuracy on the dense ``X`` [N, D] (see
+    :data:`CENTRE_LIMIT`): a column whose mean is large against its spread (or constant and not
+    zero) in a sample of rows. One small gather and one host read; NaN / inf say no (the fit's
+    finite check reports them)."""
+    acc = torch.float64 if X.dtype == torch.float64 else torch.float32
+    n = X.shape[0]
+    idx = torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()
+    S = X[idx].double()
+    mean, var = S.mean(0), S.var(0, unbiased=False)
+    bad = (mean.square() > var * (CENTRE_LIMIT / torch.finfo(acc).eps)) | ((var == 0) & (mean != 0))
+    return bool(bad.any())
+
+
+def _centred(X: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """``X - mu`` [N, D] in X's dtype (formed in mu's accumulation dtype for 2-byte storage)."""
+    return X - mu if X.dtype == mu.dtype else (X.to(mu.dtype) - mu).to(X.dtype)
+
 
 class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     """CG on ``(X_c^T S X_c + alpha I) w = X_c^T S (y - ybar)`` with implicit centring.
 
-    With an intercept, X is centred implicitly (never materialised, so CSR stays sparse):
+    With an intercept, X is centred implicitly (never materialised, so CSR stays sparse), unless a
+    dense X's column means are large against their spread (:data:`CENTRE_LIMIT`): then in a copy.
     ``X_c^T S X_c p = X^T (s * (X p)) - S mu (mu^T p)`` with the weighted column means
     ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
     ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
@@ -73,6 +101,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         one_d = yt.ndim == 1
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
+        centre = bool(self.fit_intercept) and isinstance(M, torch.Tensor) and _ill_centred(M)
         M = fit_design(M, self.backend, m)  # unaligned rows: a padded copy where it pays
         alpha = self._alpha()
         if isinstance(alpha, numbers.Real) or np.ndim(alpha) == 0:
@@ -98,10 +127,14 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         if self.fit_intercept:
             cw = ones if c is None else c[:, None]
             mu = rmatvec(M, cw, alpha=cscale, intercept=False, backend=be).to(info.dtype)[:, 0]  # [D]
+            shift = None
+            if centre:  # X - mu in a copy; the implicit form keeps what its rounding left (~0)
+                shift, M = mu, fit_design(_centred(M, mu), be, m)
+                mu = rmatvec(M, cw, alpha=cscale, intercept=False, backend=be).to(info.dtype)[:, 0]
             ybar = ((Y * cw).sum(0, dtype=torch.float64) * cscale).to(info.dtype)  # [m]
             Yc = Y - ybar
         else:
-            mu, ybar, Yc = None, torch.zeros(m, dtype=info.dtype, device=info.device), Y
+            mu, shift, ybar, Yc = None, None, torch.zeros(m, dtype=info.dtype, device=info.device), Y
         # right-hand side X_c^T S (y - ybar) / S = X^T (c (y - ybar))  (the mu term vanishes)
         V = Yc if c is None else Yc * c[:, None]
         B = torch.cat([rmatvec(M, V[:, j:j + MAX_COLS], alpha=cscale, intercept=False, backend=be)
@@ -123,11 +156,12 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                                  offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M),
                                  check=check)
         Wc = res.W  # [D, m]
-        icpt = ybar - (mu @ Wc if mu is not None else 0.0)
+        icpt = ybar - (mu @ Wc if mu is not None else 0.0) - (shift @ Wc if shift is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
-        self._fit_info = {"intercept": True, "n_mmchain": res.n_steps + 1 + int(self.fit_intercept),
-                          "n_xtv": 1 + int(self.fit_intercept), "n_matvec": 0,
-                          "status": res.status, "dtype": info.dtype, "device": info.device}
+        n_xtv = 1 + int(self.fit_intercept) + int(shift is not None)
+        self._fit_info = {"intercept": True, "n_mmchain": res.n_steps + n_xtv, "n_xtv": n_xtv, "n_matvec": 0,
+                          "centred_copy": shift is not None, "status": res.status, "dtype": info.dtype,
+                          "device": info.device}
         self._set_linear_attributes(W, info, True, vector=one_d)
         if not self.fit_intercept:
             self.intercept_ = 0.0 if one_d and info.kind == "numpy" else (

@@ -86,3 +86,26 @@ def test_float32(rng):
     m = Ridge(alpha=1.0, tol=1e-5, backend="cpu").fit(X.astype(np.float32), y.astype(np.float32))
     ref = sklm.Ridge(alpha=1.0).fit(X, y)
     assert m.coef_.dtype == np.float32 and _rel(m.coef_, ref.coef_) <= 1e-4
+
+
+@pytest.mark.parametrize("cls", [LinearRegression, Ridge])
+def test_float32_columns_far_from_zero(rng, cls):
+    """Float32 columns whose means are hundreds of standard deviations from 0 (and a constant one):
+    the implicit centring's ``X^T S X p - S mu mu^T p`` cancelled them (coefficients 0.3 off, no
+    warning), so such an X is centred in a copy, as scikit-learn does; X is left as it was."""
+    Z = rng.normal(size=(500, 5))
+    X = np.hstack([Z + 300.0, np.full((500, 1), 7.0)]).astype(np.float32)
+    y = Z @ np.ones(5) + 0.01 * rng.normal(size=500)
+    X0 = X.copy()
+    kw = {} if cls is LinearRegression else {"alpha": 1e-3}
+    ref = getattr(sklm, cls.__name__)(**kw).fit(X.astype(np.float64), y)
+    for backend, rows in (("cpu", 500), ("ops", 500), ("fused", 120)):
+        m = cls(tol=1e-8, backend=backend, **kw).fit(X[:rows], y[:rows])
+        r = ref if rows == 500 else getattr(sklm, cls.__name__)(**kw).fit(X[:rows].astype(np.float64), y[:rows])
+        assert m._fit_info["centred_copy"]
+        assert _rel(m.coef_, r.coef_) <= 1e-4 and abs(m.intercept_ - r.intercept_) <= 1e-3 * abs(r.intercept_)
+    np.testing.assert_array_equal(X, X0)
+    mt = cls(tol=1e-8, backend="cpu", **kw).fit(torch.from_numpy(X), torch.from_numpy(y))
+    assert _rel(mt.coef_.numpy(), ref.coef_) <= 1e-4
+    centred = cls(tol=1e-8, backend="cpu", **kw).fit(Z.astype(np.float32), y)  # the implicit form stays
+    assert not centred._fit_info["centred_copy"]
