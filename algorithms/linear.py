@@ -61,7 +61,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     """CG on ``(X_c^T S X_c + alpha I) w = X_c^T S (y - ybar)`` with implicit centring.
 
     With an intercept, X is centred implicitly (never materialised, so CSR stays sparse), unless a
-    dense X's column means are large against their spread (:data:`CENTRE_LIMIT`): then in a copy.
+    dense in-memory X's column means are large against their spread (:data:`CENTRE_LIMIT`): then in
+    a copy, as scikit-learn centres every dense X (CSR and dask inputs stay implicit).
     ``X_c^T S X_c p = X^T (s * (X p)) - S mu (mu^T p)`` with the weighted column means
     ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
     ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
