@@ -1975,7 +1975,7 @@ def csr_mmchain_fused(A: CSRMatrix, y, v, z, alpha=1.0, beta=0.0, *, intercept: 
     m = y.shape[1] if y is not None else v.shape[1]
     _check_dense(v, "v", n, acc, A.device, m)
     _check_dense(z, "z", dx, acc, A.device, m)
-    y, v = (None if t is None else t.contiguous() for t in (y, v))
+    y, v, z = (None if t is None else t.contiguous() for t in (y, v, z))  # the kernels take unit strides
     if v_op == "softmax" and y is None:
         raise ValueError("v_op='softmax' needs y (it acts on t = A y); got y=None")
     softmax = v_op == "softmax"
