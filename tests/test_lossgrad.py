@@ -383,8 +383,14 @@ def test_loss_gradient_bad_inputs():
         fusedml.loss_gradient(X, w, y, loss="poisson", power=1.0)
     with pytest.raises(ValueError, match="target must have the shape"):
         fusedml.loss_gradient(X, torch.zeros(4, 3), y, loss="squared_hinge")
-    with pytest.raises(ValueError, match="N = 20 rows"):
+    with pytest.raises(ValueError, match="target must have N = 20 rows"):
         fusedml.loss_gradient(X, w, torch.zeros(19), loss="logistic")
+    with pytest.raises(ValueError, match=r"W must have D = 4 rows"):
+        fusedml.loss_gradient(X, torch.zeros(3), y, loss="logistic")
+    for backend in ("fused", "ops", "cpu"):  # W = None was the loss at W = 0 on fused dense X
+        for bind in (fusedml.loss_gradient, fusedml.bind_loss_gradient):
+            with pytest.raises(ValueError, match="W is required"):
+                bind(X, None, y, loss="logistic", backend=backend)
     with pytest.raises(ValueError, match="m >= 2"):
         fusedml.loss_gradient(X, w, y, loss="multinomial")
     with pytest.raises(ValueError, match="sample_weight must have N = 20"):

@@ -135,6 +135,9 @@ def test_bad_options(data):
         fusedml.mmchain(X, y, alpha=float("nan"))
     with pytest.raises(TypeError, match=r"beta must be a real scalar"):
         fusedml.mmchain(X, y, beta="one")
+    for c in (np.complex128(2 + 3j), np.array(2 + 0j), 2 + 3j, torch.tensor(2 + 3j)):  # not the real part
+        with pytest.raises(TypeError, match=r"alpha must be a real scalar"):
+            fusedml.mmchain(X, y, alpha=c)
     with pytest.raises(ValueError, match=r"ops_transpose"):
         fusedml.mmchain(X, y, backend="ops", config={"ops_transpose": "never"})
     with pytest.raises(ValueError, match=r"invalid dense config"):

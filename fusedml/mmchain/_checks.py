@@ -109,6 +109,8 @@ def _scalar(a, name: str) -> float:
         if a.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(a.shape)}")
         a = a.item()
+    if np.iscomplexobj(a):  # float() of a numpy complex drops the imaginary part with only a warning
+        raise TypeError(f"{name} must be a real scalar, got {type(a).__name__}")
     try:
         f = float(a)
     except (TypeError, ValueError):
@@ -200,14 +202,18 @@ def check_bindable(who: str, P: Problem, operands) -> None:
                              f"(a conversion would copy it), got {got}")
 
 
-def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite) -> Problem:
+def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite, names=("y", "v")) -> Problem:
     """Validate and normalise the arguments of :func:`fusedml.mmchain`.
+
+    ``names``: what the caller calls ``y`` and ``v`` in its error messages (``loss_gradient``: W
+    and target).
 
     Returns
     -------
     Problem
         See the class docstring. Raises ``ValueError``/``TypeError`` naming the bad argument.
     """
+    ny, nv = names
     from_numpy = isinstance(X, np.ndarray)
     Xm = as_matrix(X, "X")
     N, D = (int(s) for s in Xm.shape)
@@ -222,42 +228,42 @@ def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite) -
     rows_what = f"D + 1 = {Dx} (intercept=True)" if intercept else f"D = {D}"
 
     if y is not None:
-        yt = _operand(y, "y", dev, acc, (1, 2))
+        yt = _operand(y, ny, dev, acc, (1, 2))
         if yt.shape[0] != Dx:
-            raise ValueError(f"y must have {rows_what} rows to match X of shape {(N, D)}, got shape {tuple(yt.shape)}")
+            raise ValueError(f"{ny} must have {rows_what} rows to match X of shape {(N, D)}, got shape {tuple(yt.shape)}")
         vector = yt.ndim == 1
         yt = yt.reshape(Dx, -1)
         m = yt.shape[1]
         if m == 0:
-            raise ValueError("y has 0 columns")
+            raise ValueError(f"{ny} has 0 columns")
     else:
         yt = None
         if v is None:
-            raise ValueError("v is required when y is None (w = alpha * X^T v + beta * z)")
+            raise ValueError(f"{nv} is required when {ny} is None (w = alpha * X^T v + beta * z)")
         vector = None
         m = None
     if m is not None and m > MAX_M:
-        raise ValueError(f"y has m = {m} columns; at most {MAX_M} are supported")
+        raise ValueError(f"{ny} has m = {m} columns; at most {MAX_M} are supported")
 
     if v is not None:
-        vt = _operand(v, "v", dev, acc, (1, 2))
+        vt = _operand(v, nv, dev, acc, (1, 2))
         if vt.shape[0] != N:
-            raise ValueError(f"v must have N = {N} rows to match X of shape {(N, D)}, got shape {tuple(vt.shape)}")
+            raise ValueError(f"{nv} must have N = {N} rows to match X of shape {(N, D)}, got shape {tuple(vt.shape)}")
         if yt is None:
             vector = vt.ndim == 1
             vt = vt.reshape(N, -1)
             m = vt.shape[1]
             if m == 0:
-                raise ValueError("v has 0 columns")
+                raise ValueError(f"{nv} has 0 columns")
             if m > MAX_M:
-                raise ValueError(f"v has m = {m} columns; at most {MAX_M} are supported")
+                raise ValueError(f"{nv} has m = {m} columns; at most {MAX_M} are supported")
         elif vt.ndim == 1:
             vt = vt.reshape(N, 1)
         else:
             if vector:
-                raise ValueError(f"v must be 1-D [N] = [{N}] when y is 1-D, got shape {tuple(vt.shape)}")
+                raise ValueError(f"{nv} must be 1-D [N] = [{N}] when {ny} is 1-D, got shape {tuple(vt.shape)}")
             if vt.shape[1] != m:
-                raise ValueError(f"v must have shape [N] or [N, m] = [{N}, {m}], got {tuple(vt.shape)}")
+                raise ValueError(f"{nv} must have shape [N] or [N, m] = [{N}, {m}], got {tuple(vt.shape)}")
     else:
         vt = None
 
@@ -281,7 +287,7 @@ def prepare_mmchain(X, y, v, z, alpha, beta, *, intercept, v_op, check_finite) -
             _check_finite(Xm.val, "X")
         else:
             _check_finite(Xm, "X")
-        for t, name in ((yt, "y"), (vt, "v"), (zt, "z")):
+        for t, name in ((yt, ny), (vt, nv), (zt, "z")):
             if t is not None:
                 _check_finite(t, name)
     return Problem(Xm, N, D, Dx, m, yt, vt, zt, alpha, beta, intercept, v_op, bool(vector), acc, from_numpy)

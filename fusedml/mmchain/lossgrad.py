@@ -335,7 +335,10 @@ def _prepare(X, W, target, loss, power, sample_weight, alpha, z, beta, intercept
     code, p = _code(loss, power)
     if target is None:
         raise ValueError("target is required")
-    P = prepare_mmchain(X, W, target, z, alpha, beta, intercept=intercept, v_op="mul", check_finite=check_finite)
+    if W is None:  # prepare_mmchain would read it as X^T-only (no margins): the loss at W = 0
+        raise ValueError("W is required (the coefficients [D(+1)] or [D(+1), m])")
+    P = prepare_mmchain(X, W, target, z, alpha, beta, intercept=intercept, v_op="mul", check_finite=check_finite,
+                        names=("W", "target"))
     N, m = P.N, P.m
     if tuple(P.v.shape) != (N, m):
         raise ValueError(f"target must have the shape of eta = [X, 1] W: [{N}, {m}], got [{N}] "
