@@ -244,7 +244,8 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
     Parameters
     ----------
     X : scipy.sparse.csr_matrix, torch sparse CSR tensor or CSRMatrix
-        ``[N, D]``, floating values; a CSRMatrix is returned as is.
+        ``[N, D]``, floating values; a CSRMatrix is returned as is, after the same checks (once
+        per matrix; again after its indices change in place).
     name : str
         The argument's name, used in error messages.
     check_structure : bool
@@ -257,7 +258,7 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
         shared with the input where no conversion is needed.
     """
     if isinstance(X, CSRMatrix):
-        return X
+        return _checked_csr_matrix(X, name) if check_structure else X
     if isinstance(X, torch.Tensor):
         if X.layout != torch.sparse_csr:
             raise TypeError(f"{name}: unsupported sparse layout {X.layout}; convert with X.to_sparse_csr()")
@@ -289,7 +290,54 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
         raise TypeError(f"{name}: CSR values must be one of {FLOAT_DTYPES}, got {val.dtype}")
     if check_structure:
         _check_csr_structure(crow, col, shape, name)
-    return CSRMatrix(crow.contiguous(), col.contiguous(), val.contiguous(), shape)
+    M = CSRMatrix(crow.contiguous(), col.contiguous(), val.contiguous(), shape)
+    if check_structure:
+        _mark_checked(M)
+    return M
+
+
+def _checked_key(M: CSRMatrix) -> tuple:
+    """What a structure check of ``M`` depends on: its index tensors' memory and version counters,
+    the values' length, dtypes, devices and the shape (no device read)."""
+    return (tuple((t.data_ptr(), t._version, t.numel(), t.dtype, t.device) for t in (M.crow, M.col))
+            + (M.val.numel(), M.val.dtype, M.val.device, tuple(M.shape)))
+
+
+def _mark_checked(M: CSRMatrix) -> None:
+    object.__setattr__(M, "_checked", _checked_key(M))  # frozen dataclass: not a field
+
+
+def _checked_csr_matrix(M: CSRMatrix, name: str) -> CSRMatrix:
+    """``M`` after :func:`as_csr`'s checks, run once per matrix and again after an in-place change
+    of its indices (torch version counters; numpy writes into shared memory are not seen)."""
+    if getattr(M, "_checked", None) is not None:
+        try:
+            if M._checked == _checked_key(M):
+                return M
+        except AttributeError:  # not tensors: checked below
+            pass
+    parts = (("crow", M.crow), ("col", M.col), ("val", M.val))
+    for what, t in parts:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.ndim != 1:
+            raise TypeError(f"{name}: CSRMatrix.{what} must be a 1-D dense torch tensor, got "
+                            f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: CSRMatrix.{what} must be contiguous (use .contiguous())")
+    if M.crow.dtype not in INDEX_DTYPES or M.col.dtype != M.crow.dtype:
+        raise TypeError(f"{name}: CSRMatrix indices must both be int32 or both int64, got {M.crow.dtype}/{M.col.dtype}")
+    if M.val.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: CSR values must be one of {FLOAT_DTYPES}, got {M.val.dtype}")
+    if not (M.crow.device == M.col.device == M.val.device):
+        raise ValueError(f"{name}: CSRMatrix tensors on different devices: crow {M.crow.device}, col {M.col.device}, "
+                         f"val {M.val.device}")
+    shape = tuple(M.shape) if isinstance(M.shape, (tuple, list, torch.Size)) else ()
+    if len(shape) != 2 or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in shape):
+        raise ValueError(f"{name}: CSRMatrix.shape must be two non-negative ints (N, D), got {M.shape!r}")
+    if M.col.numel() != M.val.numel():
+        raise ValueError(f"{name}: CSRMatrix.col has {M.col.numel()} entries but val has {M.val.numel()}")
+    _check_csr_structure(M.crow, M.col, shape, name)
+    _mark_checked(M)
+    return M
 
 
 _REMEMBERED: dict = {}  # id(torch sparse tensor) -> (weakref to it, fingerprint, CSRMatrix sharing its memory)
@@ -356,6 +404,7 @@ def as_csr_remembered(X, name: str = "X") -> CSRMatrix:
     if hit is None or hit[0]() is not X:  # one finalizer per live tensor
         weakref.finalize(X, _REMEMBERED.pop, id(X), None)
     kept = CSRMatrix(*(_storage_view(t) for t in (M.crow, M.col, M.val)), M.shape)
+    _mark_checked(kept)  # M's check holds for the same memory
     _REMEMBERED[id(X)] = (weakref.ref(X), key, kept)
     return kept
 

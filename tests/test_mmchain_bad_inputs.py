@@ -101,6 +101,34 @@ def test_check_finite_csr_values(rng):
         fusedml.mmchain(S, np.ones(5), check_finite=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_csr_matrix_is_checked_once(backend):
+    """A CSRMatrix built by hand gets as_csr's checks (it was passed through unchecked: a short
+    row-pointer array or out-of-range columns crashed the ops backend's process, a short value
+    array gave garbage elsewhere); once per matrix, again after its indices change in place."""
+    A = sp.random(40, 9, density=0.3, format="csr", dtype=np.float32, random_state=1)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    crow, col, val = t(A.indptr), t(A.indices), t(A.data)
+    y, v = torch.ones(9), torch.ones(40)
+    bad = [((crow[:-3], col, val, A.shape), ValueError, r"N \+ 1 = 41 entries, got 38"),
+           ((crow, col + 5, val, A.shape), ValueError, r"column indices must lie in \[0, 9\)"),
+           ((crow, col, val[:-2], A.shape), ValueError, r"col has 108 entries but val has 106"),
+           ((crow.flip(0), col, val, A.shape), ValueError, r"row pointers"),
+           ((crow.long(), col, val, A.shape), TypeError, r"both be int32 or both int64"),
+           ((crow, col, val.int(), A.shape), TypeError, r"CSR values must be one of"),
+           ((crow, col, val, (40,)), ValueError, r"shape must be two non-negative ints"),
+           ((crow, col, torch.stack([val, val], 1)[:, 0], A.shape), ValueError, r"val must be contiguous")]
+    for args, err, match in bad:
+        with pytest.raises(err, match=match):
+            fusedml.mmchain(fusedml.CSRMatrix(*args), y, v, backend=backend)
+    M = fusedml.CSRMatrix(crow.clone(), col.clone(), val, A.shape)
+    ref = torch.from_numpy(A.T @ (A @ np.ones(9, np.float32)))
+    assert torch.allclose(fusedml.mmchain(M, y, v, backend=backend), ref, rtol=1e-5)
+    M.col[0] = 50  # through the tensor: its version counter moves
+    with pytest.raises(ValueError, match=r"column indices must lie in \[0, 9\), got range \[0, 50\]"):
+        fusedml.mmchain(M, y, v, backend=backend)
+
+
 def test_sparse_formats_and_structure(rng):
     S = sp.random(10, 5, density=0.5, format="csr", random_state=0)
     with pytest.raises(TypeError, match=r"unsupported sparse format 'coo'"):
