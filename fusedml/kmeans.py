@@ -710,7 +710,9 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
                 raise ValueError("sample_weight must be non-negative")
     be = resolve_backend(backend, X.device)
     plan = lloyd_plan(N, D, K, X.device, **(plan or {})) if be == "fused" and X.dtype != _F64 else None
-    sh = sh.to(_F64) if plan is None else sh.to(torch.float32).to(_F64)  # the shift the kernel uses
+    # the shift X is moved by: fp32 unless X is float64 (kernel and torch path alike), so the centres
+    # move by the same vector (an unrounded one put 1e7-offset data 0.5 off: inertia 139 against 76)
+    sh = sh.to(_F64) if X.dtype == _F64 else sh.to(torch.float32).to(_F64)
     Cs = C.to(_F64) - sh  # [K, D]
     csq = (Cs * Cs).sum(1)
     if plan is not None:

@@ -144,6 +144,21 @@ def test_torch_path_and_strided_half_input(rng):
         assert _relerr(r.sums, ref[1]) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["fused", "ops", "cpu"])
+def test_fp32_far_from_origin_every_backend(rng, backend):
+    """Float32 points on an integer grid 1e7 from the origin: X and the centres move by the same
+    (fp32-rounded) shift on every backend; the torch path once moved the centres by the unrounded
+    one (inertia 139.3 against the exact 76, labels flipped)."""
+    X = (1e7 + rng.integers(0, 2, (100, 3))).astype(np.float32)
+    C = np.float32([[1e7] * 3, [1e7 + 1] * 3])
+    Xd, Cd = X.astype(np.float64), C.astype(np.float64)
+    d2 = ((Xd[:, None, :] - Cd[None]) ** 2).sum(2)
+    r = fusedml.lloyd_step(torch.from_numpy(X), torch.from_numpy(C), backend=backend)
+    assert float(r.inertia) == pytest.approx(d2.min(1).sum(), rel=1e-9)
+    np.testing.assert_allclose(r.sums.double().numpy(), np.stack([Xd[d2.argmin(1) == k].sum(0) for k in range(2)]),
+                               rtol=1e-12)
+
+
 def test_large_k_d_runs_operator_path(rng):
     assert km.lloyd_plan(1000, 256, 64) is None  # the [K, D] accumulator does not fit registers
     X = torch.from_numpy(rng.standard_normal((80, 256))).float()
