@@ -1,6 +1,6 @@
 """fusedml: whole ML algorithms on the GPU through fused Triton kernels."""
 from ._dispatch import BackendUnavailableError, interpret_mode, resolve_backend
-from ._validation import CSRMatrix, as_csr, as_matrix
+from ._validation import CSRMatrix, as_csr, as_matrix, clear_csr_caches
 from .gmm import GMMStats, gmm_estep, gmm_mstep, gmm_score
 from .kmeans import LloydStep, lloyd_step
 from .mmchain import (BoundLossGradient, BoundMMChain, LossGradient, aligned_rows, bind_loss_gradient, bind_mmchain,
@@ -22,6 +22,7 @@ __all__ = [
     "as_matrix",
     "bind_loss_gradient",
     "bind_mmchain",
+    "clear_csr_caches",
     "interpret_mode",
     "LloydStep",
     "LossGradient",

@@ -296,11 +296,38 @@ def as_csr(X, name: str = "X", *, check_structure: bool = True) -> CSRMatrix:
     return M
 
 
+_CHECK_EPOCH = [0]  # moved by clear_csr_caches: every earlier check is forgotten
+
+
 def _checked_key(M: CSRMatrix) -> tuple:
     """What a structure check of ``M`` depends on: its index tensors' memory and version counters,
     the values' length, dtypes, devices and the shape (no device read)."""
     return (tuple((t.data_ptr(), t._version, t.numel(), t.dtype, t.device) for t in (M.crow, M.col))
-            + (M.val.numel(), M.val.dtype, M.val.device, tuple(M.shape)))
+            + (M.val.numel(), M.val.dtype, M.val.device, tuple(M.shape), _CHECK_EPOCH[0]))
+
+
+def clear_csr_caches() -> None:
+    """Forget everything derived from CSR matrices: the ops backend's cached transposes, the fused
+    kernels' statistics, column copies and streams, and :func:`as_csr`'s record of checked matrices.
+
+    These are rebuilt when a matrix's torch tensors change in place (their version counters), but
+    writes made through numpy into memory a matrix shares (a scipy matrix given to
+    :func:`bind_mmchain` or :func:`as_csr`, whose arrays the torch tensors wrap) move no counter:
+    call this after such a change.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, fusedml
+    >>> A = sp.random(5, 4, density=0.5, format="csr", dtype=np.float32, random_state=0)
+    >>> M = fusedml.as_csr(A)
+    >>> A.data *= 2  # numpy write into M's memory
+    >>> fusedml.clear_csr_caches()
+    """
+    from .mmchain import csr, ops
+
+    ops.clear_transpose_cache()
+    csr._CACHE.clear()
+    _CHECK_EPOCH[0] += 1
 
 
 def _mark_checked(M: CSRMatrix) -> None:

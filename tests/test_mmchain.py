@@ -1423,3 +1423,26 @@ def test_matvec_small_ab_benchmark_smoke(tmp_path):
     assert mod.main(["--quick", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == (1 + len(mod.TILES)) * len(mod.CASES) and all(r["rel_err"] < 1e-5 for r in rows)
+
+
+@pytest.mark.parametrize("backend,config", [("ops", None), ("fused", {"strategy": "gather"}), ("fused", None),
+                                            ("cpu", None)])
+def test_clear_csr_caches_after_numpy_writes(rng, backend, config):
+    """Writes through numpy into memory a matrix shares move no torch version counter, so what was
+    derived from the matrix (ops' transpose, the fused column copy, the structure check) stays;
+    ``clear_csr_caches`` forgets it (the bound product below gave the old matrix's: 0.73 off)."""
+    S = _csr_inputs(rng).astype(np.float32)
+    y, v, _ = _operands(rng, 60, 25, None)
+    y, v = y.float(), v.float()
+    M = fusedml.as_csr(S)  # wraps S's arrays
+    op = fusedml.bind_mmchain(S, y, v, backend=backend, config=config)
+    for call in (lambda: fusedml.mmchain(M, y, v, backend=backend, config=config), op):
+        call()
+        S.data *= 2.0
+        S.data += 1.0
+        fusedml.clear_csr_caches()
+        assert rel(call(), mmchain_reference(S, y.double(), v.double())) < 1e-5
+    S.indices[0] = 999  # out of range, through numpy
+    fusedml.clear_csr_caches()
+    with pytest.raises(ValueError, match="column indices must lie in"):
+        fusedml.mmchain(M, y, v, backend=backend, config=config)

@@ -199,7 +199,9 @@ def bind_mmchain(X, y, v=None, z=None, alpha=1.0, beta=0.0, *, intercept=False, 
     product from the operands' current contents, without the per-call validation, dispatch and
     launch set-up (~0.1 ms of host time per :func:`mmchain` call on the H200 host, as much as the
     product itself at a million rows). The caller may change the contents of ``y``, ``v`` and
-    ``z`` between calls, in place; not their shapes or storage.
+    ``z`` between calls, in place; not their shapes or storage. X is taken as it is now: a numpy X
+    that must be converted is copied, and after a numpy write into a CSR X's arrays call
+    :func:`fusedml.clear_csr_caches` (copies derived from them are cached).
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ two honest variants, chosen by ``config={"ops_transpose": ...}``:
   object through a weak reference (2x the memory of X; freed with X). The transpose is rebuilt
   when the indices or values are other tensors or were changed in place (torch's version
   counters: a :class:`~fusedml.CSRMatrix`'s own tensors, a torch sparse tensor's through its
-  accessors). A scipy matrix's arrays carry no such counter: call :func:`clear_transpose_cache`
+  accessors). A scipy matrix's arrays carry no such counter: call :func:`fusedml.clear_csr_caches` (or :func:`clear_transpose_cache`)
   after mutating one in place;
 * ``"on_the_fly"`` -- ``X.t() @ p`` on every call (a CSC view; torch/cuSPARSE transposes inside).
 
