@@ -430,7 +430,8 @@ def bind_loss_gradient(X, W, target, *, loss, power=None, sample_weight=None, al
     from the current contents of ``W`` and ``z`` (the caller may change them in place, not their
     shapes or storage), without the per-call validation, dispatch and launch set-up (~0.1 ms of
     host time per :func:`loss_gradient` call on the H200 host). ``target`` and
-    ``sample_weight`` are taken as they are now.
+    ``sample_weight`` are converted once, here: a tensor already of the accumulation dtype on X's
+    device is used as it is (in-place changes to it are seen), anything else is copied now.
 
     Parameters
     ----------
