@@ -440,10 +440,10 @@ def get_family(family, power=0.0) -> Family:
 
 
 def default_link(family: Family) -> str:
-    """scikit-learn's ``link="auto"``: identity for power 0, log for other Tweedie powers, logit for binomial."""
+    """scikit-learn's ``link="auto"``: identity for Tweedie powers <= 0, log for the others, logit for binomial."""
     if isinstance(family, BinomialFamily):
         return "logit"
-    return "identity" if family.power == 0 else "log"
+    return "identity" if family.power <= 0 else "log"
 
 
 class GLMLoss:

@@ -362,12 +362,22 @@ def _check_positive_rows(sw, K, what):
 def _assign(X, centers, backend):
     """Nearest centre of every row, fused (no N x K): ``[N]`` int64 labels.
 
-    ``gmm_score`` with equal weights and unit spherical precision: ``argmax_k`` of
-    ``log(1/K) - D/2 log(2 pi) - ||x - c_k||^2 / 2`` is the nearest centre.
+    An in-memory X: :func:`fusedml.lloyd_step`'s labels (distances about a central point of the
+    data, exact at any scale). A streamed X: ``gmm_score`` with equal weights and one spherical
+    precision ``1 / s`` (``s``: the centres' spread), whose ``argmax_k`` of ``log(1/K) - D/2 log(2 pi)
+    + D log(1/s) - ||x - c_k||^2 / (2 s^2)`` is the nearest centre. With a unit precision the
+    constant swamped the distances of data at scale 1e-5 (every row to centre 0).
     """
+    if isinstance(X, torch.Tensor):
+        from fusedml.kmeans import lloyd_step
+
+        return lloyd_step(X, centers, backend=backend, check_finite=False).labels.long()
     K = centers.shape[0]
+    c = centers.to(_F64)
+    s2 = float(((c - c.mean(0)) ** 2).mean()) if K > 1 else 0.0
+    s = math.sqrt(s2) if s2 > 0.0 and math.isfinite(s2) else 1.0
     weights = torch.full((K,), 1.0 / K, dtype=_F64, device=centers.device)
-    prec_chol = torch.ones(K, dtype=_F64, device=centers.device)
+    prec_chol = torch.full((K,), 1.0 / s, dtype=_F64, device=centers.device)
     _, labels = _score_op(X, weights, centers, prec_chol, "spherical", backend)
     return labels.long()
 
@@ -870,7 +880,9 @@ def _em_host(est, X, params, sw, total_weight, log, backend, host_mstep, start=1
     w, m, cov, pc = params
     prec = "fp64" if fp64 else "auto"
     mixed = start if fp64 else 0  # an iteration whose change spans two precisions cannot stop the run
-    check = backend != "cpu"  # fp32 statistics: a failed M-step is redone in float64
+    # fp32 statistics (the fused kernels; ops on data below float64): a failed M-step is redone in
+    # float64. ops on float64 data computes in float64 (the fp32 stopping rule cost it 2 iterations)
+    check = backend == "fused" or (backend != "cpu" and getattr(X, "dtype", None) != torch.float64)
     quad = check and ct in ("diag", "spherical")  # and fp32 distances about one shift (FP32_QUAD_LIMIT)
 
     def estep(prec):

@@ -42,10 +42,13 @@ def _targets(rng, X):
         (TweedieRegressor(power=1.5, alpha=0.05), sklm.TweedieRegressor(power=1.5, alpha=0.05), "tweedie"),
         (TweedieRegressor(power=0.0, alpha=0.05), sklm.TweedieRegressor(power=0.0, alpha=0.05), "normal"),
         (TweedieRegressor(power=3.0, alpha=0.05), sklm.TweedieRegressor(power=3.0, alpha=0.05), "gamma"),
+        # power < 0: link="auto" is identity, as scikit-learn's (it was log: intercept 1.1 off)
+        (TweedieRegressor(power=-0.5, alpha=0.05), sklm.TweedieRegressor(power=-0.5, alpha=0.05), "gamma"),
         (PoissonRegressor(alpha=0.05, solver="lbfgs"), sklm.PoissonRegressor(alpha=0.05), "poisson"),
         (PoissonRegressor(alpha=0.05, fit_intercept=False), sklm.PoissonRegressor(alpha=0.05, fit_intercept=False), "poisson"),
     ],
-    ids=["poisson", "gamma-log", "tweedie1.5", "normal", "inverse-gaussian", "poisson-lbfgs", "poisson-noicpt"],
+    ids=["poisson", "gamma-log", "tweedie1.5", "normal", "inverse-gaussian", "tweedie-0.5", "poisson-lbfgs",
+         "poisson-noicpt"],
 )
 def test_matches_sklearn(rng, ours, ref, yname):
     X = _X(rng)

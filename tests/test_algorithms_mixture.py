@@ -738,6 +738,35 @@ def test_dask_input_streams(iris):
 # ------------------------------------------------------------------------------------------------
 # KMeans against scikit-learn
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ct", ["diag", "full"])
+def test_gmm_ops_float64_small_tol_stops_as_sklearn(iris, ct):
+    """The ops backend computes float64 data in float64, so a tol below fp32 rounding is tested as
+    on the cpu backend (the fp32 rule ran 2 iterations more: means 4e-4 off scikit-learn's)."""
+    ref = SkGMM(3, covariance_type=ct, tol=1e-6, random_state=0, max_iter=500).fit(iris)
+    for backend in ("cpu", "ops"):
+        g = GaussianMixture(3, covariance_type=ct, tol=1e-6, random_state=0, max_iter=500, backend=backend).fit(iris)
+        assert g.n_iter_ == ref.n_iter_
+        np.testing.assert_allclose(g.means_, ref.means_, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1e-5, 1e5])
+def test_kmeans_labels_at_any_scale(scale):
+    """Two clusters scaled by 1e-9 ... 1e5 on every backend, in memory and streamed from dask: the
+    assignment was a unit-precision Gaussian score whose constant swamped distances of data at
+    1e-5 (every row in cluster 0); labels and predictions as scikit-learn's."""
+    rng = np.random.default_rng(0)
+    X0 = np.r_[rng.normal(0, 1, (30, 4)), rng.normal(5, 1, (30, 4))] * scale
+    da = pytest.importorskip("dask.array")
+    for dt in (np.float32, np.float64):
+        X = X0.astype(dt)
+        ref = SkKMeans(2, init=X[[0, 30]], n_init=1).fit(X)
+        for backend in ("cpu", "ops", "fused"):
+            for Xi in ((X, da.from_array(X, chunks=(17, 4))) if backend == "cpu" else (X,)):
+                km = KMeans(2, init=X[[0, 30]], backend=backend).fit(Xi)
+                np.testing.assert_array_equal(km.labels_, ref.labels_)
+                np.testing.assert_array_equal(km.predict(Xi), ref.labels_)
+
+
 def test_kmeans_same_initial_centres_matches_sklearn(iris):
     init = iris[[3, 70, 140]]
     ours = KMeans(3, init=init, backend="cpu").fit(iris)
