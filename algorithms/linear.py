@@ -7,6 +7,8 @@ import numbers
 import numpy as np
 import torch
 
+from fusedml._validation import warn_user
+
 from ._base import (
     BaseEstimator,
     History,
@@ -62,7 +64,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
 
     With an intercept, X is centred implicitly (never materialised, so CSR stays sparse), unless a
     dense in-memory X's column means are large against their spread (:data:`CENTRE_LIMIT`): then in
-    a copy, as scikit-learn centres every dense X (CSR and dask inputs stay implicit).
+    a copy, as scikit-learn centres every dense X. CSR inputs stay implicit (as scikit-learn's), and
+    so do dask inputs, with a ``RuntimeWarning`` when their leading rows show such columns.
     ``X_c^T S X_c p = X^T (s * (X p)) - S mu (mu^T p)`` with the weighted column means
     ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
     ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
@@ -103,6 +106,12 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
         centre = bool(self.fit_intercept) and isinstance(M, torch.Tensor) and _ill_centred(M)
+        if self.fit_intercept and hasattr(M, "take_rows") and not getattr(M, "is_sparse", False) \
+                and _ill_centred(M.take_rows(np.arange(min(M.shape[0], _CENTRE_SAMPLE)))):  # streamed: no copy
+            warn_user(f"{type(self).__name__}: some columns of the dask X lie far from zero against their spread; "
+                      "the implicit centring of streamed data loses digits there (in float32 from about twice the "
+                      "standard deviation). Centre X first (X - X.mean(axis=0)) or fit an in-memory array.",
+                      RuntimeWarning)
         M = fit_design(M, self.backend, m)  # unaligned rows: a padded copy where it pays
         alpha = self._alpha()
         if isinstance(alpha, numbers.Real) or np.ndim(alpha) == 0:

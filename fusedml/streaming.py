@@ -473,6 +473,8 @@ class StreamedMatrix:
 
     def _upload_resident(self, c, a):
         """Copy one resident chunk (validated once, here, on the host) into the resident matrix."""
+        if c.rows == 0:  # nothing to copy (and no storage when every resident chunk is empty)
+            return
         r0, r1 = c.row0, c.row0 + c.rows  # resident chunks are the prefix: global rows = local rows
         if self.is_sparse:
             if not _is_sparse_meta(a):

@@ -663,3 +663,17 @@ def test_cuda_host_syncs_do_not_grow_with_blocks(rng):
         n_str = syncs(lambda: op(S))
         assert S.stats.blocks > 10 and R.stats.blocks == 1
         assert n_str == n_res, (n_str, n_res)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+def test_empty_resident_prefix(rng, sparse):
+    """A leading empty chunk fits the budget and the next does not: the resident prefix holds no
+    rows (no storage was allocated; its upload used to fail with an AttributeError)."""
+    X = rng.random((10, 4))
+    Xd = da.from_array(X, chunks=((0, 5, 5), 4))
+    if sparse:
+        Xd = Xd.map_blocks(sp.csr_matrix)
+    S = StreamedMatrix(Xd, device="cpu", max_gpu_bytes=200 if sparse else 100, block_bytes=80 if sparse else 40)
+    assert S._resident_rows == 0 and S._chunks[0].resident and not S._chunks[1].resident
+    y = torch.from_numpy(rng.standard_normal(4))
+    assert rel(mmchain(S, y, backend="cpu"), torch.from_numpy(X.T @ (X @ y.numpy()))) < 1e-12
