@@ -21,6 +21,7 @@ one mmchain serves all K problems at once.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -341,7 +342,11 @@ class TweedieFamily(Family):
     """
 
     def __init__(self, power=0.0):
+        if isinstance(power, (str, bytes, bool)) or not isinstance(power, numbers.Real):
+            raise TypeError(f"Tweedie power must be a real number, got {type(power).__name__}")
         p = float(power)
+        if not math.isfinite(p):
+            raise ValueError(f"Tweedie power must be finite, got {power!r}")
         if 0.0 < p < 1.0:
             raise ValueError(f"Tweedie power must be <= 0 or >= 1, got {power!r} (no distribution exists in (0, 1))")
         self.power = p

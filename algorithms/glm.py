@@ -96,8 +96,8 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                 raise ValueError(
                     f"{type(self).__name__}: the {link.name} link gives an invalid mean for the {family.name} "
                     "family at the starting point (coefficients 0"
-                    + (", intercept link(mean(y)))" if self.fit_intercept else ", no intercept): try fit_intercept=True")
-                    + " or another link"
+                    + (" and intercept link(mean(y))): try another link" if self.fit_intercept
+                       else ", no intercept): try fit_intercept=True or another link")
                 ) from None
             raise
         self._store_linear_fit(obj, res, info, hist, vector=True, family=family, link=link)
@@ -160,8 +160,15 @@ class _GLMBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         yt = torch.as_tensor(np.asarray(_to_numpy(y), dtype=np.float64)).reshape(-1)
         if yt.shape != mu.shape:
             raise ValueError(f"y has shape {tuple(yt.shape)}, expected {tuple(mu.shape)}")
+        if not bool(torch.isfinite(yt).all()):
+            raise ValueError("y contains NaN or infinity")
+        family.check_target(yt)  # as fit: outside the family's support the deviance is undefined
         sw = torch.ones_like(yt) if sample_weight is None else torch.as_tensor(
             np.asarray(_to_numpy(sample_weight), dtype=np.float64)).reshape(-1)
+        if sw.shape != yt.shape:
+            raise ValueError(f"sample_weight has shape {tuple(sw.shape)}, expected {tuple(yt.shape)}")
+        if not bool(torch.isfinite(sw).all()) or bool((sw < 0).any()):
+            raise ValueError("sample_weight must be finite and non-negative")
         dev = (sw * family.unit_deviance(yt, mu)).sum()
         ybar = (sw * yt).sum() / sw.sum()
         dev0 = (sw * family.unit_deviance(yt, ybar.expand_as(yt))).sum()

@@ -136,6 +136,7 @@ def test_sample_weight_equals_repeated_rows(rng):
         (GammaRegressor(), lambda y: y * 0.0, "strictly positive"),
         (GeneralizedLinearRegressor(family="binomial"), lambda y: y + 2.0, r"\[0, 1\]"),
         (TweedieRegressor(power=0.5), lambda y: y, r"<= 0 or >= 1"),
+        (TweedieRegressor(power=float("nan")), lambda y: y, r"power must be finite"),
         (GeneralizedLinearRegressor(family="gumbel"), lambda y: y, "family must be one of"),
         (GeneralizedLinearRegressor(link="sqrt"), lambda y: y, "link must be one of"),
         (TweedieRegressor(link="logit"), lambda y: y, "link must be"),
@@ -143,11 +144,31 @@ def test_sample_weight_equals_repeated_rows(rng):
         (GeneralizedLinearRegressor(family="gamma", link="inverse", fit_intercept=False), lambda y: y + 1.0,
          "invalid mean"),
     ],
-    ids=["poisson-neg", "gamma-zero", "binomial-range", "tweedie-power", "family", "link", "tweedie-link",
-         "alpha", "inverse-start"],
+    ids=["poisson-neg", "gamma-zero", "binomial-range", "tweedie-power", "tweedie-power-nan", "family", "link",
+         "tweedie-link", "alpha", "inverse-start"],
 )
 def test_bad_inputs(rng, est, y_fn, match):
     X = _X(rng, n=30, d=3)
     y = rng.uniform(0.1, 0.9, size=30)
     with pytest.raises(ValueError, match=match):
         est.set_params(backend="cpu").fit(X, y_fn(y))
+
+
+def test_score_checks_power_and_start_message(rng):
+    """``score`` checks y and sample_weight as ``fit`` does (y outside the family's support gave NaN,
+    a short sample_weight a torch error); a string power is rejected; the log link's start outside
+    its domain says which start failed (the message's parentheses were garbled)."""
+    X = _X(rng, n=60, d=3)
+    y = _targets(rng, X)["poisson"]
+    m = PoissonRegressor(backend="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="non-negative"):
+        m.score(X, y - 5.0)
+    with pytest.raises(ValueError, match="sample_weight has shape"):
+        m.score(X, y, sample_weight=np.ones(3))
+    with pytest.raises(ValueError, match="NaN"):
+        m.score(X, np.full(60, np.nan))
+    with pytest.raises(TypeError, match="power must be a real number"):
+        TweedieRegressor(power="1.5", backend="cpu").fit(X, y)
+    with pytest.raises(ValueError, match=r"invalid mean for the normal family at the starting point \(coefficients 0 "
+                                         r"and intercept link\(mean\(y\)\)\): try another link"):
+        GeneralizedLinearRegressor(family="normal", link="log", backend="cpu").fit(X, y - y.mean() - 0.1)
