@@ -8,6 +8,18 @@ from .mmchain import (BoundLossGradient, BoundMMChain, LossGradient, aligned_row
 
 __version__ = "0.1.0"
 
+#: submodules loaded on first access (``fusedml.streaming`` imports dask), so that
+#: ``import fusedml`` then ``fusedml.streaming.StreamedMatrix(...)`` works as the README writes it
+_LAZY = ("streaming", "distributed", "cg", "bench", "cli")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BackendUnavailableError",
     "BoundLossGradient",

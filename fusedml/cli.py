@@ -180,6 +180,10 @@ def cmd_info(args) -> int:
     N, D = args.shape
     if N < 1 or D < 1:
         raise BenchError(f"--shape needs two positive integers, got {N} {D}")
+    from .mmchain._checks import MAX_M
+
+    if not 1 <= args.m <= MAX_M:
+        raise BenchError(f"--m must be between 1 and {MAX_M} (the columns mmchain takes), got {args.m}")
     csr_arg = None
     if args.csr is not None:
         try:

@@ -206,6 +206,8 @@ def test_datasets_command(capsys):
     (["bench", "--backends", "fused", "--device", "cpu", "--datasets", "iris", "--out", "{tmp}"], None),
     (["info", "--shape", "0", "5"], "positive"),
     (["info", "--csr", "32", "zipf"], "--csr needs NNZ_PER_ROW"),
+    (["info", "--m", "40"], "--m must be between 1 and 16"),  # was accepted (a plan mmchain would refuse)
+    (["info", "--m", "0"], "--m must be between 1 and 16"),
 ])
 def test_error_lines(tmp_path, capsys, monkeypatch, argv, msg):
     (tmp_path / "bad.svm").write_text("1 1:2\n1 1:x\n")

@@ -324,3 +324,18 @@ def test_bound_launch_only_forms():
     torch.testing.assert_close(r2.grad, grad)
     torch.testing.assert_close(r2.objective, obj)
     assert fusedml.bind_loss_gradient(X, W, t, loss="logistic", intercept=True, backend="ops").launch_only() is None
+
+
+def test_submodules_reachable_from_the_package():
+    """``import fusedml`` then ``fusedml.streaming`` / ``fusedml.distributed`` (as the README writes
+    them) in a fresh interpreter: they are loaded on first access (dask only then); they were
+    AttributeErrors unless something had imported them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fusedml; assert 'fusedml.streaming' not in sys.modules; "
+            "print(fusedml.streaming.StreamedMatrix.__name__, fusedml.distributed.fit_distributed.__name__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["StreamedMatrix", "fit_distributed"], r.stderr[-2000:]
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        fusedml.nothing  # noqa: B018
