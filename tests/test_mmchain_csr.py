@@ -756,12 +756,18 @@ def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype, contig):
     monkeypatch.setattr(csr, "STREAM_INLINE_RED", inline)
     monkeypatch.setattr(csr, "STREAM_CONTIG", contig)
     A = datasets.make_csr(200_000, 50_000, 40, "powerlaw", seed=5, device="cuda", return_torch=True).X
-    A = A.to(dtype=dtype)
+    _tiled_streams_match_float64(A.to(dtype=dtype), csr.TILE_BYTES, int(inline))
+
+
+def _tiled_streams_match_float64(A, tile_bytes, seed, partial=False):
+    """The streamed mmchain (intercept, z) and matvec of the CUDA matrix ``A`` with both passes tiled
+    at ``tile_bytes`` (``partial``: their last tiles partial) against the float64 row kernels."""
     n, d = A.shape
-    cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}
-    W, H, _ = csr._tile_sizes(A, 1, csr.TILE_BYTES)
-    assert W < d and H < n  # both passes tiled
-    g = torch.Generator(device="cuda").manual_seed(int(inline))
+    dtype = A.dtype
+    cfg = {"strategy": "gather", "tile_bytes": tile_bytes}
+    W, H, _ = csr._tile_sizes(A, 1, tile_bytes)
+    assert W < d and H < n and (not partial or (d % W and n % H))
+    g = torch.Generator(device="cuda").manual_seed(seed)
     y, z = (torch.randn(d + 1, 1, generator=g, device="cuda", dtype=dtype) for _ in range(2))
     v = torch.rand(n, 1, generator=g, device="cuda", dtype=dtype)
     A64 = A.to(dtype=torch.float64)
@@ -875,21 +881,8 @@ def test_cuda_smem_stream_matches_float64(monkeypatch, dtype, tile_kb):
     import datasets
 
     monkeypatch.setattr(csr, "STREAM_SMEM", True)
-    A = datasets.make_csr(200_000, 50_001, 40, "powerlaw", seed=6, device="cuda", return_torch=True).X.to(dtype=dtype)
-    n, d = A.shape
-    cfg = {"strategy": "gather", "tile_bytes": tile_kb << 10}
-    W, H, _ = csr._tile_sizes(A, 1, tile_kb << 10)
-    assert W < d and H < n and d % W and n % H  # both passes tiled, their last tiles partial
-    g = torch.Generator(device="cuda").manual_seed(tile_kb)
-    y, z = (torch.randn(d + 1, 1, generator=g, device="cuda", dtype=dtype) for _ in range(2))
-    v = torch.rand(n, 1, generator=g, device="cuda", dtype=dtype)
-    A64 = A.to(dtype=torch.float64)
-    ref = csr.csr_mmchain_fused(A64, y.double(), v.double(), z.double(), 0.5, 2.0, intercept=True,
-                                config={"strategy": "gather", "tile_bytes": 0})
-    tol = 1e-5 if dtype == torch.float32 else 1e-12
-    assert relerr(csr.csr_mmchain_fused(A, y, v, z, 0.5, 2.0, intercept=True, config=cfg), ref) < tol
-    t = csr.csr_matvec_fused(A, y, intercept=True, config=cfg)
-    assert relerr(t, csr.csr_matvec_fused(A64, y.double(), intercept=True, config={"tile_bytes": 0})) < tol
+    A = datasets.make_csr(200_000, 50_001, 40, "powerlaw", seed=6, device="cuda", return_torch=True).X
+    _tiled_streams_match_float64(A.to(dtype=dtype), tile_kb << 10, tile_kb, partial=True)
 
 
 @pytest.mark.parametrize("smem", [False, True], ids=["l1", "smem"])
