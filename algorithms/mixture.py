@@ -757,7 +757,7 @@ def _lloyd(X, centers, max_iter, tol_abs, backend, verbose=0, t0=None, history=N
            with_inertia=True):
     """One Lloyd run, as scikit-learn's ``_kmeans_single_lloyd``.
 
-    Per iteration: one fused assignment pass (``gmm_score``) and one update pass (weighted by
+    Per iteration: one assignment pass (:func:`_assign`) and one update pass (weighted by
     ``sample_weight`` [N] float64, or unweighted if None; the assignment never depends on it).
     With ``backend="fused"`` on an in-memory float32/16 tensor both run as ONE pass and the
     centre update on the device (:class:`fusedml.kmeans.LloydIterations`: no ``[N, K]``, no
