@@ -851,7 +851,26 @@ def class_weights(class_weight, classes, y_idx, sample_weight, info: DataInfo):
     torch.Tensor or None
         [N] weights, or None when every weight is 1.
     """
-    cw = class_weight_vector(class_weight, classes, y_idx, sample_weight, info)
+    return weigh_by_class(class_weight_vector(class_weight, classes, y_idx, sample_weight, info), y_idx,
+                          sample_weight, info)
+
+
+def weigh_by_class(cw, y_idx, sample_weight, info: DataInfo):
+    """``sample_weight`` times each sample's class weight ``cw[y_idx]`` (see :func:`class_weights`).
+
+    Parameters
+    ----------
+    cw : torch.Tensor [K] or None
+        From :func:`class_weight_vector` (None: ``sample_weight`` is returned as it is).
+    y_idx : torch.Tensor, shape [N] int64
+    sample_weight : torch.Tensor [N] or None
+    info : DataInfo
+
+    Returns
+    -------
+    torch.Tensor or None
+        [N] weights, or None when every weight is 1.
+    """
     if cw is None:
         return sample_weight
     per = cw.to(info.dtype)[y_idx]

@@ -13,10 +13,10 @@ from ._base import (
     check_positive,
     check_verbose,
     class_weight_vector,
-    class_weights,
     classification_data,
     normalised_weights,
     warn_solver_status,
+    weigh_by_class,
 )
 from ._loss import LinearObjective, SquaredHingeLoss
 from ._solvers import relative_grad_norm_stop, tron
@@ -108,7 +108,7 @@ class LinearSVC(LinearClassifierMixin, ClassifierMixin, BaseEstimator):
         cw = class_weight_vector(self.class_weight, classes, y_idx, sw, info)
         if K == 2:
             pos = (y_idx == 1).unsqueeze(1)
-            sw = class_weights(self.class_weight, classes, y_idx, sw, info)  # both classes' weights
+            sw = weigh_by_class(cw, y_idx, sw, info)  # both classes' weights
         else:
             pos = torch.nn.functional.one_hot(y_idx, K).bool()
         target = torch.where(pos, 1.0, -1.0).to(info.dtype)  # [N, P] in {-1, +1}

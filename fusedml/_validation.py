@@ -337,12 +337,8 @@ def _mark_checked(M: CSRMatrix) -> None:
 def _checked_csr_matrix(M: CSRMatrix, name: str) -> CSRMatrix:
     """``M`` after :func:`as_csr`'s checks, run once per matrix and again after an in-place change
     of its indices (torch version counters; numpy writes into shared memory are not seen)."""
-    if getattr(M, "_checked", None) is not None:
-        try:
-            if M._checked == _checked_key(M):
-                return M
-        except AttributeError:  # not tensors: checked below
-            pass
+    if hasattr(M, "_checked") and M._checked == _checked_key(M):  # set only on checked tensors
+        return M
     parts = (("crow", M.crow), ("col", M.col), ("val", M.val))
     for what, t in parts:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.ndim != 1:
