@@ -523,6 +523,23 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s52)  # session 52: the README's tables on the current code (an H200 where lent): mmchain, the dense, CSR and
+          # GMM fits; then STREAM_CONTIG = 4 against 0 in whole CSR fits (session 50's open A/B)
+      run mmchain 240 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s52.json"
+      grep -E "^\| " "$log/mmchain.log" | cut -c1-200
+      run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \
+        --out "$out/end_to_end_csr_s52.json"
+      grep -E "^\| synthetic" "$log/e2e-csr.log" | head -5 | cut -c1-200
+      run e2e-gmm 150 python3 benchmarks/bench_end_to_end.py --parts gmm --repeat 5 --no-plots \
+        --out "$out/end_to_end_gmm_s52.json"
+      grep -E "^\| synthetic" "$log/e2e-gmm.log" | head -1 | cut -c1-200
+      run contig-ab 240 python3 benchmarks/env_ab.py --a fusedml.mmchain.csr:STREAM_CONTIG=0 \
+        --b fusedml.mmchain.csr:STREAM_CONTIG=4 --csr 32:powerlaw --shapes 1000000x100000 \
+        --algos logistic poisson ridge --backends fused --fits 7 --out "$out/env_ab_csr_contig_s52.json"
+      grep -E "^\| " "$log/contig-ab.log" | cut -c1-200
+      run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \
+        --no-plots --out "$out/end_to_end_dense_s52.json"
+      grep -E "^\| synthetic" "$log/e2e-dense.log" | head -24 | cut -c1-200 ;;
     s51)  # session 51: tiled streams gathering from shared memory (STREAM_SMEM, tl.gather) against L1 gathers:
           # CUDA tests, the passes alternating, whole CSR fits A/B; fits given a torch sparse tensor against a
           # CSRMatrix (as_csr_remembered, untimed in s50); then the README's mmchain table and CSR fits
