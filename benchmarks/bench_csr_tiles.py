@@ -6,7 +6,7 @@ with the cached transpose, relative error against a float64 cuSPARSE reference o
 the one-off cost of building the copies, and the matvec a solver makes between Hessian products.
 
     python benchmarks/bench_csr_tiles.py [--quick] [--matrices NxD:NNZ:PROFILE ...] [--scatter] [--flat]
-        [--l1-bypass] [--red] [--contig C ...] [--smem] [--out FILE]
+        [--l1-bypass] [--red] [--contig C ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -70,9 +70,6 @@ def main(argv=None):
     ap.add_argument("--contig", nargs="+", type=int, default=[], metavar="C",
                     help="also time the streams (default tiles; flat 3) with C elements a thread in the stream "
                          "kernel (csr.STREAM_CONTIG; 0: the loads' width), each way of adding totals")
-    ap.add_argument("--smem", action="store_true",
-                    help="also time tiled streams gathering from shared memory (csr.STREAM_SMEM) against the "
-                         "default, alternating, at 16, 32 (default) and 64 KB tiles and with 4096-nonzero blocks")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = _common.device()
@@ -154,20 +151,6 @@ def main(argv=None):
                     variant(f"fused flat 3, {how}", {"strategy": "gather", "tile_bytes": csr.TILE_BYTES, "flat": 3},
                             matvec=True)
             csr.STREAM_INLINE_RED, csr.STREAM_CONTIG = default_red, default_contig
-            for on, tb, blk in ([(False, csr.TILE_BYTES, 0), (True, csr.TILE_BYTES, 0)] * 2
-                                + [(True, 16 << 10, 0), (True, 64 << 10, 0), (False, 64 << 10, 0),
-                                   (True, csr.TILE_BYTES, 4096), (False, csr.TILE_BYTES, 0)]) if a.smem and m == 1 else ():
-                default_block = csr.STREAM_BLOCK
-                csr.STREAM_SMEM = on
-                if blk:
-                    csr.STREAM_BLOCK = blk
-                    csr._structure(A).streams.clear()
-                variant(f"fused {tb >> 10} KB, {'shared-memory' if on else 'L1'} gathers" + (f", block {blk}" if blk else ""),
-                        {"strategy": "gather", "tile_bytes": tb}, matvec=True)
-                if blk:
-                    csr.STREAM_BLOCK = default_block
-                    csr._structure(A).streams.clear()
-                csr.STREAM_SMEM = False
             if a.l1_bypass:  # the row passes with A's stream kept out of L1 (the model's pick otherwise)
                 variant("fused gather, .cg loads", {"strategy": "gather", "l1_bypass": True, "gather": {"l1_bypass": True}})
             if a.scatter:  # the one-pass strategy (float atomics into w) beside the gathers

@@ -540,7 +540,7 @@ for p in $parts; do
       run e2e-dense 420 python3 benchmarks/bench_end_to_end.py --parts dense large --repeat 5 --sklearn-budget 5 \
         --no-plots --out "$out/end_to_end_dense_s52.json"
       grep -E "^\| synthetic" "$log/e2e-dense.log" | head -24 | cut -c1-200 ;;
-    s51)  # session 51: tiled streams gathering from shared memory (STREAM_SMEM, tl.gather) against L1 gathers:
+    s51)  # session 51: tiled streams gathering from shared memory (STREAM_SMEM, tl.gather; removed in session 52) against L1 gathers:
           # CUDA tests, the passes alternating, whole CSR fits A/B; fits given a torch sparse tensor against a
           # CSRMatrix (as_csr_remembered, untimed in s50); then the README's mmchain table and CSR fits
       run cuda-smem 200 env TRITON_INTERPRET=0 python3 -m pytest -q -k "cuda and (smem or stream_totals)" \

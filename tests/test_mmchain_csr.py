@@ -756,18 +756,12 @@ def test_cuda_stream_totals_match_float64(monkeypatch, inline, dtype, contig):
     monkeypatch.setattr(csr, "STREAM_INLINE_RED", inline)
     monkeypatch.setattr(csr, "STREAM_CONTIG", contig)
     A = datasets.make_csr(200_000, 50_000, 40, "powerlaw", seed=5, device="cuda", return_torch=True).X
-    _tiled_streams_match_float64(A.to(dtype=dtype), csr.TILE_BYTES, int(inline))
-
-
-def _tiled_streams_match_float64(A, tile_bytes, seed, partial=False):
-    """The streamed mmchain (intercept, z) and matvec of the CUDA matrix ``A`` with both passes tiled
-    at ``tile_bytes`` (``partial``: their last tiles partial) against the float64 row kernels."""
+    A = A.to(dtype=dtype)
     n, d = A.shape
-    dtype = A.dtype
-    cfg = {"strategy": "gather", "tile_bytes": tile_bytes}
-    W, H, _ = csr._tile_sizes(A, 1, tile_bytes)
-    assert W < d and H < n and (not partial or (d % W and n % H))
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    cfg = {"strategy": "gather", "tile_bytes": csr.TILE_BYTES}
+    W, H, _ = csr._tile_sizes(A, 1, csr.TILE_BYTES)
+    assert W < d and H < n  # both passes tiled
+    g = torch.Generator(device="cuda").manual_seed(int(inline))
     y, z = (torch.randn(d + 1, 1, generator=g, device="cuda", dtype=dtype) for _ in range(2))
     v = torch.rand(n, 1, generator=g, device="cuda", dtype=dtype)
     A64 = A.to(dtype=torch.float64)
@@ -871,30 +865,12 @@ def test_streamed_mmchain_epilogue_equals_torch_form(rng, monkeypatch):
     assert len(calls) == 5  # the epilogue ran in every case where it was on
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") != "0",
-                    reason="compiled kernels need a GPU")
-@pytest.mark.parametrize("tile_kb", [16, 32, 64])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cuda_smem_stream_matches_float64(monkeypatch, dtype, tile_kb):
-    """Compiled, tiled streams gathering from shared memory (``STREAM_SMEM``; the last tile partial):
-    the mmchain (intercept, z) and matvec against the float64 row kernels on fresh inputs."""
-    import datasets
-
-    monkeypatch.setattr(csr, "STREAM_SMEM", True)
-    A = datasets.make_csr(200_000, 50_001, 40, "powerlaw", seed=6, device="cuda", return_torch=True).X
-    _tiled_streams_match_float64(A.to(dtype=dtype), tile_kb << 10, tile_kb, partial=True)
-
-
-@pytest.mark.parametrize("smem", [False, True], ids=["l1", "smem"])
 @pytest.mark.parametrize("block,per", [(2048, 100), (256, 100), (256, 70_000), (256, 64)])
-def test_stream_kernel_segments(rng, monkeypatch, block, per, smem):
+def test_stream_kernel_segments(rng, monkeypatch, block, per):
     """The stream kernel alone: segments longer than a block, one per block, crossing blocks,
     empty segments and tiles, a tile filling whole blocks, a partial last tile, fp32 and fp64,
-    against a float64 index_add; int16 keys, and int32 keys for tiles past 2^14 entries; with
-    ``STREAM_SMEM`` the gathers from shared memory where the tile is a power of two."""
+    against a float64 index_add; int16 keys, and int32 keys for tiles past 2^14 entries."""
     monkeypatch.setattr(csr, "STREAM_BLOCK", block)
-    monkeypatch.setattr(csr, "STREAM_SMEM", smem)  # used where per is a power of two (64): tl.gather
-    launch = csr.call
     n_out, tiles = 700, 4
     outs = lambda k: torch.from_numpy(rng.integers(0, n_out, k))  # noqa: E731
     parts = [outs(2048),  # tile 0: two whole blocks; tile 1: empty
@@ -911,10 +887,7 @@ def test_stream_kernel_segments(rng, monkeypatch, block, per, smem):
                                                                         val.double() * vec.double()[idx.long()])
             sp_ = csr._make_stream(key, idx, val, tiles, n_out, per)
             assert sp_.key.dtype == (torch.int16 if per <= 1 << 14 else torch.int32)
-            seen = []  # the launches' SMEM_PER
-            monkeypatch.setattr(csr, "call", lambda fn, g, *a, **k: seen.append(k["SMEM_PER"]) or launch(fn, g, *a, **k))
             out = csr._stream_pass(sp_, vec)
-            assert seen == [per if smem and per == 64 else 0]
             assert out.dtype == dt and out.shape == (n_out,)
             assert relerr(out, ref) < TOL[dt] if nnz else not out.any()
 

@@ -528,18 +528,16 @@ def _stream_gather_kernel(
     TILE,  # [n_blocks] int32 tile of each block
     VEC,  # [n_vec] accumulation dtype: the gathered vector
     OUT,  # [n_out + 1] accumulation dtype, zeroed: OUT[SEGOUT[seg(j)]] += VAL[j] * VEC[TILE per + idx(j)]
-    n_blocks, per, n_vec,
+    n_blocks, per,
     BLOCK: tl.constexpr, ACC64: tl.constexpr, IDX_BITS: tl.constexpr = 14, INLINE_RED: tl.constexpr = False,
-    CONTIG: tl.constexpr = 0, SMEM_PER: tl.constexpr = 0,
+    CONTIG: tl.constexpr = 0,
 ):
     """Cache-blocked gather pass over a flat, segment-sorted nonzero stream (see ``_Stream``):
     persistent programs walk blocks ``pid, pid + P, ...`` so that the programs running at once sit
     in one tile of the gathered vector (L1 hits); per block, a segmented inclusive scan of the
     products, whose segment count also numbers the segments; each segment's total (at the block's
     last element: its part so far) goes to its output with one relaxed atomic. Blocks are whole
-    (no masks: 16-byte loads) and never straddle a tile. ``SMEM_PER`` (``per``, a power of two):
-    each block loads its whole tile (coalesced) and gathers from it with ``tl.gather``, which goes
-    through shared memory, instead of one L1 / L2 load per nonzero."""
+    (no masks: 16-byte loads) and never straddle a tile."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -550,16 +548,7 @@ def _stream_gather_kernel(
         kk = tl.load(KEY + o, cache_modifier=".cg").to(tl.int32)
         v = tl.load(VAL + o, cache_modifier=".cg")
         v = v.to(tl.float64) if ACC64 else v.to(tl.float32)
-        if SMEM_PER:  # per == SMEM_PER
-            base = tl.load(TILE + b) * SMEM_PER
-            ts = tl.arange(0, SMEM_PER)
-            if base + SMEM_PER <= n_vec:
-                vt = tl.load(VEC + base + ts)  # whole 16-byte loads
-            else:
-                vt = tl.load(VEC + base + ts, mask=base + ts < n_vec, other=0)
-            prod = v * tl.gather(vt, kk & ((1 << IDX_BITS) - 1), 0)
-        else:
-            prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & ((1 << IDX_BITS) - 1)))
+        prod = v * tl.load(VEC + tl.load(TILE + b) * per + (kk & ((1 << IDX_BITS) - 1)))
         cnt, tot = tl.associative_scan((((kk >> IDX_BITS) & 1).to(tl.float32), prod), 0, _seg_add)  # counts exact
         emit = (kk < 0) | (offs == BLOCK - 1)
         r = tl.load(SEGOUT + tl.load(SEGBASE + b) + cnt.to(tl.int32) - 1, mask=emit, other=0)
@@ -889,14 +878,11 @@ STREAM_INLINE_RED = "flat"
 #: (csr_tiles_contig-H100-2026-12-07-s50, tiled 1M x 100k power-law, m = 1, one process): 0 with
 #: tl.atomic_add 0.318-0.408 ms (its own drift), 4 0.313-0.371, 2 0.52-0.53, 1 0.41: none beats 0.
 STREAM_CONTIG = 0
-#: tiled streams gather from their tile in shared memory (``tl.gather``: each block loads its whole
-#: tile, coalesced, and stores it to shared memory) instead of one L1 load per nonzero. sm_90 SASS
-#: per block (2048 x 8 warps, 32 KB fp32 tiles): +8 LDG.128, 8 STS.128, 2 barriers; the 8 gathers
-#: become LDS; 64 -> 105 registers (Triton 3.6), so the grid follows the compiled kernel. NOT YET
-#: TIMED (session 51 had no GPU): an L1 gather alone ran at 436 G/s from such tiles (H200,
-#: ``gather_probe-*-s8-b``), about twice the stream pass's rate, so the gain is uncertain.
-STREAM_SMEM = False
-STREAM_SMEM_BYTES = 64 << 10  # the largest tile gathered from shared memory
+# Tried, removed (session 52): tiled streams gathering from their tile in shared memory (each block
+# loads its whole tile, then tl.gather): 105 registers against 64. MEASURED on an H100
+# (csr_tiles_smem-H100-2026-12-07-s52, m = 1): 1M x 100k power-law 0.404 ms against 0.316 with L1
+# gathers (32 KB tiles; 64 KB 0.503), 4M x 100k uniform 1.61 against 1.23; fused logistic fit 30.4 ->
+# 37.6 ms. The L1 gathers are not what binds the pass.
 # The model's CSRConfig.flat: which untiled passes (bit 0 over A, bit 1 over the copy) read a flat
 # stream where _flat_plan allows. MEASURED on an H100 (csr_tiles_flat-H100-2026-12-07-s48b, power-law
 # rows, 32 a row, m = 1): 1M x 4M mmchain 0.769 ms with the row kernels (~10 launches: length bins and
@@ -1526,18 +1512,9 @@ def _stream_pass(sp: _Stream, vec: torch.Tensor, out: torch.Tensor | None = None
     n_blocks = sp.key.numel() // sp.block
     P = min(n_blocks, _gpu_profile(None, dev)["sm_count"] * STREAM_PROGRAMS_PER_SM)
     inline = sp.tiles == 1 if STREAM_INLINE_RED == "flat" else bool(STREAM_INLINE_RED)
-    pow2 = sp.per & (sp.per - 1) == 0
-    smem = sp.per if STREAM_SMEM and sp.tiles > 1 and pow2 and sp.per * vec.element_size() <= STREAM_SMEM_BYTES else 0
-    args = (sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per, vec.numel())
-    consts = dict(BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
-                  CONTIG=STREAM_CONTIG, SMEM_PER=smem, num_warps=STREAM_WARPS)
-    if smem:  # the tile in registers: ~105 of them at 8192 fp32 (sm_90), so fewer programs may fit an SM
-        from ..gmm.fused import resident_programs
-
-        per_sm = resident_programs(_stream_gather_kernel, args, consts, dev)
-        if per_sm:
-            P = min(P, _gpu_profile(None, dev)["sm_count"] * per_sm)
-    call(_stream_gather_kernel, (P,), *args, **consts)
+    call(_stream_gather_kernel, (P,), sp.key, sp.val, sp.seg_out, sp.seg_base, sp.tile, vec, out, n_blocks, sp.per,
+         BLOCK=sp.block, ACC64=vec.dtype == torch.float64, IDX_BITS=_idx_bits(sp.per), INLINE_RED=inline,
+         CONTIG=STREAM_CONTIG, num_warps=STREAM_WARPS)
     return out[:sp.n_out]
 
 
