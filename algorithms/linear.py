@@ -31,27 +31,34 @@ from ._solvers import conjugate_gradient, graph_safe, is_csr
 
 __all__ = ["LinearRegression", "Ridge"]
 
-#: A dense X is centred in a copy (as scikit-learn does) when ``eps * max_j mean_j^2 / var_j`` of a
-#: sample of its rows exceeds this: the implicit form ``X^T S X p - S mu mu^T p`` cancels about that
-#: ratio. Float32, 2000 x 5, columns offset by 4 / 16 / 100 standard deviations (ratios 16 / 256 /
-#: 1e4): coefficients 2e-5 / 3e-4 / 1e-2 off the float64 solution implicitly (5e-7 centred); the
-#: limit is a ratio of ~4 in float32 and ~2e9 in float64.
+#: A dense X is shifted by its sampled column means before the products (in a copy; a dask X as its
+#: chunks are streamed) when ``eps * max_j mean_j^2 / var_j`` of a sample of its rows exceeds this:
+#: the implicit form ``X^T S X p - S mu mu^T p`` cancels about that ratio. Float32, 2000 x 5, columns
+#: offset by 4 / 16 / 100 standard deviations (ratios 16 / 256 / 1e4): coefficients 2e-5 / 3e-4 /
+#: 1e-2 off the float64 solution implicitly (5e-7 shifted); the limit is a ratio of ~4 in float32
+#: and ~2e9 in float64.
 CENTRE_LIMIT = 5e-7
-_CENTRE_SAMPLE = 4096  # rows sampled (evenly spaced) for that ratio
+_CENTRE_SAMPLE = 4096  # rows sampled for that ratio (evenly spaced; a dask X's leading rows)
 
 
-def _ill_centred(X: torch.Tensor) -> bool:
-    """Whether the implicit centring would lose accuracy on the dense ``X`` [N, D] (see
-    :data:`CENTRE_LIMIT`): a column whose mean is large against its spread (or constant and not
-    zero) in a sample of rows. One small gather and one host read; NaN / inf say no (the fit's
-    finite check reports them)."""
-    acc = torch.float64 if X.dtype == torch.float64 else torch.float32
-    n = X.shape[0]
-    idx = torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()
-    S = X[idx].double()
-    mean, var = S.mean(0), S.var(0, unbiased=False)
+def _moments(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column means and variances [D] (float64) of the sampled rows ``S`` [s, D]."""
+    S = S.double()
+    return S.mean(0), S.var(0, unbiased=False)
+
+
+def _far_from_zero(mean: torch.Tensor, var: torch.Tensor, acc: torch.dtype) -> bool:
+    """Whether the implicit centring in ``acc`` would lose accuracy (see :data:`CENTRE_LIMIT`): a
+    column whose mean is large against its spread, or constant and not zero. One host read; NaN /
+    inf say no (the fit's finite check reports them)."""
     bad = (mean.square() > var * (CENTRE_LIMIT / torch.finfo(acc).eps)) | ((var == 0) & (mean != 0))
     return bool(bad.any())
+
+
+def _sample_rows(X: torch.Tensor) -> torch.Tensor:
+    """At most :data:`_CENTRE_SAMPLE` evenly spaced rows of the dense ``X`` [N, D]."""
+    n = X.shape[0]
+    return X[torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()]
 
 
 def _centred(X: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
@@ -59,13 +66,42 @@ def _centred(X: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     return X - mu if X.dtype == mu.dtype else (X.to(mu.dtype) - mu).to(X.dtype)
 
 
+def _shift_dask(X, shift: torch.Tensor):
+    """``X - shift`` as a lazy dask array in X's storage dtype (float64 for integer chunks): each
+    chunk is shifted on the host as it is read, so the streamed matrix holds centred rows."""
+    store = X.dtype if X.dtype.kind == "f" else np.dtype(np.float64)
+    wide = np.float64 if store == np.float64 else np.float32
+    return (X.astype(wide) - shift.numpy().astype(wide)).astype(store)
+
+
+def _dask_shift(X, fit_intercept: bool):
+    """For a dense dask ``X`` with an intercept: ``(X, None, None)`` when the moments of its leading
+    :data:`_CENTRE_SAMPLE` rows (one small compute) show every column near zero, else
+    ``(X - mean, mean, var)`` (:func:`_shift_dask`); ``(X, None, None)`` otherwise (CSR stays
+    implicit, as scikit-learn's; chunk sizes unknown: checked after streaming, with a warning)."""
+    from ._base import _is_dask
+
+    if not fit_intercept or not _is_dask(X) or np.isnan(X.shape[0]):
+        return X, None, None
+    import fusedml.streaming as streaming
+
+    if streaming._is_sparse_meta(X._meta):
+        return X, None, None
+    mean, var = _moments(torch.from_numpy(np.asarray(X[:_CENTRE_SAMPLE].compute(), dtype=np.float64)))
+    acc = torch.float64 if X.dtype == np.float64 or X.dtype.kind != "f" else torch.float32
+    if not _far_from_zero(mean, var, acc):
+        return X, None, None
+    return _shift_dask(X, mean), mean, var
+
+
 class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     """CG on ``(X_c^T S X_c + alpha I) w = X_c^T S (y - ybar)`` with implicit centring.
 
     With an intercept, X is centred implicitly (never materialised, so CSR stays sparse), unless a
-    dense in-memory X's column means are large against their spread (:data:`CENTRE_LIMIT`): then in
-    a copy, as scikit-learn centres every dense X. CSR inputs stay implicit (as scikit-learn's), and
-    so do dask inputs, with a ``RuntimeWarning`` when their leading rows show such columns.
+    dense X's column means are large against their spread (:data:`CENTRE_LIMIT`): then X is first
+    shifted by the sampled means, in a copy (as scikit-learn centres every dense X), or for a dask X
+    chunk by chunk as it is streamed (the means of its leading rows; a ``RuntimeWarning`` when the
+    shifted columns still lie far from zero). CSR inputs stay implicit (as scikit-learn's).
     ``X_c^T S X_c p = X^T (s * (X p)) - S mu (mu^T p)`` with the weighted column means
     ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
     ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
@@ -99,19 +135,20 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         tol = check_positive(self.tol, "tol")
         check_flag(self.fit_intercept, "fit_intercept")
         check_verbose(self.verbose)
+        X, shift, head_var = _dask_shift(X, bool(self.fit_intercept))  # [D] float64 shifts or None
         M, info = as_design_matrix(X, backend=self.backend, check="defer")
         max_iter = max(100, 2 * (info.n_features + 1)) if self.max_iter is None else check_max_iter(self.max_iter)
         yt = as_target(y, info, allow_2d=True)
         one_d = yt.ndim == 1
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
-        centre = bool(self.fit_intercept) and isinstance(M, torch.Tensor) and _ill_centred(M)
-        if self.fit_intercept and hasattr(M, "take_rows") and not getattr(M, "is_sparse", False) \
-                and _ill_centred(M.take_rows(np.arange(min(M.shape[0], _CENTRE_SAMPLE)))):  # streamed: no copy
-            warn_user(f"{type(self).__name__}: some columns of the dask X lie far from zero against their spread; "
-                      "the implicit centring of streamed data loses digits there (in float32 from about twice the "
-                      "standard deviation). Centre X first (X - X.mean(axis=0)) or fit an in-memory array.",
-                      RuntimeWarning)
+        if self.fit_intercept and isinstance(M, torch.Tensor):
+            mean, var = _moments(_sample_rows(M))
+            if _far_from_zero(mean, var, info.dtype):  # X - mean in a copy, as scikit-learn centres
+                shift = mean
+        streamed = hasattr(M, "take_rows") and not getattr(M, "is_sparse", False)
+        if self.fit_intercept and streamed and head_var is None and shift is None:  # chunk sizes were unknown
+            head_var = _moments(M.take_rows(np.arange(min(M.shape[0], _CENTRE_SAMPLE))))[1]
         M = fit_design(M, self.backend, m)  # unaligned rows: a padded copy where it pays
         alpha = self._alpha()
         if isinstance(alpha, numbers.Real) or np.ndim(alpha) == 0:
@@ -136,15 +173,18 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         ones = torch.ones(info.n_samples, 1, dtype=info.dtype, device=info.device)
         if self.fit_intercept:
             cw = ones if c is None else c[:, None]
+            if shift is not None and isinstance(M, torch.Tensor):  # the implicit form keeps what is left (~0)
+                M = fit_design(_centred(M, shift.to(device=M.device, dtype=info.dtype)), be, m)
             mu = rmatvec(M, cw, alpha=cscale, intercept=False, backend=be).to(info.dtype)[:, 0]  # [D]
-            shift = None
-            if centre:  # X - mu in a copy; the implicit form keeps what its rounding left (~0)
-                shift, M = mu, fit_design(_centred(M, mu), be, m)
-                mu = rmatvec(M, cw, alpha=cscale, intercept=False, backend=be).to(info.dtype)[:, 0]
+            if streamed and head_var is not None and _far_from_zero(mu.double().cpu(), head_var.cpu(), info.dtype):
+                after = " after the shift by its leading rows' means" if shift is not None else ""
+                warn_user(f"{type(self).__name__}: some columns of the dask X lie far from zero against their spread"
+                          f"{after} (rows ordered by a feature?); the implicit centring of streamed data loses digits "
+                          "there. Centre X first (X - X.mean(axis=0)) or fit an in-memory array.", RuntimeWarning)
             ybar = ((Y * cw).sum(0, dtype=torch.float64) * cscale).to(info.dtype)  # [m]
             Yc = Y - ybar
         else:
-            mu, shift, ybar, Yc = None, None, torch.zeros(m, dtype=info.dtype, device=info.device), Y
+            mu, ybar, Yc = None, torch.zeros(m, dtype=info.dtype, device=info.device), Y
         # right-hand side X_c^T S (y - ybar) / S = X^T (c (y - ybar))  (the mu term vanishes)
         V = Yc if c is None else Yc * c[:, None]
         B = torch.cat([rmatvec(M, V[:, j:j + MAX_COLS], alpha=cscale, intercept=False, backend=be)
@@ -166,11 +206,13 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
                                  offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M),
                                  check=check)
         Wc = res.W  # [D, m]
-        icpt = ybar - (mu @ Wc if mu is not None else 0.0) - (shift @ Wc if shift is not None else 0.0)
+        if shift is not None:  # the products read X - shift: b = ybar - (mu + shift)^T w
+            mu = mu + shift.to(device=mu.device, dtype=mu.dtype)
+        icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
-        n_xtv = 1 + int(self.fit_intercept) + int(shift is not None)
+        n_xtv = 1 + int(self.fit_intercept)
         self._fit_info = {"intercept": True, "n_mmchain": res.n_steps + n_xtv, "n_xtv": n_xtv, "n_matvec": 0,
-                          "centred_copy": shift is not None, "status": res.status, "dtype": info.dtype,
+                          "shifted": shift is not None, "status": res.status, "dtype": info.dtype,
                           "device": info.device}
         self._set_linear_attributes(W, info, True, vector=one_d)
         if not self.fit_intercept:

@@ -102,24 +102,43 @@ def test_float32_columns_far_from_zero(rng, cls):
     for backend, rows in (("cpu", 500), ("ops", 500), ("fused", 120)):
         m = cls(tol=1e-8, backend=backend, **kw).fit(X[:rows], y[:rows])
         r = ref if rows == 500 else getattr(sklm, cls.__name__)(**kw).fit(X[:rows].astype(np.float64), y[:rows])
-        assert m._fit_info["centred_copy"]
+        assert m._fit_info["shifted"]
         assert _rel(m.coef_, r.coef_) <= 1e-4 and abs(m.intercept_ - r.intercept_) <= 1e-3 * abs(r.intercept_)
     np.testing.assert_array_equal(X, X0)
     mt = cls(tol=1e-8, backend="cpu", **kw).fit(torch.from_numpy(X), torch.from_numpy(y))
     assert _rel(mt.coef_.numpy(), ref.coef_) <= 1e-4
     centred = cls(tol=1e-8, backend="cpu", **kw).fit(Z.astype(np.float32), y)  # the implicit form stays
-    assert not centred._fit_info["centred_copy"]
+    assert not centred._fit_info["shifted"]
 
 
-def test_dask_columns_far_from_zero_warn(rng):
-    """A dask X is streamed, not copied: its implicit centring cannot be avoided, so columns far
-    from zero against their spread warn (the fit was 20 % off without a word); centred ones do not."""
+def test_dask_columns_far_from_zero(rng):
+    """A dask X far from zero against its spread (the implicit centring was 20 % off) is shifted by
+    its leading rows' means as its chunks are read: the fit equals the in-memory one and X is left as
+    it was. Leading rows unlike the rest (or unknown chunk sizes) still leave such columns: a warning;
+    centred data neither shifts nor warns."""
+    import warnings
+
     da = pytest.importorskip("dask.array")
     Z = rng.normal(size=(600, 3)).astype(np.float32)
     y = Z @ np.array([0.5, -1.0, 2.0], np.float32)
-    with pytest.warns(RuntimeWarning, match="lie far from zero"):
-        Ridge(backend="cpu").fit(da.from_array(Z + np.float32([300, 0, 0]), chunks=(200, 3)), y)
-    import warnings
+    Xf = Z + np.float32([300, 0, -7e3])
+    ref = sklm.Ridge().fit(Xf.astype(np.float64), y)
+    Xd = da.from_array(Xf, chunks=(200, 3))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Ridge(backend="cpu").fit(da.from_array(Z, chunks=(200, 3)), y)
+        for backend in ("cpu", "ops"):
+            m = Ridge(tol=1e-8, backend=backend).fit(Xd, y)
+            assert m._fit_info["shifted"] and _rel(m.coef_, ref.coef_) <= 1e-4, backend
+            assert abs(m.intercept_ - ref.intercept_) <= 1e-4 * abs(ref.intercept_) + 1e-4
+        assert not Ridge(backend="cpu").fit(da.from_array(Z, chunks=(200, 3)), y)._fit_info["shifted"]
+    np.testing.assert_array_equal(Xd.compute(), Xf)
+    n = 5000  # the leading 4096 rows lie 2000 above the rest
+    Zl = rng.normal(size=(n, 2)).astype(np.float32)
+    Xl = Zl + np.where(np.arange(n)[:, None] < 4096, 1000, -1000).astype(np.float32) * np.float32([1, 0])
+    with pytest.warns(RuntimeWarning, match="after the shift by its leading rows"):
+        Ridge(backend="cpu").fit(da.from_array(Xl, chunks=(1000, 2)), Zl.sum(1))
+    Xu = da.from_array(Xf, chunks=(200, 3))
+    Xu = Xu[Xu[:, 1] > -np.inf]  # unknown chunk sizes: no leading-row shift
+    assert np.isnan(Xu.shape[0])
+    with pytest.warns(RuntimeWarning, match="lie far from zero"):
+        Ridge(backend="cpu").fit(Xu, y)
