@@ -523,8 +523,10 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
-    s52)  # session 52: the README's tables on the current code (an H200 where lent): mmchain, the dense, CSR and
+    s52)  # session 52: Ridge's shifted fits compiled (CUDA test); the README's tables on the current code (an H200 where lent): mmchain, the dense, CSR and
           # GMM fits; then STREAM_CONTIG = 4 against 0 in whole CSR fits (session 50's open A/B)
+      run cuda-linear 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_linear.py
+      tail -1 "$log/cuda-linear.log" | cut -c1-300
       run mmchain 240 python3 benchmarks/bench_mmchain.py --max-csr-sweep 3 --out "$out/mmchain_s52.json"
       grep -E "^\| " "$log/mmchain.log" | cut -c1-200
       run e2e-csr 300 python3 benchmarks/bench_end_to_end.py --parts csr --repeat 3 --sklearn-budget 1 --no-plots \

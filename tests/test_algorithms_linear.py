@@ -142,3 +142,23 @@ def test_dask_columns_far_from_zero(rng):
     assert np.isnan(Xu.shape[0])
     with pytest.warns(RuntimeWarning, match="lie far from zero"):
         Ridge(backend="cpu").fit(Xu, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET", "0") != "0",
+                    reason="compiled kernels need a GPU")
+def test_cuda_shifted_fits_match_float64():
+    """Compiled: float32 columns far from zero (fresh data), in memory (a shifted copy) and as dask
+    chunks (shifted as streamed), fused and ops, against scikit-learn in float64."""
+    da = pytest.importorskip("dask.array")
+    g = np.random.default_rng()
+    Z = g.normal(size=(200_000, 24))
+    X = (Z + g.uniform(-1e3, 1e3, size=24)).astype(np.float32)
+    y = Z @ g.normal(size=24) + 0.1 * g.normal(size=len(Z))
+    ref = sklm.Ridge(alpha=1.0).fit(X.astype(np.float64), y)
+    for data in (torch.from_numpy(X).cuda(), da.from_array(X, chunks=(50_000, 24))):
+        for backend in ("fused", "ops"):
+            m = Ridge(alpha=1.0, tol=1e-7, backend=backend).fit(data, torch.from_numpy(y).float().cuda()
+                                                                 if isinstance(data, torch.Tensor) else y)
+            coef = m.coef_.cpu().numpy() if isinstance(m.coef_, torch.Tensor) else m.coef_
+            assert m._fit_info["shifted"] and _rel(coef, ref.coef_) <= 1e-4, (type(data), backend)
+            assert abs(float(m.intercept_) - ref.intercept_) <= 1e-3 * (1 + abs(ref.intercept_))
