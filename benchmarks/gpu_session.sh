@@ -523,6 +523,17 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s52b)  # session 52: the 1M x 100 dense fits 1.5-2.3 ms slower (fused and ops; not logistic) than in s39c on
+           # an H100: the code at session 50's end (a tree in $S52_OLD) against this one, alternating, fused and ops
+      for round in 1 2; do
+        for side in old new; do
+          dir=.; [ "$side" = old ] && dir=${S52_OLD:?}
+          run "e2e-$side-$round" 150 env -C "$dir" PYTHONPATH="$(cd "$dir" && pwd):$PYTHONPATH" python3 \
+            benchmarks/bench_end_to_end.py --parts dense --backends fused ops --repeat 5 --no-plots \
+            --out "$(cd "$out" && pwd)/end_to_end_dense1M_${side}_${round}_s52b.json"
+          grep -E "^\| synthetic" "$log/e2e-$side-$round.log" | head -6 | cut -c1-200
+        done
+      done ;;
     s52)  # session 52: Ridge's shifted fits compiled (CUDA test); the README's tables on the current code (an H200 where lent): mmchain, the dense, CSR and
           # GMM fits; then STREAM_CONTIG = 4 against 0 in whole CSR fits (session 50's open A/B)
       run cuda-linear 120 env TRITON_INTERPRET=0 python3 -m pytest -q -k cuda tests/test_algorithms_linear.py
