@@ -32,7 +32,7 @@ def torch_viewable(arr: np.ndarray) -> np.ndarray:
     if not arr.dtype.isnative:
         return arr.astype(arr.dtype.newbyteorder("="))
     if any(s < 0 or s % arr.itemsize for s in arr.strides):
-        return np.ascontiguousarray(arr)
+        return np.array(arr, order="C", copy=True)  # ascontiguousarray keeps a size-1 axis's negative stride
     return arr
 
 

@@ -203,5 +203,12 @@ def test_reversed_views_and_tensors_requiring_grad(rng):
     assert torch.equal(mmchain(A[::-1], y[::-1], backend="cpu"), mmchain(A[::-1].copy(), y[::-1].copy(), backend="cpu"))
     t = to_tensor(A[::-1, ::-1], "X")
     assert torch.equal(t, torch.from_numpy(A[::-1, ::-1].copy()))
+    for V in (A[:, :1][:, ::-1], A[::-1][:1], A[:1, ::-1][:, :1]):  # a size-1 axis with a negative stride
+        assert torch.equal(to_tensor(V, "X"), torch.from_numpy(V.copy()))
+    from algorithms import GaussianMixture
+
+    g = GaussianMixture(2, random_state=0, backend="cpu")
+    assert np.array_equal(g.fit(A[:, :1][:, ::-1]).means_, g.fit(A[:, :1].copy()).means_)
+    assert np.array_equal(g.fit(A).predict(A[::-1][:1]), g.predict(A[-1:].copy()))
     Ag, yg = torch.tensor(A, requires_grad=True), torch.tensor(y, requires_grad=True)
     assert torch.equal(mmchain(Ag, yg, backend="cpu"), mmchain(torch.tensor(A), torch.tensor(y), backend="cpu"))
