@@ -524,7 +524,8 @@ for p in $parts; do
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
     s52b)  # session 52: the 1M x 100 dense fits 1.5-2.3 ms slower (fused and ops; not logistic) than in s39c on
-           # an H100: the code at session 50's end (a tree in $S52_OLD) against this one, alternating, fused and ops
+           # an H100, the GMM fit's ops 164 -> 264 ms: the code at session 50's end (a tree in $S52_OLD) against this
+           # one, alternating, fused and ops
       for round in 1 2; do
         for side in old new; do
           dir=.; [ "$side" = old ] && dir=${S52_OLD:?}
@@ -532,6 +533,10 @@ for p in $parts; do
             benchmarks/bench_end_to_end.py --parts dense --backends fused ops --repeat 5 --no-plots \
             --out "$(cd "$out" && pwd)/end_to_end_dense1M_${side}_${round}_s52b.json"
           grep -E "^\| synthetic" "$log/e2e-$side-$round.log" | head -6 | cut -c1-200
+          run "gmm-$side-$round" 120 env -C "$dir" PYTHONPATH="$(cd "$dir" && pwd):$PYTHONPATH" python3 \
+            benchmarks/bench_end_to_end.py --parts gmm --backends fused ops --repeat 5 --no-plots \
+            --out "$(cd "$out" && pwd)/end_to_end_gmm_${side}_${round}_s52b.json"
+          grep -E "^\| synthetic" "$log/gmm-$side-$round.log" | head -1 | cut -c1-200
         done
       done ;;
     s52)  # session 52: Ridge's shifted fits compiled (CUDA test); the README's tables on the current code (an H200 where lent): mmchain, the dense, CSR and
