@@ -363,15 +363,15 @@ def _assign(X, centers, backend):
     """Nearest centre of every row, fused (no N x K): ``[N]`` int64 labels.
 
     An in-memory X: :func:`fusedml.lloyd_step`'s labels (distances about a central point of the
-    data, exact at any scale). A streamed X: ``gmm_score`` with equal weights and one spherical
+    data, exact at any scale; :func:`fusedml.kmeans.nearest_labels`, without the step's sums). A streamed X: ``gmm_score`` with equal weights and one spherical
     precision ``1 / s`` (``s``: the centres' spread), whose ``argmax_k`` of ``log(1/K) - D/2 log(2 pi)
     + D log(1/s) - ||x - c_k||^2 / (2 s^2)`` is the nearest centre. With a unit precision the
     constant swamped the distances of data at scale 1e-5 (every row to centre 0).
     """
     if isinstance(X, torch.Tensor):
-        from fusedml.kmeans import lloyd_step
+        from fusedml.kmeans import nearest_labels
 
-        return lloyd_step(X, centers, backend=backend, check_finite=False).labels.long()
+        return nearest_labels(X, centers, backend)
     K = centers.shape[0]
     c = centers.to(_F64)
     s2 = float(((c - c.mean(0)) ** 2).mean()) if K > 1 else 0.0

@@ -33,7 +33,7 @@ from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
 
-__all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step"]
+__all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step", "nearest_labels"]
 
 _F64 = torch.float64
 # Register budget of the fused kernel: the [K, D] accumulator and the [BLOCK_N, K] / [BLOCK_N, D]
@@ -619,13 +619,20 @@ class LloydIterations:
         return run
 
 
-def _lloyd_torch(X, Cs, csq, shift, w):
-    """Operator-level Lloyd step: blocked GEMM distances, ``argmin``, ``index_add_`` sums."""
+def _lloyd_torch(X, Cs, csq, shift, w, labels_only=False):
+    """Operator-level Lloyd step: blocked GEMM distances, ``argmin``, ``index_add_`` sums
+    (``labels_only``: the labels alone, ``(labels, None, None, None)``)."""
     N, D = X.shape
     K = Cs.shape[0]
     ct = torch.float64 if X.dtype == _F64 else torch.float32
     Cs, csq, shift = Cs.to(ct), csq.to(ct), shift.to(ct)
     labels = torch.empty(N, dtype=torch.int64, device=X.device)
+    if labels_only:  # the same distances as below, so the same labels
+        step = max(1, _BLOCK_ELEMS // (D + K))
+        for s in range(0, N, step):
+            xs = X[s:s + step].to(ct) - shift  # [B, D]
+            labels[s:s + step] = ((xs * xs).sum(1, keepdim=True) - 2.0 * (xs @ Cs.T) + csq).clamp_(min=0.0).argmin(1)
+        return labels, None, None, None
     sums = torch.zeros((K, D), dtype=_F64, device=X.device)
     counts = torch.zeros(K, dtype=_F64, device=X.device)
     inertia = torch.zeros((), dtype=_F64, device=X.device)
@@ -640,6 +647,44 @@ def _lloyd_torch(X, Cs, csq, shift, w):
         counts += torch.bincount(lab, weights=None if wb is None else wb.to(_F64), minlength=K).to(_F64)
         inertia += (mind if wb is None else mind * wb).sum(dtype=_F64)
     return labels, sums, counts, inertia
+
+
+def _central_point(X: torch.Tensor) -> torch.Tensor:
+    """The float64 mean [D] of up to 1024 rows spread over X: one small strided read, no pass."""
+    return X[::max(1, -(-X.shape[0] // 1024))].to(_F64).mean(0)
+
+
+def _shifted_centres(X, C, sh):
+    """``(shift, C - shift [K, D], ||C - shift||^2 [K])`` in float64. The shift X is moved by is
+    fp32 unless X is float64 (kernel and torch path alike), so the centres move by the same vector
+    (an unrounded one put 1e7-offset data 0.5 off: inertia 139 against 76)."""
+    sh = sh.to(_F64) if X.dtype == _F64 else sh.to(torch.float32).to(_F64)
+    Cs = C.to(_F64) - sh
+    return sh, Cs, (Cs * Cs).sum(1)
+
+
+def nearest_labels(X: torch.Tensor, centers: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """The nearest centre of every row: :func:`lloyd_step`'s labels, without its per-cluster sums
+    where the fused kernel does not run (their ``index_add_`` onto K rows is most of an ops step).
+
+    Parameters
+    ----------
+    X : torch.Tensor, shape [N, D]
+        Dense data, already validated (finite, non-empty).
+    centers : torch.Tensor, shape [K, D]
+        On X's device.
+    backend : {"auto", "fused", "ops", "cpu"}
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N]`` int64.
+    """
+    be = resolve_backend(backend, X.device)
+    if be == "fused" and X.dtype != _F64 and lloyd_plan(*X.shape, centers.shape[0], X.device) is not None:
+        return lloyd_step(X, centers, backend=be, check_finite=False).labels
+    sh, Cs, csq = _shifted_centres(X, centers, _central_point(X))
+    return _lloyd_torch(X, Cs, csq, sh, None, labels_only=True)[0]
 
 
 def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", check_finite=True, plan=None):
@@ -694,8 +739,8 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
         w = to_tensor(sample_weight, "sample_weight", ndim=1, device=X.device)
         if w.shape[0] != N:
             raise ValueError(f"sample_weight must have shape [N={N}], got {tuple(w.shape)}")
-    if shift is None:  # rows spread over X: one small strided read, no pass over X
-        sh = X[::max(1, -(-N // 1024))].to(_F64).mean(0)
+    if shift is None:
+        sh = _central_point(X)
     else:
         sh = to_tensor(shift, "shift", ndim=1, device=X.device)
     if sh.shape[0] != D:
@@ -710,11 +755,7 @@ def lloyd_step(X, centers, *, sample_weight=None, shift=None, backend="auto", ch
                 raise ValueError("sample_weight must be non-negative")
     be = resolve_backend(backend, X.device)
     plan = lloyd_plan(N, D, K, X.device, **(plan or {})) if be == "fused" and X.dtype != _F64 else None
-    # the shift X is moved by: fp32 unless X is float64 (kernel and torch path alike), so the centres
-    # move by the same vector (an unrounded one put 1e7-offset data 0.5 off: inertia 139 against 76)
-    sh = sh.to(_F64) if X.dtype == _F64 else sh.to(torch.float32).to(_F64)
-    Cs = C.to(_F64) - sh  # [K, D]
-    csq = (Cs * Cs).sum(1)
+    sh, Cs, csq = _shifted_centres(X, C, sh)
     if plan is not None:
         f32 = torch.float32
         labels, sums_s, counts, inertia = _lloyd_fused(

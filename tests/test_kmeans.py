@@ -159,6 +159,26 @@ def test_fp32_far_from_origin_every_backend(rng, backend):
                                rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_nearest_labels_are_lloyd_step_labels(rng, monkeypatch, dtype):
+    """``nearest_labels``: ``lloyd_step``'s labels on every backend and scale (1e-5 to 1e7 from the
+    origin), without the step's ``index_add_`` sums off the fused kernel."""
+    calls = []
+    add = torch.Tensor.index_add_
+    monkeypatch.setattr(torch.Tensor, "index_add_", lambda t, *a, **k: calls.append(1) or add(t, *a, **k))
+    for scale, offset in ((1e-5, 0.0), (1.0, 3.0), (1.0, 1e7 if dtype != torch.float16 else 1e3)):
+        X = torch.from_numpy(offset + scale * rng.standard_normal((300, 5))).to(dtype)
+        C = X[rng.choice(300, 4, replace=False)].double() + 0.1 * scale
+        for backend in ("fused", "ops", "cpu"):
+            ref = fusedml.lloyd_step(X, C, backend=backend).labels
+            calls.clear()
+            got = km.nearest_labels(X, C, backend)
+            assert got.dtype == torch.int64 and torch.equal(got, ref), (scale, offset, backend)
+            assert not calls  # no per-cluster sums
+    X = torch.from_numpy(rng.standard_normal((80, 256))).float()
+    assert torch.equal(km.nearest_labels(X, X[:64], "fused"), _reference(X, X[:64], None)[0])  # no plan: torch
+
+
 def test_large_k_d_runs_operator_path(rng):
     assert km.lloyd_plan(1000, 256, 64) is None  # the [K, D] accumulator does not fit registers
     X = torch.from_numpy(rng.standard_normal((80, 256))).float()
