@@ -61,6 +61,28 @@ def _sample_rows(X: torch.Tensor) -> torch.Tensor:
     return X[torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()]
 
 
+def _condition_bound(S: torch.Tensor, centred: bool, ridge: float) -> float:
+    """A lower bound on the condition number of the normal matrix ``X^T X / N + ridge I`` from the
+    sampled rows ``S`` [s, D] of X (``centred``: of ``X - mean``): the largest ratio of its diagonal
+    entries, and that of the eigenvalues of its block on the (at most 16) columns most aligned with
+    the all-ones direction (their means largest against their spread: nearly parallel columns).
+    Zero columns and eigenvalues below ``1e-14`` of the largest count as an exact null space
+    (duplicate or constant centred columns: CG still reaches the minimum-norm solution), left out
+    before ``ridge`` is added. Host reads: the diagonal and a 16 x 16 block."""
+    S = S.double()
+    if centred:
+        S = S - S.mean(0)
+    diag = (S * S).mean(0)  # [D]
+    k = min(16, S.shape[1])
+    idx = (S.mean(0).square() / S.var(0, unbiased=False).clamp_min(1e-300)).topk(k).indices
+    ev = torch.linalg.eigvalsh((S[:, idx].T @ S[:, idx] / S.shape[0]).cpu())
+    bounds = [1.0]
+    for v in (diag[diag > 0].cpu(), ev[ev > 1e-14 * ev.max()]):  # the data's null space left out
+        if v.numel():
+            bounds.append(float((v.max() + ridge) / (v.min() + ridge)))
+    return max(bounds)
+
+
 def _centred(X: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     """``X - mu`` [N, D] in X's dtype (formed in mu's accumulation dtype for 2-byte storage)."""
     return X - mu if X.dtype == mu.dtype else (X.to(mu.dtype) - mu).to(X.dtype)
@@ -142,8 +164,9 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         one_d = yt.ndim == 1
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
-        if self.fit_intercept and isinstance(M, torch.Tensor):
-            mean, var = _moments(_sample_rows(M))
+        sample = _sample_rows(M) if isinstance(M, torch.Tensor) else None  # [s, D] in-memory dense rows
+        if self.fit_intercept and sample is not None:
+            mean, var = _moments(sample)
             if _far_from_zero(mean, var, info.dtype):  # X - mean in a copy, as scikit-learn centres
                 shift = mean
         streamed = hasattr(M, "take_rows") and not getattr(M, "is_sparse", False)
@@ -222,6 +245,13 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         self.history_ = hist.records
         if not res.converged:
             warn_not_converged(type(self).__name__, max_iter)
+        elif sample is not None:  # CG's residual test bounds the error by cond(A) * tol only
+            kappa = _condition_bound(sample, bool(self.fit_intercept), float(alpha_s.min()))
+            if kappa * tol > 1.0:
+                warn_user(f"{type(self).__name__}: the normal equations are ill-conditioned (condition number at "
+                          f"least {kappa:.1e}), so CG's residual test at tol={tol:g} does not bound the coefficients' "
+                          "error: they may be far from the least-squares solution. Standardise the columns, fit an "
+                          "intercept (columns far from zero are nearly parallel), or lower tol.", RuntimeWarning)
         return self
 
     def predict(self, X):
@@ -252,6 +282,8 @@ class LinearRegression(_LeastSquaresBase):
     fit_intercept : bool, default=True
     tol : float, default=1e-6
         Stop when ``||r|| <= tol * ||b||`` for every target (relative normal-equation residual).
+        That bounds the coefficients' relative error by ``cond(X^T X) * tol`` only: a fit on an
+        in-memory X whose sampled rows show ``cond * tol > 1`` warns (``RuntimeWarning``).
     max_iter : int or None, default=None
         None: ``max(100, 2 * (D + 1))``.
     backend : {"auto", "fused", "ops", "cpu"}, default="auto"
@@ -297,7 +329,8 @@ class Ridge(_LeastSquaresBase):
     alpha : float or array of shape [m], default=1.0
     fit_intercept : bool, default=True
     tol : float, default=1e-6
-        Stop when ``||r|| <= tol * ||b||`` for every target.
+        Stop when ``||r|| <= tol * ||b||`` for every target (a ``RuntimeWarning`` where a sampled
+        bound of ``cond(X^T X) * tol`` exceeds 1, as for :class:`LinearRegression`).
     max_iter : int or None, default=None
         None: ``max(100, 2 * (D + 1))``.
     backend : {"auto", "fused", "ops", "cpu"}, default="auto"
