@@ -2,6 +2,7 @@
 lmCG), each CG step one fusedml.mmchain."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -38,6 +39,11 @@ __all__ = ["LinearRegression", "Ridge"]
 #: 1e-2 off the float64 solution implicitly (5e-7 shifted); the limit is a ratio of ~4 in float32
 #: and ~2e9 in float64.
 CENTRE_LIMIT = 5e-7
+#: CG runs on the Jacobi-scaled system ``D^-1/2 A D^-1/2`` (``D``: A's diagonal, estimated from the
+#: sampled rows) when that diagonal's largest ratio exceeds this: columns of very different scales
+#: slow CG and loosen what its residual test says about the coefficients (the warning of
+#: :func:`_condition_bound`); standardised data keeps the plain system (no extra launches).
+SCALE_LIMIT = 100.0
 _CENTRE_SAMPLE = 4096  # rows sampled for that ratio (evenly spaced; a dask X's leading rows)
 
 
@@ -61,6 +67,24 @@ def _sample_rows(X: torch.Tensor) -> torch.Tensor:
     return X[torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()]
 
 
+def _sampled_diag(S: torch.Tensor, centred: bool) -> torch.Tensor:
+    """The diagonal [D] (float64) of ``X^T X / N`` (``centred``: of ``X - mean``) from sampled rows."""
+    S = S.double()
+    return (S - S.mean(0) if centred else S).square().mean(0)
+
+
+def _jacobi_scale(S: torch.Tensor, centred: bool, ridge: float, dtype: torch.dtype) -> torch.Tensor | None:
+    """``diag(A)^-1/2`` [D] in ``dtype`` (1 for columns the sample shows empty) when the sampled
+    diagonal of ``A = X^T X / N + ridge I`` spans more than :data:`SCALE_LIMIT`, else None. One host
+    read of two values."""
+    d = _sampled_diag(S, centred)
+    pos = d > 0
+    lo, hi = torch.where(pos, d, math.inf).min(), d.max()
+    if not bool(pos.any()) or float((hi + ridge) / (lo + ridge)) <= SCALE_LIMIT:
+        return None
+    return torch.where(pos, (d + ridge).rsqrt(), torch.ones_like(d)).to(dtype)
+
+
 def _condition_bound(S: torch.Tensor, centred: bool, ridge: float) -> float:
     """A lower bound on the condition number of the normal matrix ``X^T X / N + ridge I`` from the
     sampled rows ``S`` [s, D] of X (``centred``: of ``X - mean``): the largest ratio of its diagonal
@@ -72,7 +96,7 @@ def _condition_bound(S: torch.Tensor, centred: bool, ridge: float) -> float:
     S = S.double()
     if centred:
         S = S - S.mean(0)
-    diag = (S * S).mean(0)  # [D]
+    diag = _sampled_diag(S, False)  # [D]
     k = min(16, S.shape[1])
     idx = (S.mean(0).square() / S.var(0, unbiased=False).clamp_min(1e-300)).topk(k).indices
     ev = torch.linalg.eigvalsh((S[:, idx].T @ S[:, idx] / S.shape[0]).cpu())
@@ -189,6 +213,10 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         c = None if sw is None else weights  # [N] normalised weights (None: 1/N each)
         cscale = 1.0 / total if sw is None else 1.0
         alpha_s = alpha_t / total
+        # CG on D^-1/2 A D^-1/2 (w = s * w') where the sampled columns' scales differ widely
+        scale = None if sample is None else _jacobi_scale(sample, bool(self.fit_intercept), float(alpha_s.min()),
+                                                          info.dtype)
+        s_col = None if scale is None else scale[:, None]  # [D, 1]
         be = self.backend
         check = info.finite_check
         if check is not None:  # X's NaN / inf check: queued ahead of the products, read with CG's first copy
@@ -212,15 +240,20 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         V = Yc if c is None else Yc * c[:, None]
         B = torch.cat([rmatvec(M, V[:, j:j + MAX_COLS], alpha=cscale, intercept=False, backend=be)
                        for j in range(0, m, MAX_COLS)], dim=1).to(info.dtype)
+        if s_col is not None:
+            B = B * s_col
         mu_col = None if mu is None else mu[:, None]  # [D, 1]
 
         def apply_A(P):
+            if s_col is not None:  # the scaled system: s * A (s * p')
+                P = P * s_col
             # z = alpha p - mu (mu^T p): two small launches (addmm fuses the outer product)
             z = alpha_s * P
             if mu_col is not None:
                 z = torch.addmm(z, mu_col, mu_col.T @ P, alpha=-1.0)
             out = hessvec(M, P, c, z=z, beta=1.0, alpha=cscale, intercept=False, backend=be)
-            return out if out.dtype == info.dtype else out.to(info.dtype)
+            out = out if out.dtype == info.dtype else out.to(info.dtype)
+            return out if s_col is None else out * s_col
 
         hist = History(type(self).__name__, self.verbose)
         # history_ objective = (weighted RSS + alpha ||w||^2) / (2 S): the quadratic plus ||y_c||^2_s / (2 S)
@@ -228,14 +261,14 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         res = conjugate_gradient(apply_A, B, tol=tol, max_iter=max_iter, history=hist,
                                  offset=float(0.5 * yy.sum()), graphs=graph_safe(M), sparse=is_csr(M),
                                  check=check)
-        Wc = res.W  # [D, m]
+        Wc = res.W if s_col is None else res.W * s_col  # [D, m]
         if shift is not None:  # the products read X - shift: b = ybar - (mu + shift)^T w
             mu = mu + shift.to(device=mu.device, dtype=mu.dtype)
         icpt = ybar - (mu @ Wc if mu is not None else 0.0)
         W = torch.cat([Wc, torch.as_tensor(icpt, dtype=info.dtype, device=info.device).reshape(1, m)], dim=0)
         n_xtv = 1 + int(self.fit_intercept)
         self._fit_info = {"intercept": True, "n_mmchain": res.n_steps + n_xtv, "n_xtv": n_xtv, "n_matvec": 0,
-                          "shifted": shift is not None, "status": res.status, "dtype": info.dtype,
+                          "shifted": shift is not None, "scaled": scale is not None, "status": res.status, "dtype": info.dtype,
                           "device": info.device}
         self._set_linear_attributes(W, info, True, vector=one_d)
         if not self.fit_intercept:
@@ -246,7 +279,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         if not res.converged:
             warn_not_converged(type(self).__name__, max_iter)
         elif sample is not None:  # CG's residual test bounds the error by cond(A) * tol only
-            kappa = _condition_bound(sample, bool(self.fit_intercept), float(alpha_s.min()))
+            ridge = float(alpha_s.min()) * (1.0 if scale is None else float(scale.double().square().min()))
+            kappa = _condition_bound(sample if scale is None else sample * scale, bool(self.fit_intercept), ridge)
             if kappa * tol > 1.0:
                 warn_user(f"{type(self).__name__}: the normal equations are ill-conditioned (condition number at "
                           f"least {kappa:.1e}), so CG's residual test at tol={tol:g} does not bound the coefficients' "
