@@ -152,7 +152,8 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
     ``mu = X^T s / S``, so each CG step is ONE mmchain ``X^T (s * (X p)) + z`` with
     ``z = alpha p - S mu (mu^T p)``; then ``b = ybar - mu^T w``. Centring gives the
     conditioning of scikit-learn's (centred) problem. The system is scaled by ``1 / S`` (same
-    solution) to keep float32 magnitudes moderate.
+    solution) to keep float32 magnitudes moderate, and CG runs on the Jacobi-scaled system where the
+    sampled columns' scales differ widely (:data:`SCALE_LIMIT`).
     """
 
     def _alpha(self):

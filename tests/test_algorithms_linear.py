@@ -148,7 +148,8 @@ def test_dask_columns_far_from_zero(rng):
                     reason="compiled kernels need a GPU")
 def test_cuda_shifted_fits_match_float64():
     """Compiled: float32 columns far from zero (fresh data), in memory (a shifted copy) and as dask
-    chunks (shifted as streamed), fused and ops, against scikit-learn in float64."""
+    chunks (shifted as streamed), fused and ops, against scikit-learn in float64; columns at scales
+    1e-2 ... 1e2 in memory (Jacobi-scaled CG)."""
     da = pytest.importorskip("dask.array")
     g = np.random.default_rng()
     Z = g.normal(size=(200_000, 24))
@@ -162,6 +163,11 @@ def test_cuda_shifted_fits_match_float64():
             coef = m.coef_.cpu().numpy() if isinstance(m.coef_, torch.Tensor) else m.coef_
             assert m._fit_info["shifted"] and _rel(coef, ref.coef_) <= 1e-4, (type(data), backend)
             assert abs(float(m.intercept_) - ref.intercept_) <= 1e-3 * (1 + abs(ref.intercept_))
+    Xs = (Z * np.logspace(-2, 2, 24)).astype(np.float32)
+    ref = sklm.Ridge(alpha=1.0).fit(Xs.astype(np.float64), y)
+    for backend in ("fused", "ops"):
+        m = Ridge(alpha=1.0, tol=1e-7, backend=backend).fit(torch.from_numpy(Xs).cuda(), torch.from_numpy(y).float().cuda())
+        assert m._fit_info["scaled"] and _rel(m.coef_.cpu().numpy(), ref.coef_) <= 1e-4, backend
 
 
 @pytest.mark.parametrize("cls", [LinearRegression, Ridge])
