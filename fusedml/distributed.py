@@ -114,7 +114,7 @@ def _get_part(part, key, design_id, backend, pad=True):
     dense rows padded to whole 16-byte vectors where :func:`fusedml.mmchain.dense.pads_rows` says
     so (the linear passes gain; the GMM E-step's register form loses, and EM reads X as it is)."""
     from ._dispatch import resolve_backend
-    from ._validation import as_matrix, to_tensor
+    from ._validation import as_matrix, check_finite, to_tensor
     from .mmchain.dense import aligned_rows, pads_rows
 
     ck = (design_id, key, pad)
@@ -123,6 +123,7 @@ def _get_part(part, key, design_id, backend, pad=True):
         x, y, sw = part
         dev = _worker_device()
         X = as_matrix(x, "X partition")
+        check_finite(X if isinstance(X, torch.Tensor) else X.val, f"X (partition {key})")
         X = X.to(dev) if not isinstance(X, torch.Tensor) else X.to(dev)
         if pad and isinstance(X, torch.Tensor) and X.layout == torch.strided and X.ndim == 2 \
                 and pads_rows(dev, X.shape[1] * X.element_size()) and resolve_backend(backend, dev) == "fused":
@@ -130,10 +131,19 @@ def _get_part(part, key, design_id, backend, pad=True):
         acc = torch.float64 if X.dtype == torch.float64 else torch.float32
         P = {"X": X, "dev": dev, "acc": acc, "backend": backend,
              "y": None if y is None else np.asarray(y),  # labels stay numpy (may be strings)
-             "sw": None if sw is None else to_tensor(sw, "sample_weight", dtype=acc, device=dev),
+             "sw": None if sw is None else _checked_weights(to_tensor(sw, "sample_weight", dtype=acc, device=dev), key),
              "h_token": None}
         _CACHE[ck] = P
     return P
+
+
+def _checked_weights(sw: torch.Tensor, key) -> torch.Tensor:
+    from ._validation import check_finite
+
+    check_finite(sw, f"sample_weight (partition {key})")
+    if bool((sw < 0).any()):
+        raise ValueError(f"sample_weight must be non-negative (partition {key})")
+    return sw
 
 
 def _drop_cache(design_id):
@@ -291,7 +301,13 @@ class DistributedDesign:
         self.backend = backend
         self.id = uuid.uuid4().hex
         rows = X.chunks[0]
-        self._row_chunks = [int(r) for r in rows]
+
+        def known(a):  # y / sample_weight after a boolean mask: their chunk sizes computed (a 1-D pass)
+            if is_dask_array(a) and a.ndim == 1 and any(math.isnan(c) for c in a.chunks[0]):
+                return a.compute_chunk_sizes()
+            return a
+
+        y, sample_weight = known(y), known(sample_weight)
 
         def aligned(a, name):
             if a is None:
@@ -305,7 +321,9 @@ class DistributedDesign:
         xs = list(X.to_delayed().ravel())
         ys, ws = aligned(y, "y"), aligned(sample_weight, "sample_weight")
         self._y_dask = None if y is None else (y if is_dask_array(y) else da.from_array(np.asarray(y), chunks=(rows,)))
-        parts = [dask.delayed(_make_part)(a, b, c) for a, b, c in zip(xs, ys, ws)]
+        keep = [i for i, r in enumerate(rows) if r > 0]  # empty chunks hold nothing to read
+        self._row_chunks = [int(rows[i]) for i in keep]
+        parts = [dask.delayed(_make_part)(xs[i], ys[i], ws[i]) for i in keep]
         # One future per partition, computed (and recomputable) from its graph, kept on a worker.
         self._parts = self.client.compute(parts)
         self._keys = list(range(len(parts)))
@@ -475,6 +493,48 @@ class DistributedDesign:
         self._parts = []
 
 
+def _class_weighted(class_weight, y, sample_weight):
+    """Per-row weights, a dask ``[N]``: ``sample_weight`` (ones if None) times each row's class weight,
+    as the in-memory estimators weigh them: a dict ``{class: weight}`` (1 for classes left out), or
+    ``"balanced"``: ``sum s / (K * the class's sum of s)``."""
+    import dask.array as da
+
+    from .streaming import is_dask_array
+
+    yd = y if is_dask_array(y) else da.from_array(np.asarray(y))
+    if any(math.isnan(c) for c in yd.chunks[0]):
+        yd = yd.compute_chunk_sizes()
+    classes = np.asarray(da.unique(yd).compute())
+    idx = yd.map_blocks(lambda b: np.searchsorted(classes, b), dtype=np.int64)  # [N] class indices
+    sw = None
+    if sample_weight is not None:
+        sw = sample_weight if is_dask_array(sample_weight) else da.from_array(np.asarray(sample_weight, np.float64))
+        if any(math.isnan(c) for c in sw.chunks[0]):
+            sw = sw.compute_chunk_sizes()
+        if sw.shape != yd.shape:
+            raise ValueError(f"sample_weight must have shape {yd.shape}, got {sw.shape}")
+        sw = sw.astype(np.float64).rechunk(yd.chunks)
+    K = classes.size
+    if isinstance(class_weight, str) and class_weight == "balanced":
+        ones = idx.map_blocks(lambda b: np.ones(b.shape), dtype=np.float64)
+        counts = np.asarray(da.bincount(idx, weights=ones if sw is None else sw, minlength=K).compute(), np.float64)
+        if (counts[:K] <= 0).any():
+            raise ValueError("class_weight='balanced': a class has zero total sample weight")
+        cw = counts[:K].sum() / (K * counts[:K])
+    elif isinstance(class_weight, dict):
+        labels = classes.tolist()
+        unknown = [k for k in class_weight if k not in labels]
+        if unknown:
+            raise ValueError(f"class_weight keys {unknown} are not among the classes {labels}")
+        cw = np.array([float(class_weight.get(c, 1.0)) for c in labels])
+        if (cw < 0).any() or not np.isfinite(cw).all():
+            raise ValueError("class_weight values must be finite and non-negative")
+    else:
+        raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {class_weight!r}")
+    rows = idx.map_blocks(lambda b: cw[b], dtype=np.float64)
+    return rows if sw is None else rows * sw
+
+
 def _fit_logistic(est, design, spec_backend, verbose):
     from scipy.optimize import minimize
 
@@ -485,6 +545,10 @@ def _fit_logistic(est, design, spec_backend, verbose):
     d = design.shape[1]
     fi = bool(getattr(est, "fit_intercept", True))
     C = float(getattr(est, "C", 1.0))
+    if not C > 0:
+        raise ValueError(f"C must be positive, got {C}")
+    unpenalised = getattr(est, "penalty", "l2") is None or math.isinf(C)  # scikit-learn: penalty=None, C=inf
+    C = 1.0 if unpenalised else C
     tol = float(getattr(est, "tol", 1e-4))
     max_iter = int(getattr(est, "max_iter", 100))
     k = 1 if binary else classes.size
@@ -492,7 +556,7 @@ def _fit_logistic(est, design, spec_backend, verbose):
             "backend": spec_backend}
     dx = d + int(fi)
     shape = (dx,) if binary else (dx, k)
-    mask = np.ones(shape)
+    mask = np.zeros(shape) if unpenalised else np.ones(shape)
     if fi:
         mask[d] = 0.0  # the intercept is not penalised
     history, t0 = [], time.perf_counter()
@@ -632,7 +696,8 @@ def fit_distributed(estimator, X, y=None, *, sample_weight=None, client=None, ba
                     split_every=8, init_sample=10_000, verbose=0):
     """Fit ``estimator`` on a Dask array whose partitions stay on the cluster's workers.
 
-    Supported: ``LogisticRegression`` (binary and multinomial; L2; trust-region Newton-CG whose
+    Supported: ``LogisticRegression`` (binary and multinomial; L2, or none with scikit-learn's
+    ``penalty=None`` / ``C=inf``; ``class_weight`` as in memory; trust-region Newton-CG whose
     gradients and Hessian-vector products are fused ``mmchain`` passes on the workers) and
     ``GaussianMixture`` (EM whose E-step runs ``fusedml.gmm_estep`` on the workers; the M-step,
     ``fusedml.gmm_mstep``, on the client). fusedml's ``algorithms`` estimators and scikit-learn's
@@ -642,7 +707,9 @@ def fit_distributed(estimator, X, y=None, *, sample_weight=None, client=None, ba
     ----------
     estimator : LogisticRegression or GaussianMixture
     X : dask.array.Array
-        ``[N, D]``, chunked by rows (dense or, for logistic regression, scipy CSR chunks).
+        ``[N, D]``, chunked by rows (dense or, for logistic regression, scipy CSR chunks); empty
+        chunks are skipped, unknown chunk sizes (of X, y and sample_weight) computed, and each
+        partition is checked for NaN / infinity once, on its worker.
     y : dask.array.Array or array-like, optional
         ``[N]`` labels (logistic regression).
     sample_weight : dask.array.Array or array-like, optional
@@ -671,6 +738,8 @@ def fit_distributed(estimator, X, y=None, *, sample_weight=None, client=None, ba
     penalty = getattr(estimator, "penalty", "l2")
     if penalty not in ("l2", None, "deprecated"):
         raise ValueError(f"fit_distributed supports the L2 penalty only, got penalty={penalty!r}")
+    if name == "LogisticRegression" and getattr(estimator, "class_weight", None) is not None:
+        sample_weight = _class_weighted(estimator.class_weight, y, sample_weight)
     design = DistributedDesign(X, y if name == "LogisticRegression" else None, sample_weight, client=client,
                                split_every=split_every, backend=backend)
     try:

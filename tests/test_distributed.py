@@ -1,6 +1,7 @@
 """fusedml.distributed on a local cluster of 2 CPU worker processes (one cluster per module)."""
 import os
 import signal
+import warnings
 
 import numpy as np
 import pytest
@@ -210,3 +211,57 @@ def test_bad_inputs(client):
     with pytest.raises(RuntimeError, match="loss_grad"):
         d = DistributedDesign(X, y, client=client)
         d.hessp(np.ones(4), {})
+
+
+def test_logistic_class_weight_penalty_none_and_odd_chunks(client):
+    """Review of session 52: ``class_weight`` (dict, "balanced" with sample weights) gives the
+    in-memory estimator's fit (it was ignored); ``penalty=None`` / ``C=inf`` fit unpenalised (was C = 1 /
+    a crash); a 0-row chunk and X, y masked alike (unknown chunk sizes) fit (were errors)."""
+    LR = _logistic_cls()
+    A, y = _classification(8, k=3)
+    sw = np.random.default_rng(8).uniform(0.5, 2.0, len(y))
+    X = da.from_array(A, chunks=(120, 5))
+    for cw in ("balanced", {0: 3.0, 2: 0.5}):
+        ref = LR(C=0.5, tol=1e-10, max_iter=500, class_weight=cw, backend="cpu").fit(A, y, sample_weight=sw)
+        est = fit_distributed(LR(C=0.5, tol=1e-8, class_weight=cw), X, da.from_array(y, chunks=100), sample_weight=sw,
+                              client=client, backend="cpu")
+        assert _rel(est.coef_, ref.coef_) < 1e-4 and _rel(est.intercept_, ref.intercept_) < 1e-4, cw
+    Ab, yb = _classification(9, n=300)
+    ref = sklearn_lm.LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(Ab, yb)
+    ests = [sklearn_lm.LogisticRegression(C=np.inf, tol=1e-8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # scikit-learn 1.8 deprecates penalty
+        try:
+            ests.append(sklearn_lm.LogisticRegression(penalty=None, tol=1e-8))
+        except TypeError:  # pragma: no cover - removed (scikit-learn 1.10)
+            pass
+        for est in ests:
+            est = fit_distributed(est, da.from_array(Ab, chunks=(100, 5)), yb, client=client, backend="cpu")
+            assert _rel(est.coef_, ref.coef_) < 1e-3
+    ref = LR(C=1.0, tol=1e-8, max_iter=500, backend="cpu").fit(A, y)
+    est = fit_distributed(LR(C=1.0, tol=1e-8), da.from_array(A, chunks=((240, 0, 240), 5)), y, client=client,
+                          backend="cpu")
+    assert _rel(est.coef_, ref.coef_) < 1e-4
+    keep = A[:, 0] > -0.5
+    m = da.from_array(keep, chunks=100)
+    ref = LR(C=1.0, tol=1e-8, max_iter=500, backend="cpu").fit(A[keep], y[keep])
+    est = fit_distributed(LR(C=1.0, tol=1e-8), da.from_array(A, chunks=(100, 5))[m], da.from_array(y, chunks=100)[m],
+                          client=client, backend="cpu")
+    assert _rel(est.coef_, ref.coef_) < 1e-4
+
+
+def test_non_finite_partitions_are_named(client):
+    """NaN / inf in a later partition of X or sample_weight: an error naming X and the partition
+    (it was scipy's "array must not contain infs or NaNs", or an ill-defined covariance)."""
+    A, y = _classification(10, n=400, d=3)
+    A[350, 1] = np.nan
+    with pytest.raises(ValueError, match=r"X \(partition 3\) contains"):
+        fit_distributed(_logistic_cls()(), da.from_array(A, chunks=(100, 3)), y, client=client, backend="cpu")
+    with pytest.raises(ValueError, match=r"X \(partition 3\) contains"):
+        fit_distributed(_gmm_cls()(2, means_init=np.zeros((2, 3))), da.from_array(A, chunks=(100, 3)), client=client,
+                        backend="cpu")
+    sw = np.ones(400)
+    sw[10] = np.inf
+    with pytest.raises(ValueError, match=r"sample_weight \(partition 0\) contains"):
+        fit_distributed(_logistic_cls()(), da.from_array(np.nan_to_num(A), chunks=(100, 3)), y, sample_weight=sw,
+                        client=client, backend="cpu")
