@@ -362,24 +362,17 @@ def _check_positive_rows(sw, K, what):
 def _assign(X, centers, backend):
     """Nearest centre of every row, fused (no N x K): ``[N]`` int64 labels.
 
-    An in-memory X: :func:`fusedml.lloyd_step`'s labels (distances about a central point of the
-    data, exact at any scale; :func:`fusedml.kmeans.nearest_labels`, without the step's sums). A streamed X: ``gmm_score`` with equal weights and one spherical
-    precision ``1 / s`` (``s``: the centres' spread), whose ``argmax_k`` of ``log(1/K) - D/2 log(2 pi)
-    + D log(1/s) - ||x - c_k||^2 / (2 s^2)`` is the nearest centre. With a unit precision the
-    constant swamped the distances of data at scale 1e-5 (every row to centre 0).
+    :func:`fusedml.lloyd_step`'s labels (distances about a central point of the data, exact at any
+    scale; :func:`fusedml.kmeans.nearest_labels`, without the step's sums). A streamed X: the same,
+    block by block about the central point of the whole matrix, so exact ties go as in memory (a
+    rounded Gaussian score broke them at random).
     """
-    if isinstance(X, torch.Tensor):
-        from fusedml.kmeans import nearest_labels
+    from fusedml.kmeans import central_rows, nearest_labels
 
+    if isinstance(X, torch.Tensor):
         return nearest_labels(X, centers, backend)
-    K = centers.shape[0]
-    c = centers.to(_F64)
-    s2 = float(((c - c.mean(0)) ** 2).mean()) if K > 1 else 0.0
-    s = math.sqrt(s2) if s2 > 0.0 and math.isfinite(s2) else 1.0
-    weights = torch.full((K,), 1.0 / K, dtype=_F64, device=centers.device)
-    prec_chol = torch.full((K,), 1.0 / s, dtype=_F64, device=centers.device)
-    _, labels = _score_op(X, weights, centers, prec_chol, "spherical", backend)
-    return labels.long()
+    sh = X.take_rows(np.asarray(central_rows(X.shape[0]))).to(_F64).mean(0)  # the in-memory shift
+    return X.map_blocks(lambda Xb, rows: nearest_labels(Xb, centers, backend, shift=sh), reduce="concat")
 
 
 def _sq_dist_to_rows(X, C, shift):

@@ -33,7 +33,7 @@ from .gmm.model import REG_VALUES, reg_prefetch, reg_tile
 from .mmchain._checks import check_launch_fields
 from .mmchain.launch import H200_PROFILE, gpu_info
 
-__all__ = ["LloydIterations", "LloydStep", "candidate_distances", "lloyd_step", "nearest_labels"]
+__all__ = ["LloydIterations", "LloydStep", "candidate_distances", "central_rows", "lloyd_step", "nearest_labels"]
 
 _F64 = torch.float64
 # Register budget of the fused kernel: the [K, D] accumulator and the [BLOCK_N, K] / [BLOCK_N, D]
@@ -649,9 +649,24 @@ def _lloyd_torch(X, Cs, csq, shift, w, labels_only=False):
     return labels, sums, counts, inertia
 
 
+def central_rows(n: int) -> range:
+    """The rows (at most 1024, spread over ``n``) whose mean is :func:`lloyd_step`'s default shift.
+
+    Parameters
+    ----------
+    n : int
+        Number of rows of X.
+
+    Returns
+    -------
+    range
+    """
+    return range(0, n, max(1, -(-n // 1024)))
+
+
 def _central_point(X: torch.Tensor) -> torch.Tensor:
-    """The float64 mean [D] of up to 1024 rows spread over X: one small strided read, no pass."""
-    return X[::max(1, -(-X.shape[0] // 1024))].to(_F64).mean(0)
+    """The float64 mean [D] of X's :func:`central_rows`: one small strided read, no pass."""
+    return X[::central_rows(X.shape[0]).step].to(_F64).mean(0)
 
 
 def _shifted_centres(X, C, sh):
@@ -663,7 +678,7 @@ def _shifted_centres(X, C, sh):
     return sh, Cs, (Cs * Cs).sum(1)
 
 
-def nearest_labels(X: torch.Tensor, centers: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+def nearest_labels(X: torch.Tensor, centers: torch.Tensor, backend: str = "auto", *, shift=None) -> torch.Tensor:
     """The nearest centre of every row: :func:`lloyd_step`'s labels, without its per-cluster sums
     where the fused kernel does not run (their ``index_add_`` onto K rows is most of an ops step).
 
@@ -674,6 +689,9 @@ def nearest_labels(X: torch.Tensor, centers: torch.Tensor, backend: str = "auto"
     centers : torch.Tensor, shape [K, D]
         On X's device.
     backend : {"auto", "fused", "ops", "cpu"}
+    shift : torch.Tensor, shape [D], optional
+        As :func:`lloyd_step`'s (default: the mean of up to 1024 rows spread over X); row blocks of
+        one matrix given its shift get that matrix's labels.
 
     Returns
     -------
@@ -681,9 +699,10 @@ def nearest_labels(X: torch.Tensor, centers: torch.Tensor, backend: str = "auto"
         ``[N]`` int64.
     """
     be = resolve_backend(backend, X.device)
+    sh = _central_point(X) if shift is None else shift
     if be == "fused" and X.dtype != _F64 and lloyd_plan(*X.shape, centers.shape[0], X.device) is not None:
-        return lloyd_step(X, centers, backend=be, check_finite=False).labels
-    sh, Cs, csq = _shifted_centres(X, centers, _central_point(X))
+        return lloyd_step(X, centers, shift=sh, backend=be, check_finite=False).labels
+    sh, Cs, csq = _shifted_centres(X, centers, sh)
     return _lloyd_torch(X, Cs, csq, sh, None, labels_only=True)[0]
 
 

@@ -177,6 +177,9 @@ def test_nearest_labels_are_lloyd_step_labels(rng, monkeypatch, dtype):
             assert not calls  # no per-cluster sums
     X = torch.from_numpy(rng.standard_normal((80, 256))).float()
     assert torch.equal(km.nearest_labels(X, X[:64], "fused"), _reference(X, X[:64], None)[0])  # no plan: torch
+    sh = X[::km.central_rows(80).step].double().mean(0)  # row blocks given the whole matrix's shift
+    blocks = torch.cat([km.nearest_labels(X[i:i + 30], X[:5], "cpu", shift=sh) for i in range(0, 80, 30)])
+    assert torch.equal(blocks, km.nearest_labels(X, X[:5], "cpu")) and list(km.central_rows(5000)) == list(range(0, 5000, 5))
 
 
 def test_large_k_d_runs_operator_path(rng):
