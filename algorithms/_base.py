@@ -9,7 +9,9 @@ Data conventions
 * numpy / scipy input becomes torch CPU tensors; torch input stays on its device (CUDA stays
   CUDA); a dask array becomes a :class:`fusedml.streaming.StreamedMatrix` (imported lazily).
 * Compute dtype: float64 for float64 ``X``, float32 for every other storage dtype (float32,
-  bfloat16, float16 are read as stored and accumulated in float32). Scalar reductions of the
+  bfloat16, float16 are read as stored and accumulated in float32 by the fused and cpu backends;
+  the ops backend, the operator-level baseline, multiplies half-precision X in its storage
+  precision, as torch's matmul does). Scalar reductions of the
   objective (one number per problem) are summed in float64 so that the trust-region ratio test
   is not dominated by float32 cancellation.
 * Fitted arrays (``coef_``, ``intercept_``, ``classes_``) are numpy arrays, or torch tensors on
@@ -464,7 +466,9 @@ def as_design_matrix(X, *, backend="auto", name="X", check=True, align_rows=None
         if not isinstance(X, (CSRMatrix, torch.Tensor)):
             if X.format != "csr":
                 raise TypeError(f"{name}: unsupported sparse format {X.format!r}; only CSR is supported (use X.tocsr())")
-            if X.dtype.kind != "f":
+            if X.dtype.kind == "c":
+                raise ValueError(f"{name}: Complex data not supported")
+            if X.dtype not in (np.float32, np.float64, np.float16):  # integers, bool, longdouble
                 X = X.astype(np.float64)
             if not X.has_canonical_format:  # sorted, no duplicates; copies, never modifies X
                 X = X.copy()
@@ -760,6 +764,8 @@ def normalised_weights(sw, info: DataInfo):
         ``1 / total`` for unit weights, else ``sw / total`` [N].
     """
     total = float(info.n_samples) if sw is None else float(sw.sum(dtype=torch.float64))
+    if not total > 0:  # e.g. class weights of 0 on every class present
+        raise ValueError("the sample weights (times any class weights) sum to zero: nothing to fit")
     return total, (1.0 / total if sw is None else sw / total)
 
 

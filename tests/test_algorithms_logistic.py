@@ -183,3 +183,20 @@ def test_convergence_warning_and_verbose(rng, capsys):
     LogisticRegression(verbose=1, backend="cpu").fit(X, y)
     out = capsys.readouterr().out
     assert "LogisticRegression" in out and "objective" in out
+
+
+def test_csr_complex_longdouble_and_zero_total_weight(rng):
+    """Review of session 52: complex CSR X was fitted on its real part (dense complex raised); CSR
+    longdouble crashed inside torch (dense longdouble fits in float64); class weights zeroing every
+    sample gave a ZeroDivisionError."""
+    X = rng.normal(size=(40, 3))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match="Complex data not supported"):
+        LogisticRegression(backend="cpu").fit(sp.csr_matrix(X + 1j * X), y)
+    a = LogisticRegression(backend="cpu").fit(sp.csr_matrix(X.astype(np.longdouble)), y)
+    b = LogisticRegression(backend="cpu").fit(sp.csr_matrix(X), y)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+    for cw, sw in (({0: 0.0, 1: 0.0}, None), ({0: 0.0}, (y == 0).astype(float))):
+        for est in (LogisticRegression(backend="cpu", class_weight=cw), LinearSVC(backend="cpu", class_weight=cw)):
+            with pytest.raises(ValueError, match="sum to zero"):
+                est.fit(X, y, sample_weight=sw)
