@@ -12,11 +12,13 @@ Parameters follow scikit-learn's ``GaussianMixture`` exactly: ``weights_`` [K], 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from .._dispatch import resolve_backend
+from .._validation import warn_user
 from ._prep import COVARIANCE_TYPES, PATHS, PRECISIONS, packed_to, validate
 
 __all__ = ["GMMStats", "gmm_estep", "gmm_mstep", "gmm_score", "COVARIANCE_TYPES"]
@@ -174,7 +176,10 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         float64 X too (shifted in float64 first): ``backend="cpu"`` or ``"ops"`` compute float64
         data in float64. Where fp32 distances would lose more than ~1e-3 nats (a component far
         from the mixture mean in its own precision, :data:`fusedml.gmm._prep.FP32_QUAD_LIMIT`),
-        the fused and ``"ops"`` backends warn (RuntimeWarning) and compute in float64.
+        the fused and ``"ops"`` backends warn (RuntimeWarning) and compute in float64. So does a
+        checked call (``check_params``) whose diag / spherical ``s2`` the fp32 sums about the
+        mixture mean would have lost: a component's rows far tighter than its given precision says,
+        far from that mean (one host read of the statistics).
     check_finite : bool
         Check X for NaN/inf (one extra read of X).
     check_params : bool
@@ -221,10 +226,39 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
         from .cpu import estep_cpu
 
         lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
+    if check_params and precision != "fp64" and _sums_cancelled(prep, be, nk, s2):
+        from .cpu import estep_cpu
+
+        lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
     if lp is not None:
         lp = lp.to(torch.float64 if prep.X.dtype == torch.float64 else torch.float32)
     return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk, center=prep.center,
                     s1=s1, s2=s2)
+
+
+def _sums_cancelled(prep, backend: str, nk: torch.Tensor, s2: torch.Tensor) -> bool:
+    """Whether the diag / spherical ``s2`` of the fp32 sums about the mixture mean lost its digits
+    (with a RuntimeWarning; the caller recomputes in float64): ``s2 = S2 - 2 c' S1 + nk c'^2``
+    cancels about ``nk c'^2 / s2``, the squared distance of a component's mean from the mixture
+    mean in the spread of the rows it holds. :func:`fusedml.gmm._prep.fp32_unsafe` judges that
+    spread by the given precisions; a component tighter than they say (stale or arbitrary
+    parameters, a collapsing component) is caught here, against the same limit. One host read."""
+    from ._prep import FP32_QUAD_LIMIT, fp32_quad
+
+    if prep.covariance_type not in ("diag", "spherical") or backend not in ("fused", "ops") \
+            or (backend == "ops" and prep.X.dtype == torch.float64) or fp32_quad(prep) > FP32_QUAD_LIMIT:
+        return False  # float64 sums, or already computed in float64
+    cp = (prep.center - prep.shift).to(device=s2.device, dtype=torch.float64)  # [K, D]
+    term = nk.to(torch.float64)[:, None] * cp * cp
+    if prep.covariance_type == "spherical":
+        term = term.sum(1)
+    ratio = float((term / s2.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
+    if ratio <= FP32_QUAD_LIMIT:
+        return False
+    warn_user(f"fusedml.gmm: a component's rows lie {math.sqrt(ratio):.3g} of their own spread from the mixture "
+              f"mean, so the fp32 sums about it lose the component's variance (~{ratio * 2.0 ** -24:.2g} of it); "
+              "the statistics are recomputed in float64 (slower)", RuntimeWarning)
+    return True
 
 
 _FAIL_MSG = ("Fitting the mixture model failed because some components have ill-defined empirical covariance "
