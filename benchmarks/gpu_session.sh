@@ -523,6 +523,11 @@ for p in $parts; do
         --b fusedml.mmchain.csr:STREAM_INLINE_RED=True --csr 32:powerlaw --shapes 1000000x100000 \
         --algos logistic poisson linearsvc --backends fused --fits 5 --out "$out/env_ab_csr_red_s49.json"
       grep -E "^\| " "$log/red-ab.log" | cut -c1-200 ;;
+    s52c)  # session 52: the CUDA tests of the modules changed after part s52 (Jacobi-scaled Ridge, nearest_labels,
+           # the GMM sums' float64 recompute, fit_distributed's checks run on the CPU suite)
+      run cuda-s52c 200 env TRITON_INTERPRET=0 python3 -m pytest -q -x -k "cuda or tight_component or nearest_labels" \
+        tests/test_algorithms_linear.py tests/test_kmeans.py tests/test_gmm.py tests/test_algorithms_mixture.py
+      tail -3 "$log/cuda-s52c.log" | cut -c1-300 ;;
     s52b)  # session 52: the 1M x 100 dense fits 1.5-2.3 ms slower (fused and ops; not logistic) than in s39c on
            # an H100, the GMM fit's ops 164 -> 264 ms: the code at session 50's end (a tree in $S52_OLD) against this
            # one, alternating, fused and ops
