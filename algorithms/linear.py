@@ -62,9 +62,11 @@ def _far_from_zero(mean: torch.Tensor, var: torch.Tensor, acc: torch.dtype) -> b
 
 
 def _sample_rows(X: torch.Tensor) -> torch.Tensor:
-    """At most :data:`_CENTRE_SAMPLE` evenly spaced rows of the dense ``X`` [N, D]."""
-    n = X.shape[0]
-    return X[torch.linspace(0, n - 1, min(n, _CENTRE_SAMPLE), device=X.device).round().long()]
+    """Evenly spaced rows [s, D] (float64) of the dense ``X`` [N, D]: at most :data:`_CENTRE_SAMPLE`,
+    and at most ``2^22`` values (wide X: 64 rows or more)."""
+    n, d = X.shape
+    s = min(n, _CENTRE_SAMPLE, max(64, (1 << 22) // max(d, 1)))
+    return X[torch.linspace(0, n - 1, s, device=X.device).round().long()].double()
 
 
 def _sampled_diag(S: torch.Tensor, centred: bool) -> torch.Tensor:
@@ -189,7 +191,7 @@ class _LeastSquaresBase(LinearPredictMixin, RegressorMixin, BaseEstimator):
         one_d = yt.ndim == 1
         Y = yt.unsqueeze(1) if one_d else yt  # [N, m]
         m = Y.shape[1]
-        sample = _sample_rows(M) if isinstance(M, torch.Tensor) else None  # [s, D] in-memory dense rows
+        sample = _sample_rows(M) if isinstance(M, torch.Tensor) else None  # [s, D] float64 in-memory dense rows
         if self.fit_intercept and sample is not None:
             mean, var = _moments(sample)
             if _far_from_zero(mean, var, info.dtype):  # X - mean in a copy, as scikit-learn centres

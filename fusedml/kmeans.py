@@ -627,21 +627,19 @@ def _lloyd_torch(X, Cs, csq, shift, w, labels_only=False):
     ct = torch.float64 if X.dtype == _F64 else torch.float32
     Cs, csq, shift = Cs.to(ct), csq.to(ct), shift.to(ct)
     labels = torch.empty(N, dtype=torch.int64, device=X.device)
-    if labels_only:  # the same distances as below, so the same labels
-        step = max(1, _BLOCK_ELEMS // (D + K))
-        for s in range(0, N, step):
-            xs = X[s:s + step].to(ct) - shift  # [B, D]
-            labels[s:s + step] = ((xs * xs).sum(1, keepdim=True) - 2.0 * (xs @ Cs.T) + csq).clamp_(min=0.0).argmin(1)
-        return labels, None, None, None
-    sums = torch.zeros((K, D), dtype=_F64, device=X.device)
-    counts = torch.zeros(K, dtype=_F64, device=X.device)
-    inertia = torch.zeros((), dtype=_F64, device=X.device)
+    sums = counts = inertia = None
+    if not labels_only:
+        sums = torch.zeros((K, D), dtype=_F64, device=X.device)
+        counts = torch.zeros(K, dtype=_F64, device=X.device)
+        inertia = torch.zeros((), dtype=_F64, device=X.device)
     step = max(1, _BLOCK_ELEMS // (D + K))
     for s in range(0, N, step):
         xs = X[s:s + step].to(ct) - shift  # [B, D]
         d2 = ((xs * xs).sum(1, keepdim=True) - 2.0 * (xs @ Cs.T) + csq).clamp_(min=0.0)  # [B, K]
         mind, lab = d2.min(1)
         labels[s:s + step] = lab
+        if labels_only:
+            continue
         wb = None if w is None else w[s:s + step].to(ct)
         sums.index_add_(0, lab, (xs if wb is None else xs * wb[:, None]).to(_F64))
         counts += torch.bincount(lab, weights=None if wb is None else wb.to(_F64), minlength=K).to(_F64)
