@@ -1042,7 +1042,7 @@ class StreamedMatrix:
         -------
         fusedml.gmm.GMMStats
         """
-        from .gmm import GMMStats, _check_options, _resolve_precision
+        from .gmm import GMMStats, _check_options, _resolve_precision, _sums_cancelled
 
         _check_options(path, precision)
         prep0 = self._gmm_prepare(weights, means, precisions_cholesky, covariance_type, sample_weight, center,
@@ -1078,6 +1078,10 @@ class StreamedMatrix:
         if return_log_prob:
             lp = torch.cat([p[0] for p in parts], 0).to(torch.float64 if self.dtype == torch.float64 else torch.float32)
         ll, nk, s1, s2 = (_sum([p[i] for p in parts]) for i in range(1, 5))
+        if check_params and precision != "fp64" and _sums_cancelled(prep0, be, nk, s2):  # as gmm_estep: float64
+            return self._fusedml_gmm_estep(weights, means, precisions_cholesky, covariance_type,
+                                           sample_weight=sample_weight, center=center, return_log_prob=return_log_prob,
+                                           backend=backend, path=path, precision="fp64", check_params=check_params)
         return GMMStats(covariance_type=covariance_type, log_likelihood=ll, log_prob=lp, nk=nk,
                         center=prep0.center, s1=s1, s2=s2)
 

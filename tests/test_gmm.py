@@ -1463,7 +1463,8 @@ if __name__ == "__main__" and "--aot" in sys.argv:
 def test_tight_component_far_from_the_mixture_mean(backend, cov):
     """A component whose rows are far tighter than its given precision says, far from the mixture
     mean (float32): the fp32 sums about that mean lost its s2 (fused 18 % off, ops negative: the
-    M-step raised). The public call recomputes in float64, with a warning; review of session 52.
+    M-step raised). The public call recomputes in float64, with a warning, in memory and streamed;
+    review of session 52.
     Also 50 identical rows 0.01 from their component's mean (a collapsing component)."""
     from fusedml import gmm_mstep
 
@@ -1475,9 +1476,21 @@ def test_tight_component_far_from_the_mixture_mean(backend, cov):
                     (np.vstack([a, np.full((50, D), 10.0)]), np.vstack([a.mean(0), np.full(D, 10.01)]))):
         X = X64.astype(np.float32)
         pc = np.ones((2, D)) if cov == "diag" else np.ones(2)
-        with pytest.warns(RuntimeWarning, match="recomputed in float64"):
-            st = gmm_estep(torch.from_numpy(X), np.array([250, 50]) / 300, mu, pc, cov, backend=backend)
         exact = ((X.astype(np.float64)[250:] - mu[1]) ** 2).sum(0)
         exact = exact if cov == "diag" else exact.sum()
-        np.testing.assert_allclose(st.s2[1].cpu().numpy(), exact, rtol=1e-6)
-        gmm_mstep(st, 1e-6)  # no "ill-defined covariance"
+        for data in (torch.from_numpy(X), _streamed(X)):
+            with pytest.warns(RuntimeWarning, match="recomputed in float64"):
+                st = gmm_estep(data, np.array([250, 50]) / 300, mu, pc, cov, backend=backend)
+            np.testing.assert_allclose(st.s2[1].cpu().numpy(), exact, rtol=1e-6)
+            gmm_mstep(st, 1e-6)  # no "ill-defined covariance"
+
+
+def _streamed(X):
+    """``X`` as a dask array streamed in two blocks (``StreamedMatrix``), or X without dask."""
+    try:
+        import dask.array as da
+    except ImportError:  # pragma: no cover
+        return torch.from_numpy(X)
+    from fusedml.streaming import StreamedMatrix
+
+    return StreamedMatrix(da.from_array(X, chunks=(150, X.shape[1])), device="cpu", max_gpu_bytes=X.nbytes // 2 + 4096)
