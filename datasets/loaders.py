@@ -140,6 +140,10 @@ def _parse_svmlight_bytes(data: bytes, *, first_line: int = 1, zero_based="auto"
         if bad.size:
             raise _line_error(first_line + int(feat_line[bad[0]]),
                               f"feature index must be a non-negative integer, got {float(idx_f[bad[0]]):g}", path)
+        big = np.flatnonzero(idx_f >= 2.0 ** 31)  # scipy's and the kernels' int32 column range
+        if big.size:
+            raise _line_error(first_line + int(feat_line[big[0]]),
+                              f"feature index {float(idx_f[big[0]]):g} is too large (at most 2^31 - 1)", path)
         lo, hi = int(idx_f.min()), int(idx_f.max())
     else:
         lo = hi = -1
@@ -219,8 +223,8 @@ def load_svmlight(path, n_features: int | None = None, chunks: int | None = None
     """
     path = _check_file(path)
     dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"dtype must be floating point, got {dtype}")
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     if n_features is not None and (not isinstance(n_features, (int, np.integer)) or n_features < 1):
         raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
     if zero_based not in ("auto", True, False):
@@ -442,7 +446,13 @@ def _npz_header(path, member):
 
 def _shard_info(path):
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:  # a pickle, garbage, or unreadable
+        raise ValueError(f"{path}: not an .npz archive ({e})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy file
+        raise ValueError(f"{path}: not an .npz archive (a single .npy array)")
+    try:
+        with z:
             names = set(z.files)
             if not {"format", "shape", "data", "indices", "indptr"} <= names:
                 raise ValueError(f"{path}: not a scipy.sparse.save_npz file (members {sorted(names)})")
@@ -493,6 +503,8 @@ def load_npz_shards(folder, chunks: int | None = None, *, task: str | None = Non
     if len(widths) != 1:
         raise ValueError(f"{folder}: shards have different numbers of columns {sorted(widths)}")
     d = widths.pop()
+    if not any(s[0] for s, _ in infos):  # as load_svmlight / load_npy reject empty data
+        raise ValueError(f"{folder}: every shard has 0 rows")
     dtype = np.result_type(*[dt for _, dt in infos])
     if dtype.kind != "f":
         raise TypeError(f"{folder}: expected floating point values, got {dtype}")

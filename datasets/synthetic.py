@@ -295,8 +295,8 @@ def make_csr(n_samples: int, n_features: int, nnz_per_row: float = 32, profile: 
     """
     _check_size(n_samples, n_features)
     _check_task(task, n_classes)
-    if not (nnz_per_row > 0):
-        raise ValueError(f"nnz_per_row must be positive, got {nnz_per_row!r}")
+    if not (0 < nnz_per_row < float("inf")):
+        raise ValueError(f"nnz_per_row must be positive and finite, got {nnz_per_row!r}")
     dt = _dtype(dtype)
     device, return_torch, gen = _setup(seed, device, return_torch)
     coef, intercept = _true_model(n_features, task, n_classes, signal, gen, device)

@@ -90,6 +90,7 @@ def cmd_demo(args) -> int:
         backends.append("sklearn")
     else:
         note += " scikit-learn is not installed: no scikit-learn column."
+    _check_out(args.out)
     print(f"fusedml demo on {bench.device_name(device)}")
     print(note)
     print(f"{len(pairs)} (dataset, algorithm) pairs x backends {', '.join(backends)}; bundled data, "
@@ -143,9 +144,14 @@ def cmd_bench(args) -> int:
             raise bench.BenchError("backend 'fused' on --device cpu needs TRITON_INTERPRET=1 "
                                    "(the Triton interpreter; slow) -- use --device cuda or drop 'fused'")
     algos = args.algorithms or list(bench.ALGORITHMS)
-    # Validate every dataset spec before any (possibly long) fit.
+    # Validate every argument, dataset spec and the output folder before any (possibly long) fit.
+    if args.tol is not None and not args.tol > 0:
+        raise bench.BenchError(f"--tol must be positive, got {args.tol}")
+    if args.max_iter is not None and args.max_iter < 1:
+        raise bench.BenchError(f"--max-iter must be >= 1, got {args.max_iter}")
     for d in dsets:
         bench.parse_dataset(d)
+    _check_out(args.out)
     rows = bench.run_grid(algos, dsets, backends, repeat=args.repeat, device=device, dtype=args.dtype,
                           max_iter=args.max_iter, tol=args.tol, n_samples=args.n_samples, seed=args.seed,
                           sklearn_budget=None if args.sklearn_budget <= 0 else args.sklearn_budget,
@@ -155,6 +161,22 @@ def cmd_bench(args) -> int:
     for p in paths:
         print(f"wrote {p}")
     return 0
+
+
+def _check_out(out) -> None:
+    """Create the output folder now, so that a bad ``--out`` fails before the fits, not after."""
+    if out is None:
+        return
+    from .bench import BenchError
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise BenchError(f"--out {out!r} is an existing file, not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise BenchError(f"--out {out!r}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(out, os.W_OK):
+        raise BenchError(f"--out {out!r}: the folder is not writable")
 
 
 def cmd_info(args) -> int:

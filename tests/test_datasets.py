@@ -379,6 +379,19 @@ def test_load_npz_shards(tmp_path):
 def test_load_npz_shards_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing_dir"):
         datasets.load_npz_shards(tmp_path / "missing_dir")
+    g = tmp_path / "g"
+    g.mkdir()
+    np.save(g / "one.npy", np.zeros(3))  # a .npy, garbage: errors naming the file (were numpy's)
+    (g / "g.npz").write_bytes(b"not a zip at all")
+    for f in ("one.npy", "g.npz"):
+        with pytest.raises(ValueError, match=f"{f}: not an .npz archive"):
+            datasets.load_npz_shards(g / f)
+    e = tmp_path / "e"
+    e.mkdir()
+    sp.save_npz(e / "0.npz", sp.csr_matrix((0, 4)))
+    for chunks in (None, 2):  # every shard empty: one error (was a 0 x 4 Dataset / a dask error)
+        with pytest.raises(ValueError, match="every shard has 0 rows"):
+            datasets.load_npz_shards(e, chunks=chunks)
     with pytest.raises(FileNotFoundError, match="no .npz shards"):
         datasets.load_npz_shards(tmp_path)
     a = tmp_path / "a"
