@@ -367,11 +367,11 @@ def _assign(X, centers, backend):
     block by block about the central point of the whole matrix, so exact ties go as in memory (a
     rounded Gaussian score broke them at random).
     """
-    from fusedml.kmeans import central_rows, nearest_labels
+    from fusedml.kmeans import nearest_labels
 
     if isinstance(X, torch.Tensor):
         return nearest_labels(X, centers, backend)
-    sh = X.take_rows(np.asarray(central_rows(X.shape[0]))).to(_F64).mean(0)  # the in-memory shift
+    sh = X.central_point()  # the in-memory shift, computed once per matrix (not per Lloyd iteration)
     return X.map_blocks(lambda Xb, rows: nearest_labels(Xb, centers, backend, shift=sh), reduce="concat")
 
 

@@ -336,6 +336,7 @@ class StreamedMatrix:
         self._resident = None       # the resident row prefix as ONE device matrix (see _plan)
         self._resident_rows = 0
         self._upload = None         # pinned staging of the one-off resident upload (CUDA)
+        self._central = None        # central_point(), computed on first use
 
         # Chunk table and sizes in the storage format.
         chunks, row0 = [], 0
@@ -1130,6 +1131,21 @@ class StreamedMatrix:
             rows = rows.toarray()
         t = torch.from_numpy(torch_viewable(np.asarray(rows)[inv])).to(self.device)
         return t.to(self.acc_dtype)
+
+    def central_point(self) -> torch.Tensor:
+        """The float64 mean ``[D]`` of the rows :func:`fusedml.kmeans.central_rows` picks: the
+        default shift of :func:`fusedml.lloyd_step` on the same data in memory. Computed once (one
+        small compute of those rows through the Dask graph) and kept.
+
+        Returns
+        -------
+        torch.Tensor
+        """
+        if self._central is None:
+            from .kmeans import central_rows
+
+            self._central = self.take_rows(np.asarray(central_rows(self.shape[0]))).to(torch.float64).mean(0)
+        return self._central
 
     def to_dask(self):
         """The (row-chunked) Dask array this engine streams.

@@ -677,3 +677,19 @@ def test_empty_resident_prefix(rng, sparse):
     assert S._resident_rows == 0 and S._chunks[0].resident and not S._chunks[1].resident
     y = torch.from_numpy(rng.standard_normal(4))
     assert rel(mmchain(S, y, backend="cpu"), torch.from_numpy(X.T @ (X @ y.numpy()))) < 1e-12
+
+
+def test_central_point_is_the_in_memory_shift_computed_once(rng, monkeypatch):
+    """``central_point``: the mean of ``kmeans.central_rows`` (lloyd_step's default shift in memory),
+    computed through the graph once per matrix: the streamed k-means assignment asks each Lloyd
+    iteration, and 1024 rows spread over X touch every chunk."""
+    from fusedml.kmeans import central_rows
+
+    X = rng.normal(size=(3000, 4)).astype(np.float32) + 5
+    S = StreamedMatrix(da.from_array(X, chunks=(700, 4)), device="cpu")
+    calls = []
+    take = S.take_rows
+    monkeypatch.setattr(S, "take_rows", lambda idx: calls.append(1) or take(idx))
+    c = S.central_point()
+    assert c.dtype == torch.float64 and torch.equal(S.central_point(), c) and len(calls) == 1
+    assert torch.equal(c, torch.from_numpy(X[list(central_rows(3000))]).double().mean(0))
