@@ -209,9 +209,9 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
     prep = validate(X, weights, means, precisions_cholesky, covariance_type, sample_weight=sample_weight,
                     center=center, check_finite=check_finite, check_params=check_params)
     be = resolve_backend(backend, prep.device)
-    if precision == "fp64":
-        from .cpu import estep_cpu
+    from .cpu import estep_cpu
 
+    if precision == "fp64":
         lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
     elif be == "fused":
         from .fused import estep_fused
@@ -223,12 +223,8 @@ def gmm_estep(X, weights, means, precisions_cholesky, covariance_type, *, sample
 
         lp, ll, nk, s1, s2 = estep_ops(prep, return_log_prob)
     else:
-        from .cpu import estep_cpu
-
         lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
     if check_params and precision != "fp64" and _sums_cancelled(prep, be, nk, s2):
-        from .cpu import estep_cpu
-
         lp, ll, nk, s1, s2 = estep_cpu(prep, return_log_prob)
     if lp is not None:
         lp = lp.to(torch.float64 if prep.X.dtype == torch.float64 else torch.float32)
